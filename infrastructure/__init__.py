@@ -1,0 +1,1 @@
+"""The deterministic machinery the agents stand on: models, specs, store, monitor, changes."""

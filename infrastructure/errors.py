@@ -1,0 +1,134 @@
+"""One exception root with typed fields; callers match on types and fields, never on text.
+
+Two families: misuse and configuration (raised at once: a bad spec file, a path outside the
+root, a store that cannot be opened) and agent run failures (``AgentRunError``), which a
+runtime returns inside an ``AgentResult`` as data and which the monitor records.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+__all__ = [
+    "AgentRunError",
+    "AgentmendError",
+    "AuditChainError",
+    "ConfigurationError",
+    "ErrorKind",
+    "PathNotAllowed",
+    "RollbackConflict",
+    "SpecError",
+    "StoreError",
+]
+
+
+class AgentmendError(Exception):
+    """Root of every error agentmend raises."""
+
+
+class ConfigurationError(AgentmendError):
+    """Settings or arguments that cannot work (a missing key, an unknown provider, ...)."""
+
+
+class StoreError(AgentmendError):
+    """The store cannot be opened or is not an agentmend database."""
+
+
+class SpecError(AgentmendError):
+    """An agent definition file that cannot be loaded; names the file and the field."""
+
+    def __init__(self, path: str | Path | None, field: str | None, problem: str) -> None:
+        self.path = str(path) if path is not None else None
+        self.field = field
+        self.problem = problem
+        where = self.path or "<agent spec>"
+        if field:
+            where += f": field {field!r}"
+        super().__init__(f"{where}: {problem}")
+
+
+class PathNotAllowed(AgentmendError):
+    """A path refused by confinement: outside its root (``..``, absolute, symlink) or a bad type."""
+
+    def __init__(self, path: str | Path, root: str | Path, problem: str = "") -> None:
+        self.path = str(path)
+        self.root = str(root)
+        detail = f" ({problem})" if problem else ""
+        super().__init__(f"path {self.path!r} is not allowed under {self.root}{detail}")
+
+
+class RollbackConflict(AgentmendError):
+    """A rollback that would destroy later work; ``force`` or ``cascade`` says to go ahead."""
+
+    def __init__(
+        self,
+        change_id: str,
+        problem: str,
+        *,
+        paths: tuple[str, ...] = (),
+        dependents: tuple[str, ...] = (),
+    ) -> None:
+        self.change_id = change_id
+        self.paths = paths
+        self.dependents = dependents
+        super().__init__(f"cannot roll back change {change_id}: {problem}")
+
+
+class AuditChainError(AgentmendError):
+    """The audit trail does not verify (raised only where the caller asked for strictness)."""
+
+
+class ErrorKind(str, Enum):
+    """Why an agent run failed, the same whichever runtime ran it."""
+
+    RATE_LIMIT = "rate_limit"
+    OVERLOADED = "overloaded"
+    SERVER_ERROR = "server_error"
+    CONNECTION = "connection"
+    TIMEOUT = "timeout"
+    AUTHENTICATION = "authentication"
+    BAD_REQUEST = "bad_request"
+    MODEL_NOT_FOUND = "model_not_found"
+    TRUNCATED = "truncated"
+    MAX_TURNS = "max_turns"
+    OUTPUT_INVALID = "output_invalid"
+    TOOL_DENIED = "tool_denied"
+    CANCELLED = "cancelled"
+    RUNTIME = "runtime"
+
+    @property
+    def transient(self) -> bool:
+        """Outages that pass on their own; not a configuration fault of the agent."""
+        return self in _TRANSIENT
+
+
+_TRANSIENT = frozenset(
+    {
+        ErrorKind.RATE_LIMIT,
+        ErrorKind.OVERLOADED,
+        ErrorKind.SERVER_ERROR,
+        ErrorKind.CONNECTION,
+    }
+)
+
+
+class AgentRunError(AgentmendError):
+    """Why one agent run failed. Returned inside ``AgentResult.error``; raise it if you like."""
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        status_code: int | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        self.kind = kind
+        self.message = message
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
+        super().__init__(f"{kind.value}: {message}")
+
+    def __repr__(self) -> str:
+        return f"AgentRunError(kind={self.kind.value!r}, message={self.message!r})"

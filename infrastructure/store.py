@@ -1,0 +1,141 @@
+"""The one durable store: a SQLite database in WAL mode shared by every part of the loop.
+
+Each component (executions, changes, audit, plans, ...) owns its tables and registers its own
+ordered list of migrations; the store records the version each component has reached, so a
+component can evolve its schema without touching the others. Writers take the database lock up
+front (``BEGIN IMMEDIATE``) so two processes never deadlock on a lock upgrade, and wait on each
+other through SQLite's busy timeout rather than failing with ``database is locked``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from infrastructure.errors import StoreError
+
+__all__ = ["Store"]
+
+_BUSY_TIMEOUT_MS = 30_000
+
+
+class Store:
+    """A handle on one SQLite database file; safe to share between threads.
+
+    Each thread gets its own connection (SQLite connections must not be used from two threads
+    at once); the handle itself is cheap to pass around.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if self.path.exists() and self.path.is_dir():
+            raise StoreError(f"store path {self.path} is a directory, expected a database file")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._migrated: set[str] = set()
+        conn = self.connection()
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_versions ("
+                " component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+            )
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path} is not an agentmend database: {exc}") from exc
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (autocommit mode; use :meth:`transaction` to write)."""
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(
+                    self.path,
+                    timeout=_BUSY_TIMEOUT_MS / 1000,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA foreign_keys=ON")
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"cannot open store {self.path}: {exc}") from exc
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction that holds the database lock from its first statement."""
+        conn = self.connection()
+        if conn.in_transaction:
+            yield conn  # nested: the outer transaction commits or rolls back
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def migrate(self, component: str, migrations: Sequence[str]) -> None:
+        """Bring ``component``'s tables up to ``len(migrations)``, applying what is missing.
+
+        Each migration is a SQL script run in its own transaction with the version bump, so a
+        crash mid-migration leaves the component at the previous version.
+        """
+        if component in self._migrated:
+            return
+        conn = self.connection()
+        with self.transaction():
+            row = conn.execute(
+                "SELECT version FROM schema_versions WHERE component = ?", (component,)
+            ).fetchone()
+            current = int(row[0]) if row else 0
+            if current > len(migrations):
+                raise StoreError(
+                    f"{self.path}: component {component!r} is at schema version {current}, "
+                    f"newer than this agentmend knows ({len(migrations)})"
+                )
+            for version in range(current, len(migrations)):
+                for statement in _split_sql(migrations[version]):
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_versions (component, version) VALUES (?, ?) "
+                    "ON CONFLICT(component) DO UPDATE SET version = excluded.version",
+                    (component, version + 1),
+                )
+        self._migrated.add(component)
+
+    def schema_version(self, component: str) -> int:
+        row = (
+            self.connection()
+            .execute("SELECT version FROM schema_versions WHERE component = ?", (component,))
+            .fetchone()
+        )
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _split_sql(script: str) -> list[str]:
+    """Split a migration script into statements (migrations hold no string literals with ';')."""
+    return [s.strip() for s in script.split(";") if s.strip()]
