@@ -1,0 +1,48 @@
+"""Settings: thresholds, paths and provider choice, from arguments or ``AGENTMEND_*`` variables.
+
+Nothing is read at import: a ``Settings()`` reads the environment when it is made, so importing
+agentmend inside a user's test run changes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Provider", "Settings"]
+
+Provider = Literal["offline", "anthropic", "claude-agent-sdk"]
+
+
+class Settings(BaseSettings):
+    """Everything the loop can be tuned by; each field has the default a production team wants."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENTMEND_", extra="forbid", frozen=True)
+
+    workspace: Path = Path(".agentmend")
+    provider: Provider = "offline"
+
+    # detection
+    detection_mode: Literal["statistical", "rules"] = "statistical"
+    false_alarm_rate: float = Field(default=0.001, gt=0, lt=1)
+    baseline_n: int = Field(default=500, ge=10)
+
+    # improvement budget and gates
+    max_improvements_per_session: int = Field(default=5, ge=0)
+    min_confidence: float = Field(default=0.7, ge=0, le=1)
+    auto_decision_timeout: float = Field(default=30.0, gt=0)
+    yolo_mode: bool = False
+
+    # the audit trail: an HMAC key kept outside the workspace makes the chain unforgeable
+    audit_hmac_key: SecretStr | None = None
+
+    # code-level updates: the command that validates a change (never taken from tool input)
+    test_command: tuple[str, ...] = ("pytest", "-x", "-q")
+    test_timeout_s: float = Field(default=600.0, gt=0)
+
+    @property
+    def store_path(self) -> Path:
+        return self.workspace / "agentmend.db"
