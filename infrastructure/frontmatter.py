@@ -1,0 +1,386 @@
+"""YAML front matter that can be edited one key at a time.
+
+Agent definitions are files people read, diff and review, so changing one setting must show up
+as a change to that setting's lines, with every comment, blank line, key order and quoting
+choice elsewhere left as the author wrote it; re-dumping the mapping with a YAML library would
+throw all of that away. Edits here are therefore line-oriented: find the lines of one key's
+block and replace or delete just those. The editor understands only the plain block-mapping
+layout people write by hand; on anything else it returns ``None`` so the caller can fall back to
+re-dumping the front matter. The caller re-parses every result either way, so a wrong edit is
+caught, never written.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from infrastructure.errors import AgentmendError
+
+__all__ = [
+    "Document",
+    "Edit",
+    "FrontMatterError",
+    "apply_edits",
+    "apply_edits_to_mapping",
+    "dump_mapping",
+    "load_mapping",
+    "render_document",
+    "replace_body",
+    "split_document",
+    "split_lines",
+]
+
+# the first front matter line is line 2 of the file (line 1 is the opening '---')
+_FIRST_LINE = 2
+
+_KEY_LINE = re.compile(
+    r"""(?P<indent> *)(?P<key>[A-Za-z0-9_][\w.-]*|"[^"\\\n]*"|'[^'\n]*')[ \t]*:(?=\s|$)"""
+)
+_SEQUENCE_ITEM = re.compile(r"-(?:\s|$)")
+
+
+class FrontMatterError(AgentmendError):
+    """Text that is not Markdown with a YAML mapping as front matter; ``key`` is the culprit."""
+
+    def __init__(self, problem: str, key: str | None = None) -> None:
+        self.problem = problem
+        self.key = key
+        super().__init__(problem)
+
+
+def split_lines(text: str) -> list[str]:
+    """Split after each ``\\n`` only, keeping it, so ``\\r\\n`` and YAML's rarer breaks stay put."""
+    parts = text.split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """A Markdown file cut into its fences, front matter lines (line breaks kept) and body."""
+
+    opening: str
+    front: tuple[str, ...]
+    closing: str
+    body: str
+
+    @property
+    def newline(self) -> str:
+        """The file's line break, for the lines an edit adds."""
+        return "\r\n" if self.opening.endswith("\r\n") else "\n"
+
+
+def split_document(text: str) -> Document:
+    """Cut ``text`` at its ``---`` fences; raises ``FrontMatterError`` if there are none."""
+    lines = split_lines(text)
+    if not lines or lines[0].lstrip("\ufeff").rstrip() != "---":
+        raise FrontMatterError("no YAML front matter: the file must start with a '---' line")
+    for index in range(1, len(lines)):
+        if lines[index].rstrip() == "---":
+            body = "".join(lines[index + 1 :])
+            return Document(lines[0], tuple(lines[1:index]), lines[index], body)
+    raise FrontMatterError("the front matter has no closing '---' line")
+
+
+def replace_body(doc: Document, text: str) -> str:
+    """The body with its text replaced, the whitespace around it kept, in the file's line breaks."""
+    body = doc.body
+    text = text.replace("\n", doc.newline)
+    if not body.strip():
+        return (body or doc.newline) + text + doc.newline if text else body
+    lead = body[: len(body) - len(body.lstrip())]
+    trail = body[len(body.rstrip()) :]
+    return lead + text + trail
+
+
+def render_document(mapping: dict[str, Any], body: str) -> str:
+    """A new Markdown file: the mapping as front matter, then a blank line and the body."""
+    front = "".join(dump_mapping(mapping, "\n"))
+    return f"---\n{front}---\n" + (f"\n{body}\n" if body else "")
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe loading that refuses a repeated key: PyYAML would silently keep the last one."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if isinstance(key, Hashable):
+            if key in seen:
+                line = key_node.start_mark.line + _FIRST_LINE
+                raise FrontMatterError(f"key {key!r} is given twice (line {line})", str(key))
+            seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Indents list items under their key, as people write them by hand."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+def load_mapping(front: Sequence[str]) -> dict[str, Any]:
+    """Parse front matter lines into a mapping with string keys."""
+    try:
+        data = yaml.load("".join(front), Loader=_Loader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line if mark is not None else None
+        where = f" at line {line + _FIRST_LINE}" if line is not None else ""
+        problem = exc.problem or str(exc)
+        raise FrontMatterError(f"invalid YAML{where}: {problem}", _key_at(front, line)) from None
+    except yaml.YAMLError as exc:
+        raise FrontMatterError(f"invalid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise FrontMatterError("the front matter must be a mapping of keys to values")
+    for key in data:
+        if not isinstance(key, str):
+            raise FrontMatterError(f"key {key!r} is not a string", str(key))
+    return data
+
+
+def dump_mapping(mapping: dict[str, Any], newline: str) -> list[str]:
+    """Render a whole mapping as front matter lines (the fallback when no surgical edit works)."""
+    return _dump(mapping, 0, newline)
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """Set ``path`` to ``value``, or remove it with ``delete``.
+
+    ``path`` is one top-level key, or a top-level key and one key of the mapping under it
+    (``("agentmend", "max_tokens")``): the only depths agent definitions need.
+    """
+
+    path: tuple[str, ...]
+    value: Any = None
+    delete: bool = False
+
+
+def apply_edits_to_mapping(mapping: dict[str, Any], edits: Sequence[Edit]) -> dict[str, Any]:
+    """The mapping the edits describe; keeps key order, new keys go last, empty parents go."""
+    result = copy.deepcopy(mapping)
+    for edit in edits:
+        head, *rest = edit.path
+        if not rest:
+            if edit.delete:
+                result.pop(head, None)
+            else:
+                result[head] = edit.value
+            continue
+        parent = result.get(head)
+        if not isinstance(parent, dict):
+            if edit.delete:
+                continue
+            parent = result[head] = {}
+        if edit.delete:
+            parent.pop(rest[0], None)
+            if not parent:
+                del result[head]
+        else:
+            parent[rest[0]] = edit.value
+    return result
+
+
+def apply_edits(front: Sequence[str], edits: Sequence[Edit], newline: str) -> list[str] | None:
+    """Front matter lines with ``edits`` applied to only their keys' lines.
+
+    Returns ``None`` when the layout is one this editor does not understand (flow mappings,
+    tabs, keys it cannot find reliably); the caller then re-dumps the mapping instead.
+    """
+    lines = list(front)
+    for edit in edits:
+        if not _apply(lines, edit, newline):
+            return None
+    return lines
+
+
+def _apply(lines: list[str], edit: Edit, newline: str) -> bool:
+    top = _blocks(lines, 0, len(lines), 0)
+    if top is None:
+        return False
+    head, *rest = edit.path
+    if not rest:
+        _replace(lines, top.get(head), len(lines), head, edit, 0, newline)
+        return True
+    key = rest[0]
+    span = top.get(head)
+    if span is None:
+        if not edit.delete:
+            lines.extend(_dump({head: {key: edit.value}}, 0, newline))
+        return True
+    first, last = span
+    parsed = _key_of(lines[first])
+    inline = parsed[2].strip() if parsed is not None else "?"
+    if inline and not inline.startswith("#"):
+        # `head: {a: 1}` cannot be edited line by line: rewrite that key's lines only
+        try:
+            current = load_mapping(lines[first:last]).get(head)
+        except FrontMatterError:
+            return False
+        if current is not None and not isinstance(current, dict):
+            return False
+        updated = apply_edits_to_mapping({head: current or {}}, [edit])
+        lines[first:last] = _dump(updated, 0, newline) if updated.get(head) else []
+        return True
+    children = [index for index in range(first + 1, last) if not _is_filler(lines[index])]
+    indent = _indent_of(lines[children[0]]) if children else 2
+    if indent == 0:
+        return False
+    kids = _blocks(lines, first + 1, last, indent)
+    if kids is None:
+        return False
+    if edit.delete and set(kids) == {key}:
+        del lines[first:last]  # the mapping would be left empty: drop it whole
+        return True
+    _replace(lines, kids.get(key), last, key, edit, indent, newline)
+    return True
+
+
+def _replace(
+    lines: list[str],
+    span: tuple[int, int] | None,
+    insert_at: int,
+    key: str,
+    edit: Edit,
+    indent: int,
+    newline: str,
+) -> None:
+    if edit.delete:
+        if span is not None:
+            del lines[span[0] : span[1]]
+        return
+    new = _dump({key: edit.value}, indent, newline)
+    if span is None:
+        lines[insert_at:insert_at] = new
+        return
+    first, last = span
+    if last - first == 1 and len(new) == 1:
+        comment = _trailing_comment(lines[first], indent)
+        if comment:
+            new = [new[0][: -len(newline)] + comment + newline]
+    lines[first:last] = new
+
+
+def _dump(mapping: dict[str, Any], indent: int, newline: str) -> list[str]:
+    text = _dump_text(mapping, allow_unicode=True)
+    if yaml.load(text, Loader=_Loader) != mapping:  # a SafeLoader subclass
+        # PyYAML mangles a raw NEL (and kin) it writes itself; escaped, it survives
+        text = _dump_text(mapping, allow_unicode=False)
+    pad = " " * indent
+    # blank lines can be part of a multi-line scalar: keep them, and keep them empty
+    return [(pad + line if line else line) + newline for line in text.split("\n")[:-1]]
+
+
+def _dump_text(mapping: dict[str, Any], *, allow_unicode: bool) -> str:
+    return yaml.dump(
+        mapping,
+        Dumper=_Dumper,
+        default_flow_style=False,
+        allow_unicode=allow_unicode,
+        sort_keys=False,
+        width=1 << 30,
+    )
+
+
+def _key_of(line: str) -> tuple[int, str, str] | None:
+    """``(indent, key, rest of the line)`` for a ``key:`` line, else ``None``."""
+    match = _KEY_LINE.match(line)
+    if match is None:
+        return None
+    key = match["key"]
+    if key[0] in "\"'":
+        key = key[1:-1]
+    return len(match["indent"]), key, line[match.end() :]
+
+
+def _key_at(front: Sequence[str], line: int | None) -> str | None:
+    """The top-level key whose block holds ``line``, to name the field of a YAML error."""
+    if line is None:
+        return None
+    for index in range(min(line, len(front) - 1), -1, -1):
+        parsed = _key_of(front[index])
+        if parsed is not None and parsed[0] == 0:
+            return parsed[1]
+    return None
+
+
+def _is_filler(line: str) -> bool:
+    stripped = line.strip()
+    return not stripped or stripped.startswith("#")
+
+
+def _indent_of(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _blocks(
+    lines: list[str], start: int, end: int, indent: int
+) -> dict[str, tuple[int, int]] | None:
+    """Map each key at ``indent`` in ``lines[start:end]`` to its line span, or ``None``.
+
+    A block is the key line and its continuation lines (deeper indentation, or ``- `` items at
+    the same indentation); blank and comment lines at its end are left out, so they stay with
+    whatever follows them.
+    """
+    starts: list[tuple[str, int]] = []
+    for index in range(start, end):
+        line = lines[index]
+        if _is_filler(line):
+            continue
+        column = _indent_of(line)
+        if column > indent or (column == indent and _SEQUENCE_ITEM.match(line[column:])):
+            if not starts:
+                return None
+            continue
+        parsed = _key_of(line)
+        if column < indent or parsed is None or any(key == parsed[1] for key, _ in starts):
+            return None
+        starts.append((parsed[1], index))
+    blocks: dict[str, tuple[int, int]] = {}
+    for position, (key, first) in enumerate(starts):
+        last = starts[position + 1][1] if position + 1 < len(starts) else end
+        parsed = _key_of(lines[first])
+        # in a block scalar, '#' lines are text, not comments
+        block_scalar = parsed is not None and parsed[2].lstrip().startswith(("|", ">"))
+        while last - 1 > first and (
+            not lines[last - 1].strip()
+            or (not block_scalar and lines[last - 1].lstrip().startswith("#"))
+        ):
+            last -= 1
+        blocks[key] = (first, last)
+    return blocks
+
+
+def _trailing_comment(line: str, indent: int) -> str:
+    """The ``  # ...`` comment ending a one-line ``key: value``, so an edit can keep it."""
+    content = line.rstrip("\r\n")
+    try:
+        whole = yaml.safe_load(content[indent:])
+    except yaml.YAMLError:
+        return ""
+    for match in re.finditer(r"[ \t]+#", content):
+        try:
+            head = yaml.safe_load(content[indent : match.start()])
+        except yaml.YAMLError:
+            continue
+        if head == whole:
+            return content[match.start() :]
+    return ""
