@@ -148,7 +148,7 @@ async def test_a_healthy_result_is_complete(specs: dict[str, AgentSpec]) -> None
     assert result.text.startswith(FORMAT_HEADING)
     assert PROMPT in result.text
     assert result.stop_reason == "end_turn"
-    assert result.model == "claude-sonnet-4-5"
+    assert result.model == "claude-sonnet-4-6"
     assert result.usage.input_tokens > 0
     assert result.usage.output_tokens > 500
     assert result.cost_usd is not None
@@ -279,7 +279,7 @@ def _grant_tool(spec: AgentSpec) -> dict[str, Any]:
 
 def _other_model(spec: AgentSpec) -> dict[str, Any]:
     return {
-        "model": "claude-sonnet-4-5" if spec.model == "claude-haiku-4-5" else "claude-haiku-4-5"
+        "model": "claude-sonnet-4-6" if spec.model == "claude-haiku-4-5" else "claude-haiku-4-5"
     }
 
 
@@ -398,7 +398,7 @@ async def test_a_bad_definition_fails_the_way_the_api_would(
 async def test_a_model_alias_and_an_agent_outside_the_team_run(team_dir: Path) -> None:
     runtime = SimulatedRuntime(seed=1)
     aliased = edit(team_dir, "quality-agent", model="sonnet")
-    assert (await runtime.run(aliased, PROMPT)).model == "claude-sonnet-4-5"
+    assert (await runtime.run(aliased, PROMPT)).model == "claude-sonnet-4-6"
     newcomer = AgentSpec(
         name="geometry-tutor",
         description="Explains geometry.",
@@ -465,7 +465,7 @@ QUESTIONS = (
 EVIDENCE = {
     FaultKind.TRUNCATION: ("max_tokens limit of 2048", "stop reason max_tokens", "output tokens"),
     FaultKind.TOOL_DENIED: ("'WebFetch'", "denied", "Read, Grep, WebSearch"),
-    FaultKind.MODEL_RETIRED: ("'claude-sonnet-4-5' was not found (404)",),
+    FaultKind.MODEL_RETIRED: ("'claude-sonnet-4-6' was not found (404)",),
     FaultKind.SLOW: ("timeout of 90 s", "of the work done", "would take about"),
     FaultKind.FORMAT_DRIFT: (f"'{FORMAT_HEADING}' heading", "line 8 of 13"),
     FaultKind.RATE_LIMIT_STORM: ("rate limit errors (429)",),
@@ -508,7 +508,7 @@ async def test_answers_follow_the_question(specs: dict[str, AgentSpec]) -> None:
     assert "I tried to call 'WebFetch' in 6 of my last 10 runs" in tools
     assert "to read the full text of a source" in tools
     model = runtime.answer_question("research-agent", "Which model are you on?", spec)
-    assert "'claude-sonnet-4-5'" in model
+    assert "'claude-sonnet-4-6'" in model
     assert "WebFetch" not in model
     config = runtime.answer_question("research-agent", "Show me your configuration", spec)
     assert "max_tokens 2048" in config

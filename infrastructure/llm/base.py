@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -136,13 +136,29 @@ class AgentResult(Generic[OutputT]):
 
 @runtime_checkable
 class AgentRuntime(Protocol):
-    """Runs one agent turn loop. Implementations: Anthropic, claude-agent-sdk, offline, fakes."""
+    """Runs one agent turn loop. Implementations: Anthropic, claude-agent-sdk, offline, fakes.
 
+    The two overloads let a type checker infer the result type with and without an
+    ``output_type`` (one generic signature leaves it unsolved when ``output_type`` is omitted);
+    an implementation may keep the single generic signature.
+    """
+
+    @overload
     async def run(
         self,
         spec: AgentSpec,
         prompt: str,
         *,
         tools: Sequence[ToolSpec] = (),
-        output_type: type[OutputT] | None = None,
+        output_type: None = None,
+    ) -> AgentResult[Any]: ...
+
+    @overload
+    async def run(
+        self,
+        spec: AgentSpec,
+        prompt: str,
+        *,
+        tools: Sequence[ToolSpec] = (),
+        output_type: type[OutputT],
     ) -> AgentResult[OutputT]: ...

@@ -37,7 +37,9 @@ class OfflineCall:
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> ToolCallRecord:
         """Call a tool as a model would; failures come back as ``is_error`` records."""
-        call = ToolUseBlock(id=f"offline_{len(self.tool_calls) + 1}", name=name, input=dict(arguments))
+        call = ToolUseBlock(
+            id=f"offline_{len(self.tool_calls) + 1}", name=name, input=dict(arguments)
+        )
         record = await run_tool_call(index_tools(self.tools), call)
         self.tool_calls.append(record)
         return record

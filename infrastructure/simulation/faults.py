@@ -20,7 +20,7 @@ Failure conditions (``need`` is the answer length of one call, which varies by `
 * ``SLOW``: every request of the agent takes ``latency_factor`` times longer. A run fails with
   ``TIMEOUT`` iff its simulated duration exceeds ``timeout_s``. Fix: raise ``timeout_s`` to the
   slowed duration (the agent reports how far it got) or switch to a faster model
-  (``claude-haiku-4-5`` generates about 2.7 times faster than ``claude-sonnet-4-5``).
+  (``claude-haiku-4-5`` generates about 2.7 times faster than ``claude-sonnet-4-6``).
 * ``FORMAT_DRIFT``: replies keep to the format only while the format instruction is the last
   thing the system prompt says. A run fails with ``OUTPUT_INVALID`` iff the prompt's last
   non-blank line is not ``FORMAT_INSTRUCTION`` (shipped prompts state it mid-prompt). Fix: restate

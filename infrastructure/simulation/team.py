@@ -47,7 +47,7 @@ FORMAT_INSTRUCTION = (
 )
 """The one line that keeps an agent's replies in format; every shipped prompt contains it."""
 
-DEFAULT_MODEL = "claude-sonnet-4-5"
+DEFAULT_MODEL = "claude-sonnet-4-6"
 DEFAULT_MAX_TOKENS = 4096
 DEFAULT_TIMEOUT_S = 300.0
 TOKEN_SPREAD = 0.15
@@ -89,8 +89,8 @@ AVAILABLE_MODELS: Mapping[str, ModelProfile] = MappingProxyType(
     {
         profile.name: profile
         for profile in (
-            ModelProfile("claude-opus-4-1", 2400.0, 28.0, 0.995, 15.0, 75.0, 32_000),
-            ModelProfile("claude-sonnet-4-5", 1400.0, 16.0, 0.99, 3.0, 15.0, 64_000),
+            ModelProfile("claude-opus-4-6", 2400.0, 28.0, 0.995, 15.0, 75.0, 32_000),
+            ModelProfile("claude-sonnet-4-6", 1400.0, 16.0, 0.99, 3.0, 15.0, 64_000),
             ModelProfile("claude-haiku-4-5", 500.0, 6.0, 0.98, 1.0, 5.0, 64_000),
         )
     }
@@ -104,9 +104,9 @@ RETIRED_MODELS: frozenset[str] = frozenset(
 
 MODEL_ALIASES: Mapping[str, str] = MappingProxyType(
     {
-        "sonnet": "claude-sonnet-4-5",
+        "sonnet": "claude-sonnet-4-6",
         "haiku": "claude-haiku-4-5",
-        "opus": "claude-opus-4-1",
+        "opus": "claude-opus-4-6",
         "inherit": DEFAULT_MODEL,
     }
 )

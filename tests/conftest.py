@@ -1,0 +1,49 @@
+"""Shared test fixtures: the network guard and the fake Messages API server.
+
+- ``pytest_configure`` sets ``AGENTMEND_TESTING=1`` (unless already set), so runtimes refuse a
+  non-loopback API base URL, which also covers subprocesses such as the Claude Code CLI.
+- Every test runs under ``refuse_non_loopback()`` (sockets may reach only loopback addresses)
+  unless it is marked ``@pytest.mark.allow_network``. A refusal that the code under test
+  swallowed (turned into a connection error) still fails the test at teardown; the
+  ``network_guard`` fixture gives a test the guard to inspect.
+- ``fake_api`` yields a started ``FakeMessagesAPI`` (``tests/fake_messages_api.py``) and closes
+  it after the test. Test modules import the helpers with
+  ``from fake_messages_api import Reply, FakeMessagesAPI`` (tests/ is on sys.path because this
+  directory has no ``__init__.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from fake_messages_api import FakeMessagesAPI
+
+from infrastructure.llm.network_guard import TESTING_ENV_VAR, NetworkGuard, refuse_non_loopback
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault(TESTING_ENV_VAR, "1")
+
+
+@pytest.fixture(autouse=True)
+def network_guard(request: pytest.FixtureRequest) -> Iterator[NetworkGuard | None]:
+    """The active guard (None under ``allow_network``); a test that provokes a refusal on
+    purpose clears ``network_guard.refused`` after checking it."""
+    if request.node.get_closest_marker("allow_network") is not None:
+        yield None
+        return
+    with refuse_non_loopback() as guard:
+        yield guard
+    if guard.refused:
+        pytest.fail(f"the test tried to reach the network: {', '.join(guard.refused)}")
+
+
+@pytest.fixture
+def fake_api() -> Iterator[FakeMessagesAPI]:
+    api = FakeMessagesAPI()
+    try:
+        yield api
+    finally:
+        api.close()
