@@ -283,3 +283,41 @@ async def test_scripted_and_anthropic_runtimes_agree_on_the_same_conversation(
     assert api_final.json["messages"][-1]["content"][0]["text"] == (
         scripted.runs[0].messages[-1].text
     )
+
+
+def _recording_tool(name: str, calls: list[str]) -> ToolSpec:
+    async def handler(arguments: dict[str, Any]) -> str:
+        calls.append(name)
+        return f"{name} ran"
+
+    return ToolSpec(name, f"the {name} tool", handler, input_schema={"type": "object"})
+
+
+@pytest.mark.parametrize(
+    ("profile", "declared", "denied"),
+    [
+        ("standard", ("search",), ["Bash"]),  # shell is never standard, even when offered
+        ("standard", ("search", "Bash"), ["Bash"]),  # ...nor when declared
+        ("locked", ("search", "Bash"), ["search", "Bash"]),
+        ("open", None, []),
+    ],
+)
+async def test_the_permission_profile_refuses_and_reports_tools_it_does_not_allow(
+    profile: str, declared: tuple[str, ...] | None, denied: list[str]
+) -> None:
+    ran: list[str] = []
+    tools = [_recording_tool("search", ran), _recording_tool("Bash", ran)]
+    runtime = ScriptedRuntime([Step.tool_calls(("search", {}), ("Bash", {})), Step.text("done")])
+    spec = AgentSpec(
+        name="worker",
+        description="d",
+        tools=declared,
+        permission_profile=profile,  # type: ignore[arg-type]
+    )
+    result = await runtime.run(spec, "go", tools=tools)
+    assert result.success
+    assert list(result.permission_denials) == denied
+    assert ran == [name for name in ("search", "Bash") if name not in denied]
+    refused = [c for c in result.tool_calls if c.name in denied]
+    assert all(c.is_error and "Permission denied" in c.output for c in refused)
+    runtime.assert_complete()

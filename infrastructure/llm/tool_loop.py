@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
 from infrastructure.llm.base import AgentResult, OutputT, ToolCallRecord, ToolError, ToolSpec, Usage
+from infrastructure.permissions import allowed_tools, describe_profile
 
 if TYPE_CHECKING:
     from infrastructure.spec import AgentSpec
@@ -235,6 +236,7 @@ class _RunState:
     stop_reason: str | None = None
     model: str | None = None
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    permission_denials: list[str] = field(default_factory=list)
 
 
 async def run_agent_loop(
@@ -289,6 +291,7 @@ async def run_agent_loop(
         duration_ms=(time.perf_counter() - started) * 1000.0,
         stop_reason=state.stop_reason,
         error=error,
+        permission_denials=tuple(state.permission_denials),
         model=state.model,
     )
 
@@ -363,11 +366,44 @@ async def _loop(
             force = OUTPUT_TOOL_NAME
             continue
         _check_turns_left(state, max_turns, "answer its tool calls")
-        records = await run_tool_calls(tools, calls)
+        records = await _run_permitted(spec, tools, calls, state)
         state.tool_calls.extend(records)
         results = tuple(ToolResultBlock(r.id, r.output, r.is_error) for r in records)
         messages.append(Message("user", results))
         force = None
+
+
+async def _run_permitted(
+    spec: AgentSpec,
+    tools: Mapping[str, ToolSpec],
+    calls: Sequence[ToolUseBlock],
+    state: _RunState,
+) -> list[ToolCallRecord]:
+    """Run the calls the spec's permission profile allows; refuse and report the others.
+
+    Every tool is offered, as the claude-agent-sdk runtime offers them, so a model can try a
+    tool its profile does not allow; the refusal is an ``is_error`` result the model sees and
+    a ``permission_denials`` entry the improvement loop sees, never hidden.
+    """
+    allowed = allowed_tools(spec.permission_profile, spec.tools, tools)
+    permitted = [c for c in calls if c.name in allowed or c.name not in tools]
+    records = dict(
+        zip((c.id for c in permitted), await run_tool_calls(tools, permitted), strict=True)
+    )
+    for call in calls:
+        if call.id not in records:
+            state.permission_denials.append(call.name)
+            records[call.id] = ToolCallRecord(
+                id=call.id,
+                name=call.name,
+                input=dict(call.input),
+                output=(
+                    f"Permission denied: tool {call.name!r} is not allowed for agent "
+                    f"{spec.name!r} (permission profile: {describe_profile(spec.permission_profile)})."
+                ),
+                is_error=True,
+            )
+    return [records[c.id] for c in calls]
 
 
 def _check_turns_left(state: _RunState, max_turns: int, purpose: str) -> None:
