@@ -1,0 +1,224 @@
+"""Seed 002's self-edit operations as tools an agent can call in its own tool loop.
+
+An agent may change its own system prompt, its docs, its permission profile and its model. The
+tools only turn the call into an ``ImprovementAction`` for the calling agent and hand it to
+``apply``, which the caller supplies (the SelfImprover's propose -> gates -> manager path): so a
+self-edit meets exactly the gates any other change meets, is applied through the manager
+(history, backup, audit row with the old and new value and the invoking user) and can be rolled
+back. In particular the role gate judges it by the *invoking principal's* rights, never by the
+agent's: an agent cannot escalate beyond the user it works for.
+
+Each call has seed 002's permission action string (``tool:self_edit:system_prompt``,
+``tool:self_edit:docs <path>``, ``tool:self_edit:permissions <profile>``,
+``tool:self_edit:model <model>``), computed from its arguments by ``permission_action_for``;
+``ToolSpec.permission_action`` holds the argument-free prefix. Pass ``authorize`` to check the
+string before anything is proposed. Any refusal (authorization, an invalid change, a gate)
+reaches the model as a tool error naming the reason, and nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from infrastructure.errors import AgentmendError, ConfigurationError
+from infrastructure.llm.base import ToolError, ToolSpec
+from infrastructure.models import ChangeType, ImprovementAction
+
+__all__ = [
+    "SELF_EDIT_TOOL_NAMES",
+    "ApplyAction",
+    "Authorize",
+    "CustomProfileInput",
+    "SelfEditDocsInput",
+    "SelfEditModelInput",
+    "SelfEditPermissionsInput",
+    "SelfEditSystemPromptInput",
+    "permission_action_for",
+    "self_edit_tools",
+]
+
+ApplyAction = Callable[[ImprovementAction], Awaitable[str]]
+"""Proposes, gates and applies one action; returns a message for the model. It raises an
+``AgentmendError`` (``InvalidChange``, ``ChangeRefused``, ``PathNotAllowed``) to refuse."""
+
+Authorize = Callable[[str], bool]
+"""Whether a permission action string (``tool:self_edit:model claude-haiku-4-5``) is allowed."""
+
+SELF_EDIT_TOOL_NAMES = (
+    "self_edit_system_prompt",
+    "self_edit_docs",
+    "self_edit_permissions",
+    "self_edit_model",
+)
+
+_PREFIX = "tool:self_edit:"
+_DOCS = "docs/"
+DEFAULT_CONFIDENCE = 0.9
+
+
+class _SelfEditInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rationale: str = Field(default="", description="Why you make this change (kept in history).")
+    confidence: float = Field(
+        default=DEFAULT_CONFIDENCE,
+        ge=0.0,
+        le=1.0,
+        description="How sure you are that the change helps, from 0 to 1.",
+    )
+
+
+class SelfEditSystemPromptInput(_SelfEditInput):
+    new_prompt: str = Field(
+        min_length=1, description="Your complete new system prompt (replaces the current one)."
+    )
+
+    @field_validator("new_prompt")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the new system prompt must not be empty")
+        return value
+
+
+class SelfEditDocsInput(_SelfEditInput):
+    path: str = Field(
+        min_length=1,
+        description="File path inside your docs folder, e.g. 'notes/style.md' "
+        "(the 'docs/' prefix shown in <agent_docs> may be included).",
+    )
+    content: str = Field(description="The file's complete new content.")
+
+
+class CustomProfileInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    allow: list[str] = Field(default_factory=list, description="Tool name patterns allowed.")
+    deny: list[str] = Field(default_factory=list, description="Tool name patterns denied.")
+
+
+class SelfEditPermissionsInput(_SelfEditInput):
+    profile: Literal["locked", "standard", "open"] | CustomProfileInput = Field(
+        description="locked (no tools), standard (declared tools, no shell or file writes), "
+        "open (any tool; needs an admin), or a custom {allow, deny} profile (needs an admin)."
+    )
+
+
+class SelfEditModelInput(_SelfEditInput):
+    model: str = Field(min_length=1, description="The model to switch to (an available one).")
+
+
+def _docs_path(path: str) -> str:
+    """The path relative to the docs folder (the ``docs/`` shown in the prompt is dropped)."""
+    return path[len(_DOCS) :] if path.startswith(_DOCS) else path
+
+
+def permission_action_for(tool_name: str, arguments: Mapping[str, Any]) -> str:
+    """Seed 002's permission action string for one call of a self-edit tool.
+
+    Raises:
+        ConfigurationError: an unknown tool, or an argument the string needs is missing.
+    """
+
+    def argument(key: str) -> Any:
+        if key not in arguments:
+            raise ConfigurationError(f"{tool_name}: missing argument {key!r}")
+        return arguments[key]
+
+    if tool_name == "self_edit_system_prompt":
+        return f"{_PREFIX}system_prompt"
+    if tool_name == "self_edit_docs":
+        return f"{_PREFIX}docs {_docs_path(str(argument('path')))}"
+    if tool_name == "self_edit_permissions":
+        profile = argument("profile")
+        label = "custom" if isinstance(profile, Mapping | BaseModel) else str(profile)
+        return f"{_PREFIX}permissions {label}"
+    if tool_name == "self_edit_model":
+        return f"{_PREFIX}model {argument('model')}"
+    known = ", ".join(SELF_EDIT_TOOL_NAMES)
+    raise ConfigurationError(f"unknown self-edit tool {tool_name!r}; known: {known}")
+
+
+def self_edit_tools(
+    agent_name: str, apply: ApplyAction, *, authorize: Authorize | None = None
+) -> list[ToolSpec]:
+    """The four self-edit tools for ``agent_name``, in ``SELF_EDIT_TOOL_NAMES`` order.
+
+    Args:
+        agent_name: the agent the tools edit (always the caller: an agent edits only itself).
+        apply: proposes, gates and applies an action; see ``ApplyAction``.
+        authorize: checks each call's permission action string first; a False refuses it.
+    """
+    if not agent_name:
+        raise ConfigurationError("self_edit_tools needs the agent's name")
+
+    def action(
+        arguments: Mapping[str, Any], kind: ChangeType, field: str, value: Any
+    ) -> ImprovementAction:
+        return ImprovementAction(
+            target_agent=agent_name,
+            action_type=kind,
+            target_field=field,
+            new_value=value,
+            rationale=str(arguments.get("rationale") or "self-edit requested by the agent"),
+            confidence_score=float(arguments.get("confidence", DEFAULT_CONFIDENCE)),
+        )
+
+    build: dict[str, Callable[[Mapping[str, Any]], ImprovementAction]] = {
+        "self_edit_system_prompt": lambda a: action(
+            a, ChangeType.PROMPT_MODIFICATION, "system_prompt", a["new_prompt"]
+        ),
+        "self_edit_docs": lambda a: action(
+            a, ChangeType.DOCS_EDIT, _DOCS + _docs_path(a["path"]), a["content"]
+        ),
+        "self_edit_permissions": lambda a: action(
+            a, ChangeType.TOOL_PERMISSION_CHANGE, "permission_profile", a["profile"]
+        ),
+        "self_edit_model": lambda a: action(a, ChangeType.MODEL_CHANGE, "model", a["model"]),
+    }
+
+    def handler(tool_name: str) -> Callable[[dict[str, Any]], Awaitable[str]]:
+        async def handle(arguments: dict[str, Any]) -> str:
+            permission = permission_action_for(tool_name, arguments)
+            if authorize is not None and not authorize(permission):
+                raise ToolError(f"permission denied: {permission}")
+            try:
+                return await apply(build[tool_name](arguments))
+            except AgentmendError as exc:
+                raise ToolError(str(exc)) from exc
+
+        return handle
+
+    descriptions: dict[str, tuple[type[BaseModel], str]] = {
+        "self_edit_system_prompt": (
+            SelfEditSystemPromptInput,
+            "Replace your own system prompt. Takes effect on your next run.",
+        ),
+        "self_edit_docs": (
+            SelfEditDocsInput,
+            "Create or update a file in your docs folder (appended to your prompt inside "
+            "<agent_docs>). Folders are created as needed; paths cannot leave the docs folder.",
+        ),
+        "self_edit_permissions": (
+            SelfEditPermissionsInput,
+            "Change your permission profile. Anyone may set locked or standard; open and custom "
+            "profiles need the invoking user to be an admin.",
+        ),
+        "self_edit_model": (
+            SelfEditModelInput,
+            "Switch the model you run on; it must be one of the available models.",
+        ),
+    }
+    return [
+        ToolSpec(
+            name=name,
+            description=descriptions[name][1],
+            handler=handler(name),
+            input_model=descriptions[name][0],
+            permission_action=_PREFIX + name.removeprefix("self_edit_"),
+        )
+        for name in SELF_EDIT_TOOL_NAMES
+    ]
