@@ -110,11 +110,7 @@ class AskAgentTool:
             text = text[: self.max_answer_chars]
         # The answer must not be able to close the fence and speak outside it.
         text = text.replace(f"</{_TAG}", f"&lt;/{_TAG}")
-        return (
-            f'<{_TAG} agent="{agent_name}" trust="untrusted-data">\n'
-            f"{text}{note}\n"
-            f"</{_TAG}>"
-        )
+        return f'<{_TAG} agent="{agent_name}" trust="untrusted-data">\n{text}{note}\n</{_TAG}>'
 
     async def _handle_tool_call(self, arguments: dict[str, Any]) -> str:
         agent_name = str(arguments["agent_name"])

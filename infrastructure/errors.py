@@ -7,7 +7,7 @@ runtime returns inside an ``AgentResult`` as data and which the monitor records.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 __all__ = [
@@ -79,7 +79,7 @@ class AuditChainError(AgentmendError):
     """The audit trail does not verify (raised only where the caller asked for strictness)."""
 
 
-class ErrorKind(str, Enum):
+class ErrorKind(StrEnum):
     """Why an agent run failed, the same whichever runtime ran it."""
 
     RATE_LIMIT = "rate_limit"
@@ -132,3 +132,25 @@ class AgentRunError(AgentmendError):
 
     def __repr__(self) -> str:
         return f"AgentRunError(kind={self.kind.value!r}, message={self.message!r})"
+
+
+class ChangeNotFound(AgentmendError):
+    """No change with this id is in the history."""
+
+    def __init__(self, change_id: str) -> None:
+        self.change_id = change_id
+        super().__init__(f"no change with id {change_id!r} in the history")
+
+
+class ChangeStateError(AgentmendError):
+    """A change cannot move from the state it is in to the one asked for."""
+
+    def __init__(self, change_id: str, status: str, wanted: str, problem: str = "") -> None:
+        self.change_id = change_id
+        self.status = status
+        self.wanted = wanted
+        detail = f": {problem}" if problem else ""
+        super().__init__(f"change {change_id} is {status}, cannot become {wanted}{detail}")
+
+
+__all__ += ["ChangeNotFound", "ChangeStateError"]

@@ -7,8 +7,8 @@ a new record, so an old one can never be mutated behind the store's back.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from enum import Enum
+from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,14 +28,14 @@ __all__ = [
 
 
 def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _clip(value: Any, limit: int) -> str:
     return str(value)[:limit]
 
 
-class ChangeType(str, Enum):
+class ChangeType(StrEnum):
     """What kind of thing a change touches."""
 
     PROMPT_MODIFICATION = "prompt_modification"
@@ -48,7 +48,7 @@ class ChangeType(str, Enum):
     CODE_PATCH = "code_patch"
 
 
-class ChangeStatus(str, Enum):
+class ChangeStatus(StrEnum):
     """A change's life: PENDING -> APPLIED -> KEPT or ROLLED_BACK, or FAILED."""
 
     PENDING = "pending"

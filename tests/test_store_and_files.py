@@ -53,16 +53,21 @@ def test_a_failed_migration_leaves_the_previous_version(tmp_path: Path) -> None:
 def test_transaction_rolls_back_on_error(tmp_path: Path) -> None:
     with Store(tmp_path / "a.db") as store:
         store.migrate("things", [V1])
-        with pytest.raises(RuntimeError), store.transaction() as conn:
-            conn.execute("INSERT INTO things (name) VALUES ('lost')")
-            raise RuntimeError("boom")
+
+        def write_then_fail() -> None:
+            with store.transaction() as conn:
+                conn.execute("INSERT INTO things (name) VALUES ('lost')")
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError):
+            write_then_fail()
         assert store.connection().execute("SELECT count(*) FROM things").fetchone()[0] == 0
 
 
 def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
     bogus = tmp_path / "history.json"
     bogus.write_text('[{"change_id": "abc"}]' * 100)
-    with pytest.raises(StoreError, match="history.json"):
+    with pytest.raises(StoreError, match=r"history\.json"):
         Store(bogus)
     assert bogus.read_text() == '[{"change_id": "abc"}]' * 100
 

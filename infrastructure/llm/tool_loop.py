@@ -390,6 +390,7 @@ async def _run_permitted(
     records = dict(
         zip((c.id for c in permitted), await run_tool_calls(tools, permitted), strict=True)
     )
+    profile = describe_profile(spec.permission_profile)
     for call in calls:
         if call.id not in records:
             state.permission_denials.append(call.name)
@@ -399,7 +400,7 @@ async def _run_permitted(
                 input=dict(call.input),
                 output=(
                     f"Permission denied: tool {call.name!r} is not allowed for agent "
-                    f"{spec.name!r} (permission profile: {describe_profile(spec.permission_profile)})."
+                    f"{spec.name!r} (permission profile: {profile})."
                 ),
                 is_error=True,
             )
