@@ -1,0 +1,175 @@
+"""False alarms and detection delay: seed 003's rules against the calibrated CUSUMs.
+
+Everything goes through the public API (``PerformanceMonitor.record`` + ``IssueDetector.check``)
+on simulated agents whose durations are log-normal (median 1 s, log-sd 0.4):
+
+- false alarms per 1,000 healthy runs at healthy success rates 0.99, 0.95 and 0.90: each of
+  ``--agents`` agents gets its own 500-run baseline, then ``--runs`` more healthy runs;
+- detection delay for the drops 0.95 -> 0.70 and 0.95 -> 0.85: each of ``--trials`` agents
+  gets a 500-run healthy baseline and then fails at the new rate; the delay is the number of
+  runs after the change up to and including the first alarm (checked after every run), the
+  zero-state delay, since the change comes as the baseline fills.
+
+The yardstick is the optimal CUSUM for the same false-alarm rate: a Bernoulli CUSUM that knows
+the true p0 and p1, with its threshold set for an in-control ARL of exactly 1,000 (interpolated
+between the two integer thresholds around it), its delay computed exactly
+(``infrastructure.cusum.bernoulli_arl``). The statistical detector has to estimate p0 from its
+500-run baseline and is tuned to one shift for both drops, so its ratio to that optimum shows
+what not knowing them costs. Goals: at most 1 false alarm per 1,000 runs at every healthy rate;
+delay within 1.1x of the optimum. Seeded; about a minute. Run:
+``.venv/bin/python benchmarks/bench_detection.py [--agents 100 --runs 10000 --trials 1500]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import time
+from collections import Counter
+
+from infrastructure.cusum import bernoulli_arl, integer_weights
+from infrastructure.detection import DetectionMode, IssueDetector
+from infrastructure.performance_monitor import PerformanceMonitor
+
+SEED = 20240901
+BASELINE_N = 500
+HEALTHY_RATES = (0.99, 0.95, 0.90)
+DROPS = ((0.95, 0.70), (0.95, 0.85))
+TARGET = 0.001
+MODES: tuple[DetectionMode, ...] = ("rules", "statistical")
+
+
+def _feed(monitor: PerformanceMonitor, rng: random.Random, agent: str, n: int, p: float) -> None:
+    record, rand, gauss = monitor.record, rng.random, rng.gauss
+    for _ in range(n):
+        ok = rand() < p
+        record(
+            agent,
+            success=ok,
+            duration_ms=1000.0 * math.exp(gauss(0.0, 0.4)),
+            error=None if ok else "ToolError: upstream returned 503",
+        )
+
+
+def false_alarms(p: float, agents: int, runs: int, seed: int) -> dict[DetectionMode, Counter[str]]:
+    """Alarms by detector name over ``agents * runs`` healthy post-baseline runs, per mode."""
+    rng = random.Random(seed)
+    counts: dict[DetectionMode, Counter[str]] = {mode: Counter() for mode in MODES}
+    block = 5_000
+    with PerformanceMonitor(baseline_n=BASELINE_N, detection_backlog=2 * block) as monitor:
+        detectors = {mode: IssueDetector(mode, monitor=monitor) for mode in MODES}
+        for a in range(agents):
+            agent = f"agent{a}"
+            _feed(monitor, rng, agent, BASELINE_N, p)
+            for detector in detectors.values():
+                detector.check()  # the rules fire during the baseline too; not counted here
+            done = 0
+            while done < runs:
+                step = min(block, runs - done)
+                _feed(monitor, rng, agent, step, p)
+                done += step
+                for mode, detector in detectors.items():
+                    counts[mode].update(r.detector for r in detector.check())
+        assert all(d.missed_runs == 0 for d in detectors.values())
+    return counts
+
+
+def delays(
+    p0: float, p1: float, trials: int, seed: int, cap: int = 5_000
+) -> dict[DetectionMode, list[int]]:
+    """Runs after a success-rate change p0 -> p1 until the first alarm, per mode (capped)."""
+    rng = random.Random(seed)
+    found: dict[DetectionMode, list[int]] = {mode: [] for mode in MODES}
+    with PerformanceMonitor(baseline_n=BASELINE_N) as monitor:
+        detectors = {mode: IssueDetector(mode, monitor=monitor) for mode in MODES}
+        for t in range(trials):
+            agent = f"trial{t}"
+            _feed(monitor, rng, agent, BASELINE_N, p0)
+            for detector in detectors.values():
+                detector.check()
+            pending = set(MODES)
+            n = 0
+            while pending and n < cap:
+                n += 1
+                _feed(monitor, rng, agent, 1, p1)
+                for mode in list(pending):
+                    if any(r.agent_name == agent for r in detectors[mode].check()):
+                        found[mode].append(n)
+                        pending.discard(mode)
+            for mode in pending:
+                found[mode].append(cap)
+    return found
+
+
+def optimal_delay(p0: float, p1: float, arl0: float = 1000.0) -> tuple[float, float]:
+    """(delay, achieved ARL0) of the Bernoulli CUSUM knowing p0 and p1, ARL0 = ``arl0``."""
+    gain, loss = math.log(p1 / p0), math.log((1 - p0) / (1 - p1))
+    up, down = integer_weights(gain, loss, max_unit=0.02)
+    lo, hi = 1, 2
+    while bernoulli_arl(up, down, hi, p0) < arl0:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if bernoulli_arl(up, down, mid, p0) < arl0:
+            lo = mid
+        else:
+            hi = mid
+    a_lo, a_hi = bernoulli_arl(up, down, lo, p0), bernoulli_arl(up, down, hi, p0)
+    d_lo, d_hi = bernoulli_arl(up, down, lo, p1), bernoulli_arl(up, down, hi, p1)
+    w = (math.log(arl0) - math.log(a_lo)) / (math.log(a_hi) - math.log(a_lo))
+    return d_lo + w * (d_hi - d_lo), arl0
+
+
+def _mean_ci(values: list[int]) -> str:
+    mean = statistics.fmean(values)
+    half = 1.96 * statistics.stdev(values) / math.sqrt(len(values))
+    return f"{mean:6.1f} +-{half:4.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=100, help="baselines per healthy rate")
+    parser.add_argument("--runs", type=int, default=10_000, help="healthy runs per agent")
+    parser.add_argument("--trials", type=int, default=1500, help="trials per drop")
+    args = parser.parse_args()
+    started = time.perf_counter()
+
+    print(f"False alarms per 1,000 healthy runs ({args.agents} agents x {args.runs:,} runs each,")
+    print(f"each with its own {BASELINE_N}-run baseline; goal <= {TARGET * 1000:g})")
+    print(f"  {'healthy success':>16} {'rules':>8} {'statistical':>12}   statistical by detector")
+    for i, p in enumerate(HEALTHY_RATES):
+        counts = false_alarms(p, args.agents, args.runs, SEED + i)
+        total = args.agents * args.runs / 1000
+        split = ", ".join(f"{k} {v / total:.2f}" for k, v in sorted(counts["statistical"].items()))
+        rules_split = ", ".join(
+            f"{k[6:]} {v / total:.2f}" for k, v in sorted(counts["rules"].items())
+        )
+        print(
+            f"  {p:>16.2f} {sum(counts['rules'].values()) / total:>8.2f}"
+            f" {sum(counts['statistical'].values()) / total:>12.2f}   {split or '-'}"
+        )
+        print(f"  {'':>16} rules: {rules_split or '-'}")
+
+    print()
+    print(f"Detection delay, runs after the change (mean +- 95 % CI, {args.trials} trials each)")
+    print(
+        f"  {'drop':>12} {'rules':>14} {'statistical':>14} {'optimal':>8}"
+        f" {'stat/opt':>9} {'rules/opt':>9}"
+    )
+    for j, (p0, p1) in enumerate(DROPS):
+        found = delays(p0, p1, args.trials, SEED + 100 + j)
+        best, _ = optimal_delay(1 - p0, 1 - p1)
+        stat = statistics.fmean(found["statistical"])
+        rules = statistics.fmean(found["rules"])
+        print(
+            f"  {p0:.2f} -> {p1:.2f} {_mean_ci(found['rules']):>14} "
+            f"{_mean_ci(found['statistical']):>14} {best:>8.1f} {stat / best:>9.2f}"
+            f" {rules / best:>9.2f}"
+        )
+    print(f"\n({time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

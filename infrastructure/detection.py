@@ -1,0 +1,562 @@
+"""Turns the monitor's stream of runs into IssueReports: calibrated CUSUMs, or seed 003's rules.
+
+Why not just the seed's rules: fixed thresholds ("success below 80 % over the last 10 runs")
+raise about 0.5 false alarms per 1,000 healthy runs for an agent that succeeds 99 % of the time
+but 3.6 for one at 95 % and 17 at 90 % (benchmarks/bench_detection.py), so a team of agents
+with different healthy rates drowns in false alarms or misses real drops. The ``statistical``
+mode (the default) compares each agent with *its own* baseline and has a false-alarm rate fixed
+by construction:
+
+* a Bernoulli CUSUM on failures (``cusum_failure_rate``), tuned to a 15 % relative drop of the
+  success rate, and
+* a normal CUSUM on log-duration (``cusum_log_duration``), tuned to a 1.5x slowdown,
+
+calibrated (``infrastructure.cusum``) so the two together alarm on a healthy agent at most
+``false_alarm_rate`` times per run, whatever its healthy success rate. The budget is split 90 %
+to failures and 10 % to durations (``failure_share``): failures are what loses work, and
+durations are the less trustworthy distributionally (heavy tails), so a smaller share there
+also buys robustness. Detection starts once the agent's baseline (its first ``baseline_n`` runs
+since its last kept change, held by the monitor) is full; after an alarm a statistic restarts
+at 0 against the same baseline.
+
+``rules`` reproduces seed 003's trigger set (3 consecutive failures; success below 80 % over
+the last 10 runs; mean duration of the last 10 above 1.5x the baseline mean; error rate above
+30 % over the monitor's window), evaluated after every run and reported on each rising edge (a
+condition that stays true is reported once).
+
+``severity`` ranks issues for the orchestrator: 1 + the excess failure fraction for failure
+issues (1..2: the share of previously successful runs now failing, estimated since the change),
+``log2`` of the slowdown capped to 0..1 for duration issues, so any failure issue outranks any
+slowdown and a bigger drop outranks a smaller one.
+
+``check()`` does all the work, O(new runs); ``record()`` does none of it.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from infrastructure.cusum import BernoulliChart, NormalChart, calibrate_bernoulli, calibrate_normal
+from infrastructure.errors import ConfigurationError
+from infrastructure.models import IssueReport
+from infrastructure.performance_monitor import (
+    Baseline,
+    EventCursor,
+    PerformanceMonitor,
+    RunChunk,
+    log_duration,
+)
+
+__all__ = ["DetectionMode", "IssueDetector", "RuleThresholds"]
+
+DetectionMode = Literal["statistical", "rules"]
+
+CUSUM_FAILURE = "cusum_failure_rate"
+CUSUM_DURATION = "cusum_log_duration"
+
+
+@dataclass(frozen=True, slots=True)
+class RuleThresholds:
+    """Seed 003's improvement thresholds (its defaults)."""
+
+    max_consecutive_failures: int = 3
+    min_success_rate: float = 0.8
+    success_window: int = 10
+    performance_regression_factor: float = 1.5
+    max_error_rate: float = 0.3
+    min_runs: int = 10  # rate and duration rules wait for this many runs
+
+
+@dataclass(frozen=True, slots=True)
+class _Charts:
+    failure: BernoulliChart | None
+    duration: NormalChart | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Alarm:
+    agent: str
+    detector: str
+    error_type: str
+    statistic: float
+    threshold: float
+    severity: float
+    context: str
+    baseline: Baseline
+    charts: _Charts | None
+
+
+class _AgentState:
+    """One agent's detection state (statistics restart whenever its baseline changes)."""
+
+    __slots__ = (
+        "active_rules",
+        "baseline",
+        "charts",
+        "dur_n",
+        "dur_sum",
+        "errwin",
+        "errwin_failures",
+        "fail_k",
+        "fail_n",
+        "recent",
+        "recent_durations",
+        "recent_ok",
+        "s_dur",
+        "s_fail",
+        "streak",
+    )
+
+    def __init__(self, baseline: Baseline, rules: RuleThresholds, window: int) -> None:
+        self.baseline = baseline
+        self.charts: _Charts | None = None
+        self.s_fail = 0
+        self.fail_n = 0  # runs since the failure statistic was last 0 ...
+        self.fail_k = 0  # ... and the failures among them: the post-change estimate
+        self.s_dur = 0.0
+        self.dur_n = 0
+        self.dur_sum = 0.0
+        self.streak = 0
+        self.recent: deque[bool] = deque(maxlen=rules.success_window)
+        self.recent_durations: deque[float] = deque(maxlen=rules.success_window)
+        self.recent_ok = 0
+        self.errwin: deque[bool] = deque(maxlen=window)
+        self.errwin_failures = 0
+        self.active_rules: set[str] = set()
+
+
+class IssueDetector:
+    """Finds degraded agents in a :class:`PerformanceMonitor`'s runs.
+
+    Args:
+        mode: ``"statistical"`` (calibrated CUSUMs, the default) or ``"rules"`` (seed 003).
+        false_alarm_rate: expected alarms per healthy run, both CUSUMs together.
+        baseline_n: runs in the baseline the CUSUMs are calibrated on: the first
+            ``baseline_n`` of the monitor's baseline, so at most the monitor's ``baseline_n``
+            (default 500), which None (the default) means.
+        failure_share: the part of the false-alarm budget given to the failure CUSUM.
+        relative_drop: the success-rate drop (relative) the failure CUSUM is tuned for.
+        regression_factor: the slowdown the duration CUSUM is tuned for.
+        rules: thresholds for ``"rules"`` mode.
+        monitor: bind to this monitor now (else the first ``check`` binds it).
+    """
+
+    def __init__(
+        self,
+        mode: DetectionMode = "statistical",
+        *,
+        false_alarm_rate: float = 0.001,
+        baseline_n: int | None = None,
+        failure_share: float = 0.9,
+        relative_drop: float = 0.15,
+        regression_factor: float = 1.5,
+        rules: RuleThresholds | None = None,
+        monitor: PerformanceMonitor | None = None,
+    ) -> None:
+        if mode not in ("statistical", "rules"):
+            raise ConfigurationError(f"IssueDetector: mode must be statistical or rules: {mode!r}")
+        if not 0.0 < false_alarm_rate < 1.0:
+            raise ConfigurationError(
+                f"IssueDetector: false_alarm_rate must be in (0, 1), got {false_alarm_rate}"
+            )
+        if baseline_n is not None and baseline_n < 10:
+            raise ConfigurationError(f"IssueDetector: baseline_n must be >= 10, got {baseline_n}")
+        if not 0.0 <= failure_share <= 1.0:
+            raise ConfigurationError(
+                f"IssueDetector: failure_share must be in [0, 1], got {failure_share}"
+            )
+        if not 0.0 < relative_drop < 1.0 or not regression_factor > 1.0:
+            raise ConfigurationError(
+                "IssueDetector: need 0 < relative_drop < 1 and regression_factor > 1, got "
+                f"{relative_drop}, {regression_factor}"
+            )
+        self.mode: DetectionMode = mode
+        self.false_alarm_rate = false_alarm_rate
+        self._baseline_n = baseline_n
+        self.failure_share = failure_share
+        self.relative_drop = relative_drop
+        self.regression_factor = regression_factor
+        self.rules = rules or RuleThresholds()
+        self._monitor: PerformanceMonitor | None = None
+        self._cursor: EventCursor | None = None
+        self._states: dict[str, _AgentState] = {}
+        self._charts: weakref.WeakKeyDictionary[Baseline, _Charts] = weakref.WeakKeyDictionary()
+        if monitor is not None:
+            self._bind(monitor)
+
+    # ----------------------------------------------------------------- public
+
+    def check(self, monitor: PerformanceMonitor | None = None) -> list[IssueReport]:
+        """Consume every run recorded since the last check; one report per threshold crossing.
+
+        Reports are sorted most severe first. Each carries the monitor's metrics at check time
+        and the statistic, threshold and baseline at the crossing.
+        """
+        mon = self._bind(monitor)
+        assert self._cursor is not None
+        chunks = mon.read_chunks(self._cursor)
+        if self.mode == "statistical":
+            alarms = self._run_cusums(chunks)
+        else:
+            alarms = self._run_rules(chunks, mon.window)
+        if not alarms:
+            return []
+        return self._reports(mon, alarms)
+
+    def on_change_kept(self, agent_name: str, monitor: PerformanceMonitor | None = None) -> None:
+        """A change to ``agent_name`` was kept: start its new baseline (see the monitor's)."""
+        self._bind(monitor).start_new_baseline(agent_name)
+
+    def on_change_rolled_back(
+        self, agent_name: str, monitor: PerformanceMonitor | None = None
+    ) -> bool:
+        """The change was rolled back: reinstate the previous baseline. False if there was none."""
+        return self._bind(monitor).restore_baseline(agent_name) is not None
+
+    @property
+    def baseline_n(self) -> int:
+        """Baseline runs the CUSUMs use (the bound monitor's ``baseline_n`` unless set)."""
+        if self._baseline_n is not None:
+            return self._baseline_n
+        return self._monitor.baseline_n if self._monitor is not None else 500
+
+    @property
+    def missed_runs(self) -> int:
+        """Runs skipped: more than the monitor's ``detection_backlog`` arrived between checks."""
+        return self._cursor.missed if self._cursor is not None else 0
+
+    def statistics(self, agent_name: str) -> dict[str, Any] | None:
+        """The agent's current statistics and thresholds (None before its first checked run)."""
+        st = self._states.get(agent_name)
+        if st is None:
+            return None
+        charts = st.charts
+        out: dict[str, Any] = {"baseline": st.baseline.summary()}
+        if self.mode == "rules":
+            out["consecutive_failures"] = st.streak
+            out["active_rules"] = sorted(st.active_rules)
+        if charts is not None and charts.failure is not None:
+            out[CUSUM_FAILURE] = {
+                "statistic": st.s_fail * charts.failure.unit,
+                "threshold": charts.failure.threshold * charts.failure.unit,
+            }
+        if charts is not None and charts.duration is not None:
+            out[CUSUM_DURATION] = {"statistic": st.s_dur, "threshold": charts.duration.h}
+        return out
+
+    # ----------------------------------------------------------------- statistical
+
+    def _run_cusums(self, chunks: list[RunChunk]) -> list[_Alarm]:
+        alarms: list[_Alarm] = []
+        n_base = self.baseline_n
+        states = self._states
+        for base, start, rows, _ in chunks:
+            st = states.get(base.agent)
+            if st is None or st.baseline is not base:
+                st = states[base.agent] = _AgentState(base, self.rules, 1)
+            if start + len(rows) <= n_base:
+                continue  # still the baseline: nothing to test yet
+            charts = st.charts
+            if charts is None:
+                charts = st.charts = self._calibrate(base)
+            if start < n_base:
+                rows = rows[n_base - start :]
+            if charts.failure is not None:
+                self._failure_cusum(st, charts.failure, rows, alarms)
+            if charts.duration is not None:
+                self._duration_cusum(st, charts.duration, rows, alarms)
+        return alarms
+
+    def _failure_cusum(
+        self, st: _AgentState, fc: BernoulliChart, rows: list[Any], alarms: list[_Alarm]
+    ) -> None:
+        s, runs, failures = st.s_fail, st.fail_n, st.fail_k
+        up, down, threshold = fc.up, fc.down, fc.threshold
+        for row in rows:
+            if row[2]:
+                s -= down
+                if s <= 0:
+                    s = runs = failures = 0
+                    continue
+                runs += 1
+            else:
+                s += up
+                runs += 1
+                failures += 1
+            if s >= threshold:
+                alarms.append(self._failure_alarm(st, fc, s, runs, failures))
+                s = runs = failures = 0
+        st.s_fail, st.fail_n, st.fail_k = s, runs, failures
+
+    def _duration_cusum(
+        self, st: _AgentState, dc: NormalChart, rows: list[Any], alarms: list[_Alarm]
+    ) -> None:
+        s, runs, total = st.s_dur, st.dur_n, st.dur_sum
+        k, h, standardise = dc.k, dc.h, dc.standardise
+        for row in rows:
+            y = log_duration(row[3])
+            s += standardise(y) - k
+            if s <= 0.0:
+                s, runs, total = 0.0, 0, 0.0
+                continue
+            runs += 1
+            total += y
+            if s >= h:
+                alarms.append(self._duration_alarm(st, dc, s, runs, total))
+                s, runs, total = 0.0, 0, 0.0
+        st.s_dur, st.dur_n, st.dur_sum = s, runs, total
+
+    def _calibrate(self, base: Baseline) -> _Charts:
+        charts = self._charts.get(base)
+        if charts is None:
+            n = self.baseline_n
+            share = self.failure_share
+            failure = duration = None
+            if share > 0.0:
+                failure = calibrate_bernoulli(
+                    sum(base.outcomes[:n]),
+                    n,
+                    1.0 / (self.false_alarm_rate * share),
+                    self.relative_drop,
+                )
+            if share < 1.0:
+                duration = calibrate_normal(
+                    base.log_durations[:n],
+                    1.0 / (self.false_alarm_rate * (1.0 - share)),
+                    math.log(self.regression_factor),
+                )
+            charts = self._charts[base] = _Charts(failure, duration)
+        return charts
+
+    def _failure_alarm(
+        self, st: _AgentState, fc: BernoulliChart, s: int, runs: int, failures: int
+    ) -> _Alarm:
+        p_now = failures / runs if runs else 1.0
+        excess = max(0.0, min(1.0, (p_now - fc.p0) / (1.0 - fc.p0)))
+        agent = st.baseline.agent
+        return _Alarm(
+            agent=agent,
+            detector=CUSUM_FAILURE,
+            error_type="low_success_rate",
+            statistic=s * fc.unit,
+            threshold=fc.threshold * fc.unit,
+            severity=1.0 + excess,
+            context=(
+                f"{agent}: failure rate rose from {fc.p0:.1%} in its {self.baseline_n}-run baseline"
+                f" to {failures}/{runs} ({p_now:.0%}) since the estimated change; the failure"
+                f" CUSUM reached {s * fc.unit:.2f} (threshold {fc.threshold * fc.unit:.2f},"
+                f" about {fc.target_arl:.0f} healthy runs per false alarm)."
+            ),
+            baseline=st.baseline,
+            charts=st.charts,
+        )
+
+    def _duration_alarm(
+        self, st: _AgentState, dc: NormalChart, s: float, runs: int, total: float
+    ) -> _Alarm:
+        now_ms = math.exp(total / runs) if runs else math.exp(dc.upper)
+        base_ms = math.exp(dc.mean)
+        ratio = now_ms / base_ms
+        agent = st.baseline.agent
+        return _Alarm(
+            agent=agent,
+            detector=CUSUM_DURATION,
+            error_type="performance_regression",
+            statistic=s,
+            threshold=dc.h,
+            severity=max(0.0, min(1.0, math.log2(ratio))) if ratio > 0 else 0.0,
+            context=(
+                f"{agent}: runs slowed to a typical {now_ms:.0f} ms over the last {runs} runs"
+                f" against {base_ms:.0f} ms in its baseline ({ratio:.2f}x); the log-duration"
+                f" CUSUM reached {s:.2f} (threshold {dc.h:.2f}, about {dc.target_arl:.0f}"
+                " healthy runs per false alarm)."
+            ),
+            baseline=st.baseline,
+            charts=st.charts,
+        )
+
+    # ----------------------------------------------------------------- rules
+
+    def _run_rules(self, chunks: list[RunChunk], window: int) -> list[_Alarm]:
+        alarms: list[_Alarm] = []
+        for chunk in chunks:
+            base = chunk.baseline
+            st = self._states.get(base.agent)
+            if st is None or st.baseline is not base:
+                st = self._states[base.agent] = _AgentState(base, self.rules, window)
+            for row in chunk.rows:
+                self._apply_rules(st, bool(row[2]), row[3], alarms)
+        return alarms
+
+    def _apply_rules(
+        self, st: _AgentState, success: bool, duration: float, alarms: list[_Alarm]
+    ) -> None:
+        rules = self.rules
+        recent, errwin = st.recent, st.errwin
+        if len(recent) == recent.maxlen and recent[0]:
+            st.recent_ok -= 1
+        recent.append(success)
+        st.recent_durations.append(duration)
+        if len(errwin) == errwin.maxlen and not errwin[0]:
+            st.errwin_failures -= 1
+        errwin.append(success)
+        if success:
+            st.recent_ok += 1
+            st.streak = 0
+        else:
+            st.errwin_failures += 1
+            st.streak += 1
+        agent = st.baseline.agent
+        n = len(recent)
+        if _rising(st, "consecutive_failures", st.streak >= rules.max_consecutive_failures):
+            alarms.append(
+                _rule_alarm(
+                    st,
+                    "consecutive_failures",
+                    float(st.streak),
+                    float(rules.max_consecutive_failures),
+                    1.0 + (n - st.recent_ok) / n,
+                    f"{agent}: {st.streak} consecutive failures.",
+                )
+            )
+        if n >= rules.min_runs and n == recent.maxlen:
+            rate = st.recent_ok / n
+            if _rising(st, "low_success_rate", rate < rules.min_success_rate):
+                alarms.append(
+                    _rule_alarm(
+                        st,
+                        "low_success_rate",
+                        rate,
+                        rules.min_success_rate,
+                        2.0 - rate,
+                        f"{agent}: success rate {rate:.0%} over the last {n} runs, below"
+                        f" {rules.min_success_rate:.0%}.",
+                    )
+                )
+        if len(errwin) >= rules.min_runs:
+            err = st.errwin_failures / len(errwin)
+            if _rising(st, "high_error_rate", err > rules.max_error_rate):
+                alarms.append(
+                    _rule_alarm(
+                        st,
+                        "high_error_rate",
+                        err,
+                        rules.max_error_rate,
+                        1.0 + err,
+                        f"{agent}: error rate {err:.0%} over the last {len(errwin)} runs, above"
+                        f" {rules.max_error_rate:.0%}.",
+                    )
+                )
+        base = st.baseline
+        base_avg = base.avg_duration_ms
+        if base_avg and base.n >= rules.min_runs and n >= rules.min_runs:
+            ratio = sum(st.recent_durations) / n / base_avg
+            if _rising(st, "performance_regression", ratio > rules.performance_regression_factor):
+                alarms.append(
+                    _rule_alarm(
+                        st,
+                        "performance_regression",
+                        ratio,
+                        rules.performance_regression_factor,
+                        max(0.0, min(1.0, math.log2(ratio))),
+                        f"{agent}: duration increased {ratio:.1f}x over its baseline average"
+                        f" ({base_avg:.0f} ms).",
+                    )
+                )
+
+    # ----------------------------------------------------------------- reports
+
+    def _bind(self, monitor: PerformanceMonitor | None) -> PerformanceMonitor:
+        if monitor is None:
+            if self._monitor is None:
+                raise ConfigurationError("IssueDetector: no monitor given and none bound yet")
+            return self._monitor
+        if self._monitor is None:
+            if self._baseline_n is not None and self._baseline_n > monitor.baseline_n:
+                raise ConfigurationError(
+                    f"IssueDetector: baseline_n {self.baseline_n} exceeds the monitor's"
+                    f" baseline_n {monitor.baseline_n}"
+                )
+            self._monitor = monitor
+            self._cursor = monitor.subscribe()
+        elif monitor is not self._monitor:
+            raise ConfigurationError("IssueDetector: already bound to another monitor")
+        return monitor
+
+    def _reports(self, monitor: PerformanceMonitor, alarms: list[_Alarm]) -> list[IssueReport]:
+        agents = monitor.agents()
+        reports: list[IssueReport] = []
+        metrics_cache: dict[str, dict[str, Any]] = {}
+        for alarm in alarms:
+            metrics = metrics_cache.get(alarm.agent)
+            if metrics is None:
+                current = monitor.get_agent_metrics(alarm.agent)
+                metrics = metrics_cache[alarm.agent] = (
+                    current.model_dump() if current is not None else {}
+                )
+            reports.append(
+                IssueReport(
+                    agent_name=alarm.agent,
+                    error_type=alarm.error_type,
+                    metrics=dict(metrics),
+                    error_logs=list(metrics.get("recent_errors", ())),
+                    context=alarm.context,
+                    available_agents=agents,
+                    detector=alarm.detector,
+                    statistic=alarm.statistic,
+                    threshold=alarm.threshold,
+                    baseline=self._baseline_dict(alarm),
+                    severity=alarm.severity,
+                )
+            )
+        reports.sort(key=lambda r: r.severity, reverse=True)
+        return reports
+
+    def _baseline_dict(self, alarm: _Alarm) -> dict[str, Any]:
+        out = alarm.baseline.summary()
+        charts = alarm.charts
+        if charts is not None:
+            out["n"] = min(out["n"], self.baseline_n)
+            if charts.failure is not None:
+                fc = charts.failure
+                n = out["n"]
+                out["failure_rate"] = sum(alarm.baseline.outcomes[:n]) / n if n else None
+                out["failure_rate_reference"] = fc.p0
+                out["failure_rate_upper_95"] = fc.bound
+                out["target_failure_rate"] = fc.p1
+            if charts.duration is not None:
+                dc = charts.duration
+                out["mean_log_duration"] = dc.mean
+                out["sd_log_duration"] = dc.sd
+        return out
+
+
+def _rising(st: _AgentState, rule: str, firing: bool) -> bool:
+    """True on a rule's rising edge: a condition that stays true is one issue, not one per run."""
+    if not firing:
+        st.active_rules.discard(rule)
+        return False
+    if rule in st.active_rules:
+        return False
+    st.active_rules.add(rule)
+    return True
+
+
+def _rule_alarm(
+    st: _AgentState, rule: str, statistic: float, threshold: float, severity: float, context: str
+) -> _Alarm:
+    return _Alarm(
+        agent=st.baseline.agent,
+        detector=f"rules:{rule}",
+        error_type=rule,
+        statistic=statistic,
+        threshold=threshold,
+        severity=severity,
+        context=context,
+        baseline=st.baseline,
+        charts=None,
+    )
