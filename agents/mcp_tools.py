@@ -1,0 +1,614 @@
+"""What the MCP tools do, independent of the protocol: ``AgentmendTools``.
+
+``agents.mcp_server`` exposes these methods as MCP tools; tests call them directly too. Each
+returns a ``ToolOutput`` (text for a model to read, plus the same facts as structured data) or
+raises an ``AgentmendError`` whose message names what was wrong (``BadRequest`` for a request
+that does not fit: a missing field, an unknown agent, ...); the server turns those into
+``isError`` results. Nothing is written for a request that fails.
+
+Opening is lazy and retried: the first call opens the workspace (``agents.workspace``); if it
+cannot be opened, that call and every later one fail with the problem, until it can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import structlog
+from pydantic import BaseModel, Field
+
+from agents.ask_agent_tool import AskAgentTool
+from agents.code_review import CodeAnalyst, CodeReviewer
+from agents.cycle import QuestionAnswer, list_cycle_ids, replay_cycle
+from agents.team import UnknownAgent
+from agents.workspace import Workspace
+from infrastructure.change_log import list_decisions, record_decision
+from infrastructure.code_update import CodeUpdater, ExecutionResult, FileOperation
+from infrastructure.errors import AgentmendError
+from infrastructure.llm.base import AgentRuntime
+from infrastructure.models import IssueReport
+from infrastructure.safety import GateVerdict, ProposedChange
+from infrastructure.settings import Settings
+from infrastructure.spec import load_agent_specs
+
+if TYPE_CHECKING:
+    from agents.meta_orchestrator import MetaOrchestrator
+
+__all__ = ["MAX_TEXT_CHARS", "AgentmendTools", "BadRequest", "FileArg", "ToolOutput"]
+
+log = structlog.get_logger(__name__)
+
+MAX_TEXT_CHARS = 20_000
+
+
+class BadRequest(AgentmendError):
+    """A request that cannot be carried out; its message names what was wrong."""
+
+
+class ToolOutput(BaseModel):
+    """A tool's answer: text for the model to read, and the same facts as structured data."""
+
+    text: str
+    data: dict[str, Any]
+
+
+class FileArg(BaseModel):
+    """One file of a plan (``self_improve`` ``files`` item)."""
+
+    path: str = Field(description="File path relative to the project root")
+    operation: Literal["create", "modify", "delete"]
+    content: str | None = Field(
+        default=None, description="The whole new file content (for create and modify)"
+    )
+
+
+class _UnavailableReviewer:
+    """The supervisor when the configured provider cannot run: every review refuses."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    async def review(self, change: ProposedChange) -> GateVerdict:
+        return GateVerdict(
+            gate="code-supervisor", passed=False, reason=f"supervisor unavailable: {self.reason}"
+        )
+
+
+def _json(data: Any) -> str:
+    text = json.dumps(data, indent=2, default=str)
+    if len(text) > MAX_TEXT_CHARS:
+        return text[:MAX_TEXT_CHARS] + "\n... (truncated; the structured content has it all)"
+    return text
+
+
+class AgentmendTools:
+    """What the tools do, independent of the protocol (tested directly and through MCP).
+
+    Args:
+        workspace: the workspace folder (opened on first use and re-tried after a failure).
+        project_root: the project code updates and code analysis apply to.
+        settings: default ``Settings()`` from ``AGENTMEND_*`` (read when the workspace opens).
+        approver: who ``approve`` records as the approving person.
+    """
+
+    def __init__(
+        self,
+        workspace: str | Path,
+        *,
+        project_root: str | Path | None = None,
+        settings: Settings | None = None,
+        approver: str = "mcp",
+    ) -> None:
+        self.workspace_path = Path(workspace).absolute()
+        self.project_root = Path(project_root if project_root is not None else Path.cwd())
+        self.project_root = self.project_root.absolute()
+        self.approver = approver
+        self._settings = settings
+        self._workspace: Workspace | None = None
+        self._runtime_error: str | None = None
+        self._team_runtime: AgentRuntime | None = None
+        self._roles_runtime: AgentRuntime | None = None
+        self._orchestrator: MetaOrchestrator | None = None
+        self._analyze_lock = asyncio.Lock()
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def workspace(self) -> Workspace:
+        """The open workspace.
+
+        Raises:
+            BadRequest: it cannot be opened (settings, folder, store), naming the problem.
+        """
+        if self._workspace is not None:
+            return self._workspace
+        try:
+            settings = self._settings if self._settings is not None else Settings()
+            workspace = Workspace.open(self.workspace_path, settings=settings, create=True)
+        except Exception as exc:  # any failure to open is reported on every call, not fatal
+            problem = str(exc) or type(exc).__name__
+            if not isinstance(exc, AgentmendError):
+                problem = f"{type(exc).__name__}: {problem}"
+            if str(self.workspace_path) not in problem:
+                problem = f"workspace {self.workspace_path} cannot be opened: {problem}"
+            raise BadRequest(problem) from exc
+        try:
+            self._team_runtime, self._roles_runtime = workspace.runtimes()
+        except AgentmendError as exc:
+            self._runtime_error = f"provider {workspace.settings.provider}: {exc}"
+        self._workspace = workspace
+        log.info("workspace_opened", path=str(workspace.path), provider=workspace.settings.provider)
+        return workspace
+
+    def updater(self) -> CodeUpdater:
+        workspace = self.workspace()
+        reviewer = (
+            CodeReviewer(self._roles_runtime)
+            if self._runtime_error is None
+            else _UnavailableReviewer(self._runtime_error)
+        )
+        return CodeUpdater(
+            self.project_root,
+            manager=workspace.manager,
+            reviewer=reviewer,
+            settings=workspace.settings,
+            protected=(workspace.path, workspace.team_dir),
+        )
+
+    def orchestrator(self) -> MetaOrchestrator:
+        """The workspace's orchestrator (made on first use), for detection and analysis."""
+        workspace = self.workspace()
+        if self._orchestrator is None:
+            if self._runtime_error is not None:
+                raise BadRequest(self._runtime_error)
+            self._orchestrator = workspace.orchestrator(
+                team_runtime=self._team_runtime,
+                roles_runtime=self._roles_runtime,
+                auto_improve=False,
+            )
+        return self._orchestrator
+
+    async def aclose(self) -> None:
+        if self._workspace is not None:
+            await self._workspace.aclose()
+            self._workspace = None
+
+    # -- self_improve ----------------------------------------------------------------------
+
+    async def self_improve(
+        self,
+        action: str,
+        plan_id: str | None = None,
+        description: str | None = None,
+        files: list[FileArg] | None = None,
+        diff: str | None = None,
+        reason: str | None = None,
+    ) -> ToolOutput:
+        handlers: dict[str, Callable[[], Awaitable[ToolOutput]]] = {
+            "plan": lambda: self._plan(description, files, diff),
+            "approve": lambda: self._approve(plan_id),
+            "execute": lambda: self._execute(plan_id),
+            "status": self._code_status,
+            "rollback": lambda: self._rollback(plan_id, reason),
+        }
+        handler = handlers.get(action)
+        if handler is None:
+            raise BadRequest(
+                f"unknown action {action!r}: use plan, approve, execute, status or rollback"
+            )
+        return await handler()
+
+    async def _plan(
+        self, description: str | None, files: list[FileArg] | None, diff: str | None
+    ) -> ToolOutput:
+        if not description or not description.strip():
+            raise BadRequest("description is required for action plan")
+        if not files and not (diff and diff.strip()):
+            raise BadRequest("files (or diff) is required for action plan")
+        updater = self.updater()
+        operations = [FileOperation(**f.model_dump()) for f in files or ()]
+        plan = await asyncio.to_thread(
+            updater.create_plan,
+            description,
+            operations or None,
+            diff=diff,
+            created_by=self.approver,
+        )
+        text = (
+            "Improvement plan created:\n"
+            f"- Plan ID: {plan.plan_id}\n"
+            f"- Description: {plan.description}\n"
+            f"- Files affected: {len(plan.files)}\n"
+            f"- Status: {plan.status}\n\n"
+            f'Use {{ action: "approve", planId: "{plan.plan_id}" }} to approve, then '
+            f'{{ action: "execute", planId: "{plan.plan_id}" }} to apply changes.\n\n'
+            f"Diff:\n{plan.diff}"
+        )
+        data = {
+            "planId": plan.plan_id,
+            "description": plan.description,
+            "files": [{"path": f.path, "operation": f.operation} for f in plan.files],
+            "status": plan.status,
+            "diff": plan.diff,
+        }
+        return ToolOutput(text=text, data=data)
+
+    def _require_plan_id(self, plan_id: str | None, action: str) -> str:
+        if not plan_id or not plan_id.strip():
+            raise BadRequest(f"planId is required for action {action}")
+        return plan_id.strip()
+
+    async def _approve(self, plan_id: str | None) -> ToolOutput:
+        pid = self._require_plan_id(plan_id, "approve")
+        updater = self.updater()
+        plan = await asyncio.to_thread(updater.approve, pid, approved_by=self.approver)
+        text = (
+            f"Plan {plan.plan_id} approved for execution.\n"
+            f'Use {{ action: "execute", planId: "{plan.plan_id}" }} to apply changes.'
+        )
+        data = {"planId": plan.plan_id, "status": plan.status, "approvedBy": plan.approved_by}
+        return ToolOutput(text=text, data=data)
+
+    async def _execute(self, plan_id: str | None) -> ToolOutput:
+        pid = self._require_plan_id(plan_id, "execute")
+        result = await self.updater().execute(pid)
+        return ToolOutput(text=_format_execution(result), data=_execution_data(result))
+
+    async def _code_status(self) -> ToolOutput:
+        status = await asyncio.to_thread(self.updater().status)
+        last = status.last_execution
+        active = status.active_improvement
+        last_text = "None"
+        if last is not None:
+            outcome = (last.result or {}).get("reason", "")
+            last_text = f"{last.plan_id} ({last.status}, {last.updated.isoformat()}): {outcome}"
+        text = (
+            "Self-improvement status:\n"
+            f"- Pending plans: {len(status.pending_plans)}\n"
+            + "".join(
+                f"  - {p.plan_id} ({p.status}): {p.description}\n" for p in status.pending_plans
+            )
+            + f"- Last execution: {last_text}\n"
+            f"- Active improvement: {active.plan_id if active is not None else 'None'}"
+        )
+        data = {
+            "pendingPlans": [_plan_summary(p) for p in status.pending_plans],
+            "lastExecution": _plan_summary(last) if last is not None else None,
+            "activeImprovement": _plan_summary(active) if active is not None else None,
+        }
+        return ToolOutput(text=text, data=data)
+
+    async def _rollback(self, plan_id: str | None, reason: str | None) -> ToolOutput:
+        if not reason or not reason.strip():
+            raise BadRequest("reason is required for action rollback")
+        updater = self.updater()
+        pid = plan_id.strip() if plan_id and plan_id.strip() else None
+        result = await asyncio.to_thread(
+            updater.rollback, pid, reason=reason, requested_by=self.approver
+        )
+        text = (
+            f"Rollback {'completed' if result.success else 'failed'}:\n"
+            f"- Plan ID: {result.plan_id}\n"
+            f"- Reason: {result.reason}\n"
+            f"- Files restored: {result.files_restored}"
+        )
+        data = {
+            "success": result.success,
+            "planId": result.plan_id,
+            "reason": result.reason,
+            "filesRestored": result.files_restored,
+            "paths": list(result.paths),
+        }
+        return ToolOutput(text=text, data=data)
+
+    # -- analyze ---------------------------------------------------------------------------
+
+    async def analyze(
+        self, agent: str | None = None, path: str | None = None, description: str | None = None
+    ) -> ToolOutput:
+        if agent and path:
+            raise BadRequest("give agent (an agent's name) or path (a project file), not both")
+        if path:
+            return await self._analyze_code(path, description)
+        if description:
+            raise BadRequest("description goes with path (propose a code update for that file)")
+        if not agent or not agent.strip():
+            raise BadRequest("agent is required (or path, to analyze a project file)")
+        return await self._analyze_agent(agent.strip())
+
+    async def _analyze_agent(self, name: str) -> ToolOutput:
+        orchestrator = self.orchestrator()
+        async with self._analyze_lock:  # the mediator is one conversation at a time
+            await asyncio.to_thread(orchestrator.team.reload)
+            if name not in orchestrator.team:
+                raise BadRequest(str(UnknownAgent(name, orchestrator.team.names)))
+            orchestrator.monitor.refresh()  # runs the session recorded since
+            issues = [i for i in orchestrator.check_all_issues() if i.agent_name == name]
+            issue = issues[0] if issues else _requested_issue(orchestrator, name)
+            mediator = orchestrator.mediator
+            questions: list[QuestionAnswer] = []
+            mediator.ask_agent_tool = AskAgentTool(orchestrator.team.ask_agent_registry())
+            mediator.on_question = questions.append
+            try:
+                analysis = await mediator.analyze_issue(issue)
+            finally:
+                mediator.on_question = None
+        data = {
+            "agent": name,
+            "detected": bool(issues),
+            "issue": issue.model_dump(mode="json"),
+            "analysis": analysis.model_dump(mode="json"),
+            "questions": [q.model_dump(mode="json") for q in questions],
+            "applied": False,
+        }
+        record_decision(
+            orchestrator.store,
+            "mcp.analyze",
+            agent_name=name,
+            payload={k: data[k] for k in ("detected", "issue", "analysis")},
+        )
+        found = "detected" if issues else "no open issue detected; analysed on request"
+        text = (
+            f"Analysis of {name} ({found}; nothing was applied):\n"
+            f"- Issue: {issue.error_type}: {issue.context or '(no context)'}\n"
+            f"- Responsible agent: {analysis.agent_name}\n"
+            f"- Cause ({analysis.cause_category or 'unknown'}, confidence "
+            f"{analysis.confidence_score:.2f}): {analysis.identified_cause}\n"
+            + "".join(f"- Evidence: {e}\n" for e in analysis.evidence)
+            + "".join(f"- Recommendation: {r}\n" for r in analysis.recommendations)
+            + f"- Questions asked: {len(questions)}"
+        )
+        return ToolOutput(text=text, data=data)
+
+    async def _analyze_code(self, path: str, description: str | None) -> ToolOutput:
+        workspace = self.workspace()
+        if self._runtime_error is not None:
+            raise BadRequest(f"code analysis needs a model, and {self._runtime_error}")
+        analyst = CodeAnalyst(
+            self._roles_runtime,
+            self.project_root,
+            protected=(workspace.path, workspace.team_dir),
+        )
+        if description is not None:
+            proposal = await analyst.propose_core_update(path, description)
+            body = proposal.proposal
+            applies = (
+                "applies" if proposal.diff_applies else f"does NOT apply: {proposal.diff_error}"
+            )
+            text = (
+                f"Proposed update for {proposal.path} (not applied; the diff {applies}):\n"
+                f"{body.summary}\n\nRationale: {body.rationale}\n"
+                + "".join(f"- Test: {t}\n" for t in body.test_plan)
+                + f"\n{body.diff}\n"
+                'Use { action: "plan", description, diff } of self_improve to apply it safely.'
+            )
+            return ToolOutput(text=text, data=proposal.model_dump(mode="json"))
+        analysis = await analyst.analyze_code_smell(path)
+        report = analysis.report
+        text = f"Code analysis of {analysis.path}: {report.summary}\n" + "".join(
+            f"- [{f.severity}] {f.category}, line {f.line or '?'}: {f.description} -> "
+            f"{f.recommendation}\n"
+            for f in report.findings
+        )
+        return ToolOutput(text=text, data=analysis.model_dump(mode="json"))
+
+    # -- status and memory -----------------------------------------------------------------
+
+    async def status(self) -> ToolOutput:
+        workspace = self.workspace()
+        workspace.monitor.refresh()
+        try:
+            specs = sorted(load_agent_specs(workspace.team_dir))
+        except AgentmendError as exc:
+            raise BadRequest(f"the team's definitions cannot be loaded: {exc}") from exc
+        metrics = workspace.monitor.get_metrics()
+        detector = self._orchestrator.detector if self._orchestrator is not None else None
+        agents = []
+        for name in sorted(set(specs) | set(metrics)):
+            m = metrics.get(name)
+            entry: dict[str, Any] = {"name": name, "defined": name in specs}
+            if m is not None:
+                entry.update(
+                    executions=m.executions,
+                    success_rate=round(m.success_rate, 4),
+                    p95_duration_ms=round(m.p95_duration_ms, 1),
+                    avg_duration_ms=round(m.avg_duration_ms, 1),
+                    consecutive_failures=m.consecutive_failures,
+                    last_error=m.last_error,
+                )
+            else:
+                entry["executions"] = 0
+            stats = detector.statistics(name) if detector is not None else None
+            if stats is not None:
+                entry["detector"] = stats
+            agents.append(entry)
+        code = (await self._code_status()).data
+        cycle = _last_cycle(workspace)
+        data = {
+            "workspace": str(workspace.path),
+            "provider": workspace.settings.provider,
+            "projectRoot": str(self.project_root),
+            "agents": agents,
+            **code,
+            "lastCycle": cycle,
+            "changes": workspace.manager.get_statistics(),
+        }
+        lines = [f"agentmend workspace {workspace.path} ({workspace.settings.provider})", "Agents:"]
+        for a in agents:
+            if a["executions"]:
+                lines.append(
+                    f"- {a['name']}: {a['executions']} runs, success {a['success_rate']:.0%}, "
+                    f"p95 {a['p95_duration_ms']:.0f} ms, {a['consecutive_failures']} failing now"
+                )
+            else:
+                lines.append(f"- {a['name']}: no runs recorded")
+        lines.append(f"Pending plans: {len(code['pendingPlans'])}")
+        last = code["lastExecution"]
+        lines.append(
+            f"Last execution: {last['planId']} ({last['status']})"
+            if last
+            else "Last execution: None"
+        )
+        lines.append(f"Last cycle: {cycle['summary']}" if cycle is not None else "Last cycle: None")
+        return ToolOutput(text="\n".join(lines), data=data)
+
+    async def memory(self, query: str, agent: str | None = None, limit: int = 20) -> ToolOutput:
+        if query not in ("history", "decisions", "audit", "config"):
+            raise BadRequest(f"unknown query {query!r}: use history, decisions, audit or config")
+        if not 1 <= limit <= 200:
+            raise BadRequest(f"limit must be between 1 and 200, got {limit}")
+        workspace = self.workspace()
+        if query == "history":
+            items: Any = [r.to_dict() for r in workspace.manager.get_history(agent, limit)]
+            data = {"query": query, "items": items}
+        elif query == "decisions":
+            decisions = list_decisions(workspace.store, agent_name=agent, limit=limit)
+            items = [
+                {"id": d.id, "timestamp": d.timestamp.isoformat(), "kind": d.kind,
+                 "agent_name": d.agent_name, "payload": d.payload}
+                for d in decisions
+            ]  # fmt: skip
+            data = {"query": query, "items": items}
+        elif query == "audit":
+            entries = workspace.manager.audit.entries(agent_name=agent, limit=limit)
+            items = [
+                {"id": e.id, "timestamp": e.timestamp.isoformat(), "agent_name": e.agent_name,
+                 "edit_type": e.edit_type, "old_value": e.old_value, "new_value": e.new_value,
+                 "user_id": e.user_id, "user_name": e.user_name, "change_id": e.change_id}
+                for e in entries
+            ]  # fmt: skip
+            chain = workspace.manager.verify_audit_chain(repair=False)
+            data = {
+                "query": query,
+                "items": items,
+                "chain": {
+                    "ok": chain.ok,
+                    "rows_checked": chain.rows_checked,
+                    "problems": [f"{p.row_id}: {p.kind}: {p.detail}" for p in chain.problems],
+                },
+            }
+        else:
+            data = {"query": query, **_config(workspace, self.project_root, agent)}
+        count = len(data.get("items", ()))
+        head = f"memory {query}" + (f" for {agent}" if agent else "")
+        head += f": {count} item(s)" if "items" in data else ""
+        return ToolOutput(text=f"{head}\n{_json(data)}", data=data)
+
+
+# -- formatting ----------------------------------------------------------------------------
+
+
+def _plan_summary(plan: Any) -> dict[str, Any]:
+    result = plan.result or {}
+    return {
+        "planId": plan.plan_id,
+        "description": plan.description,
+        "status": plan.status,
+        "files": [f.path for f in plan.files],
+        "updated": plan.updated.isoformat(),
+        "reason": result.get("reason"),
+        "rollbackPerformed": result.get("rollback_performed", False),
+    }
+
+
+def _execution_data(result: ExecutionResult) -> dict[str, Any]:
+    validation = result.validation
+    return {
+        "planId": result.plan_id,
+        "success": result.success,
+        "status": result.status,
+        "reason": result.reason,
+        "filesModified": result.files_modified,
+        "validationPassed": result.validation_passed,
+        "testsPassed": result.tests_passed,
+        "rollbackPerformed": result.rollback_performed,
+        "restoredIdentical": result.restored_identical,
+        "changeIds": list(result.change_ids),
+        "gates": [v.model_dump(mode="json") for v in result.verdicts],
+        "validation": validation.model_dump(mode="json") if validation is not None else None,
+    }
+
+
+def _format_execution(result: ExecutionResult) -> str:
+    tests = {True: "PASSED", False: "FAILED", None: "NOT RUN"}[result.tests_passed]
+    lines = [
+        f"Improvement execution {'succeeded' if result.success else 'failed'}:",
+        f"- Plan ID: {result.plan_id}",
+        f"- Files modified: {result.files_modified}",
+        f"- Validation: {'PASSED' if result.validation_passed else 'FAILED'}",
+        f"- Tests: {tests}",
+    ]
+    if result.rollback_performed:
+        lines.append("- ROLLBACK PERFORMED due to validation failure")
+        if result.restored_identical is not None:
+            same = "byte-identical" if result.restored_identical else "NOT identical"
+            lines.append(f"- Files restored: {same} to before")
+    lines.append(f"- Status: {result.status}: {result.reason}")
+    validation = result.validation
+    if validation is not None:
+        for error in validation.compile_errors:
+            lines.append(f"- Compile error: {error}")
+        if validation.tests_run and not validation.tests_passed and validation.output_tail:
+            tail = validation.output_tail[-1500:]
+            lines.append(f"- Test output (tail):\n{tail}")
+    return "\n".join(lines)
+
+
+def _requested_issue(orchestrator: MetaOrchestrator, name: str) -> IssueReport:
+    """An issue report for an agent the detector has no open issue for (asked for by name)."""
+    metrics = orchestrator.monitor.get_agent_metrics(name)
+    dumped = metrics.model_dump() if metrics is not None else {}
+    return IssueReport(
+        agent_name=name,
+        error_type="requested_analysis",
+        metrics=dumped,
+        error_logs=list(dumped.get("recent_errors", ())),
+        context="analysis requested through MCP; the detector has no open issue for this agent",
+        available_agents=orchestrator.team.names,
+        detector="request",
+        severity=0.0,
+    )
+
+
+def _last_cycle(workspace: Workspace) -> dict[str, Any] | None:
+    ids = list_cycle_ids(workspace.store, limit=1)
+    if not ids:
+        return None
+    try:
+        cycle = replay_cycle(workspace.store, ids[-1])
+    except (KeyError, ValueError) as exc:
+        return {"cycle_id": ids[-1], "summary": f"cannot be replayed: {exc}"}
+    return {
+        "cycle_id": cycle.cycle_id,
+        "status": cycle.status,
+        "agent": cycle.analysis.agent_name if cycle.analysis else cycle.issue.agent_name,
+        "summary": cycle.summary(),
+        "change_ids": list(cycle.change_ids),
+        "rolled_back": cycle.rolled_back,
+        "started_at": cycle.started_at.isoformat() if cycle.started_at else None,
+        "finished_at": cycle.finished_at.isoformat() if cycle.finished_at else None,
+    }
+
+
+def _config(workspace: Workspace, root: Path, agent: str | None) -> dict[str, Any]:
+    from agents.supervisor import agent_config
+
+    settings = workspace.settings.model_dump(mode="json")
+    if settings.get("audit_hmac_key") is not None:
+        settings["audit_hmac_key"] = "(set)"
+    specs = load_agent_specs(workspace.team_dir)
+    if agent is not None:
+        if agent not in specs:
+            raise BadRequest(str(UnknownAgent(agent, sorted(specs))))
+        specs = {agent: specs[agent]}
+    return {
+        "workspace": str(workspace.path),
+        "store": str(workspace.store_path),
+        "team_dir": str(workspace.team_dir),
+        "project_root": str(root),
+        "settings": settings,
+        "agents": {name: agent_config(spec) for name, spec in sorted(specs.items())},
+    }

@@ -1,0 +1,261 @@
+"""``Workspace``: the one way to open an agentmend workspace folder.
+
+The interactive session (``main.py``) and the MCP server open the same folder the same way, so
+they share one store and one team::
+
+    <workspace>/
+      agentmend.db                the store: executions, changes, audit, plans, decisions
+      agentmend.db.audit-head     the audit chain's head (infrastructure.audit)
+      agents/                     the team's definitions (<name>.md, <name>.evals.yaml)
+        .agent/                   backups and the lock of changes to the definitions
+
+On first open, with no definitions given, the simulated six-agent team is copied into
+``agents/`` (the offline default needs no key and no network). ``Workspace.orchestrator()``
+builds a ``MetaOrchestrator`` on the workspace's store and monitor, with the runtimes of the
+configured provider.
+
+Example::
+
+    with Workspace.open(".agentmend") as ws:
+        orchestrator = ws.orchestrator(auto_improve=True)
+        result = await orchestrator.execute_task("Explain the Pythagorean theorem")
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from infrastructure.errors import AgentmendError, ConfigurationError
+from infrastructure.improvement_manager import ImprovementManager
+from infrastructure.llm.base import AgentRuntime
+from infrastructure.performance_monitor import PerformanceMonitor
+from infrastructure.settings import Provider, Settings
+from infrastructure.store import Store
+
+if TYPE_CHECKING:
+    from agents.meta_orchestrator import MetaOrchestrator
+
+__all__ = ["DB_NAME", "TEAM_DIR_NAME", "Workspace", "WorkspaceError", "build_runtimes"]
+
+DB_NAME = "agentmend.db"
+TEAM_DIR_NAME = "agents"
+
+
+class WorkspaceError(ConfigurationError):
+    """The workspace cannot be opened; names the folder and the problem."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"workspace {self.path} cannot be opened: {problem}")
+
+
+def build_runtimes(provider: Provider, *, seed: int = 0) -> tuple[AgentRuntime, AgentRuntime]:
+    """(the team's runtime, the roles' runtime) for ``provider``.
+
+    ``offline``: the simulated team's runtime and the offline playbooks. ``anthropic``: the
+    Messages API for both (needs ``ANTHROPIC_API_KEY``). ``claude-agent-sdk``: the Claude Code
+    CLI for both.
+
+    Raises:
+        ConfigurationError: the provider cannot be used here (no key, no SDK), saying why.
+    """
+    if provider == "offline":
+        from agents.playbooks import offline_policies
+        from infrastructure.llm.offline import OfflineRuntime
+        from infrastructure.simulation import SimulatedRuntime
+
+        return SimulatedRuntime(seed), OfflineRuntime(offline_policies())
+    if provider == "anthropic":
+        from infrastructure.llm.anthropic_runtime import AnthropicRuntime
+
+        anthropic_runtime = AnthropicRuntime()  # raises without a key
+        return anthropic_runtime, anthropic_runtime
+    if provider == "claude-agent-sdk":
+        from infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
+
+        try:
+            cli_runtime = ClaudeAgentRuntime()
+        except ImportError as exc:
+            raise ConfigurationError(f"provider claude-agent-sdk: {exc}") from exc
+        return cli_runtime, cli_runtime
+    raise ConfigurationError(
+        f"unknown provider {provider!r}: use offline, anthropic or claude-agent-sdk"
+    )
+
+
+class Workspace:
+    """An open workspace: its settings, store, improvement manager, monitor and team folder.
+
+    Use :meth:`open`; close it (or use it as a context manager) to stop the monitor's flusher
+    and close the store.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        settings: Settings,
+        store: Store,
+        manager: ImprovementManager,
+        monitor: PerformanceMonitor,
+        team_dir: Path,
+    ) -> None:
+        self.path = path
+        self.settings = settings
+        self.store = store
+        self.manager = manager
+        self.monitor = monitor
+        self.team_dir = team_dir
+        self._runtimes: list[AgentRuntime] = []
+        self._orchestrators: list[MetaOrchestrator] = []
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        path: str | Path | None = None,
+        *,
+        settings: Settings | None = None,
+        create: bool = True,
+        team_dir: str | Path | None = None,
+    ) -> Workspace:
+        """Open (and with ``create``, make) the workspace at ``path``.
+
+        Args:
+            path: the folder; default ``settings.workspace`` (``AGENTMEND_WORKSPACE``, else
+                ``./.agentmend``).
+            settings: default ``Settings()`` (read from ``AGENTMEND_*``); its ``workspace``
+                is set to ``path``.
+            create: make the folder, the store and the simulated team when missing.
+            team_dir: the team's definitions to use instead of ``<workspace>/agents``
+                (nothing is copied there).
+
+        Raises:
+            WorkspaceError: the folder is missing (without ``create``) or is a file, the store
+                is not an agentmend database, or the team folder has no definitions.
+        """
+        base = settings if settings is not None else Settings()
+        folder = Path(path) if path is not None else base.workspace
+        settings = base.model_copy(update={"workspace": folder})
+        if folder.exists() and not folder.is_dir():
+            raise WorkspaceError(folder, "it is a file, not a folder")
+        if not folder.exists() and not create:
+            raise WorkspaceError(folder, "the folder does not exist")
+        team = Path(team_dir) if team_dir is not None else folder / TEAM_DIR_NAME
+        opened: list[Any] = []
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if team_dir is None and create and not any(team.glob("*.md")):
+                from infrastructure.simulation import copy_team
+
+                copy_team(team)
+            if not team.is_dir() or not any(team.glob("*.md")):
+                raise WorkspaceError(folder, f"no agent definitions (*.md) in {team}")
+            store = Store(folder / DB_NAME)
+            opened.append(store)
+            key = settings.audit_hmac_key
+            manager = ImprovementManager(
+                store=store,
+                max_improvements_per_session=settings.max_improvements_per_session,
+                audit_hmac_key=key.get_secret_value() if key is not None else None,
+            )
+            monitor = PerformanceMonitor(store, baseline_n=settings.baseline_n)
+        except WorkspaceError:
+            _close_all(opened)
+            raise
+        except (AgentmendError, OSError, sqlite3.Error) as exc:
+            _close_all(opened)
+            raise WorkspaceError(folder, str(exc)) from exc
+        return cls(folder, settings, store, manager, monitor, team)
+
+    @property
+    def store_path(self) -> Path:
+        return self.store.path
+
+    def runtimes(self, *, seed: int = 0) -> tuple[AgentRuntime, AgentRuntime]:
+        """(team runtime, roles runtime) of the configured provider; closed with the workspace.
+
+        Raises:
+            ConfigurationError: the provider cannot be used (no key, ...).
+        """
+        team, roles = build_runtimes(self.settings.provider, seed=seed)
+        self._runtimes.extend(r for r in {id(team): team, id(roles): roles}.values())
+        return team, roles
+
+    def orchestrator(
+        self,
+        *,
+        team_runtime: AgentRuntime | None = None,
+        roles_runtime: AgentRuntime | None = None,
+        seed: int = 0,
+        **options: Any,
+    ) -> MetaOrchestrator:
+        """A ``MetaOrchestrator`` on this workspace's store, monitor and team folder.
+
+        Runtimes default to the configured provider's (``runtimes``). ``options`` go to the
+        orchestrator (``auto_improve``, ``approval_callback``, ``confirm_cycle``,
+        ``on_progress``, ``principal``, ...). It shares the workspace's store and monitor and
+        does not close them.
+
+        Raises:
+            ConfigurationError: the provider cannot be used, or the team folder is invalid.
+        """
+        from agents.meta_orchestrator import MetaOrchestrator
+        from agents.team import AgentTeam
+
+        if team_runtime is None or roles_runtime is None:
+            default_team, default_roles = self.runtimes(seed=seed)
+            team_runtime = team_runtime or default_team
+            roles_runtime = roles_runtime or default_roles
+        team = AgentTeam(self.team_dir, team_runtime, monitor=self.monitor)
+        orchestrator = MetaOrchestrator(
+            team,
+            roles_runtime=roles_runtime,
+            store=self.store,
+            settings=self.settings,
+            **options,
+        )
+        self._orchestrators.append(orchestrator)
+        return orchestrator
+
+    def close(self) -> None:
+        """Flush and stop the monitor, close the store. Idempotent.
+
+        Runtimes holding network clients are closed by :meth:`aclose`.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for orchestrator in self._orchestrators:
+            orchestrator.close()
+        self.monitor.close()
+        self.manager.close()
+        self.store.close()
+
+    async def aclose(self) -> None:
+        """Close the runtimes this workspace built (HTTP clients, CLI homes), then :meth:`close`."""
+        runtimes, self._runtimes = self._runtimes, []
+        for runtime in runtimes:
+            closer = getattr(runtime, "aclose", None)
+            if closer is not None:
+                await closer()
+        self.close()
+
+    def __enter__(self) -> Workspace:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Workspace:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _close_all(opened: list[Any]) -> None:
+    for thing in reversed(opened):
+        thing.close()

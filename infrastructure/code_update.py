@@ -1,0 +1,539 @@
+"""Code-level updates (seeds 000 and 001): plan, approve, execute with validation, roll back.
+
+A plan (``infrastructure.code_plans``) is a set of file operations, or a unified diff turned
+into them, under a project root, with a description. It lives in the store's ``plans`` table
+and moves through::
+
+    planned --approve--> approved --execute--> completed --rollback--> rolled_back
+                                       |---> rolled_back   (validation failed: undone at once)
+                                       |---> refused       (a gate said no; nothing written)
+                                       '---> failed        (the apply failed; nothing left)
+
+Before anything is written the plan passes the gates the improvement cycle uses, in its order:
+``ScopeGate`` (the path rules again, at execution time), ``SupervisorGate`` (a separate review
+of the concrete diff) and ``HumanApprovalGate``, which passes only for a plan a person approved
+(``approve``), or, with ``yolo_mode``, skips asking and says so in its verdict and in the audit
+(an ``approval_skipped`` row). Code plans do not pass the role gate (which reserves code patches
+for admins) nor the budget gate: the caller is the person who approves them, and every change
+is proven by the project's own tests or undone.
+
+Executing applies the whole plan as ONE change group of ``ImprovementManager.apply_group``
+(old bytes in the store, human-readable backups under ``<root>/.agent/backups/``, crash
+recovery that restores a group whole). The root's lock (``<root>/.agent/agentmend.lock``, the
+manager's own, re-entrant) is held from the hash check through the write and the validation,
+so no other update of that root interleaves. Validation (``infrastructure.code_validation``):
+every ``.py`` file written compiles, then ``Settings.test_command`` passes within
+``Settings.test_timeout_s``. On any failure the group is rolled back, every file byte for byte
+(created files removed, deleted files back), and the result says ``rollback_performed``.
+
+A plan left ``executing`` by a process that died is settled the next time the root's lock is
+taken: its change group is rolled back and the plan marked failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import structlog
+
+from infrastructure.audit import locked_file
+from infrastructure.change_log import get_plan, list_plans, record_decision, save_plan, update_plan
+from infrastructure.code_plans import (
+    CODE_SUFFIXES,
+    CODE_TARGET,
+    FINISHED_STATUSES,
+    PENDING_STATUSES,
+    PLAN_KIND,
+    CodePlan,
+    CodeUpdateError,
+    ExecutionResult,
+    FileOperation,
+    PlanNotFound,
+    PlanPaths,
+    PlanStateError,
+    RollbackResult,
+    UpdateStatus,
+    code_plan,
+    proposed_change,
+    stale_reason,
+    state_hint,
+)
+from infrastructure.code_validation import ValidationReport, failure_reason, validate_files
+from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
+from infrastructure.gates import HumanApprovalGate, ScopeGate, SupervisorGate
+from infrastructure.improvement_manager import ImprovementManager
+from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, utc_now
+from infrastructure.safety import ChangeReviewer, Gate, GateVerdict, ProposedChange, run_gates
+from infrastructure.settings import Settings
+
+__all__ = [
+    "CODE_SUFFIXES",
+    "CODE_TARGET",
+    "CodePlan",
+    "CodeUpdateError",
+    "CodeUpdater",
+    "ExecutionResult",
+    "FileOperation",
+    "PlanNotFound",
+    "PlanStateError",
+    "RollbackResult",
+    "UpdateStatus",
+    "ValidationReport",
+]
+
+log = structlog.get_logger(__name__)
+
+
+class CodeUpdater:
+    """Plans, approves, executes (with validation and automatic rollback) and rolls back.
+
+    Args:
+        root: the project root every path is relative to (and where tests run).
+        manager: the improvement manager whose store holds the plans and whose change groups
+            carry the writes.
+        reviewer: the supervisor (``infrastructure.safety.ChangeReviewer``).
+        settings: ``yolo_mode``, ``auto_decision_timeout``, ``test_command``,
+            ``test_timeout_s``.
+        protected: folders no plan may touch besides ``.agent/`` and ``.git/`` (the agentmend
+            workspace, whose agent definitions change only through the cycle's gates).
+        allowed_suffixes: the extensions a plan may write.
+
+    Raises:
+        CodeUpdateError: ``root`` is not a directory.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        manager: ImprovementManager,
+        reviewer: ChangeReviewer,
+        settings: Settings | None = None,
+        protected: Iterable[str | Path] = (),
+        allowed_suffixes: Iterable[str] = CODE_SUFFIXES,
+    ) -> None:
+        self.paths = PlanPaths.of(root, protected=protected, allowed_suffixes=allowed_suffixes)
+        self.root = self.paths.root
+        if not self.root.is_dir():
+            raise CodeUpdateError(f"project root {self.root} is not a directory")
+        self.manager = manager
+        self.store = manager.store
+        self.reviewer = reviewer
+        self.settings = settings if settings is not None else Settings()
+        self._scope = ScopeGate(self.paths.allowed_suffixes)
+        list_plans(self.store, limit=0)  # the plans table exists before any transaction
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get(self, plan_id: str) -> CodePlan:
+        """The plan with this id.
+
+        Raises:
+            PlanNotFound: no code plan of this root has that id.
+        """
+        plan = get_plan(self.store, plan_id)
+        if plan is None or plan.payload.get("kind") != PLAN_KIND:
+            raise PlanNotFound(plan_id)
+        if plan.payload.get("root") != str(self.root):
+            raise PlanNotFound(plan_id)  # another project's plan
+        return code_plan(plan)
+
+    def plans(self, *, limit: int = 200) -> list[CodePlan]:
+        """This root's code plans, oldest first."""
+        return [
+            code_plan(p)
+            for p in list_plans(self.store, limit=limit)
+            if p.payload.get("kind") == PLAN_KIND and p.payload.get("root") == str(self.root)
+        ]
+
+    def status(self) -> UpdateStatus:
+        """Pending plans, the last finished execution and the one running now, if any."""
+        plans = self.plans()
+        finished = [p for p in plans if p.status in FINISHED_STATUSES and p.result is not None]
+        return UpdateStatus(
+            pending_plans=tuple(p for p in plans if p.status in PENDING_STATUSES),
+            last_execution=max(finished, key=lambda p: p.updated) if finished else None,
+            active_improvement=next((p for p in plans if p.status == "executing"), None),
+        )
+
+    # -- plan and approve ------------------------------------------------------------------
+
+    def create_plan(
+        self,
+        description: str | None,
+        files: Sequence[FileOperation | dict[str, Any]] | None = None,
+        *,
+        diff: str | None = None,
+        created_by: str = "mcp",
+    ) -> CodePlan:
+        """Validate and store a plan; nothing under the root is written.
+
+        Give ``files`` or ``diff`` (a unified diff), not both.
+
+        Raises:
+            CodeUpdateError: a missing or invalid field, named.
+            PathNotAllowed: a path outside the root, with a wrong extension, or reserved.
+        """
+        if not description or not description.strip():
+            raise CodeUpdateError("description is required to make a plan", field="description")
+        has_files = bool(files)
+        has_diff = diff is not None and bool(diff.strip())
+        if has_files == has_diff:
+            raise CodeUpdateError(
+                "a plan needs files (a non-empty list) or diff (a unified diff), not both",
+                field="files",
+            )
+        if has_diff:
+            assert diff is not None
+            operations, source = self.paths.from_diff(diff), "diff"
+        else:
+            operations = [
+                f if isinstance(f, FileOperation) else FileOperation.model_validate(f)
+                for f in files or ()
+            ]
+            source = "files"
+        planned, _ = self.paths.check(operations)
+        text = description.strip()
+        change = proposed_change(self.root, text, planned, plan_id="(new)")
+        verdict = self._scope.judge(change)
+        if not verdict.passed:  # an eval suite: a change must not edit its own exam
+            raise PathNotAllowed(str(verdict.details.get("path", "")), self.root, verdict.reason)
+        plan_id = "plan-" + uuid4().hex[:12]
+        payload = {
+            "kind": PLAN_KIND,
+            "root": str(self.root),
+            "source": source,
+            "files": [p.model_dump() for p in planned],
+            "diff": change.diff,
+            "created_by": created_by,
+        }
+        stored = save_plan(
+            self.store, description=text, payload=payload, status="planned", plan_id=plan_id
+        )
+        record_decision(
+            self.store,
+            "code_update.planned",
+            agent_name=CODE_TARGET,
+            payload={"plan_id": plan_id, "paths": [p.path for p in planned], "by": created_by},
+        )
+        log.info("code_plan_created", plan_id=plan_id, files=len(planned))
+        return code_plan(stored)
+
+    def approve(self, plan_id: str, *, approved_by: str = "mcp") -> CodePlan:
+        """Record a person's approval of a planned change (the human approval gate's answer).
+
+        Raises:
+            PlanNotFound, PlanStateError: unknown plan, or not ``planned``.
+        """
+        with self.store.transaction():
+            plan = self.get(plan_id)
+            if plan.status != "planned":
+                raise PlanStateError(plan_id, plan.status, "be approved", state_hint(plan.status))
+            updated = self._set(
+                plan, "approved", approved_by=approved_by, approved_at=utc_now().isoformat()
+            )
+        self.manager.audit.append(
+            agent_name=CODE_TARGET,
+            edit_type="code_plan_approved",
+            old_value=None,
+            new_value=f"{plan_id}: {plan.description}",
+            user_id=approved_by,
+        )
+        record_decision(
+            self.store,
+            "code_update.approved",
+            agent_name=CODE_TARGET,
+            payload={"plan_id": plan_id, "by": approved_by},
+        )
+        return updated
+
+    # -- execute ---------------------------------------------------------------------------
+
+    async def execute(self, plan_id: str) -> ExecutionResult:
+        """Gate, apply as one group, validate, and keep or roll back; see the module docstring.
+
+        A refusal, a failed apply and a failed validation are results (``success`` False);
+        only a request that does not fit the plan raises.
+
+        Raises:
+            PlanNotFound, PlanStateError: unknown plan, not approved (and no ``yolo_mode``), or
+                already executed.
+        """
+        plan = self.get(plan_id)
+        self._check_executable(plan)
+        stale = stale_reason(plan, self.root)
+        if stale:
+            return await asyncio.to_thread(self._refuse, plan_id, stale, ())
+        change = proposed_change(self.root, plan.description, plan.files, plan_id=plan_id)
+        verdicts = tuple(await run_gates(change, self._gates(plan_id)))
+        record_decision(
+            self.store,
+            "code_update.gates",
+            agent_name=CODE_TARGET,
+            payload={"plan_id": plan_id, "verdicts": [v.model_dump(mode="json") for v in verdicts]},
+        )
+        refusal = next((v for v in verdicts if not v.passed), None)
+        if refusal is not None:
+            why = f"refused by the {refusal.gate} gate: {refusal.reason}"
+            return await asyncio.to_thread(self._refuse, plan_id, why, verdicts)
+        # Blocking work (the root's flock, file writes, the test run) stays off the event loop.
+        return await asyncio.to_thread(self._apply_and_validate, plan_id, verdicts)
+
+    def _check_executable(self, plan: CodePlan) -> None:
+        if plan.status == "approved":
+            return
+        if plan.status == "planned":
+            if self.settings.yolo_mode:
+                return
+            raise PlanStateError(
+                plan.plan_id, plan.status, "be executed", "approve it first (action approve)"
+            )
+        raise PlanStateError(plan.plan_id, plan.status, "be executed", state_hint(plan.status))
+
+    def _gates(self, plan_id: str) -> list[Gate]:
+        async def approved(change: ProposedChange) -> bool:
+            return self.get(plan_id).approved_by is not None
+
+        return [
+            self._scope,
+            SupervisorGate(self.reviewer),
+            HumanApprovalGate(
+                approved,
+                yolo_mode=self.settings.yolo_mode,
+                timeout_s=self.settings.auto_decision_timeout,
+            ),
+        ]
+
+    def _refuse(
+        self, plan_id: str, reason: str, verdicts: tuple[GateVerdict, ...]
+    ) -> ExecutionResult:
+        result = ExecutionResult(
+            plan_id=plan_id, success=False, status="refused", reason=reason, verdicts=verdicts
+        )
+        with locked_file(self._lock_path()):
+            plan = self.get(plan_id)
+            self._check_executable(plan)  # not executed by someone else meanwhile
+            self._set(plan, "refused", result=result)
+        record_decision(
+            self.store,
+            "code_update.refused",
+            agent_name=CODE_TARGET,
+            payload={"plan_id": plan_id, "reason": reason},
+        )
+        log.info("code_plan_refused", plan_id=plan_id, reason=reason)
+        return result
+
+    def _apply_and_validate(
+        self, plan_id: str, verdicts: tuple[GateVerdict, ...]
+    ) -> ExecutionResult:
+        with locked_file(self._lock_path()):
+            self._recover_interrupted()
+            plan = self.get(plan_id)
+            self._check_executable(plan)
+            stale = stale_reason(plan, self.root)
+            if stale:  # the files changed while the gates ran
+                return self._refuse(plan_id, stale, verdicts)
+            if plan.approved_by is None:  # only reachable with yolo_mode
+                self.manager.audit.append(
+                    agent_name=CODE_TARGET,
+                    edit_type="approval_skipped",
+                    old_value=None,
+                    new_value=f"{plan_id}: yolo_mode is on; no person approved this plan",
+                    user_id="yolo_mode",
+                )
+            plan = self._set(plan, "executing")
+            result = self._apply_validate_locked(plan, verdicts)
+            self._set(plan, result.status, result=result)
+        record_decision(
+            self.store,
+            "code_update.executed",
+            agent_name=CODE_TARGET,
+            payload=result.model_dump(mode="json", exclude={"verdicts"}),
+        )
+        log.info("code_plan_executed", plan_id=plan_id, status=result.status)
+        return result
+
+    def _apply_validate_locked(
+        self, plan: CodePlan, verdicts: tuple[GateVerdict, ...]
+    ) -> ExecutionResult:
+        actions = [
+            (
+                ImprovementAction(
+                    target_agent=CODE_TARGET,
+                    action_type=ChangeType.CODE_PATCH,
+                    target_field=f.path,
+                    rationale=f"{plan.plan_id}: {plan.description}",
+                    confidence_score=1.0,
+                ),
+                f.path,
+                None if f.content is None else f.content.encode("utf-8"),
+            )
+            for f in plan.files
+        ]
+        base = {"plan_id": plan.plan_id, "verdicts": verdicts}
+        try:
+            records = self.manager.apply_group(
+                actions,
+                root=self.root,
+                applied_by=f"code_update:{plan.plan_id}",
+                user_id=plan.approved_by or "yolo_mode",
+            )
+        except AgentmendError as exc:  # the manager wrote nothing or put it all back
+            return ExecutionResult(
+                **base, success=False, status="failed", reason=f"could not apply: {exc}"
+            )
+        change_ids = tuple(r.change_id for r in records)
+        plan = self._set(plan, "executing", change_ids=list(change_ids),
+                         group_id=records[0].group_id)  # fmt: skip
+        try:
+            report = validate_files(
+                self.root,
+                [f.path for f in plan.files if f.content is not None and f.path.endswith(".py")],
+                self.settings.test_command,
+                self.settings.test_timeout_s,
+            )
+        except BaseException as exc:
+            self._undo(plan, f"error while validating: {type(exc).__name__}: {exc}")
+            self._set(plan, "failed")
+            raise
+        done = {**base, "files_modified": len(plan.files), "change_ids": change_ids,
+                "tests_passed": report.tests_passed, "validation": report}  # fmt: skip
+        if report.passed:
+            self.manager.mark_kept(change_ids[0], report.model_dump(mode="json"))
+            return ExecutionResult(
+                **done,
+                success=True,
+                status="completed",
+                reason="applied, compiled and tested"
+                if report.tests_run
+                else "applied, compiled (no test command configured)",
+                validation_passed=True,
+            )
+        why = f"validation failed: {failure_reason(report)}"
+        identical = self._undo(plan, why)
+        return ExecutionResult(
+            **done,
+            success=False,
+            status="rolled_back",
+            reason=why,
+            rollback_performed=True,
+            restored_identical=identical,
+        )
+
+    def _undo(self, plan: CodePlan, reason: str) -> bool:
+        """Roll the plan's group back; True when every file is byte-identical to before."""
+        if plan.change_ids:
+            # force: whatever the tests left in these files, the plan's "before" wins
+            self.manager.rollback_by_id(plan.change_ids[0], reason=reason, force=True)
+        return not stale_reason(plan, self.root)
+
+    # -- rollback --------------------------------------------------------------------------
+
+    def rollback(
+        self, plan_id: str | None = None, *, reason: str | None, requested_by: str = "mcp"
+    ) -> RollbackResult:
+        """Undo a completed plan (default: the newest one) with ``reason``.
+
+        Raises:
+            CodeUpdateError: no reason, no completed plan, or files changed since (named).
+            PlanNotFound, PlanStateError: unknown plan, or one that is not completed.
+        """
+        if not reason or not reason.strip():
+            raise CodeUpdateError("reason is required to roll back", field="reason")
+        with locked_file(self._lock_path()):
+            self._recover_interrupted()
+            if plan_id is None:
+                done = [p for p in self.plans() if p.status == "completed"]
+                if not done:
+                    raise CodeUpdateError("no completed plan to roll back", field="planId")
+                plan = max(done, key=lambda p: p.updated)
+            else:
+                plan = self.get(plan_id)
+            if plan.status != "completed" or not plan.change_ids:
+                hint = state_hint(plan.status)
+                raise PlanStateError(plan.plan_id, plan.status, "be rolled back", hint)
+            try:
+                rolled = self.manager.rollback_by_id(
+                    plan.change_ids[0], reason=f"rollback: {reason.strip()}", user_id=requested_by
+                )
+            except RollbackConflict as exc:
+                paths = ", ".join(exc.paths) or "(none named)"
+                raise CodeUpdateError(
+                    f"cannot roll back plan {plan.plan_id}: {exc} (files: {paths})",
+                    plan_id=plan.plan_id,
+                ) from exc
+            if not rolled:
+                raise PlanStateError(plan.plan_id, "no longer applied", "be rolled back")
+            result = RollbackResult(
+                plan_id=plan.plan_id,
+                success=True,
+                reason=reason.strip(),
+                files_restored=len(plan.files),
+                paths=tuple(f.path for f in plan.files),
+            )
+            self._set(plan, "rolled_back", rollback=result.model_dump(mode="json"))
+        record_decision(
+            self.store,
+            "code_update.rolled_back",
+            agent_name=CODE_TARGET,
+            payload={**result.model_dump(mode="json"), "by": requested_by},
+        )
+        return result
+
+    def recover(self) -> list[str]:
+        """Settle plans a dead process left ``executing``; returns their ids.
+
+        Also done before every execute and rollback. Waits while another process executes a
+        plan of this root (it holds the root's lock), so a live execution is never taken for
+        a dead one.
+        """
+        with locked_file(self._lock_path()):
+            return self._recover_interrupted()
+
+    def _recover_interrupted(self) -> list[str]:
+        """Settle plans a dead process left ``executing`` (the caller holds the root's lock)."""
+        settled: list[str] = []
+        for plan in self.plans():
+            if plan.status != "executing":
+                continue
+            by = f"code_update:{plan.plan_id}"
+            live = [
+                r.change_id
+                for r in self.manager.get_history(CODE_TARGET, limit=1000)
+                if r.applied_by == by and r.status in (ChangeStatus.APPLIED, ChangeStatus.KEPT)
+            ]
+            if live:
+                self.manager.rollback_by_id(live[0], reason="interrupted while validating",
+                                            force=True)  # fmt: skip
+            result = ExecutionResult(
+                plan_id=plan.plan_id,
+                success=False,
+                status="failed",
+                reason="interrupted: the process executing it stopped; its changes were undone",
+                rollback_performed=bool(live),
+                restored_identical=not stale_reason(plan, self.root),
+            )
+            self._set(plan, "failed", result=result)
+            log.warning("code_plan_recovered", plan_id=plan.plan_id, rolled_back=bool(live))
+            settled.append(plan.plan_id)
+        return settled
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _lock_path(self) -> Path:
+        return self.root / ".agent" / "agentmend.lock"  # the manager's root lock (re-entrant)
+
+    def _set(
+        self, plan: CodePlan, status: str, *, result: ExecutionResult | None = None, **extra: Any
+    ) -> CodePlan:
+        stored = get_plan(self.store, plan.plan_id)
+        if stored is None:
+            raise PlanNotFound(plan.plan_id)
+        payload = {**stored.payload, **extra}
+        if result is not None:
+            payload["result"] = result.model_dump(mode="json")
+        return code_plan(update_plan(self.store, plan.plan_id, status=status, payload=payload))
