@@ -1,0 +1,380 @@
+"""What one improvement cycle produced, and how it is recorded so it can be replayed.
+
+A cycle is a sequence of ``CycleEvent``s (started, a question asked, the analysis, the
+proposal, each gate verdict, the apply, each verification, the keep or the rollback, the end).
+The orchestrator writes every event to the store's ``decisions`` table as it happens and builds
+its ``CycleResult`` by folding those same events (``fold_events``), so ``replay_cycle`` rebuilds
+exactly the result the caller got from nothing but the store. Event data is JSON-shaped
+(``model_dump(mode="json")``) for that reason: what the live fold sees is what the store keeps.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field
+
+from infrastructure.change_log import list_decisions, record_decision
+from infrastructure.llm.base import AgentResult
+from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis, utc_now
+from infrastructure.safety import GateVerdict
+from infrastructure.store import Store
+from infrastructure.verification import VerificationVerdict
+
+__all__ = [
+    "DECISION_PREFIX",
+    "ActionOutcome",
+    "CycleEvent",
+    "CycleRecorder",
+    "CycleResult",
+    "CycleStatus",
+    "CycleStep",
+    "OnProgress",
+    "QuestionAnswer",
+    "TaskResult",
+    "cycle_events",
+    "fold_events",
+    "list_cycle_ids",
+    "replay_cycle",
+]
+
+DECISION_PREFIX = "cycle."
+"""Decision kinds of cycle events are ``cycle.<step>`` (``cycle.gate_checked``, ...)."""
+
+CycleStep = Literal[
+    "cycle_started",
+    "question_asked",
+    "analysis_completed",
+    "actions_proposed",
+    "proposal_invalid",
+    "gate_checked",
+    "change_applied",
+    "verification_completed",
+    "change_kept",
+    "change_rolled_back",
+    "cycle_finished",
+]
+
+CycleStatus = Literal[
+    "kept",  # a change was applied, verified and kept
+    "rolled_back",  # a change was applied and undone (verification failed, or an error)
+    "no_action",  # the improver proposed nothing (transient fault, unknown cause)
+    "not_reproduced",  # the agent's eval suite passes before any change: nothing to fix
+    "refused",  # every proposed action was refused by a gate
+    "analysis_failed",  # no usable root cause analysis
+    "invalid_proposal",  # the improver's output named an unknown agent/field or was malformed
+    "error",  # something failed before any file was written
+]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CycleEvent(_Frozen):
+    """One step of a cycle, as shown live (``on_progress``) and kept in the store."""
+
+    cycle_id: str
+    seq: int
+    step: CycleStep
+    agent_name: str | None = None
+    message: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+    timestamp: datetime = Field(default_factory=utc_now)
+
+
+class QuestionAnswer(_Frozen):
+    """One ``ask_agent`` exchange (a failed one has an empty ``answer`` and an ``error``)."""
+
+    agent_name: str
+    question: str
+    answer: str = ""
+    error: str | None = None
+
+
+class ActionOutcome(_Frozen):
+    """One proposed action after planning and gating.
+
+    ``action`` carries ``old_value`` as the effector found it; ``verdicts`` are every gate's
+    verdicts in order (the gates stop at the first refusal); ``error`` says why it could not be
+    planned at all.
+    """
+
+    index: int
+    action: ImprovementAction
+    verdicts: tuple[GateVerdict, ...] = ()
+    accepted: bool = False
+    diff: str = ""
+    paths: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def refused_by(self) -> GateVerdict | None:
+        """The verdict that refused the action, if one did."""
+        return next((v for v in self.verdicts if not v.passed), None)
+
+
+class CycleResult(_Frozen):
+    """Everything one cycle did, truthy when a change was kept (seed 003's ``bool``)."""
+
+    cycle_id: str
+    issue: IssueReport
+    status: CycleStatus
+    analysis: RootCauseAnalysis | None = None
+    questions: tuple[QuestionAnswer, ...] = ()
+    proposal_summary: str = ""
+    actions: tuple[ImprovementAction, ...] = ()
+    outcomes: tuple[ActionOutcome, ...] = ()
+    change_ids: tuple[str, ...] = ()
+    group_id: str | None = None
+    verifications: dict[str, VerificationVerdict] = Field(default_factory=dict)
+    rolled_back: bool = False
+    rollback_reason: str | None = None
+    error: str | None = None
+    model_calls: int = 0
+    duration_ms: float = 0.0
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    def __bool__(self) -> bool:
+        return self.status == "kept"
+
+    @property
+    def success(self) -> bool:
+        return self.status == "kept"
+
+    @property
+    def gate_verdicts(self) -> list[GateVerdict]:
+        """Every gate verdict of the cycle, action by action."""
+        return [verdict for outcome in self.outcomes for verdict in outcome.verdicts]
+
+    @property
+    def applied_actions(self) -> list[ImprovementAction]:
+        """The actions whose edits were written (whatever verification then decided)."""
+        if not self.change_ids:
+            return []
+        return [outcome.action for outcome in self.outcomes if outcome.accepted]
+
+    @property
+    def verification(self) -> VerificationVerdict | None:
+        """The verdict on the responsible agent (else the first one), if anything was verified."""
+        if not self.verifications:
+            return None
+        if self.analysis is not None and self.analysis.agent_name in self.verifications:
+            return self.verifications[self.analysis.agent_name]
+        return next(iter(self.verifications.values()))
+
+    def summary(self) -> str:
+        """One line for logs and the interactive session."""
+        agent = self.analysis.agent_name if self.analysis else self.issue.agent_name
+        text = f"cycle {self.cycle_id} on {agent}: {self.status}"
+        verdict = self.verification
+        if verdict is not None:
+            before = "n/a" if verdict.before_score is None else f"{verdict.before_score:.2f}"
+            text += f" (score {before} -> {verdict.after_score:.2f})"
+        if self.error:
+            text += f": {self.error}"
+        elif self.rollback_reason:
+            text += f": {self.rollback_reason}"
+        return text
+
+
+@dataclass
+class TaskResult:
+    """What ``execute_task`` returns: every agent's result, the issues found, the cycles run."""
+
+    query: str
+    results: dict[str, AgentResult[Any]]
+    issues: list[IssueReport] = field(default_factory=list)
+    cycles: list[CycleResult] = field(default_factory=list)
+    declined: list[IssueReport] = field(default_factory=list)
+
+    @property
+    def answers(self) -> dict[str, str]:
+        return {name: result.text for name, result in self.results.items()}
+
+    @property
+    def success(self) -> bool:
+        """Whether every agent's run succeeded."""
+        return all(result.success for result in self.results.values())
+
+    @property
+    def failed(self) -> list[str]:
+        return [name for name, result in self.results.items() if not result.success]
+
+    @property
+    def text(self) -> str:
+        """The successful answers, one section per agent (seed 003 returned a string)."""
+        return "\n\n".join(
+            f"### {name}\n{result.text}" for name, result in self.results.items() if result.success
+        )
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# -- recording, folding and replay -------------------------------------------------------
+
+log = structlog.get_logger(__name__)
+
+OnProgress = Callable[[CycleEvent], Awaitable[None] | None]
+"""Shown every event as it happens (``main.py`` prints the steps live)."""
+
+
+class CycleRecorder:
+    """One cycle's events: logged under the step's name, stored, shown, kept for the fold.
+
+    Each event is written to the store before it is shown, so a display that fails never
+    loses a step of the record. ``rolled_back`` tells the caller a rollback already happened.
+    """
+
+    def __init__(self, store: Store, cycle_id: str, on_progress: OnProgress | None) -> None:
+        self.store = store
+        self.cycle_id = cycle_id
+        self.on_progress = on_progress
+        self.events: list[CycleEvent] = []
+        self.rolled_back = False
+
+    async def emit(
+        self, step: CycleStep, agent_name: str | None, message: str, /, **data: Any
+    ) -> CycleEvent:
+        """Record one step; ``data`` must be JSON-shaped (it is what a replay sees)."""
+        event = CycleEvent(
+            cycle_id=self.cycle_id,
+            seq=len(self.events),
+            step=step,
+            agent_name=agent_name,
+            message=message,
+            data=data,
+        )
+        self.events.append(event)
+        log.info(step, cycle_id=self.cycle_id, agent=agent_name, message=message)
+        record_decision(
+            self.store,
+            DECISION_PREFIX + step,
+            agent_name=agent_name,
+            payload=event.model_dump(mode="json", exclude={"timestamp"}),
+            timestamp=event.timestamp,
+        )
+        if self.on_progress is not None:
+            shown = self.on_progress(event)
+            if inspect.isawaitable(shown):
+                await shown
+        return event
+
+
+def fold_events(events: list[CycleEvent]) -> CycleResult:
+    """The ``CycleResult`` a sequence of events amounts to (live and replayed alike).
+
+    Raises:
+        ValueError: the events do not start with ``cycle_started`` (not one whole cycle).
+    """
+    if not events or events[0].step != "cycle_started":
+        raise ValueError("a cycle's events must start with cycle_started")
+    first = events[0]
+    state: dict[str, Any] = {
+        "cycle_id": first.cycle_id,
+        "issue": IssueReport.model_validate(first.data["issue"]),
+        "status": "error",
+        "started_at": first.timestamp,
+    }
+    questions: list[QuestionAnswer] = []
+    outcomes: dict[int, dict[str, Any]] = {}
+    verifications: dict[str, VerificationVerdict] = {}
+    for event in events[1:]:
+        data = event.data
+        if event.step == "question_asked":
+            questions.append(QuestionAnswer.model_validate(data))
+        elif event.step == "analysis_completed":
+            state["analysis"] = RootCauseAnalysis.model_validate(data["analysis"])
+        elif event.step == "actions_proposed":
+            state["actions"] = tuple(ImprovementAction.model_validate(a) for a in data["actions"])
+            state["proposal_summary"] = data.get("summary", "")
+        elif event.step == "proposal_invalid":
+            state["error"] = data["error"]
+        elif event.step == "gate_checked":
+            slot = outcomes.setdefault(int(data["index"]), {"verdicts": []})
+            slot["action"] = data["action"]
+            slot["diff"] = data.get("diff", "")
+            slot["paths"] = tuple(data.get("paths", ()))
+            if data.get("verdict") is not None:
+                slot["verdicts"].append(GateVerdict.model_validate(data["verdict"]))
+            if data.get("error") is not None:
+                slot["error"] = data["error"]
+            slot["accepted"] = bool(data.get("accepted", False))
+        elif event.step == "change_applied":
+            state["change_ids"] = tuple(data["change_ids"])
+            state["group_id"] = data.get("group_id")
+        elif event.step == "verification_completed":
+            verifications[str(data["agent"])] = VerificationVerdict.model_validate(data["verdict"])
+        elif event.step == "change_rolled_back":
+            state["rolled_back"] = True
+            state["rollback_reason"] = data.get("reason")
+        elif event.step == "cycle_finished":
+            state["status"] = data["status"]
+            state["error"] = data.get("error", state.get("error"))
+            state["model_calls"] = int(data.get("model_calls", 0))
+            state["duration_ms"] = float(data.get("duration_ms", 0.0))
+            state["finished_at"] = event.timestamp
+    state["questions"] = tuple(questions)
+    state["verifications"] = verifications
+    state["outcomes"] = tuple(
+        ActionOutcome(
+            index=index,
+            action=ImprovementAction.model_validate(slot["action"]),
+            verdicts=tuple(slot["verdicts"]),
+            accepted=slot["accepted"],
+            diff=slot["diff"],
+            paths=slot["paths"],
+            error=slot.get("error"),
+        )
+        for index, slot in sorted(outcomes.items())
+    )
+    return CycleResult(**state)
+
+
+def _event_from_decision(payload: dict[str, Any], timestamp: datetime) -> CycleEvent:
+    return CycleEvent.model_validate({**payload, "timestamp": timestamp})
+
+
+def cycle_events(store: Store, cycle_id: str) -> list[CycleEvent]:
+    """Every recorded event of one cycle, in order (empty if the id is unknown)."""
+    list_decisions(store, limit=0)  # makes sure the decisions table exists
+    rows = (
+        store.connection()
+        .execute(
+            "SELECT timestamp, payload FROM decisions"
+            " WHERE kind LIKE 'cycle.%' AND json_extract(payload, '$.cycle_id') = ?"
+            " ORDER BY id",
+            (cycle_id,),
+        )
+        .fetchall()
+    )
+    return [
+        _event_from_decision(json.loads(payload), datetime.fromisoformat(stamp))
+        for stamp, payload in rows
+    ]
+
+
+def replay_cycle(store: Store, cycle_id: str) -> CycleResult:
+    """Rebuild a cycle's result from the store alone.
+
+    Raises:
+        KeyError: no cycle with this id was recorded.
+    """
+    events = cycle_events(store, cycle_id)
+    if not events:
+        raise KeyError(f"no cycle with id {cycle_id!r} in the store")
+    return fold_events(events)
+
+
+def list_cycle_ids(store: Store, *, limit: int = 50) -> list[str]:
+    """The ids of the newest ``limit`` cycles, oldest first."""
+    started = list_decisions(store, kind=DECISION_PREFIX + "cycle_started", limit=limit)
+    return [str(decision.payload["cycle_id"]) for decision in started]

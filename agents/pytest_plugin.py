@@ -1,0 +1,145 @@
+"""pytest fixtures for failure-cycle tests of a team: ``pip install agentmend`` and write them.
+
+Registered through the ``pytest11`` entry point (``agentmend = "agents.pytest_plugin"``), so
+every fixture below is available in any test run once agentmend is installed. Importing this
+module imports nothing but pytest: the team, runtimes and roles are imported when a fixture is
+first used, so a test run that uses none of them pays nothing.
+
+Example::
+
+    async def test_truncation_is_repaired(agentmend_orchestrator, inject_fault):
+        for n in range(50):                      # the healthy baseline
+            await agentmend_orchestrator.execute_task(f"topic {n}")
+        inject_fault("research-agent", "truncation")
+        for n in range(40):
+            task = await agentmend_orchestrator.execute_task(f"topic {n}")
+            if task.cycles:
+                break
+        assert task.cycles[0].status == "kept"
+
+Override ``agentmend_team_dir`` to run on copies of your own definitions,
+``agentmend_settings`` to change thresholds, ``agentmend_seed`` for another deterministic world.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from agents.meta_orchestrator import MetaOrchestrator
+    from agents.team import AgentTeam
+    from infrastructure.settings import Settings
+    from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
+    from infrastructure.store import Store
+
+__all__ = [
+    "InjectFault",
+    "agentmend_orchestrator",
+    "agentmend_runtime",
+    "agentmend_seed",
+    "agentmend_settings",
+    "agentmend_store",
+    "agentmend_team",
+    "agentmend_team_dir",
+    "inject_fault",
+]
+
+InjectFault = Callable[..., "Fault"]
+"""``inject_fault(agent, kind, **parameters) -> Fault``; ``kind`` a ``FaultKind``, its value
+(``"truncation"``) or a ``Fault``; parameters are ``Fault``'s (``token_factor=4.0``, ...)."""
+
+
+@pytest.fixture
+def agentmend_seed() -> int:
+    """The simulated world's seed: same seed, same runs, same cycles."""
+    return 0
+
+
+@pytest.fixture
+def agentmend_settings() -> Settings:
+    """Settings for a quick simulated loop: a 50-run baseline, the human gate skipped."""
+    from infrastructure.settings import Settings
+
+    return Settings(baseline_n=50, false_alarm_rate=1e-4, yolo_mode=True)
+
+
+@pytest.fixture
+def agentmend_team_dir(tmp_path: Path) -> Path:
+    """A fresh copy of the simulated six-agent team's definitions and eval suites."""
+    from infrastructure.simulation import copy_team
+
+    return copy_team(tmp_path / "agentmend_team")
+
+
+@pytest.fixture
+def agentmend_runtime(agentmend_seed: int) -> SimulatedRuntime:
+    """The simulated runtime the team runs on (inject faults into it)."""
+    from infrastructure.simulation import SimulatedRuntime
+
+    return SimulatedRuntime(agentmend_seed)
+
+
+@pytest.fixture
+def agentmend_store(tmp_path: Path) -> Iterator[Store]:
+    """The test's own store (executions, changes, audit, decisions)."""
+    from infrastructure.store import Store
+
+    with Store(tmp_path / "agentmend.db") as store:
+        yield store
+
+
+@pytest.fixture
+def agentmend_team(
+    agentmend_team_dir: Path,
+    agentmend_runtime: SimulatedRuntime,
+    agentmend_store: Store,
+    agentmend_settings: Settings,
+) -> Iterator[AgentTeam]:
+    """The team in ``agentmend_team_dir`` on ``agentmend_runtime``, every run recorded."""
+    from agents.team import AgentTeam
+    from infrastructure.performance_monitor import PerformanceMonitor
+
+    monitor = PerformanceMonitor(agentmend_store, baseline_n=agentmend_settings.baseline_n)
+    try:
+        yield AgentTeam(agentmend_team_dir, agentmend_runtime, monitor=monitor)
+    finally:
+        monitor.close()
+
+
+@pytest.fixture
+def agentmend_orchestrator(
+    agentmend_team: AgentTeam, agentmend_store: Store, agentmend_settings: Settings
+) -> Iterator[MetaOrchestrator]:
+    """An orchestrator on ``agentmend_team`` with the offline playbooks as its roles, running
+    a cycle for every detected issue (``auto_improve``)."""
+    from agents.meta_orchestrator import MetaOrchestrator
+    from agents.playbooks import offline_policies
+    from infrastructure.llm.offline import OfflineRuntime
+
+    with MetaOrchestrator(
+        agentmend_team,
+        roles_runtime=OfflineRuntime(offline_policies()),
+        store=agentmend_store,
+        settings=agentmend_settings,
+        auto_improve=True,
+    ) as orchestrator:
+        yield orchestrator
+
+
+@pytest.fixture
+def inject_fault(agentmend_runtime: SimulatedRuntime) -> InjectFault:
+    """Start a fault for an agent from its next run on; returns the fault with its defaults."""
+    from infrastructure.simulation import Fault, FaultKind
+
+    def inject(agent: str, kind: FaultKind | Fault | str, **parameters: Any) -> Fault:
+        if isinstance(kind, Fault):
+            if parameters:
+                raise TypeError("pass parameters with a fault kind, not with a Fault")
+            return agentmend_runtime.inject(agent, kind)
+        return agentmend_runtime.inject(agent, Fault(FaultKind(kind), **parameters))
+
+    return inject

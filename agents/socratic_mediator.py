@@ -1,0 +1,289 @@
+"""``SocraticMediator``: from an ``IssueReport`` to a ``RootCauseAnalysis``, by questioning.
+
+The mediator's own definition (``agents/definitions/socratic-mediator.md``) runs on the roles'
+runtime with one tool, ``ask_agent``, limited to ``max_questions`` calls: the next call gets a
+tool error telling the model to give its final report now. The report comes back structured
+(``MediatorReport``); when a model fails to give structure, seed 003's text report in the
+run's text is parsed instead; when neither works the analysis says so with confidence 0.
+
+The evidence check (why a model cannot talk its way past the confidence gate)
+------------------------------------------------------------------------------
+Each evidence quote must appear in an ``ask_agent`` answer of *this* analysis or in the issue's
+recorded errors, compared case-insensitively with whitespace normalised and surrounding quotes
+and end punctuation ignored; a quote shorter than ``MIN_QUOTE_CHARS`` supports nothing (a word
+such as "error" appears everywhere). Then:
+
+- every unsupported quote is dropped and multiplies the confidence by ``UNSUPPORTED_FACTOR``
+  (0.8): a fabricated quote costs a fifth of the confidence;
+- with no supported quote left, the confidence is capped at ``NO_EVIDENCE_CAP`` (0.3), below
+  any sensible confidence gate: a claim without evidence changes nothing;
+- a responsible agent that is not a known agent gives confidence 0 (nothing to fix).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+import structlog
+
+from agents.ask_agent_tool import AskAgentInput, AskAgentTool
+from agents.cycle import QuestionAnswer
+from agents.prompt_blocks import render_block
+from agents.report_parsing import ReportParseError, parse_analysis_report
+from agents.schemas import MediatorReport
+from agents.team import load_role_spec
+from infrastructure.errors import AgentmendError
+from infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec
+from infrastructure.models import IssueReport, RootCauseAnalysis
+from infrastructure.spec import AgentSpec
+
+__all__ = [
+    "BUDGET_MESSAGE",
+    "MIN_QUOTE_CHARS",
+    "NO_EVIDENCE_CAP",
+    "UNSUPPORTED_FACTOR",
+    "SocraticMediator",
+    "build_analysis_context",
+    "check_evidence",
+    "is_failed",
+]
+
+log = structlog.get_logger(__name__)
+
+MIN_QUOTE_CHARS = 12
+UNSUPPORTED_FACTOR = 0.8
+NO_EVIDENCE_CAP = 0.3
+BUDGET_MESSAGE = "question budget used: give your final report now"
+
+OnQuestion = Callable[[QuestionAnswer], Awaitable[None] | None]
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def _quote_key(quote: str) -> str:
+    text = _norm(quote).strip("\"'“”‘’`")
+    return text.rstrip(".,;:!?").strip()
+
+
+def check_evidence(
+    evidence: list[str], sources: list[str], confidence: float
+) -> tuple[list[str], list[str], float]:
+    """Split ``evidence`` into (supported, unsupported) and adjust ``confidence``.
+
+    See the module docstring for the rule.
+    """
+    haystack = [_norm(source) for source in sources if source]
+    supported: list[str] = []
+    unsupported: list[str] = []
+    for quote in evidence:
+        key = _quote_key(quote)
+        if len(key) >= MIN_QUOTE_CHARS and any(key in source for source in haystack):
+            supported.append(quote)
+        else:
+            unsupported.append(quote)
+    adjusted = confidence * UNSUPPORTED_FACTOR ** len(unsupported)
+    if not supported:
+        adjusted = min(adjusted, NO_EVIDENCE_CAP)
+    return supported, unsupported, round(adjusted, 6)
+
+
+def _percent(value: Any) -> str:
+    return f"{value:.0%}" if isinstance(value, int | float) else "N/A"
+
+
+def build_analysis_context(issue: IssueReport) -> str:
+    """Seed 003's ``_build_analysis_context``: the issue in words, for a model to read."""
+    metrics = issue.metrics
+    duration = metrics.get("avg_duration_ms")
+    errors = "\n".join(f"- {error}" for error in issue.error_logs[-5:]) or "- (none recorded)"
+    return (
+        f"Agent Name: {issue.agent_name}\n"
+        f"Issue Type: {issue.error_type}\n\n"
+        "Performance Metrics:\n"
+        f"- Success Rate: {_percent(metrics.get('success_rate'))}\n"
+        f"- Avg Duration: {f'{duration:.0f}' if isinstance(duration, int | float) else 'N/A'}ms\n"
+        f"- Error Count: {len(issue.error_logs)}\n"
+        f"- Consecutive Failures: {metrics.get('consecutive_failures', 'N/A')}\n\n"
+        f"Recent Errors:\n{errors}\n\n"
+        f"Context:\n{issue.context or '(none)'}\n\n"
+        "Your task: Identify the root cause through Socratic questioning.\n"
+        f"Available agents to query: {', '.join(issue.available_agents) or issue.agent_name}"
+    )
+
+
+class SocraticMediator:
+    """Questions the agents about an issue and reports its root cause.
+
+    Args:
+        runtime: the roles' runtime (offline playbooks, a model API, or a fake).
+        ask_agent_tool: the team's ``AskAgentTool``.
+        spec: the mediator's definition (default: the shipped one).
+        max_questions: ``ask_agent`` calls allowed per analysis (seed 003: 10).
+        known_agents: names a responsible agent may have (default: the ask tool's registry
+            plus the issue's ``available_agents``).
+        on_question: called after each question with the exchange (live progress).
+    """
+
+    def __init__(
+        self,
+        runtime: AgentRuntime,
+        ask_agent_tool: AskAgentTool,
+        *,
+        spec: AgentSpec | None = None,
+        max_questions: int = 10,
+        known_agents: Collection[str] | None = None,
+        on_question: OnQuestion | None = None,
+    ) -> None:
+        if max_questions < 1:
+            raise ValueError(f"max_questions must be at least 1, got {max_questions}")
+        self.runtime = runtime
+        self.ask_agent_tool = ask_agent_tool
+        self.spec = spec if spec is not None else load_role_spec("socratic-mediator")
+        self.max_questions = max_questions
+        self.known_agents = frozenset(known_agents) if known_agents is not None else None
+        self.on_question = on_question
+        self.model_calls = 0
+        self.last_result: AgentResult[MediatorReport] | None = None
+        self.last_questions: list[QuestionAnswer] = []
+
+    def build_prompt(self, issue: IssueReport) -> str:
+        """The prompt contract: the context in words plus the ``<issue_report>`` block."""
+        return (
+            "Analyze this performance issue:\n\n"
+            f"{build_analysis_context(issue)}\n\n"
+            f"{render_block('issue_report', issue.model_dump(mode='json'))}"
+        )
+
+    def _tool(self, exchanges: list[QuestionAnswer]) -> ToolSpec:
+        """``ask_agent`` for one analysis: counts questions and keeps the raw answers."""
+        tool = self.ask_agent_tool
+
+        async def handler(arguments: dict[str, Any]) -> str:
+            if len(exchanges) >= self.max_questions:
+                raise ToolError(BUDGET_MESSAGE)
+            name, question = str(arguments["agent_name"]), str(arguments["question"])
+            result = await tool.ask_agent(name, question)
+            exchange = QuestionAnswer(
+                agent_name=name,
+                question=question,
+                answer=str(result["answer"]) if result["success"] else "",
+                error=None if result["success"] else str(result["error"]),
+            )
+            exchanges.append(exchange)
+            log.debug("question_asked", agent=name, question=question, ok=result["success"])
+            if self.on_question is not None:
+                notified = self.on_question(exchange)
+                if inspect.isawaitable(notified):
+                    await notified
+            if not result["success"]:
+                known = ", ".join(sorted(tool.agent_registry)) or "(none)"
+                if name not in tool.agent_registry:
+                    raise ToolError(f"unknown agent {name!r}; known agents: {known}")
+                raise ToolError(f"agent {name!r} could not answer: {result['error']}")
+            return tool.format_answer(name, exchange.answer)
+
+        base = tool.tool_spec
+        return ToolSpec(
+            name=base.name,
+            description=base.description + f" At most {self.max_questions} questions.",
+            handler=handler,
+            input_model=AskAgentInput,
+        )
+
+    async def analyze_issue(self, issue: IssueReport) -> RootCauseAnalysis:
+        """Question the agents about ``issue`` and return the checked analysis.
+
+        Never raises for a model's failure: a failed run, a missing or unparseable report or an
+        unknown responsible agent give an analysis with confidence 0 whose cause says why.
+        """
+        exchanges: list[QuestionAnswer] = []
+        self.last_questions = exchanges
+        try:
+            result: AgentResult[MediatorReport] = await self.runtime.run(
+                self.spec,
+                self.build_prompt(issue),
+                tools=[self._tool(exchanges)],
+                output_type=MediatorReport,
+            )
+        except AgentmendError as exc:  # misconfiguration of the roles' runtime
+            return self._failed(issue, f"the mediator could not run: {exc}")
+        self.last_result = result
+        self.model_calls += max(1, result.turns)
+        if result.output is not None:
+            report = result.output
+            analysis = RootCauseAnalysis(
+                issue=issue,
+                identified_cause=report.identified_cause,
+                confidence_score=report.confidence,
+                recommendations=list(report.recommendations),
+                full_report=report.model_dump_json(),
+                responsible_agent=report.responsible_agent,
+                evidence=list(report.evidence),
+                cause_category=report.cause_category,
+            )
+        else:
+            why = str(result.error) if result.error is not None else "no structured report"
+            try:
+                analysis = parse_analysis_report(result.text, issue)
+            except ReportParseError as exc:
+                return self._failed(issue, f"{why}; the text fallback failed too: {exc}")
+            log.info("parsed_text_report", agent=issue.agent_name, reason=why)
+        return self._checked(analysis, exchanges)
+
+    def _checked(
+        self, analysis: RootCauseAnalysis, exchanges: list[QuestionAnswer]
+    ) -> RootCauseAnalysis:
+        issue = analysis.issue
+        known = self.known_agents or frozenset(
+            {*self.ask_agent_tool.agent_registry, *issue.available_agents, issue.agent_name}
+        )
+        responsible = analysis.responsible_agent or issue.agent_name
+        if responsible not in known:
+            return self._failed(
+                issue,
+                f"the report names {responsible!r}, which is not an agent of the team "
+                f"(agents: {', '.join(sorted(known))})",
+                report=analysis.full_report,
+            )
+        sources = [exchange.answer for exchange in exchanges] + list(issue.error_logs)
+        supported, unsupported, confidence = check_evidence(
+            list(analysis.evidence), sources, analysis.confidence_score
+        )
+        if unsupported:
+            log.warning(
+                "dropped_unsupported_evidence",
+                agent=responsible,
+                dropped=len(unsupported),
+                confidence_before=analysis.confidence_score,
+                confidence_after=confidence,
+            )
+        return analysis.model_copy(
+            update={
+                "responsible_agent": responsible,
+                "evidence": supported,
+                "confidence_score": confidence,
+            }
+        )
+
+    @staticmethod
+    def _failed(issue: IssueReport, why: str, *, report: str = "") -> RootCauseAnalysis:
+        log.warning("analysis_failed", agent=issue.agent_name, reason=why)
+        return RootCauseAnalysis(
+            issue=issue,
+            identified_cause=f"analysis failed: {why}",
+            confidence_score=0.0,
+            full_report=report,
+            responsible_agent=None,
+            cause_category="unknown",
+        )
+
+
+def is_failed(analysis: RootCauseAnalysis) -> bool:
+    """Whether ``analysis`` is the mediator's "could not analyse" answer."""
+    return analysis.confidence_score == 0.0 and analysis.identified_cause.startswith(
+        "analysis failed:"
+    )

@@ -1,0 +1,118 @@
+"""``Supervisor``: a separate review of one concrete change before it is applied (seed 001).
+
+It implements ``infrastructure.safety.ChangeReviewer`` so the ``SupervisorGate`` can call it:
+the supervisor's definition runs on the roles' runtime with the ``<proposed_change>`` block
+(the action, the exact diff, the agent's configuration before and after, the paths) and must
+answer with a ``SupervisorReview``. Anything else (a failed run, no structured verdict, a
+misconfigured runtime) is a refusal: a change nobody could review is not made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from agents.prompt_blocks import render_block
+from agents.schemas import SupervisorReview
+from agents.team import load_role_spec
+from infrastructure.errors import AgentmendError
+from infrastructure.llm.base import AgentResult, AgentRuntime
+from infrastructure.safety import GateVerdict, ProposedChange
+from infrastructure.spec import AgentSpec, PermissionProfile
+
+__all__ = ["Supervisor", "agent_config", "proposed_change_payload"]
+
+log = structlog.get_logger(__name__)
+
+
+def agent_config(spec: AgentSpec | None) -> dict[str, Any] | None:
+    """The configuration block the roles exchange (``<agent_config>``, old/new config)."""
+    if spec is None:
+        return None
+    profile = spec.permission_profile
+    return {
+        "name": spec.name,
+        "model": spec.model,
+        "max_tokens": spec.max_tokens,
+        "timeout_s": spec.timeout_s,
+        "max_turns": spec.max_turns,
+        "temperature": spec.temperature,
+        "tools": list(spec.tools) if spec.tools is not None else None,
+        "permission_profile": (
+            {"allow": list(profile.allow), "deny": list(profile.deny)}
+            if isinstance(profile, PermissionProfile)
+            else profile
+        ),
+        "system_prompt": spec.system_prompt,
+    }
+
+
+def proposed_change_payload(change: ProposedChange) -> dict[str, Any]:
+    """The ``<proposed_change>`` block's content."""
+    return {
+        "action": change.action.model_dump(mode="json"),
+        "diff": change.diff,
+        "old_config": agent_config(change.old_spec),
+        "new_config": agent_config(change.new_spec),
+        "paths": [edit.path for edit in change.edits],
+    }
+
+
+class Supervisor:
+    """Reviews changes with the supervisor's definition on ``runtime``.
+
+    Args:
+        runtime: the roles' runtime.
+        spec: the supervisor's definition (default: the shipped one).
+    """
+
+    name = "supervisor"
+
+    def __init__(self, runtime: AgentRuntime, *, spec: AgentSpec | None = None) -> None:
+        self.runtime = runtime
+        self.spec = spec if spec is not None else load_role_spec("supervisor")
+        self.model_calls = 0
+        self.last_result: AgentResult[SupervisorReview] | None = None
+
+    def build_prompt(self, change: ProposedChange) -> str:
+        action = change.action
+        return (
+            f"Review this change to agent {action.target_agent!r} "
+            f"({action.action_type.value}, field {action.target_field or '-'}).\n"
+            f"Rationale given: {action.rationale or '(none)'}\n"
+            f"Confidence: {action.confidence_score:.2f}\n\n"
+            f"Diff:\n{change.diff or '(no diff)'}\n\n"
+            f"{render_block('proposed_change', proposed_change_payload(change))}"
+        )
+
+    async def review(self, change: ProposedChange) -> GateVerdict:
+        """Approve or reject ``change``; a run that gives no verdict rejects."""
+        try:
+            result: AgentResult[SupervisorReview] = await self.runtime.run(
+                self.spec, self.build_prompt(change), output_type=SupervisorReview
+            )
+        except AgentmendError as exc:
+            return self._unavailable(change, str(exc))
+        self.last_result = result
+        self.model_calls += max(1, result.turns)
+        review = result.output
+        if review is None:
+            why = str(result.error) if result.error is not None else "no structured verdict"
+            return self._unavailable(change, why)
+        log.info(
+            "reviewed_change",
+            agent=change.action.target_agent,
+            approved=review.approved,
+            risk=review.risk,
+        )
+        return GateVerdict(
+            gate=self.name,
+            passed=review.approved,
+            reason=review.reason,
+            details={"risk": review.risk, "concerns": list(review.concerns)},
+        )
+
+    def _unavailable(self, change: ProposedChange, why: str) -> GateVerdict:
+        log.warning("supervisor_unavailable", agent=change.action.target_agent, reason=why)
+        return GateVerdict(gate=self.name, passed=False, reason=f"supervisor unavailable: {why}")

@@ -1,0 +1,366 @@
+"""MetaOrchestrator: tasks, issues, approvals, and a cycle that records and replays itself."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from agents.cycle import CycleEvent, cycle_events, list_cycle_ids, replay_cycle
+from agents.meta_orchestrator import DEFAULT_PRINCIPAL, MetaOrchestrator
+from agents.playbooks import offline_policies
+from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction
+from agents.team import AgentTeam
+from infrastructure.change_log import list_decisions
+from infrastructure.llm.base import AgentResult
+from infrastructure.llm.offline import OfflineRuntime
+from infrastructure.llm.testing import ScriptedRuntime, Step
+from infrastructure.models import ChangeStatus, ChangeType, IssueReport
+from infrastructure.performance_monitor import VERIFICATION
+from infrastructure.settings import Settings
+from infrastructure.simulation import FaultKind, SimulatedRuntime, copy_team
+from infrastructure.spec import AgentSpec
+
+Build = Callable[..., MetaOrchestrator]
+
+
+@pytest.fixture
+def build(tmp_path: Path) -> Iterator[Build]:
+    made: list[MetaOrchestrator] = []
+
+    def make(**options: Any) -> MetaOrchestrator:
+        options.setdefault("settings", Settings(baseline_n=20, detection_mode="rules"))
+        orchestrator = MetaOrchestrator.offline_simulated(tmp_path / "team", seed=3, **options)
+        made.append(orchestrator)
+        return orchestrator
+
+    yield make
+    for orchestrator in made:
+        orchestrator.close()
+
+
+def sim(orchestrator: MetaOrchestrator) -> SimulatedRuntime:
+    runtime = orchestrator.team.runtime
+    assert isinstance(runtime, SimulatedRuntime)
+    return runtime
+
+
+async def faulty_issue(
+    orchestrator: MetaOrchestrator, agent: str = "research-agent", runs: int = 4
+) -> IssueReport:
+    """Truncate ``agent``'s answers, run it a few times, and report it as a detector would."""
+    sim(orchestrator).inject(agent, FaultKind.TRUNCATION)
+    for n in range(runs):
+        await orchestrator.team.run(agent, f"topic {n}")
+    metrics = orchestrator.monitor.get_agent_metrics(agent)
+    assert metrics is not None
+    return IssueReport(
+        agent_name=agent,
+        error_type="consecutive_failures",
+        metrics=metrics.model_dump(),
+        error_logs=list(metrics.recent_errors),
+        context=f"{runs} consecutive failures",
+        available_agents=orchestrator.team.names,
+    )
+
+
+def definitions(orchestrator: MetaOrchestrator) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(orchestrator.team.directory.glob("*.md"))}
+
+
+async def test_execute_task_runs_every_agent_and_records_it(build: Build) -> None:
+    orchestrator = build()
+    task = await orchestrator.execute_task("Pythagorean theorem")
+    assert sorted(task.results) == orchestrator.team.names
+    assert set(task.answers) == set(task.results)
+    assert "### research-agent" in task.text
+    assert str(task) == task.text
+    assert task.issues == []
+    assert task.cycles == []
+    assert orchestrator.monitor.agents() == orchestrator.team.names
+    assert orchestrator.principal == DEFAULT_PRINCIPAL
+    assert not orchestrator.principal.is_admin
+
+
+async def test_without_auto_improve_an_issue_waits_for_the_caller(build: Build) -> None:
+    orchestrator = build(auto_improve=False)
+    sim(orchestrator).inject("research-agent", FaultKind.TRUNCATION)
+    tasks = [await orchestrator.execute_task(f"topic {n}") for n in range(4)]
+    assert all(task.cycles == [] for task in tasks)
+    issue = orchestrator.check_performance_issues()
+    assert issue is not None
+    assert issue.agent_name == "research-agent"
+    assert issue.error_type == "consecutive_failures"
+    assert orchestrator.check_all_issues() == [issue]  # still open until handled
+    cycle = await orchestrator.run_improvement_cycle(issue)
+    assert cycle.status == "kept"
+    assert orchestrator.check_performance_issues() is None
+
+
+async def test_a_declined_or_unanswered_confirmation_runs_no_cycle(build: Build) -> None:
+    answers: list[IssueReport] = []
+
+    async def decline(issue: IssueReport) -> bool:
+        answers.append(issue)
+        return False
+
+    orchestrator = build(auto_improve=False, confirm_cycle=decline)
+    sim(orchestrator).inject("research-agent", FaultKind.TRUNCATION)
+    declined = []
+    for n in range(4):
+        declined += (await orchestrator.execute_task(f"topic {n}")).declined
+    assert [issue.agent_name for issue in declined] == ["research-agent"]
+    assert answers == declined
+    assert orchestrator.check_performance_issues() is None
+    (decision,) = list_decisions(orchestrator.store, kind="issue_declined")
+    assert decision.agent_name == "research-agent"
+    assert orchestrator.manager.get_history() == []
+
+
+async def test_a_confirmation_that_never_comes_is_a_no(build: Build) -> None:
+    async def silent(issue: IssueReport) -> bool:
+        await asyncio.sleep(30)
+        return True
+
+    settings = Settings(baseline_n=20, detection_mode="rules", auto_decision_timeout=0.05)
+    orchestrator = build(auto_improve=False, confirm_cycle=silent, settings=settings)
+    sim(orchestrator).inject("research-agent", FaultKind.TRUNCATION)
+    tasks = [await orchestrator.execute_task(f"topic {n}") for n in range(4)]
+    assert sum(len(task.declined) for task in tasks) == 1
+    assert all(task.cycles == [] for task in tasks)
+
+
+async def test_a_confirmed_issue_runs_the_cycle(build: Build) -> None:
+    async def accept(issue: IssueReport) -> bool:
+        return True
+
+    orchestrator = build(auto_improve=False, confirm_cycle=accept)
+    sim(orchestrator).inject("research-agent", FaultKind.TRUNCATION)
+    cycles = []
+    for n in range(4):
+        cycles += (await orchestrator.execute_task(f"topic {n}")).cycles
+    assert [c.status for c in cycles] == ["kept"]
+
+
+async def test_every_step_is_shown_logged_stored_and_replayable(build: Build) -> None:
+    shown: list[CycleEvent] = []
+    orchestrator = build(on_progress=shown.append)
+    issue = await faulty_issue(orchestrator)
+    with capture_logs() as logs:
+        cycle = await orchestrator.run_improvement_cycle(issue)
+    assert cycle.status == "kept"
+    steps = [event.step for event in shown]
+    questions = steps.count("question_asked")
+    assert 1 <= questions <= 10
+    assert steps == [
+        "cycle_started",
+        *["question_asked"] * questions,
+        "analysis_completed",
+        "actions_proposed",
+        *["gate_checked"] * 6,
+        "change_applied",
+        "verification_completed",
+        "change_kept",
+        "cycle_finished",
+    ]
+    assert [event.seq for event in shown] == list(range(len(shown)))
+    assert {event.cycle_id for event in shown} == {cycle.cycle_id}
+    assert cycle_events(orchestrator.store, cycle.cycle_id) == shown
+    assert replay_cycle(orchestrator.store, cycle.cycle_id) == cycle
+    assert orchestrator.replay(cycle.cycle_id) == cycle
+    assert list_cycle_ids(orchestrator.store) == [cycle.cycle_id]
+    logged = {(entry["event"], entry.get("cycle_id")) for entry in logs}
+    for step in (
+        "cycle_started",
+        "question_asked",
+        "analysis_completed",
+        "gate_checked",
+        "change_applied",
+        "verification_completed",
+        "change_kept",
+    ):
+        assert (step, cycle.cycle_id) in logged
+    with pytest.raises(KeyError, match="no cycle with id 'nope'"):
+        replay_cycle(orchestrator.store, "nope")
+
+
+async def test_a_kept_change_records_verification_apart_and_starts_a_new_baseline(
+    build: Build,
+) -> None:
+    orchestrator = build()
+    issue = await faulty_issue(orchestrator)
+    epoch = orchestrator.monitor.baseline("research-agent")
+    assert epoch is not None
+    cycle = await orchestrator.run_improvement_cycle(issue)
+    assert cycle.status == "kept"
+    production = orchestrator.monitor.get_agent_metrics("research-agent")
+    verification = orchestrator.monitor.get_agent_metrics("research-agent", source=VERIFICATION)
+    assert production is not None
+    assert production.executions == 4
+    assert verification is not None
+    assert verification.executions >= 18  # 3 cases x 3 repeats, before and after
+    baseline = orchestrator.monitor.baseline("research-agent")
+    assert baseline is not None
+    assert baseline.epoch == epoch.epoch + 1
+    (record,) = orchestrator.manager.get_history()
+    assert record.status is ChangeStatus.KEPT
+    assert record.verification_result is not None
+    assert record.verification_result["cycle_id"] == cycle.cycle_id
+    verdict = cycle.verification
+    assert verdict is not None
+    assert not verdict.weaker
+    assert verdict.rule == "all_failures_fixed"
+
+
+async def test_without_an_eval_suite_the_weaker_sample_check_decides(build: Build) -> None:
+    orchestrator = build()
+    (orchestrator.team.directory / "research-agent.evals.yaml").unlink()
+    cycle = await orchestrator.run_improvement_cycle(await faulty_issue(orchestrator))
+    assert cycle.status == "kept"
+    verdict = cycle.verification
+    assert verdict is not None
+    assert verdict.weaker
+    assert verdict.rule == "sample_query"
+
+
+async def test_a_broken_eval_suite_stops_the_cycle_before_any_change(build: Build) -> None:
+    orchestrator = build()
+    (orchestrator.team.directory / "research-agent.evals.yaml").write_text("cases: 3\n")
+    before = definitions(orchestrator)
+    cycle = await orchestrator.run_improvement_cycle(await faulty_issue(orchestrator))
+    assert cycle.status == "error"
+    assert cycle.error is not None
+    assert cycle.error.startswith("cannot load an eval suite:")
+    assert "research-agent.evals.yaml" in cycle.error
+    assert definitions(orchestrator) == before
+    assert orchestrator.manager.get_history() == []
+
+
+async def test_an_exception_after_the_apply_rolls_back_and_propagates(build: Build) -> None:
+    def explode(event: CycleEvent) -> None:
+        if event.step == "verification_completed":
+            raise RuntimeError("the screen fell off")
+
+    orchestrator = build(on_progress=explode)
+    issue = await faulty_issue(orchestrator)
+    before = definitions(orchestrator)
+    with pytest.raises(RuntimeError, match="the screen fell off"):
+        await orchestrator.run_improvement_cycle(issue)
+    assert definitions(orchestrator) == before
+    (record,) = orchestrator.manager.get_history()
+    assert record.status is ChangeStatus.ROLLED_BACK
+    (cycle_id,) = list_cycle_ids(orchestrator.store)
+    replayed = replay_cycle(orchestrator.store, cycle_id)
+    assert replayed.status == "rolled_back"
+    assert replayed.rolled_back
+    assert replayed.rollback_reason is not None
+    assert "RuntimeError: the screen fell off" in replayed.rollback_reason
+    assert replayed.error == "RuntimeError: the screen fell off"
+    assert orchestrator.team.spec("research-agent").max_tokens == 2048
+
+
+class ResponsibleElsewhere:
+    """The offline roles, with a mediator that blames the quality agent's configuration."""
+
+    def __init__(self) -> None:
+        self.offline = OfflineRuntime(offline_policies())
+        report = MediatorReport(
+            responsible_agent="quality-agent",
+            cause_category="truncation",
+            identified_cause="the quality agent's review is cut off",
+            confidence=0.8,
+            evidence=["response stopped at max_tokens=2048"],
+        )
+        self.mediator = ScriptedRuntime([Step.output(report)])
+
+    async def run(
+        self, spec: AgentSpec, prompt: str, *, tools: Any = (), output_type: Any = None
+    ) -> AgentResult[Any]:
+        runtime: Any = self.mediator if spec.name == "socratic-mediator" else self.offline
+        result: AgentResult[Any] = await runtime.run(
+            spec, prompt, tools=tools, output_type=output_type
+        )
+        return result
+
+
+async def test_the_responsible_agent_may_differ_from_the_one_that_raised_the_issue(
+    build: Build,
+) -> None:
+    orchestrator = build(roles_runtime=ResponsibleElsewhere())
+    issue = await faulty_issue(orchestrator)
+    cycle = await orchestrator.run_improvement_cycle(issue)
+    assert cycle.analysis is not None
+    assert cycle.analysis.agent_name == "quality-agent"
+    assert cycle.actions
+    assert all(action.target_agent == "quality-agent" for action in cycle.actions)
+    assert cycle.issue.agent_name == "research-agent"
+
+
+async def test_a_store_is_made_in_the_workspace_and_closed(tmp_path: Path) -> None:
+    team = AgentTeam(copy_team(tmp_path / "team"), SimulatedRuntime(1))
+    orchestrator = MetaOrchestrator(
+        team,
+        roles_runtime=OfflineRuntime(offline_policies()),
+        workspace=tmp_path / "ws",
+        settings=Settings(baseline_n=20),
+    )
+    with orchestrator:
+        await orchestrator.execute_task("topic")
+        assert (tmp_path / "ws" / "agentmend.db").is_file()
+        assert team.monitor is orchestrator.monitor
+    orchestrator.close()  # idempotent
+
+
+class ScriptedImprover:
+    """The offline roles, with an improver that always proposes a cooler temperature."""
+
+    def __init__(self) -> None:
+        self.offline = OfflineRuntime(offline_policies())
+        action = ProposedAction(
+            action_type=ChangeType.PARAMETER_ADJUSTMENT,
+            target_agent="research-agent",
+            target_field="temperature",
+            new_value=0.1,
+            rationale="calmer answers",
+            confidence=0.9,
+        )
+        self.improver = ScriptedRuntime([Step.output(ImprovementPlan(actions=[action]))])
+
+    async def run(
+        self, spec: AgentSpec, prompt: str, *, tools: Any = (), output_type: Any = None
+    ) -> AgentResult[Any]:
+        runtime: Any = self.improver if spec.name == "self-improver" else self.offline
+        result: AgentResult[Any] = await runtime.run(
+            spec, prompt, tools=tools, output_type=output_type
+        )
+        return result
+
+
+async def test_an_issue_the_eval_suite_does_not_reproduce_changes_nothing(build: Build) -> None:
+    shown: list[CycleEvent] = []
+    orchestrator = build(roles_runtime=ScriptedImprover(), on_progress=shown.append)
+    await orchestrator.execute_task("a healthy task")
+    metrics = orchestrator.monitor.get_agent_metrics("research-agent")
+    assert metrics is not None
+    issue = IssueReport(
+        agent_name="research-agent",
+        error_type="low_success_rate",
+        error_logs=["overloaded_error: Overloaded"],
+        available_agents=orchestrator.team.names,
+    )
+    before = definitions(orchestrator)
+    cycle = await orchestrator.run_improvement_cycle(issue)
+    assert cycle.status == "not_reproduced"
+    assert cycle.error is not None
+    assert "passes before any change" in cycle.error
+    assert cycle.outcomes == ()  # not even gated: no human is asked about it
+    assert "gate_checked" not in [event.step for event in shown]
+    assert definitions(orchestrator) == before
+    assert orchestrator.manager.get_history() == []
+    verification = orchestrator.monitor.get_agent_metrics("research-agent", source=VERIFICATION)
+    assert verification is not None
+    assert verification.executions == 9  # the suite ran once, before
