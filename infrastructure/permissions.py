@@ -1,0 +1,188 @@
+"""Which tools an agent may call without asking: permission profiles as one pure function.
+
+An agent's ``permission_profile`` names how much of its tool surface it is trusted with:
+
+- ``"locked"``: nothing. Every call is refused (and reported), so a locked agent can only talk.
+- ``"standard"`` (the default): the tools the agent declares (``tools:`` in its definition, or
+  every tool it is given when it declares none), minus the tools that run shell commands or
+  write files (``SHELL_AND_WRITE_TOOLS``). Reading and asking are routine; changing the
+  machine is not.
+- ``"open"``: every tool the agent is given.
+- a custom profile (any object with ``allow`` and ``deny`` collections of tool-name patterns,
+  such as the spec's ``PermissionProfile``): the offered tools matching an ``allow`` pattern
+  and no ``deny`` pattern (shell-style wildcards: ``"*"``, ``"mcp__*"``; deny wins). A Claude
+  Code rule with a specifier (``"Bash(git log:*)"``) grants part of a tool, which a set of tool
+  names cannot say, so it grants nothing here: such calls are refused, never widened.
+
+Runtimes put the result in front of the model (the claude-agent-sdk runtime's ``allowed_tools``;
+every other tool reaches a callback that refuses it), and a gate can reuse the same function to
+ask whether a proposed profile change grants more than the old one (``grants_more_than``).
+Names are the names an agent definition uses: built-in tools (``Read``, ``Bash``) and agentmend
+tool names (``ask_agent``); mapping them to wire names is the runtime's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from fnmatch import fnmatchcase
+from typing import Literal, Protocol, TypeAlias, runtime_checkable
+
+from infrastructure.errors import ConfigurationError
+
+__all__ = [
+    "ANY_OTHER_TOOL",
+    "PROFILE_NAMES",
+    "SHELL_AND_WRITE_TOOLS",
+    "CustomProfile",
+    "ProfileLike",
+    "ProfileName",
+    "allowed_tools",
+    "describe_profile",
+    "grants_more_than",
+    "newly_granted",
+]
+
+ProfileName: TypeAlias = Literal["locked", "standard", "open"]
+PROFILE_NAMES: frozenset[str] = frozenset({"locked", "standard", "open"})
+
+SHELL_AND_WRITE_TOOLS: frozenset[str] = frozenset(
+    {
+        # shell: runs arbitrary commands, and so can write anything
+        "Bash",
+        "BashOutput",
+        "KillBash",
+        "KillShell",
+        "PowerShell",
+        # file writers
+        "Write",
+        "Edit",
+        "MultiEdit",
+        "NotebookEdit",
+    }
+)
+"""Built-in tools a ``standard`` profile never grants: they run commands or write files."""
+
+ANY_OTHER_TOOL = "<any other tool>"
+"""Stands for tools nobody listed, so ``open`` (or ``allow: ["*"]``) counts as wider than any
+finite list when profiles are compared without a concrete tool set."""
+
+
+@runtime_checkable
+class CustomProfile(Protocol):
+    """A custom profile: allow and deny lists of tool-name patterns (``"*"`` = every tool)."""
+
+    @property
+    def allow(self) -> Collection[str]: ...
+
+    @property
+    def deny(self) -> Collection[str]: ...
+
+
+ProfileLike: TypeAlias = "ProfileName | str | CustomProfile"
+
+
+def _check_name(profile: str) -> None:
+    if profile not in PROFILE_NAMES:
+        raise ConfigurationError(
+            f"unknown permission profile {profile!r}: use one of "
+            f"{', '.join(sorted(PROFILE_NAMES))} or a custom allow/deny profile"
+        )
+
+
+def allowed_tools(
+    profile: ProfileLike,
+    declared_tools: Iterable[str] | None,
+    offered_tools: Iterable[str],
+) -> frozenset[str]:
+    """The offered tools this profile lets the agent call without asking.
+
+    Args:
+        profile: ``"locked"``, ``"standard"``, ``"open"`` or a custom allow/deny profile.
+        declared_tools: the tools the agent's definition declares; ``None`` when it declares
+            none (then ``standard`` starts from everything offered).
+        offered_tools: every tool the run puts in front of the model.
+
+    Raises:
+        ConfigurationError: for an unknown profile name.
+    """
+    offered = frozenset(offered_tools)
+    if isinstance(profile, str):
+        _check_name(profile)
+        if profile == "locked":
+            return frozenset()
+        if profile == "open":
+            return offered
+        base = offered if declared_tools is None else offered & frozenset(declared_tools)
+        return base - SHELL_AND_WRITE_TOOLS
+    allow = tuple(profile.allow)
+    deny = tuple(profile.deny)
+    return frozenset(
+        name for name in offered if _matches_any(name, allow) and not _matches_any(name, deny)
+    )
+
+
+def _matches_any(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def _universe(profiles: Iterable[ProfileLike], declared: Iterable[str] | None) -> frozenset[str]:
+    """Every tool name the comparison could turn on, plus one stand-in for the unnamed rest."""
+    names = set(SHELL_AND_WRITE_TOOLS)
+    names.add(ANY_OTHER_TOOL)
+    if declared is not None:
+        names.update(declared)
+    for profile in profiles:
+        if not isinstance(profile, str):
+            names.update(profile.allow)
+            names.update(profile.deny)
+    return frozenset(names)
+
+
+def newly_granted(
+    new_profile: ProfileLike,
+    old_profile: ProfileLike,
+    *,
+    declared_tools: Iterable[str] | None = None,
+    offered_tools: Iterable[str] | None = None,
+) -> frozenset[str]:
+    """Tools the new profile allows that the old one did not.
+
+    Without ``offered_tools`` the comparison runs over every tool either profile or the
+    declaration names, the shell and write tools, and ``ANY_OTHER_TOOL``, so widening to
+    ``open`` or to ``"*"`` shows up even when no concrete tool set is at hand.
+    """
+    declared = None if declared_tools is None else tuple(declared_tools)
+    if offered_tools is None:
+        universe = _universe((new_profile, old_profile), declared)
+    else:
+        universe = frozenset(offered_tools)
+    return allowed_tools(new_profile, declared, universe) - allowed_tools(
+        old_profile, declared, universe
+    )
+
+
+def grants_more_than(
+    new_profile: ProfileLike,
+    old_profile: ProfileLike,
+    *,
+    declared_tools: Iterable[str] | None = None,
+    offered_tools: Iterable[str] | None = None,
+) -> bool:
+    """True when switching from ``old_profile`` to ``new_profile`` widens what is allowed.
+
+    A gate uses this to tell an escalation (needs approval) from a narrowing (safe to apply).
+    """
+    return bool(
+        newly_granted(
+            new_profile, old_profile, declared_tools=declared_tools, offered_tools=offered_tools
+        )
+    )
+
+
+def describe_profile(profile: ProfileLike) -> str:
+    """A short human-readable label, for denial messages and audit records."""
+    if isinstance(profile, str):
+        return profile
+    allow = ", ".join(sorted(profile.allow)) or "nothing"
+    deny = ", ".join(sorted(profile.deny))
+    return f"custom (allow: {allow}" + (f"; deny: {deny})" if deny else ")")
