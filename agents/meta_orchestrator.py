@@ -75,11 +75,10 @@ from infrastructure.spec import AgentSpec
 from infrastructure.store import Store
 from infrastructure.verification import SuiteRun, VerificationVerdict
 
-__all__ = ["DEFAULT_PRINCIPAL", "ConfirmCycle", "MetaOrchestrator", "OnProgress"]
+__all__ = ["ConfirmCycle", "MetaOrchestrator", "OnProgress"]
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_PRINCIPAL = Principal(user_id="agentmend", name="agentmend (automatic)")
 """Who automatic cycles run for: standard rights, never admin (seed 002)."""
 
 ConfirmCycle = Callable[[IssueReport], Awaitable[bool]]
@@ -98,7 +97,8 @@ class MetaOrchestrator:
         workspace: where the default store lives; default ``settings.workspace``.
         settings: thresholds, budget, approval timeout, yolo mode.
         approval_callback: the human approval gate's question (None: refused unless yolo).
-        principal: who the cycle runs for; default ``DEFAULT_PRINCIPAL`` (not admin).
+        principal: who the cycle runs for; default ``settings.default_principal`` (standard
+            rights unless ``AGENTMEND_PRINCIPAL_ADMIN`` is set).
         auto_improve: run a cycle for each detected issue without asking.
         confirm_cycle: otherwise, ask this whether to run one (no answer within
             ``settings.auto_decision_timeout`` is no).
@@ -159,7 +159,7 @@ class MetaOrchestrator:
             audit_hmac_key=key.get_secret_value() if key is not None else None,
         )
         self.roles_runtime = roles_runtime
-        self.principal = principal or DEFAULT_PRINCIPAL
+        self.principal = principal or self.settings.default_principal
         self.auto_improve = auto_improve
         self.confirm_cycle = confirm_cycle
         self.on_progress = on_progress

@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from infrastructure.safety import ADMIN, Principal
+
 __all__ = ["Provider", "Settings"]
 
 Provider = Literal["offline", "anthropic", "claude-agent-sdk"]
@@ -36,6 +38,12 @@ class Settings(BaseSettings):
     auto_decision_timeout: float = Field(default=30.0, gt=0)
     yolo_mode: bool = False
 
+    # who automatic cycles, the demo and the MCP server act for: standard rights unless
+    # an admin is configured here (only an admin may grant open profiles or shell tools)
+    principal_id: str = "agentmend"
+    principal_name: str = "agentmend (automatic)"
+    principal_admin: bool = False
+
     # the audit trail: an HMAC key kept outside the workspace makes the chain unforgeable
     audit_hmac_key: SecretStr | None = None
 
@@ -44,5 +52,9 @@ class Settings(BaseSettings):
     test_timeout_s: float = Field(default=600.0, gt=0)
 
     @property
-    def store_path(self) -> Path:
-        return self.workspace / "agentmend.db"
+    def default_principal(self) -> Principal:
+        return Principal(
+            user_id=self.principal_id,
+            name=self.principal_name,
+            permissions=frozenset({ADMIN}) if self.principal_admin else frozenset(),
+        )

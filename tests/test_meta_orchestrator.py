@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from agents.cycle import CycleEvent, cycle_events, list_cycle_ids, replay_cycle
-from agents.meta_orchestrator import DEFAULT_PRINCIPAL, MetaOrchestrator
+from agents.meta_orchestrator import MetaOrchestrator
 from agents.playbooks import offline_policies
 from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction
 from agents.team import AgentTeam
@@ -82,7 +82,8 @@ async def test_execute_task_runs_every_agent_and_records_it(build: Build) -> Non
     assert task.issues == []
     assert task.cycles == []
     assert orchestrator.monitor.agents() == orchestrator.team.names
-    assert orchestrator.principal == DEFAULT_PRINCIPAL
+    assert orchestrator.principal == orchestrator.settings.default_principal
+    assert not orchestrator.principal.is_admin
     assert not orchestrator.principal.is_admin
 
 

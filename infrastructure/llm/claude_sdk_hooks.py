@@ -19,13 +19,30 @@ up as itself and not only as a failing agent; ``record_tools=False`` turns that 
 call also counts against the subagent that made it (``extra["tool_failures"]``). A call cut off
 by an interrupt is the user's doing and counts against nobody.
 
-Wire facts (CLI 2.1.330): tool hooks fired inside a subagent carry ``agent_id`` and
-``agent_type``; on the main thread they carry neither. The ``SubagentStart``/``SubagentStop``
-inputs do not carry the spawning tool call's id. ``StopFailure`` is not in the SDK's
-``HookEvent`` type but the CLI honours it. Token usage is not in these hook inputs (the
-foreground ``Agent`` tool's ``PostToolUse`` has it, a background one's does not), so records
-carry zero tokens and the subagent transcript path in ``extra``. Callbacks answer ``{}`` (no
-opinion) and never raise: a monitor that fails is logged, and the user's agents run on.
+Wire facts (CLI 2.1.330, SDK 0.2.187):
+
+- The model calls subagents through the ``Agent`` tool (the init message still lists it as
+  ``Task``), input ``{description, prompt, subagent_type, run_in_background, ...}``. Subagents
+  run in the background unless the call says ``run_in_background: false``
+  (``AgentDefinition(background=False)`` did not change that). ``query()`` still waits for a
+  background subagent: the SDK keeps the CLI's stdin open while a ``local_agent`` task is in
+  flight, and the CLI runs one more main turn when it finishes.
+- Tool hooks fired inside a subagent carry ``agent_id`` and ``agent_type``; on the main thread
+  they carry neither. ``SubagentStart``/``SubagentStop`` carry ``agent_id``/``agent_type`` but
+  not the spawning tool call's id.
+- An API error inside a subagent fires ``StopFailure`` (with ``agent_id``) and no
+  ``SubagentStop``; for a foreground call the ``Agent`` tool then fails too
+  (``PostToolUseFailure`` on the main thread). ``StopFailure`` is not in the SDK's ``HookEvent``
+  type but the CLI honours it.
+- A call refused by ``can_use_tool`` fires no ``PostToolUseFailure``; it shows only in the
+  session's ``ResultMessage.permission_denials``, so it does not count against the subagent.
+- Token usage is not in these hook inputs (the foreground ``Agent`` tool's ``PostToolUse`` has
+  it, a background one's does not), so records carry zero tokens and the subagent transcript
+  path in ``extra``.
+
+Callbacks answer ``{}`` (no opinion) and never raise: a monitor that fails is logged, and the
+user's agents run on. The ``extra`` keys avoid ``PerformanceMonitor.record``'s own keyword
+``source`` (``recorded_by`` says where a record came from).
 """
 
 from __future__ import annotations
