@@ -13,7 +13,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agents.ask_agent_tool import AskAgentTool, create_ask_agent_tool
+    from agents.ask_agent_tool import (
+        AskAgentTool,
+        create_ask_agent_tool,
+    )
+    from agents.cycle import (
+        CycleResult,
+        TaskResult,
+        replay_cycle,
+    )
+    from agents.meta_orchestrator import MetaOrchestrator
+    from agents.self_improver import SelfImprover
+    from agents.socratic_mediator import SocraticMediator
+    from agents.supervisor import Supervisor
+    from agents.team import AgentTeam
+    from agents.workspace import Workspace
     from infrastructure.audit import verify_audit_chain
     from infrastructure.detection import IssueDetector
     from infrastructure.errors import (
@@ -25,8 +39,21 @@ if TYPE_CHECKING:
         SpecError,
     )
     from infrastructure.improvement_manager import ImprovementManager
-    from infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
+    from infrastructure.llm.anthropic_runtime import AnthropicRuntime
+    from infrastructure.llm.base import (
+        AgentResult,
+        AgentRuntime,
+        ToolError,
+        ToolSpec,
+    )
+    from infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
     from infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
+    from infrastructure.llm.offline import OfflineRuntime
+    from infrastructure.llm.testing import (
+        FunctionRuntime,
+        ScriptedRuntime,
+        Step,
+    )
     from infrastructure.models import (
         AgentMetrics,
         ChangeRecord,
@@ -38,9 +65,73 @@ if TYPE_CHECKING:
         RootCauseAnalysis,
     )
     from infrastructure.performance_monitor import PerformanceMonitor
+    from infrastructure.safety import (
+        GateVerdict,
+        Principal,
+        ProposedChange,
+    )
     from infrastructure.settings import Settings
-    from infrastructure.spec import AgentSpec, load_agent_specs
+    from infrastructure.simulation import SimulatedRuntime
+    from infrastructure.spec import (
+        AgentSpec,
+        PermissionProfile,
+        load_agent_specs,
+    )
     from infrastructure.store import Store
+    from infrastructure.verification import VerificationVerdict
+
+__all__ = [
+    "AgentMetrics",
+    "AgentResult",
+    "AgentRunError",
+    "AgentRuntime",
+    "AgentSpec",
+    "AgentTeam",
+    "AgentmendError",
+    "AnthropicRuntime",
+    "AskAgentTool",
+    "ChangeRecord",
+    "ChangeStatus",
+    "ChangeType",
+    "ClaudeAgentRuntime",
+    "CycleResult",
+    "ErrorKind",
+    "ExecutionRecord",
+    "FunctionRuntime",
+    "GateVerdict",
+    "ImprovementAction",
+    "ImprovementManager",
+    "IssueDetector",
+    "IssueReport",
+    "MetaOrchestrator",
+    "OfflineRuntime",
+    "PathNotAllowed",
+    "PerformanceMonitor",
+    "PermissionProfile",
+    "Principal",
+    "ProposedChange",
+    "RollbackConflict",
+    "RootCauseAnalysis",
+    "ScriptedRuntime",
+    "SelfImprover",
+    "Settings",
+    "SimulatedRuntime",
+    "SocraticMediator",
+    "SpecError",
+    "Step",
+    "Store",
+    "Supervisor",
+    "TaskResult",
+    "ToolError",
+    "ToolSpec",
+    "VerificationVerdict",
+    "Workspace",
+    "claude_sdk_hooks",
+    "create_ask_agent_tool",
+    "load_agent_specs",
+    "replay_cycle",
+    "verify_audit_chain",
+]
 
 _EXPORTS: dict[str, str] = {
     "AgentMetrics": "infrastructure.models",
@@ -52,6 +143,7 @@ _EXPORTS: dict[str, str] = {
     "IssueReport": "infrastructure.models",
     "RootCauseAnalysis": "infrastructure.models",
     "AgentSpec": "infrastructure.spec",
+    "PermissionProfile": "infrastructure.spec",
     "load_agent_specs": "infrastructure.spec",
     "PerformanceMonitor": "infrastructure.performance_monitor",
     "IssueDetector": "infrastructure.detection",
@@ -59,21 +151,40 @@ _EXPORTS: dict[str, str] = {
     "verify_audit_chain": "infrastructure.audit",
     "Store": "infrastructure.store",
     "Settings": "infrastructure.settings",
+    "GateVerdict": "infrastructure.safety",
+    "Principal": "infrastructure.safety",
+    "ProposedChange": "infrastructure.safety",
+    "VerificationVerdict": "infrastructure.verification",
     "AgentResult": "infrastructure.llm.base",
     "AgentRuntime": "infrastructure.llm.base",
+    "ToolError": "infrastructure.llm.base",
     "ToolSpec": "infrastructure.llm.base",
+    "AnthropicRuntime": "infrastructure.llm.anthropic_runtime",
+    "ClaudeAgentRuntime": "infrastructure.llm.claude_agent_runtime",
     "claude_sdk_hooks": "infrastructure.llm.claude_sdk_hooks",
-    "AgentmendError": "infrastructure.errors",
+    "OfflineRuntime": "infrastructure.llm.offline",
+    "FunctionRuntime": "infrastructure.llm.testing",
+    "ScriptedRuntime": "infrastructure.llm.testing",
+    "Step": "infrastructure.llm.testing",
+    "SimulatedRuntime": "infrastructure.simulation",
     "AgentRunError": "infrastructure.errors",
+    "AgentmendError": "infrastructure.errors",
     "ErrorKind": "infrastructure.errors",
     "PathNotAllowed": "infrastructure.errors",
     "RollbackConflict": "infrastructure.errors",
     "SpecError": "infrastructure.errors",
     "AskAgentTool": "agents.ask_agent_tool",
     "create_ask_agent_tool": "agents.ask_agent_tool",
+    "AgentTeam": "agents.team",
+    "SocraticMediator": "agents.socratic_mediator",
+    "SelfImprover": "agents.self_improver",
+    "Supervisor": "agents.supervisor",
+    "MetaOrchestrator": "agents.meta_orchestrator",
+    "CycleResult": "agents.cycle",
+    "TaskResult": "agents.cycle",
+    "replay_cycle": "agents.cycle",
+    "Workspace": "agents.workspace",
 }
-
-__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

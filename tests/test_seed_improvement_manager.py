@@ -3,7 +3,7 @@
 The seed's paths under /tmp persist between runs; the manager opens them as SQLite stores and
 ``manager.history`` holds only this session's changes, so the file passes run after run.
 """
-# mypy: allow-untyped-defs, disable-error-code="attr-defined"
+# mypy: allow-untyped-defs
 
 from agents import ChangeType, ImprovementAction, ImprovementManager
 
