@@ -30,7 +30,6 @@ from infrastructure.change_log import list_decisions, record_decision
 from infrastructure.code_update import CodeUpdater, ExecutionResult, FileOperation
 from infrastructure.errors import AgentmendError
 from infrastructure.llm.base import AgentRuntime
-from infrastructure.models import IssueReport
 from infrastructure.safety import GateVerdict, ProposedChange
 from infrastructure.settings import Settings
 from infrastructure.spec import load_agent_specs
@@ -326,8 +325,8 @@ class AgentmendTools:
             if name not in orchestrator.team:
                 raise BadRequest(str(UnknownAgent(name, orchestrator.team.names)))
             orchestrator.monitor.refresh()  # runs the session recorded since
-            issues = [i for i in orchestrator.check_all_issues() if i.agent_name == name]
-            issue = issues[0] if issues else _requested_issue(orchestrator, name)
+            issue = orchestrator.issue_for(name, requested_by="an MCP client")
+            detected = issue.detector != "request"
             mediator = orchestrator.mediator
             questions: list[QuestionAnswer] = []
             mediator.ask_agent_tool = AskAgentTool(orchestrator.team.ask_agent_registry())
@@ -338,7 +337,7 @@ class AgentmendTools:
                 mediator.on_question = None
         data = {
             "agent": name,
-            "detected": bool(issues),
+            "detected": detected,
             "issue": issue.model_dump(mode="json"),
             "analysis": analysis.model_dump(mode="json"),
             "questions": [q.model_dump(mode="json") for q in questions],
@@ -350,7 +349,7 @@ class AgentmendTools:
             agent_name=name,
             payload={k: data[k] for k in ("detected", "issue", "analysis")},
         )
-        found = "detected" if issues else "no open issue detected; analysed on request"
+        found = "detected" if detected else "no open issue detected; analysed on request"
         text = (
             f"Analysis of {name} ({found}; nothing was applied):\n"
             f"- Issue: {issue.error_type}: {issue.context or '(no context)'}\n"
@@ -555,22 +554,6 @@ def _format_execution(result: ExecutionResult) -> str:
             tail = validation.output_tail[-1500:]
             lines.append(f"- Test output (tail):\n{tail}")
     return "\n".join(lines)
-
-
-def _requested_issue(orchestrator: MetaOrchestrator, name: str) -> IssueReport:
-    """An issue report for an agent the detector has no open issue for (asked for by name)."""
-    metrics = orchestrator.monitor.get_agent_metrics(name)
-    dumped = metrics.model_dump() if metrics is not None else {}
-    return IssueReport(
-        agent_name=name,
-        error_type="requested_analysis",
-        metrics=dumped,
-        error_logs=list(dumped.get("recent_errors", ())),
-        context="analysis requested through MCP; the detector has no open issue for this agent",
-        available_agents=orchestrator.team.names,
-        detector="request",
-        severity=0.0,
-    )
 
 
 def _last_cycle(workspace: Workspace) -> dict[str, Any] | None:

@@ -54,12 +54,12 @@ from agents.supervisor import Supervisor
 from agents.team import AgentTeam
 from infrastructure.change_log import record_decision
 from infrastructure.detection import IssueDetector
-from infrastructure.errors import AgentmendError
+from infrastructure.errors import AgentmendError, ChangeNotFound
 from infrastructure.evals import EvalSuite
 from infrastructure.gates import default_gates
 from infrastructure.improvement_manager import ImprovementManager
 from infrastructure.llm.base import AgentRuntime
-from infrastructure.models import IssueReport, RootCauseAnalysis
+from infrastructure.models import ChangeRecord, ChangeStatus, IssueReport, RootCauseAnalysis
 from infrastructure.performance_monitor import PerformanceMonitor
 from infrastructure.safety import (
     ApprovalCallback,
@@ -316,6 +316,77 @@ class MetaOrchestrator:
         """The most urgent open issue, or None (seed 003's API)."""
         issues = self.check_all_issues()
         return issues[0] if issues else None
+
+    def issue_for(self, agent_name: str, *, requested_by: str = "a user") -> IssueReport:
+        """The open issue of ``agent_name``, or one built from its record when none is open.
+
+        Lets a person (``/improve AGENT``) or a client (MCP ``analyze``) ask for a diagnosis
+        before the detector has fired; the report says it was requested and by whom.
+
+        Raises:
+            UnknownAgent: ``agent_name`` is not in the team.
+        """
+        self.team.spec(agent_name)  # raises UnknownAgent, naming the agents there are
+        open_issue = next((i for i in self.check_all_issues() if i.agent_name == agent_name), None)
+        if open_issue is not None:
+            return open_issue
+        metrics = self.monitor.get_agent_metrics(agent_name)
+        dumped = metrics.model_dump() if metrics is not None else {}
+        return IssueReport(
+            agent_name=agent_name,
+            error_type="requested_analysis",
+            metrics=dumped,
+            error_logs=list(dumped.get("recent_errors", ())),
+            context=f"analysis requested by {requested_by}; the detector has no open issue "
+            "for this agent",
+            available_agents=self.team.names,
+            detector="request",
+            severity=0.0,
+        )
+
+    def rollback(
+        self,
+        change_id: str | None = None,
+        *,
+        reason: str = "rolled back on request",
+        force: bool = False,
+        cascade: bool = False,
+    ) -> ChangeRecord | None:
+        """Undo a change (default: the most recent applied or kept one) and its whole group.
+
+        Restores the files byte for byte, reloads the team, and gives a kept change's agents
+        back the baseline they had before it. Returns the rolled-back record, or None when
+        there is nothing to roll back.
+
+        Raises:
+            ChangeNotFound: ``change_id`` is unknown.
+            RollbackConflict: the files changed since, or later changes build on this one
+                (``force`` / ``cascade`` say to go ahead).
+        """
+        if change_id is None:
+            live = [
+                r
+                for r in self.manager.get_history(limit=200)
+                if r.status in (ChangeStatus.APPLIED, ChangeStatus.KEPT)
+            ]
+            if not live:
+                return None
+            change_id = live[-1].change_id
+        record = self.manager.get_change(change_id)
+        if record is None:
+            raise ChangeNotFound(change_id)
+        if not self.manager.rollback_by_id(change_id, reason=reason, force=force, cascade=cascade):
+            return None
+        self.team.reload()
+        if record.status is ChangeStatus.KEPT:
+            self.detector.on_change_rolled_back(record.action.target_agent, self.monitor)
+        record_decision(
+            self.store,
+            "change_rolled_back_on_request",
+            agent_name=record.action.target_agent,
+            payload={"change_id": change_id, "reason": reason},
+        )
+        return self.manager.get_change(change_id)
 
     # -- the cycle ---------------------------------------------------------------------------
 

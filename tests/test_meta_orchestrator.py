@@ -365,3 +365,44 @@ async def test_an_issue_the_eval_suite_does_not_reproduce_changes_nothing(build:
     verification = orchestrator.monitor.get_agent_metrics("research-agent", source=VERIFICATION)
     assert verification is not None
     assert verification.executions == 9  # the suite ran once, before
+
+
+async def test_issue_for_returns_a_requested_report_when_nothing_is_open(build: Build) -> None:
+    orchestrator = build()
+    await orchestrator.execute_task("limits")
+    issue = orchestrator.issue_for("quality-agent", requested_by="the session")
+    assert issue.detector == "request"
+    assert "requested by the session" in issue.context
+    assert issue.metrics["executions"] == 1
+    with pytest.raises(KeyError, match="no agent named 'nobody'"):
+        orchestrator.issue_for("nobody")
+
+
+async def test_rollback_on_request_restores_bytes_and_the_old_baseline(build: Build) -> None:
+    orchestrator = build()
+    before = definitions(orchestrator)
+    result = await orchestrator.run_improvement_cycle(await faulty_issue(orchestrator))
+    assert result.status == "kept"
+    assert definitions(orchestrator) != before
+    baseline_after_keep = orchestrator.monitor.baseline("research-agent")
+
+    record = orchestrator.rollback(reason="the owner prefers the old prompt")
+
+    assert record is not None
+    assert record.status is ChangeStatus.ROLLED_BACK
+    assert definitions(orchestrator) == before
+    assert orchestrator.team.spec("research-agent").max_tokens == (
+        AgentSpec.from_file(orchestrator.team.directory / "research-agent.md").max_tokens
+    )
+    assert orchestrator.monitor.baseline("research-agent") != baseline_after_keep
+    kinds = [d.kind for d in list_decisions(orchestrator.store)]
+    assert "change_rolled_back_on_request" in kinds
+    assert orchestrator.rollback() is None  # nothing applied or kept is left
+
+
+async def test_rollback_of_an_unknown_change_names_it(build: Build) -> None:
+    from infrastructure.errors import ChangeNotFound
+
+    orchestrator = build()
+    with pytest.raises(ChangeNotFound, match="'nope'"):
+        orchestrator.rollback("nope")
