@@ -117,6 +117,31 @@ class CycleVerifier:
     def _record(self, run: CaseRun) -> None:
         self.team.record(run.result, source=VERIFICATION)
 
+    async def reproduce(self, name: str) -> list[str]:
+        """Run agent ``name`` as it is now on its eval suite (else the sample query), once.
+
+        Used when someone asks for a diagnosis the detector has not called for: the runs are
+        recorded apart (they never feed detection), and they are part of the agent's own record,
+        so the mediator's questions get answers about fresh evidence. Returns the failures seen.
+        """
+        spec = self.team.spec(name)
+        suite = find_eval_suite(spec)
+        failures: list[str] = []
+
+        def collect(run: CaseRun) -> None:
+            self._record(run)
+            error = run.result.error
+            if error is not None:
+                failures.append(f"{error.kind.value}: {error.message}")
+            elif not run.outcome.passed:
+                failures.append(f"{run.case_id}: {run.outcome.detail}")
+
+        if suite is not None:
+            await run_suite(self.runtime, spec, suite, on_result=collect)
+        else:
+            await sample_query_check(self.runtime, spec, on_result=collect)
+        return failures
+
     async def run_before(
         self,
         targets: Mapping[str, AgentSpec | None],

@@ -325,7 +325,7 @@ class AgentmendTools:
             if name not in orchestrator.team:
                 raise BadRequest(str(UnknownAgent(name, orchestrator.team.names)))
             orchestrator.monitor.refresh()  # runs the session recorded since
-            issue = orchestrator.issue_for(name, requested_by="an MCP client")
+            issue = await orchestrator.issue_for(name, requested_by="an MCP client")
             detected = issue.detector != "request"
             mediator = orchestrator.mediator
             questions: list[QuestionAnswer] = []

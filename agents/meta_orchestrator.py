@@ -317,11 +317,16 @@ class MetaOrchestrator:
         issues = self.check_all_issues()
         return issues[0] if issues else None
 
-    def issue_for(self, agent_name: str, *, requested_by: str = "a user") -> IssueReport:
-        """The open issue of ``agent_name``, or one built from its record when none is open.
+    async def issue_for(
+        self, agent_name: str, *, requested_by: str = "a user", reproduce: bool = True
+    ) -> IssueReport:
+        """The open issue of ``agent_name``, or one built on request when none is open.
 
         Lets a person (``/improve AGENT``) or a client (MCP ``analyze``) ask for a diagnosis
-        before the detector has fired; the report says it was requested and by whom.
+        before the detector has fired. With ``reproduce``, the agent first runs its eval suite
+        once as it is now (recorded apart from detection), so the diagnosis rests on fresh
+        evidence rather than on however few runs happen to be recorded; the failures seen go
+        into the report's error logs. The report says it was requested and by whom.
 
         Raises:
             UnknownAgent: ``agent_name`` is not in the team.
@@ -330,15 +335,21 @@ class MetaOrchestrator:
         open_issue = next((i for i in self.check_all_issues() if i.agent_name == agent_name), None)
         if open_issue is not None:
             return open_issue
+        failures = await self.verifier.reproduce(agent_name) if reproduce else []
         metrics = self.monitor.get_agent_metrics(agent_name)
         dumped = metrics.model_dump() if metrics is not None else {}
+        found = (
+            f"; running its eval cases now reproduced {len(failures)} failure(s)"
+            if failures
+            else ("; its eval cases pass now" if reproduce else "")
+        )
         return IssueReport(
             agent_name=agent_name,
             error_type="requested_analysis",
             metrics=dumped,
-            error_logs=list(dumped.get("recent_errors", ())),
+            error_logs=[*dumped.get("recent_errors", ()), *failures[:10]],
             context=f"analysis requested by {requested_by}; the detector has no open issue "
-            "for this agent",
+            f"for this agent{found}",
             available_agents=self.team.names,
             detector="request",
             severity=0.0,
@@ -375,7 +386,15 @@ class MetaOrchestrator:
         record = self.manager.get_change(change_id)
         if record is None:
             raise ChangeNotFound(change_id)
-        if not self.manager.rollback_by_id(change_id, reason=reason, force=force, cascade=cascade):
+        done = self.manager.rollback_by_id(
+            change_id,
+            reason=reason,
+            force=force,
+            cascade=cascade,
+            user_id=self.principal.user_id,
+            user_name=self.principal.name,
+        )
+        if not done:
             return None
         self.team.reload()
         if record.status is ChangeStatus.KEPT:

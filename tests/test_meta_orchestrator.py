@@ -370,12 +370,29 @@ async def test_an_issue_the_eval_suite_does_not_reproduce_changes_nothing(build:
 async def test_issue_for_returns_a_requested_report_when_nothing_is_open(build: Build) -> None:
     orchestrator = build()
     await orchestrator.execute_task("limits")
-    issue = orchestrator.issue_for("quality-agent", requested_by="the session")
+    issue = await orchestrator.issue_for("quality-agent", requested_by="the session")
     assert issue.detector == "request"
     assert "requested by the session" in issue.context
-    assert issue.metrics["executions"] == 1
+    assert "its eval cases pass now" in issue.context
+    assert issue.metrics["executions"] == 1  # the reproduction runs are recorded apart
     with pytest.raises(KeyError, match="no agent named 'nobody'"):
-        orchestrator.issue_for("nobody")
+        await orchestrator.issue_for("nobody")
+
+
+async def test_a_requested_issue_reproduces_the_fault_before_diagnosis(build: Build) -> None:
+    orchestrator = build(settings=Settings(baseline_n=20, detection_mode="rules", yolo_mode=True))
+    sim(orchestrator).inject("research-agent", FaultKind.TRUNCATION)
+    issue = await orchestrator.issue_for("research-agent", requested_by="the session")
+    assert "reproduced" in issue.context
+    assert issue.error_logs
+    assert all("truncated" in e for e in issue.error_logs)
+    verification = orchestrator.monitor.get_agent_metrics("research-agent", source=VERIFICATION)
+    assert verification is not None
+    assert verification.failures == len(issue.error_logs)
+    result = await orchestrator.run_improvement_cycle(issue)
+    assert result.status == "kept"
+    assert result.analysis is not None
+    assert result.analysis.cause_category == "truncation"
 
 
 async def test_rollback_on_request_restores_bytes_and_the_old_baseline(build: Build) -> None:
@@ -406,3 +423,41 @@ async def test_rollback_of_an_unknown_change_names_it(build: Build) -> None:
     orchestrator = build()
     with pytest.raises(ChangeNotFound, match="'nope'"):
         orchestrator.rollback("nope")
+
+
+class _StallAfterChange(SimulatedRuntime):
+    """The simulated team, except that research-agent hangs once its definition has changed."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.original_max_tokens: int | None = None
+        self.stalled = asyncio.Event()
+
+    async def run(self, spec: AgentSpec, prompt: str, **kwargs: Any) -> AgentResult[Any]:
+        if spec.name == "research-agent" and spec.max_tokens != self.original_max_tokens:
+            self.stalled.set()
+            await asyncio.Event().wait()  # until cancelled
+        return await super().run(spec, prompt, **kwargs)
+
+
+async def test_cancelling_a_cycle_after_apply_rolls_the_change_back(build: Build) -> None:
+    runtime = _StallAfterChange(seed=3)
+    orchestrator = build(runtime=runtime)
+    runtime.original_max_tokens = orchestrator.team.spec("research-agent").max_tokens
+    issue = await faulty_issue(orchestrator)
+    before = definitions(orchestrator)
+
+    cycle = asyncio.create_task(orchestrator.run_improvement_cycle(issue))
+    await asyncio.wait_for(runtime.stalled.wait(), timeout=30)  # applied, now verifying
+    assert definitions(orchestrator) != before
+    cycle.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cycle
+
+    assert definitions(orchestrator) == before
+    history = orchestrator.manager.get_history()
+    assert [r.status for r in history] == [ChangeStatus.ROLLED_BACK]
+    steps = [
+        e.step for e in cycle_events(orchestrator.store, list_cycle_ids(orchestrator.store)[-1])
+    ]
+    assert "change_rolled_back" in steps

@@ -1,0 +1,182 @@
+"""main.py as a user runs it: a subprocess with piped input, the demo, Ctrl-C, a missing key."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from infrastructure.spec import AgentSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = str(ROOT / "main.py")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTMEND_")}
+    env.pop("ANTHROPIC_API_KEY", None)
+    env.update({"PYTHONPATH": str(ROOT), "AGENTMEND_AUTO_DECISION_TIMEOUT": "20", **extra})
+    return env
+
+
+def _run(args: list[str], stdin: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, MAIN, *args],
+        input=stdin,
+        cwd=cwd,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def test_a_scripted_session_detects_asks_fixes_and_shows_status(tmp_path: Path) -> None:
+    script = "\n".join(
+        [
+            "What is a limit?",
+            "/inject research-agent truncation",
+            "/improve research-agent",
+            "y",
+            "/status",
+            "/history",
+            "/audit",
+            "/quit",
+        ]
+    )
+    done = _run(["--workspace", "ws"], script + "\n", tmp_path)
+    out = done.stdout
+    assert done.returncode == 0, done.stderr
+    assert "Q: What is a limit?" in out
+    assert "injected truncation into research-agent" in out
+    assert "? ask research-agent:" in out  # the mediator's questions are shown
+    assert "analysis completed: truncation" in out
+    assert "Apply this change to research-agent? (y/n) y" in out
+    assert "gate human_approval: passed: approved by a human" in out
+    assert "on research-agent: kept" in out
+    for agent in ("research-agent", "quality-agent", "socratic-planner"):
+        assert agent in out.split("/status", 1)[1]
+    assert "audit chain verified" in out
+    spec = AgentSpec.from_file(tmp_path / "ws" / "agents" / "research-agent.md")
+    assert spec.max_tokens is not None
+    assert spec.max_tokens > 2048
+
+
+def test_no_answer_to_the_approval_prompt_means_reject(tmp_path: Path) -> None:
+    team = tmp_path / "ws" / "agents"
+    script = "/inject research-agent truncation\n/improve research-agent\n"
+    with _Interactive(["--workspace", "ws"], tmp_path, AGENTMEND_AUTO_DECISION_TIMEOUT="1") as s:
+        s.send(script)
+        s.wait_for("Apply this change to research-agent?")
+        original = (team / "research-agent.md").read_bytes()
+        s.wait_for("no answer within 1s means reject")
+        s.wait_for("on research-agent: refused")
+        s.send("/history\n/quit\n")
+        assert s.finish() == 0
+    assert (team / "research-agent.md").read_bytes() == original
+    assert "no changes yet" in s.output
+
+
+def test_ctrl_c_during_a_cycle_aborts_it_with_nothing_applied(tmp_path: Path) -> None:
+    team = tmp_path / "ws" / "agents"
+    with _Interactive(["--workspace", "ws"], tmp_path) as s:
+        s.send("/inject research-agent truncation\n/improve research-agent\n")
+        s.wait_for("Apply this change to research-agent?")
+        before = {p.name: p.read_bytes() for p in team.glob("*.md")}
+        s.interrupt()
+        s.wait_for("Interrupted: the cycle was aborted")
+        s.send("/history\n/status\n/quit\n")
+        assert s.finish() == 0
+    assert {p.name: p.read_bytes() for p in team.glob("*.md")} == before
+    assert "no changes yet" in s.output
+
+
+def test_the_demo_runs_the_whole_loop_and_exits_0(tmp_path: Path) -> None:
+    done = _run(["--demo"], "", tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "demo finished as designed" in out
+    assert "audit chain: verified" in out
+    assert "definition files byte-identical after rollback" in out
+    summary = out.split("Summary", 1)[1]
+    assert summary.count("kept") >= 2
+    assert "rolled_back" in summary
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "claude-agent-sdk"])
+def test_a_provider_without_its_key_says_so_in_one_line(tmp_path: Path, provider: str) -> None:
+    done = _run(["--provider", provider], "", tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "ANTHROPIC_API_KEY" in lines[0]
+    assert list(tmp_path.iterdir()) == []  # nothing was created
+
+
+class _Interactive:
+    """main.py with a pipe kept open, so the test can answer (or not) when asked."""
+
+    def __init__(self, args: list[str], cwd: Path, **env: str) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, MAIN, *args],
+            cwd=cwd,
+            env=_env(**env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
+        self._chunks: queue.Queue[str] = queue.Queue()
+        self.output = ""
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self._proc.stdout is not None
+        for chunk in iter(lambda: self._proc.stdout.read(1) if self._proc.stdout else "", ""):
+            self._chunks.put(chunk)
+
+    def send(self, text: str) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(text)
+        self._proc.stdin.flush()
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{text!r} not seen; output so far:\n{self.output[-3000:]}")
+            try:
+                self.output += self._chunks.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                continue
+
+    def interrupt(self) -> None:
+        self._proc.send_signal(signal.SIGINT)
+
+    def finish(self, timeout: float = 60.0) -> int:
+        code = self._proc.wait(timeout=timeout)
+        time.sleep(0.1)
+        while not self._chunks.empty():
+            self.output += self._chunks.get_nowait()
+        return code
+
+    def __enter__(self) -> _Interactive:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait(timeout=10)
+        for stream in (self._proc.stdin, self._proc.stdout):
+            if stream is not None:
+                stream.close()
