@@ -96,6 +96,8 @@ class MetaOrchestrator:
         store: the database everything is recorded in; default ``<workspace>/agentmend.db``.
         workspace: where the default store lives; default ``settings.workspace``.
         settings: thresholds, budget, approval timeout, yolo mode.
+        manager: the change history to apply through; default one on ``store`` (a workspace
+            passes its own, so one process keeps one session budget).
         approval_callback: the human approval gate's question (None: refused unless yolo).
         principal: who the cycle runs for; default ``settings.default_principal`` (standard
             rights unless ``AGENTMEND_PRINCIPAL_ADMIN`` is set).
@@ -121,6 +123,7 @@ class MetaOrchestrator:
         store: Store | None = None,
         workspace: str | Path | None = None,
         settings: Settings | None = None,
+        manager: ImprovementManager | None = None,
         approval_callback: ApprovalCallback | None = None,
         principal: Principal | None = None,
         auto_improve: bool = False,
@@ -152,12 +155,14 @@ class MetaOrchestrator:
             baseline_n=min(self.settings.baseline_n, self.monitor.baseline_n),
             monitor=self.monitor,
         )
-        key = self.settings.audit_hmac_key
-        self.manager = ImprovementManager(
-            store=store,
-            max_improvements_per_session=self.settings.max_improvements_per_session,
-            audit_hmac_key=key.get_secret_value() if key is not None else None,
-        )
+        if manager is None:
+            key = self.settings.audit_hmac_key
+            manager = ImprovementManager(
+                store=store,
+                max_improvements_per_session=self.settings.max_improvements_per_session,
+                audit_hmac_key=key.get_secret_value() if key is not None else None,
+            )
+        self.manager = manager
         self.roles_runtime = roles_runtime
         self.principal = principal or self.settings.default_principal
         self.auto_improve = auto_improve

@@ -215,6 +215,7 @@ class Workspace:
             roles_runtime=roles_runtime,
             store=self.store,
             settings=self.settings,
+            manager=self.manager,
             **options,
         )
         self._orchestrators.append(orchestrator)
