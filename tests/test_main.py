@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_messages_api import FakeMessagesAPI, Reply
 
 from infrastructure.spec import AgentSpec
 
@@ -180,3 +181,30 @@ class _Interactive:
         for stream in (self._proc.stdin, self._proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+def test_the_anthropic_provider_runs_your_own_agents_for_real(
+    tmp_path: Path, fake_api: FakeMessagesAPI
+) -> None:
+    agents_dir = tmp_path / "my-agents"
+    agents_dir.mkdir()
+    (agents_dir / "arithmetic.md").write_text(
+        "---\nname: arithmetic\ndescription: Adds numbers.\nmodel: claude-haiku-4-5\n"
+        "agentmend:\n  max_tokens: 256\n---\nYou add numbers and answer with the sum only.\n"
+    )
+    fake_api.enqueue(Reply.text("2 + 2 = 4, the sum asked for."))
+    done = _run(
+        ["--provider", "anthropic", "--agents", str(agents_dir), "--workspace", "ws"],
+        "What is 2+2?\n/status\n/quit\n",
+        tmp_path,
+        ANTHROPIC_API_KEY="test-key",
+        ANTHROPIC_BASE_URL=fake_api.base_url,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "provider anthropic" in done.stdout
+    assert "2 + 2 = 4" in done.stdout
+    (request,) = fake_api.message_requests()
+    assert request.model == "claude-haiku-4-5"
+    assert "You add numbers" in str(request.json["system"])
+    assert request.json["max_tokens"] == 256
+    assert "arithmetic" in done.stdout.split("/status", 1)[1]
