@@ -39,13 +39,11 @@ durable ``log_change``.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import hmac
 import json
 import os
 import sqlite3
-import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -56,6 +54,7 @@ from typing import Any
 import structlog
 
 from infrastructure.errors import AuditChainError, StoreError
+from infrastructure.files import locked_file
 from infrastructure.models import utc_now
 from infrastructure.store import Store
 
@@ -69,8 +68,6 @@ __all__ = [
     "ChainProblem",
     "ChainVerification",
     "audit_key_from_env",
-    "durable_transaction",
-    "locked_file",
     "verify_audit_chain",
 ]
 
@@ -114,63 +111,6 @@ def audit_key_from_env(environ: Mapping[str, str] | None = None) -> bytes | None
     """The HMAC key from ``AGENTMEND_AUDIT_HMAC_KEY``, for callers that wire settings."""
     value = (os.environ if environ is None else environ).get(AUDIT_HMAC_KEY_ENV)
     return value.encode("utf-8") if value else None
-
-
-_held = threading.local()
-
-
-@contextmanager
-def locked_file(path: Path) -> Iterator[int]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing); yields its descriptor.
-
-    Re-entrant within a thread, so a rollback that cascades or a recovery inside ``apply`` can
-    take the lock it already holds. Locks from different threads or processes exclude each
-    other (each acquisition opens its own file description), and the kernel drops the lock
-    when its holder dies, which is what lets recovery tell a dead writer from a live one.
-    """
-    held: dict[str, list[int]] = getattr(_held, "locks", None) or {}
-    _held.locks = held
-    key = os.fspath(path)
-    entry = held.get(key)
-    if entry is not None:
-        entry[1] += 1
-        try:
-            yield entry[0]
-        finally:
-            entry[1] -= 1
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        held[key] = [fd, 1]
-        try:
-            yield fd
-        finally:
-            del held[key]
-    finally:
-        os.close(fd)  # closing the description releases the lock
-
-
-@contextmanager
-def durable_transaction(store: Store) -> Iterator[sqlite3.Connection]:
-    """A write transaction whose commit is synced to disk (``synchronous=FULL``).
-
-    The store runs WAL with ``synchronous=NORMAL``, whose commits survive a process crash but
-    may be lost on power failure. Change intents and audit rows must be on disk before the
-    files or the head file that depend on them are touched, so they commit with FULL, about
-    50 µs more per commit here.
-    """
-    conn = store.connection()
-    if conn.in_transaction:
-        raise StoreError("a durable transaction cannot be nested inside an open transaction")
-    previous = int(conn.execute("PRAGMA synchronous").fetchone()[0])
-    conn.execute("PRAGMA synchronous=FULL")
-    try:
-        with store.transaction():
-            yield conn
-    finally:
-        conn.execute(f"PRAGMA synchronous={previous}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,7 +297,7 @@ class AuditLog:
         their audit rows. The head file is written after the commit, under the same lock.
         """
         with locked_file(self.head_path) as fd:
-            with durable_transaction(self.store) as conn:
+            with self.store.transaction(durable=True) as conn:
                 txn = AuditTransaction(self, conn, _read_head(fd))
                 yield txn
             if txn.last is not None:

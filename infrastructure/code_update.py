@@ -40,7 +40,6 @@ from uuid import uuid4
 
 import structlog
 
-from infrastructure.audit import locked_file
 from infrastructure.change_log import get_plan, list_plans, record_decision, save_plan, update_plan
 from infrastructure.code_plans import (
     CODE_SUFFIXES,
@@ -64,6 +63,7 @@ from infrastructure.code_plans import (
 )
 from infrastructure.code_validation import ValidationReport, failure_reason, validate_files
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
+from infrastructure.files import locked_file
 from infrastructure.gates import HumanApprovalGate, ScopeGate, SupervisorGate
 from infrastructure.improvement_manager import ImprovementManager
 from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, utc_now

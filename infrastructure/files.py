@@ -1,21 +1,39 @@
-"""Crash-safe file writes and path confinement, shared by every effector.
+"""Crash-safe file writes, file locks and path confinement, shared by every effector.
 
 A write either leaves the old bytes or the new ones on disk, never a mix: the data goes to a
 temporary file in the same directory, is fsynced, replaces the target with ``os.replace``, and
-the directory is fsynced so the rename itself survives a power cut.
+the directory is fsynced so the rename itself survives a power cut. Writers that must not
+interleave (two processes changing one root, two appends to one audit chain) serialise on a
+:func:`locked_file`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from infrastructure.errors import PathNotAllowed
 
-__all__ = ["atomic_delete", "atomic_write", "fsync_directory", "resolve_inside", "sha256_bytes"]
+__all__ = [
+    "atomic_delete",
+    "atomic_write",
+    "atomic_write_or_delete",
+    "fsync_directory",
+    "locked_file",
+    "read_if_exists",
+    "remove_atomic_write_leftovers",
+    "resolve_inside",
+    "sha256_bytes",
+]
+
+
+_TMP_SUFFIX = ".tmp"
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -34,7 +52,7 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     """Replace ``path`` with ``data`` so a crash leaves either the old or the new content."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
@@ -59,6 +77,65 @@ def atomic_delete(path: Path) -> None:
     except FileNotFoundError:
         return
     fsync_directory(path.parent)
+
+
+def atomic_write_or_delete(path: Path, data: bytes | None) -> None:
+    """Make ``path`` hold ``data``, or not exist when it is None; crash-safe either way."""
+    if data is None:
+        atomic_delete(path)
+    else:
+        atomic_write(path, data)
+
+
+def read_if_exists(path: Path) -> bytes | None:
+    """``path``'s bytes, or None when it does not exist (the state :func:`atomic_delete` leaves)."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def remove_atomic_write_leftovers(path: Path) -> None:
+    """Remove the temp files a writer killed inside :func:`atomic_write` left beside ``path``."""
+    if path.parent.is_dir():
+        for stale in path.parent.glob(f".{path.name}.*{_TMP_SUFFIX}"):
+            stale.unlink(missing_ok=True)
+
+
+_held = threading.local()  # per thread: path -> [descriptor, depth] of the locks it holds
+
+
+@contextlib.contextmanager
+def locked_file(path: Path) -> Iterator[int]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing); yields its descriptor.
+
+    Re-entrant within a thread, so a rollback that cascades or a recovery inside ``apply`` can
+    take the lock it already holds. Locks from different threads or processes exclude each
+    other (each acquisition opens its own file description), and the kernel drops the lock
+    when its holder dies, which is what lets recovery tell a dead writer from a live one.
+    """
+    held: dict[str, list[int]] = getattr(_held, "locks", None) or {}
+    _held.locks = held
+    key = os.fspath(path)
+    entry = held.get(key)
+    if entry is not None:
+        entry[1] += 1
+        try:
+            yield entry[0]
+        finally:
+            entry[1] -= 1
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held[key] = [fd, 1]
+        try:
+            yield fd
+        finally:
+            del held[key]
+    finally:
+        os.close(fd)  # closing the description releases the lock
 
 
 def resolve_inside(

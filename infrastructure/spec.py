@@ -12,7 +12,6 @@ unchanged one writes back the very bytes it was read from.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import warnings
 from pathlib import Path
@@ -22,8 +21,9 @@ import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from infrastructure.errors import PathNotAllowed, SpecError
-from infrastructure.files import atomic_write, resolve_inside
+from infrastructure.agent_docs import read_agent_docs, with_agent_docs
+from infrastructure.errors import SpecError
+from infrastructure.files import atomic_write
 from infrastructure.frontmatter import (
     Document,
     Edit,
@@ -198,11 +198,7 @@ class AgentSpec(BaseModel):
     @property
     def full_system_prompt(self) -> str:
         """The system prompt with the agent's docs appended inside ``<agent_docs>`` (seed 002)."""
-        if not self.docs:
-            return self.system_prompt
-        sections = "\n\n".join(f"# {path}\n{text.rstrip()}" for path, text in self.docs)
-        block = f"<agent_docs>\n{sections}\n</agent_docs>"
-        return f"{self.system_prompt}\n\n{block}" if self.system_prompt else block
+        return with_agent_docs(self.system_prompt, self.docs)
 
     @property
     def evals_path(self) -> Path | None:
@@ -397,7 +393,7 @@ def _parse(text: str, path: str | Path | None, *, load_docs: bool) -> tuple[Agen
         data["source_path"] = Path(path)
     spec = _validate(data, path)
     if load_docs and path is not None:
-        docs = _read_docs(Path(path).parent, spec.name)
+        docs = read_agent_docs(Path(path).parent, spec.name)
         spec = spec.model_copy(update={"docs": docs})
     spec._origin = _Origin(text, document, raw, _file_fields(spec))
     return spec, unknown
@@ -448,37 +444,6 @@ def _location(loc: tuple[int | str, ...]) -> str:
         tail = loc[loc.index(PermissionProfile.__name__) + 1 :]
         name = ".".join([name, *map(str, tail)])
     return name
-
-
-def _read_docs(definition_dir: Path, name: str) -> tuple[tuple[str, str], ...]:
-    """``(docs/<relative path>, text)`` of the agent's docs, sorted; escapes are ignored."""
-    try:
-        docs_dir = resolve_inside(definition_dir, Path(name) / "docs")
-    except PathNotAllowed:
-        log.warning("ignored_agent_docs", agent=name, reason="docs folder leaves its directory")
-        return ()
-    if not docs_dir.is_dir():
-        return ()
-    found: list[tuple[str, str]] = []
-    # symlinked folders are not walked; symlinked files are checked against the docs folder
-    for root, dirs, files in os.walk(docs_dir):
-        dirs[:] = [folder for folder in dirs if not folder.startswith(".")]
-        for file_name in files:
-            relative = (Path(root) / file_name).relative_to(docs_dir)
-            if file_name.startswith("."):
-                continue
-            try:
-                resolved = resolve_inside(docs_dir, relative)
-                text = resolved.read_bytes().decode("utf-8")
-            except PathNotAllowed:
-                log.warning("ignored_agent_doc", agent=name, doc=str(relative), reason="escape")
-                continue
-            except (OSError, UnicodeDecodeError):
-                log.warning("ignored_agent_doc", agent=name, doc=str(relative), reason="not text")
-                continue
-            if "\x00" not in text:
-                found.append((relative.as_posix(), text))
-    return tuple((f"docs/{relative}", text) for relative, text in sorted(found))
 
 
 def load_agent_specs(directory: str | Path) -> dict[str, AgentSpec]:

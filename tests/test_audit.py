@@ -16,7 +16,6 @@ from infrastructure.audit import (
     GENESIS_HASH,
     AuditLog,
     audit_key_from_env,
-    durable_transaction,
     verify_audit_chain,
 )
 from infrastructure.errors import AuditChainError, StoreError
@@ -339,16 +338,6 @@ def test_rows_and_other_writes_commit_together_or_not_at_all(store: Store) -> No
         txn.append(agent_name="b", edit_type="e", old_value=None, new_value=None, user_id="u")
     assert [e.agent_name for e in audit.entries()] == ["a", "b"]
     assert audit.verify_chain()
-
-
-def test_a_durable_transaction_refuses_to_nest_and_restores_the_sync_mode(store: Store) -> None:
-    conn = store.connection()
-    before = conn.execute("PRAGMA synchronous").fetchone()[0]
-    with durable_transaction(store):
-        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-        with pytest.raises(StoreError, match="nested"), durable_transaction(store):
-            pass
-    assert conn.execute("PRAGMA synchronous").fetchone()[0] == before
 
 
 def test_appends_from_many_threads_keep_one_chain(store: Store) -> None:

@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from infrastructure.audit import durable_transaction, locked_file
 from infrastructure.change_log import (
     ChangeLog,
     StoredFile,
@@ -33,7 +32,7 @@ from infrastructure.errors import (
     RollbackConflict,
     StoreError,
 )
-from infrastructure.files import sha256_bytes
+from infrastructure.files import locked_file, sha256_bytes
 from infrastructure.improvement_manager import (
     ChangeStatus,
     ChangeType,
@@ -551,7 +550,7 @@ def _intent(
     """Record an apply's intent exactly as step 3 of the protocol does, and nothing more."""
     log = ChangeLog(store)
     ids = []
-    with durable_transaction(store) as conn:
+    with store.transaction(durable=True) as conn:
         for rel, new in files.items():
             target = (root / rel).resolve()
             old = target.read_bytes() if target.exists() else None
@@ -636,7 +635,7 @@ def test_an_interrupted_rollback_is_completed_on_open(tmp_path: Path, root: Path
         second = m.apply(_action(), path="agents/writer.md", new_content="v3", root=root)
         ids = [first.change_id, second.change_id]
         request = {"reason": "cascade test", "requested": first.change_id, "forced": False}
-        with durable_transaction(m.store) as conn:
+        with m.store.transaction(durable=True) as conn:
             m.changes.mark_rolling_back(conn, ids, request)
     (root / "agents/writer.md").write_text("v2")  # crashed midway through the restore
     with ImprovementManager(db) as reopened:
@@ -665,7 +664,7 @@ def test_recovery_waits_for_a_live_writer_instead_of_undoing_it(tmp_path: Path, 
             opener.start()
             opener.join(0.3)
             assert opener.is_alive()  # blocked on the root lock
-            with durable_transaction(store) as conn:
+            with store.transaction(durable=True) as conn:
                 log.set_status(conn, [cid], ChangeStatus.APPLIED)
         opener.join(10)
         assert not opener.is_alive()

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
 
 from infrastructure.errors import PathNotAllowed, StoreError
-from infrastructure.files import atomic_delete, atomic_write, resolve_inside
+from infrastructure.files import (
+    atomic_delete,
+    atomic_write,
+    atomic_write_or_delete,
+    locked_file,
+    read_if_exists,
+    remove_atomic_write_leftovers,
+    resolve_inside,
+)
 from infrastructure.store import Store
 
 V1 = "CREATE TABLE things (id INTEGER PRIMARY KEY, name TEXT NOT NULL)"
@@ -64,6 +74,59 @@ def test_transaction_rolls_back_on_error(tmp_path: Path) -> None:
         assert store.connection().execute("SELECT count(*) FROM things").fetchone()[0] == 0
 
 
+def _sync_mode(store: Store) -> int:
+    return int(store.connection().execute("PRAGMA synchronous").fetchone()[0])
+
+
+def test_a_durable_transaction_commits_with_full_sync_and_restores_the_mode(
+    tmp_path: Path,
+) -> None:
+    with Store(tmp_path / "a.db") as store:
+        store.migrate("things", [V1])
+        before = _sync_mode(store)
+        assert before == 1  # NORMAL: the store's everyday mode
+        with store.transaction(durable=True) as conn:
+            assert _sync_mode(store) == 2  # FULL while the commit is pending
+            conn.execute("INSERT INTO things (name) VALUES ('kept')")
+            with store.transaction() as inner:  # a plain one joins the durable one
+                inner.execute("INSERT INTO things (name) VALUES ('joined')")
+        assert _sync_mode(store) == before
+    with Store(tmp_path / "a.db") as reopened:
+        names = reopened.connection().execute("SELECT name FROM things ORDER BY id").fetchall()
+        assert names == [("kept",), ("joined",)]
+
+
+def test_a_durable_transaction_rolls_back_on_error_and_restores_the_mode(tmp_path: Path) -> None:
+    with Store(tmp_path / "a.db") as store:
+        store.migrate("things", [V1])
+
+        def write_then_fail() -> None:
+            with store.transaction(durable=True) as conn:
+                conn.execute("INSERT INTO things (name) VALUES ('lost')")
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            write_then_fail()
+        assert _sync_mode(store) == 1
+        assert store.connection().execute("SELECT count(*) FROM things").fetchone()[0] == 0
+
+
+def test_a_durable_transaction_refuses_to_nest_inside_an_open_one(tmp_path: Path) -> None:
+    with Store(tmp_path / "a.db") as store:
+        store.migrate("things", [V1])
+        with store.transaction() as conn:
+            conn.execute("INSERT INTO things (name) VALUES ('outer')")
+            with pytest.raises(StoreError, match="nested"), store.transaction(durable=True):
+                pass
+            assert _sync_mode(store) == 1  # the refusal changed nothing
+        with store.transaction(durable=True):
+            with pytest.raises(StoreError, match="nested"), store.transaction(durable=True):
+                pass
+            assert _sync_mode(store) == 2  # still the outer durable one's mode
+        assert _sync_mode(store) == 1
+        assert store.connection().execute("SELECT name FROM things").fetchall() == [("outer",)]
+
+
 def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
     bogus = tmp_path / "history.json"
     bogus.write_text('[{"change_id": "abc"}]' * 100)
@@ -83,6 +146,30 @@ def test_atomic_write_replaces_and_keeps_mode(tmp_path: Path) -> None:
     atomic_delete(target)
     atomic_delete(target)  # already gone: no error
     assert not target.exists()
+
+
+def test_write_or_delete_and_read_if_exists_round_trip_absence(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "f.md"
+    assert read_if_exists(target) is None
+    atomic_write_or_delete(target, b"one")
+    assert read_if_exists(target) == b"one"
+    atomic_write_or_delete(target, None)
+    assert not target.exists()
+    assert read_if_exists(target) is None
+    atomic_write_or_delete(target, None)  # already absent: no error
+
+
+def test_remove_atomic_write_leftovers_removes_only_the_targets_temp_files(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "f.md"
+    atomic_write(target, b"kept")
+    (tmp_path / ".f.md.abc123.tmp").write_bytes(b"half")  # a writer killed mid-write
+    (tmp_path / ".g.md.abc123.tmp").write_bytes(b"other")  # another file's, left alone
+    remove_atomic_write_leftovers(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".g.md.abc123.tmp", "f.md"]
+    assert target.read_bytes() == b"kept"
+    remove_atomic_write_leftovers(tmp_path / "missing" / "x.md")  # no folder: nothing to do
 
 
 @pytest.mark.parametrize(
@@ -110,3 +197,62 @@ def test_resolve_inside_accepts_nested_paths(tmp_path: Path) -> None:
     assert resolve_inside(tmp_path, "a/b/c.md") == tmp_path.resolve() / "a/b/c.md"
     inside = tmp_path.resolve() / "x.md"
     assert resolve_inside(tmp_path, inside, allow_absolute=True) == inside
+
+
+def _held_elsewhere(path: Path) -> bool:
+    """Whether another open file description (as another process would have) is locked out."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_locked_file_creates_the_file_and_excludes_other_holders_until_released(
+    tmp_path: Path,
+) -> None:
+    lock = tmp_path / "sub" / "root.lock"
+    with locked_file(lock) as fd:
+        assert lock.is_file()
+        assert fd >= 0
+        assert _held_elsewhere(lock)
+    assert not _held_elsewhere(lock)
+
+
+def test_locked_file_is_reentrant_in_its_thread(tmp_path: Path) -> None:
+    lock = tmp_path / "root.lock"
+    with locked_file(lock) as outer:
+        with locked_file(lock) as inner:
+            assert inner == outer  # the same lock, not a second description that would block
+        assert _held_elsewhere(lock)  # leaving the inner block keeps the outer one's lock
+    assert not _held_elsewhere(lock)
+
+
+def test_locked_file_makes_other_threads_wait_and_is_released_on_error(tmp_path: Path) -> None:
+    lock = tmp_path / "root.lock"
+    order: list[str] = []
+
+    def other() -> None:
+        with locked_file(lock):
+            order.append("other")
+
+    def hold_then_fail() -> None:
+        with locked_file(lock):
+            waiter.start()
+            waiter.join(0.3)
+            assert waiter.is_alive()  # blocked on the lock this thread holds
+            order.append("holder")
+            raise RuntimeError("boom")
+
+    waiter = threading.Thread(target=other)
+    with pytest.raises(RuntimeError, match="boom"):
+        hold_then_fail()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert order == ["holder", "other"]
+    assert not _held_elsewhere(lock)
