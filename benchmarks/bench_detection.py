@@ -17,7 +17,9 @@ between the two integer thresholds around it), its delay computed exactly
 500-run baseline and is tuned to one shift for both drops, so its ratio to that optimum shows
 what not knowing them costs. Goals: at most 1 false alarm per 1,000 runs at every healthy rate;
 delay within 1.1x of the optimum. Seeded; about a minute. Run:
-``.venv/bin/python benchmarks/bench_detection.py [--agents 100 --runs 10000 --trials 1500]``.
+``.venv/bin/python benchmarks/bench_detection.py [--agents 100 --runs 10000 --trials 1500]``;
+``--failure-share`` and ``--relative-drop`` measure the statistical detector with other settings
+(its defaults otherwise).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import random
 import statistics
 import time
 from collections import Counter
+from typing import Any
 
 from infrastructure.cusum import bernoulli_arl, integer_weights
 from infrastructure.detection import DetectionMode, IssueDetector
@@ -53,13 +56,24 @@ def _feed(monitor: PerformanceMonitor, rng: random.Random, agent: str, n: int, p
         )
 
 
-def false_alarms(p: float, agents: int, runs: int, seed: int) -> dict[DetectionMode, Counter[str]]:
+def _detectors(
+    monitor: PerformanceMonitor, settings: dict[str, Any]
+) -> dict[DetectionMode, IssueDetector]:
+    return {
+        "rules": IssueDetector("rules", monitor=monitor),
+        "statistical": IssueDetector("statistical", monitor=monitor, **settings),
+    }
+
+
+def false_alarms(
+    p: float, agents: int, runs: int, seed: int, settings: dict[str, Any]
+) -> dict[DetectionMode, Counter[str]]:
     """Alarms by detector name over ``agents * runs`` healthy post-baseline runs, per mode."""
     rng = random.Random(seed)
     counts: dict[DetectionMode, Counter[str]] = {mode: Counter() for mode in MODES}
     block = 5_000
     with PerformanceMonitor(baseline_n=BASELINE_N, detection_backlog=2 * block) as monitor:
-        detectors = {mode: IssueDetector(mode, monitor=monitor) for mode in MODES}
+        detectors = _detectors(monitor, settings)
         for a in range(agents):
             agent = f"agent{a}"
             _feed(monitor, rng, agent, BASELINE_N, p)
@@ -77,13 +91,13 @@ def false_alarms(p: float, agents: int, runs: int, seed: int) -> dict[DetectionM
 
 
 def delays(
-    p0: float, p1: float, trials: int, seed: int, cap: int = 5_000
+    p0: float, p1: float, trials: int, seed: int, settings: dict[str, Any], cap: int = 5_000
 ) -> dict[DetectionMode, list[int]]:
     """Runs after a success-rate change p0 -> p1 until the first alarm, per mode (capped)."""
     rng = random.Random(seed)
     found: dict[DetectionMode, list[int]] = {mode: [] for mode in MODES}
     with PerformanceMonitor(baseline_n=BASELINE_N) as monitor:
-        detectors = {mode: IssueDetector(mode, monitor=monitor) for mode in MODES}
+        detectors = _detectors(monitor, settings)
         for t in range(trials):
             agent = f"trial{t}"
             _feed(monitor, rng, agent, BASELINE_N, p0)
@@ -133,14 +147,29 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=100, help="baselines per healthy rate")
     parser.add_argument("--runs", type=int, default=10_000, help="healthy runs per agent")
     parser.add_argument("--trials", type=int, default=1500, help="trials per drop")
+    parser.add_argument("--failure-share", type=float, help="IssueDetector failure_share")
+    parser.add_argument("--relative-drop", type=float, help="IssueDetector relative_drop")
     args = parser.parse_args()
+    settings: dict[str, Any] = {
+        key: value
+        for key, value in (
+            ("failure_share", args.failure_share),
+            ("relative_drop", args.relative_drop),
+        )
+        if value is not None
+    }
     started = time.perf_counter()
+    detector = IssueDetector(**settings)
+    print(
+        f"statistical detector: failure_share {detector.failure_share},"
+        f" relative_drop {detector.relative_drop}"
+    )
 
     print(f"False alarms per 1,000 healthy runs ({args.agents} agents x {args.runs:,} runs each,")
     print(f"each with its own {BASELINE_N}-run baseline; goal <= {TARGET * 1000:g})")
     print(f"  {'healthy success':>16} {'rules':>8} {'statistical':>12}   statistical by detector")
     for i, p in enumerate(HEALTHY_RATES):
-        counts = false_alarms(p, args.agents, args.runs, SEED + i)
+        counts = false_alarms(p, args.agents, args.runs, SEED + i, settings)
         total = args.agents * args.runs / 1000
         split = ", ".join(f"{k} {v / total:.2f}" for k, v in sorted(counts["statistical"].items()))
         rules_split = ", ".join(
@@ -159,7 +188,7 @@ def main() -> None:
         f" {'stat/opt':>9} {'rules/opt':>9}"
     )
     for j, (p0, p1) in enumerate(DROPS):
-        found = delays(p0, p1, args.trials, SEED + 100 + j)
+        found = delays(p0, p1, args.trials, SEED + 100 + j, settings)
         best, _ = optimal_delay(1 - p0, 1 - p1)
         stat = statistics.fmean(found["statistical"])
         rules = statistics.fmean(found["rules"])

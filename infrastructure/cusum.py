@@ -272,6 +272,8 @@ def _wald_arl(theta: float, mean: float, h: float, overshoot: float) -> float:
     # The same approximation for a general increment distribution: theta solves E[e^(theta w)]=1
     # and mean = E[w] < 0 (Siegmund 1985, eq. 2.55 family); for N(-k, 1) it reduces to the above.
     b = h + overshoot
+    if theta * b > 700.0:  # past any ARL worth computing; math.exp would overflow
+        return math.inf
     return (math.exp(theta * b) - theta * b - 1.0) / (theta * -mean)
 
 

@@ -5,7 +5,12 @@ done: check a few numbers, build one tuple and append it to a ``collections.dequ
 ``append`` is atomic and documented thread-safe, so no lock is taken). Everything else is
 deferred and batched: a background thread (or any reader) drains the buffer into per-agent
 state, one chunk per agent per batch using C-level builtins, and, for a store-backed monitor,
-writes the drained rows with one ``executemany`` per batch in one transaction.
+writes the drained rows with multi-row INSERTs in one transaction per batch.
+
+The monitor coordinates; the parts live beside it, one concept each: per-agent counters,
+windows and baselines in ``agent_window``, the SQL (tables, migrations, batched writes,
+incremental reads) in ``execution_store``, the detectors' bounded feed in ``run_feed``, and
+``track()``'s timer in ``run_tracker``. Their public names are re-exported here.
 
 Durability contract (store-backed): a run is durable once a flush has committed it. The flusher
 commits every ``flush_interval_s`` (default 0.2 s) and is woken early when ``flush_max_batch``
@@ -30,25 +35,32 @@ baseline from the same rows.
 from __future__ import annotations
 
 import atexit
-import functools
-import inspect
 import json
-import math
 import threading
 import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable
-from itertools import chain, groupby
-from operator import itemgetter, not_
-from types import TracebackType
-from typing import Any, Final, NamedTuple, ParamSpec, TypeVar, cast, overload
+from itertools import groupby
+from operator import itemgetter
+from typing import Any, overload
 
 import structlog
 
+from infrastructure.agent_window import (
+    RUN,
+    SOURCES,
+    VERIFICATION,
+    AgentStats,
+    Baseline,
+    Row,
+    log_duration,
+)
 from infrastructure.errors import AgentmendError, ConfigurationError, StoreError
+from infrastructure.execution_store import ExecutionStore
 from infrastructure.models import AgentMetrics, ExecutionRecord
+from infrastructure.run_feed import EventCursor, RunChunk, RunFeed
+from infrastructure.run_tracker import Tracker
 from infrastructure.store import Store
 
 __all__ = [
@@ -67,65 +79,9 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-RUN: Final = "run"
-VERIFICATION: Final = "verification"
-SOURCES: Final = (RUN, VERIFICATION)
-_RECENT_ERRORS = 10
-_ROWS_PER_INSERT = 100  # 1,000 bound parameters per statement, far below SQLite's limit
 _MAX_BASELINE_STACK = 32  # kept changes remembered for restore_baseline
-_LOG_FLOOR_MS = 1.0  # durations below 1 ms are timer noise for an agent run; keeps log() finite
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-# One buffered run, laid out as the INSERT's columns so a batch goes to SQLite as it is:
-# (agent, source, success, duration_ms, error, input_tokens, output_tokens, cost_usd,
-#  unix_ts, extra_json). A plain tuple: the cheapest thing to build on the caller's path.
-_Row = tuple[str, str, bool, float, "str | None", int, int, float, float, "str | None"]
-_COLUMNS = (
-    "agent, source, success, duration_ms, error, input_tokens, output_tokens, cost_usd, ts, extra"
-)
 _agent_source = itemgetter(0, 1)
-_success, _duration, _error = itemgetter(2), itemgetter(3), itemgetter(4)
-_tokens_in, _tokens_out, _cost = itemgetter(5), itemgetter(6), itemgetter(7)
-
-# ``id`` is the rowid: SQLite gives each row max(id) + 1 under the write lock and runs are never
-# deleted, so ids only grow in commit order and refresh() can read incrementally by id (no
-# AUTOINCREMENT: its bookkeeping costs ~15 % of an insert for a guarantee not needed here).
-_MIGRATIONS = [
-    """
-    CREATE TABLE executions (
-        id INTEGER PRIMARY KEY,
-        agent TEXT NOT NULL,
-        source TEXT NOT NULL,
-        success INTEGER NOT NULL,
-        duration_ms REAL NOT NULL,
-        error TEXT,
-        input_tokens INTEGER NOT NULL,
-        output_tokens INTEGER NOT NULL,
-        cost_usd REAL NOT NULL,
-        ts REAL NOT NULL,
-        extra TEXT,
-        writer TEXT NOT NULL
-    );
-    CREATE INDEX executions_by_agent ON executions (agent, source, id);
-    CREATE TABLE baseline_epochs (
-        agent TEXT NOT NULL,
-        epoch INTEGER NOT NULL,
-        parent INTEGER,
-        status TEXT NOT NULL,
-        created_ts REAL NOT NULL,
-        PRIMARY KEY (agent, epoch)
-    );
-    CREATE TABLE baseline_segments (
-        agent TEXT NOT NULL,
-        epoch INTEGER NOT NULL,
-        start_id INTEGER NOT NULL,
-        end_id INTEGER,
-        PRIMARY KEY (agent, epoch, start_id)
-    )
-    """
-]
+_success, _duration = itemgetter(2), itemgetter(3)
 
 
 class InvalidExecution(AgentmendError, ValueError):
@@ -146,135 +102,6 @@ class _ClosedBuffer:
 
     def __len__(self) -> int:
         return 0
-
-
-def log_duration(duration_ms: float) -> float:
-    """The log-duration detectors work on (floored at 1 ms: below that is timer noise)."""
-    return math.log(duration_ms if duration_ms > _LOG_FLOOR_MS else _LOG_FLOOR_MS)
-
-
-class Baseline:
-    """What an agent is compared against: its first ``capacity`` runs since its last kept change.
-
-    Filled as runs arrive, then frozen once ``capacity`` runs are in; ``runs`` keeps counting
-    every run of the epoch so detectors know where the baseline ends. Read-only for callers.
-    """
-
-    __slots__ = (
-        "__weakref__",
-        "agent",
-        "capacity",
-        "epoch",
-        "log_durations",
-        "outcomes",
-        "runs",
-        "sum_ms",
-    )
-
-    def __init__(self, agent: str, epoch: int, capacity: int) -> None:
-        self.agent = agent
-        self.epoch = epoch
-        self.capacity = capacity
-        self.outcomes = bytearray()  # 1 = failure, in run order
-        self.log_durations: list[float] = []
-        self.sum_ms = 0.0
-        self.runs = 0
-
-    def _extend(self, successes: list[bool], durations: list[float]) -> None:
-        room = self.capacity - len(self.outcomes)
-        if room > 0:
-            take = durations[:room]
-            self.outcomes.extend(map(not_, successes[:room]))
-            self.log_durations.extend(map(log_duration, take))
-            self.sum_ms += math.fsum(take)
-        self.runs += len(durations)
-
-    @property
-    def n(self) -> int:
-        """Runs in the baseline (at most ``capacity``)."""
-        return len(self.outcomes)
-
-    @property
-    def frozen(self) -> bool:
-        return len(self.outcomes) >= self.capacity
-
-    @property
-    def failures(self) -> int:
-        return sum(self.outcomes)
-
-    @property
-    def avg_duration_ms(self) -> float | None:
-        """Mean duration of the baseline runs (None while it has none)."""
-        n = len(self.outcomes)
-        return self.sum_ms / n if n else None
-
-    def summary(self) -> dict[str, Any]:
-        n = self.n
-        logs = self.log_durations
-        mean = math.fsum(logs) / n if n else None
-        sd = None
-        if n > 1 and mean is not None:
-            sd = math.sqrt(math.fsum((v - mean) ** 2 for v in logs) / (n - 1))
-        return {
-            "n": n,
-            "epoch": self.epoch,
-            "failure_rate": self.failures / n if n else None,
-            "mean_log_duration": mean,
-            "sd_log_duration": sd,
-            "avg_duration_ms": self.avg_duration_ms,
-            "runs_since_start": self.runs,
-            "frozen": self.frozen,
-        }
-
-
-class RunChunk(NamedTuple):
-    """Consecutive runs of one agent as detectors read them.
-
-    ``rows[i]`` is the ``start + i``-th run since ``baseline`` started (so the runs with
-    ``start + i < baseline_n`` *are* the baseline); ``rows[i][2]`` is its success flag and
-    ``rows[i][3]`` its duration in ms. ``first_run`` numbers runs across all agents.
-    """
-
-    baseline: Baseline
-    start: int
-    rows: list[_Row]
-    first_run: int
-
-
-class EventCursor:
-    """A detector's position in the monitor's run chunks (see ``read_chunks``)."""
-
-    __slots__ = ("__weakref__", "missed", "next_run", "position")
-
-    def __init__(self, position: int, next_run: int) -> None:
-        self.position = position
-        self.next_run = next_run
-        self.missed = 0
-
-
-class _AgentStats:
-    """Per-agent, per-source counters: lifetime totals plus a bounded window of recent runs."""
-
-    __slots__ = (
-        "consecutive_failures",
-        "cost_usd",
-        "executions",
-        "failures",
-        "input_tokens",
-        "output_tokens",
-        "recent_errors",
-        "window",
-    )
-
-    def __init__(self, window: int) -> None:
-        self.window: deque[tuple[bool, float]] = deque(maxlen=window)
-        self.executions = 0
-        self.failures = 0
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.cost_usd = 0.0
-        self.consecutive_failures = 0
-        self.recent_errors: deque[str] = deque(maxlen=_RECENT_ERRORS)
 
 
 class PerformanceMonitor:
@@ -318,24 +145,24 @@ class PerformanceMonitor:
         self.baseline_n = baseline_n
         self.flush_interval_s = flush_interval_s
         self._max_batch = flush_max_batch
-        self._backlog = detection_backlog
-        self._buffer: deque[_Row] | _ClosedBuffer = deque()
+        self._buffer: deque[Row] | _ClosedBuffer = deque()
         # Lock order: _write_lock before _state_lock. The state lock guards per-agent state,
         # chunks and baselines; the write lock keeps batches reaching the store in order.
         self._state_lock = threading.RLock()
         self._write_lock = threading.Lock()
-        self._stats: dict[str, dict[str, _AgentStats]] = {source: {} for source in SOURCES}
+        self._stats: dict[str, dict[str, AgentStats]] = {source: {} for source in SOURCES}
         self._baselines: dict[str, list[Baseline]] = {}  # a stack per agent; [-1] is active
         self._epochs: dict[str, int] = {}  # highest epoch number used per agent
-        self._chunks: list[RunChunk] = []
-        self._chunks_base = 0  # sequence number of _chunks[0]
-        self._runs_total = 0  # runs ingested (the next run's number)
-        self._retained_runs = 0
-        self._unwritten: list[_Row] = []
+        self._feed = RunFeed(detection_backlog)
+        self._unwritten: list[Row] = []
         self._closed = False
-        self._table = _ExecutionTable(store, uuid.uuid4().hex) if store is not None else None
+        self._table = ExecutionStore(store, uuid.uuid4().hex) if store is not None else None
         if self._table is not None:
-            self._table.load(self)
+            loaded = self._table.load(window, baseline_n)
+            self._stats = loaded.stats
+            for agent, base in loaded.baselines.items():
+                self._epochs[agent] = base.epoch
+                self._baselines[agent] = [base]
         self._wake = threading.Event()
         self._waking = False
         self._thread = threading.Thread(
@@ -506,28 +333,8 @@ class PerformanceMonitor:
             return stack[-1] if stack else None
 
     def _metrics(self, name: str, source: str) -> AgentMetrics:
-        st = self._stats[source][name]
-        count = len(st.window)
-        ok = sum(s for s, _ in st.window)
-        durations = sorted(d for _, d in st.window)
         stack = self._baselines.get(name) if source == RUN else None
-        return AgentMetrics(
-            agent_name=name,
-            executions=st.executions,
-            successes=st.executions - st.failures,
-            failures=st.failures,
-            success_rate=ok / count if count else 0.0,
-            error_rate=(count - ok) / count if count else 0.0,
-            avg_duration_ms=math.fsum(durations) / count if count else 0.0,
-            p95_duration_ms=durations[max(0, math.ceil(0.95 * count) - 1)] if count else 0.0,
-            baseline_avg_duration_ms=stack[-1].avg_duration_ms if stack else None,
-            consecutive_failures=st.consecutive_failures,
-            input_tokens=st.input_tokens,
-            output_tokens=st.output_tokens,
-            cost_usd=st.cost_usd,
-            last_error=st.recent_errors[-1] if st.recent_errors else None,
-            recent_errors=tuple(st.recent_errors),
-        )
+        return self._stats[source][name].metrics(name, stack[-1].avg_duration_ms if stack else None)
 
     # ----------------------------------------------------------------- detector feed
 
@@ -535,22 +342,13 @@ class PerformanceMonitor:
         """A cursor at the oldest retained run (up to ``detection_backlog`` runs back)."""
         with self._state_lock:
             self._drain()
-            first = self._chunks[0].first_run if self._chunks else self._runs_total
-            return EventCursor(self._chunks_base, first)
+            return self._feed.subscribe()
 
     def read_chunks(self, cursor: EventCursor) -> list[RunChunk]:
         """The runs since ``cursor`` (which is advanced past them). O(new runs)."""
         with self._state_lock:
             self._drain()
-            chunks = self._chunks
-            if cursor.position < self._chunks_base:
-                first = chunks[0].first_run if chunks else self._runs_total
-                cursor.missed += first - cursor.next_run
-                cursor.position = self._chunks_base
-            new = chunks[cursor.position - self._chunks_base :]
-            cursor.position += len(new)
-            cursor.next_run = self._runs_total
-            return new
+            return self._feed.read(cursor)
 
     # ----------------------------------------------------------------- baselines
 
@@ -597,7 +395,7 @@ class PerformanceMonitor:
             if len(stack) >= 2 and stack[-2].epoch == parent:
                 stack.pop()
             else:
-                stack[:] = [self._table.load_baseline(self, agent_name, parent)]
+                stack[:] = [self._table.load_baseline(agent_name, parent, self.baseline_n)]
             return stack[-1]
 
     # ----------------------------------------------------------------- ingestion
@@ -614,50 +412,28 @@ class PerformanceMonitor:
         if self._table is not None:
             self._unwritten.extend(batch)
 
-    def _ingest(self, rows: list[_Row]) -> None:
+    def _ingest(self, rows: list[Row]) -> None:
         """Apply a batch, one vectorised step per (agent, source) in run order per agent."""
         window = self.window
-        chunks = self._chunks
+        feed = self._feed
         for (agent, source), group in groupby(sorted(rows, key=_agent_source), _agent_source):
             g = list(group)
-            n = len(g)
             table = self._stats[source]
             st = table.get(agent)
             if st is None:
-                st = table[agent] = _AgentStats(window)
+                st = table[agent] = AgentStats(window)
             successes = list(map(bool, map(_success, g)))
             durations = list(map(_duration, g))
-            ok = sum(successes)
-            st.executions += n
-            st.failures += n - ok
-            st.input_tokens += sum(map(_tokens_in, g))
-            st.output_tokens += sum(map(_tokens_out, g))
-            st.cost_usd += math.fsum(map(_cost, g))
-            st.window.extend(zip(successes, durations, strict=True))
-            if ok == n:
-                st.consecutive_failures = 0
-            elif ok == 0:
-                st.consecutive_failures += n
-            else:
-                st.consecutive_failures = successes[::-1].index(True)
-            st.recent_errors.extend(filter(None, map(_error, g)))
+            st.add(g, successes, durations)
             if source == RUN:
                 stack = self._baselines.get(agent)
                 if not stack:
                     epoch = self._epochs.get(agent, 0)
                     stack = self._baselines[agent] = [Baseline(agent, epoch, self.baseline_n)]
                 base = stack[-1]
-                chunks.append(RunChunk(base, base.runs, g, self._runs_total))
-                self._runs_total += n
-                self._retained_runs += n
+                feed.append(base, g)
                 base._extend(successes, durations)
-        if self._retained_runs > 2 * self._backlog:
-            drop = 0
-            while self._retained_runs > self._backlog and drop < len(chunks) - 1:
-                self._retained_runs -= len(chunks[drop].rows)
-                drop += 1
-            del chunks[:drop]
-            self._chunks_base += drop
+        feed.trim()
 
     # ----------------------------------------------------------------- durability
 
@@ -723,317 +499,17 @@ class PerformanceMonitor:
             return 0
         with self._state_lock:
             self._drain()
-            rows = self._table.read_foreign(self)
+            rows, adopted = self._table.read_foreign(self._active_epoch, self.baseline_n)
+            for agent, base in adopted.items():
+                self._epochs[agent] = max(self._epochs.get(agent, 0), base.epoch)
+                self._baselines[agent] = [base]
             if rows:
                 self._ingest(rows)
             return len(rows)
 
-
-class _ExecutionTable:
-    """The monitor's SQL: the executions table and the baseline epochs/segments tables.
-
-    An epoch is one baseline of one agent; its runs are the agent's rows inside its row-id
-    segments (a restored epoch gains a segment), so any process rebuilds it from the rows.
-    """
-
-    def __init__(self, store: Store, writer: str) -> None:
-        store.migrate("executions", _MIGRATIONS)
-        self.store = store
-        self.writer = writer  # hex, safe to inline: own rows are told apart by it
-        self.seen_id = 0  # every foreign row with id <= seen_id has been ingested
-        values = f"(?,?,?,?,?,?,?,?,?,?,'{writer}')"
-        head = f"INSERT INTO executions ({_COLUMNS}, writer) VALUES "
-        self._insert_one = head + values
-        self._insert_many = head + ",".join([values] * _ROWS_PER_INSERT)
-
-    def insert(self, rows: list[_Row]) -> None:
-        """One transaction; multi-row INSERTs, about a third cheaper per row than executemany."""
-        full = len(rows) - len(rows) % _ROWS_PER_INSERT
-        with self.store.transaction() as conn:
-            for i in range(0, full, _ROWS_PER_INSERT):
-                conn.execute(
-                    self._insert_many, list(chain.from_iterable(rows[i : i + _ROWS_PER_INSERT]))
-                )
-            if full < len(rows):
-                conn.executemany(self._insert_one, rows[full:])
-
-    def read_foreign(self, monitor: PerformanceMonitor) -> list[_Row]:
-        """Rows other writers committed since the last call; adopts changed active epochs."""
-        conn = self.store.connection()
-        conn.execute("BEGIN")  # one snapshot for rows and epochs
-        try:
-            rows = conn.execute(
-                f"SELECT id, {_COLUMNS} FROM executions WHERE id > ? AND writer != ? ORDER BY id",
-                (self.seen_id, self.writer),
-            ).fetchall()
-            for agent, epoch in conn.execute(
-                "SELECT agent, epoch FROM baseline_epochs WHERE status = 'active'"
-            ).fetchall():
-                stack = monitor._baselines.get(agent)
-                if not stack or stack[-1].epoch != epoch:
-                    monitor._epochs[agent] = max(monitor._epochs.get(agent, 0), epoch)
-                    monitor._baselines[agent] = [self.load_baseline(monitor, agent, epoch)]
-        finally:
-            conn.execute("COMMIT")
-        if rows:
-            self.seen_id = max(self.seen_id, rows[-1][0])
-        return [
-            (a, src if src in SOURCES else RUN, bool(ok), d, err, ti, to, c, ts, ex)
-            for _, a, src, ok, d, err, ti, to, c, ts, ex in rows
-        ]
-
-    def load(self, monitor: PerformanceMonitor) -> None:
-        """Rebuild the monitor's state from the table (one read snapshot)."""
-        conn = self.store.connection()
-        conn.execute("BEGIN")
-        try:
-            self.seen_id = upto = int(
-                conn.execute("SELECT COALESCE(MAX(id), 0) FROM executions").fetchone()[0]
-            )
-            totals = conn.execute(
-                "SELECT agent, source, COUNT(*), SUM(1 - success), SUM(input_tokens),"
-                " SUM(output_tokens), SUM(cost_usd) FROM executions GROUP BY agent, source"
-            ).fetchall()
-            for agent, source, count, failures, tin, tout, cost in totals:
-                if source not in SOURCES:
-                    continue
-                st = monitor._stats[source][agent] = _AgentStats(monitor.window)
-                st.executions, st.failures = int(count), int(failures)
-                st.input_tokens, st.output_tokens, st.cost_usd = int(tin), int(tout), float(cost)
-                key = (agent, source, upto)
-                recent = conn.execute(
-                    "SELECT success, duration_ms FROM executions WHERE agent = ? AND source = ?"
-                    " AND id <= ? ORDER BY id DESC LIMIT ?",
-                    (*key, monitor.window),
-                ).fetchall()
-                st.window.extend((bool(ok), float(d)) for ok, d in reversed(recent))
-                last_ok = conn.execute(
-                    "SELECT COALESCE(MAX(id), 0) FROM (SELECT id FROM executions WHERE agent = ?"
-                    " AND source = ? AND id <= ? AND success = 1 ORDER BY id DESC LIMIT 1)",
-                    key,
-                ).fetchone()[0]
-                st.consecutive_failures = int(
-                    conn.execute(
-                        "SELECT COUNT(*) FROM executions WHERE agent = ? AND source = ?"
-                        " AND id <= ? AND id > ?",
-                        (*key, last_ok),
-                    ).fetchone()[0]
-                )
-                errors = conn.execute(
-                    "SELECT error FROM executions WHERE agent = ? AND source = ? AND id <= ?"
-                    " AND error IS NOT NULL AND error != '' ORDER BY id DESC LIMIT ?",
-                    (*key, _RECENT_ERRORS),
-                ).fetchall()
-                st.recent_errors.extend(e for (e,) in reversed(errors))
-            for (agent,) in conn.execute(
-                "SELECT DISTINCT agent FROM executions WHERE source = ?"
-                " UNION SELECT agent FROM baseline_epochs",
-                (RUN,),
-            ).fetchall():
-                row = conn.execute(
-                    "SELECT epoch FROM baseline_epochs WHERE agent = ? AND status = 'active'",
-                    (agent,),
-                ).fetchone()
-                epoch = int(row[0]) if row else 0
-                monitor._epochs[agent] = epoch
-                monitor._baselines[agent] = [self.load_baseline(monitor, agent, epoch)]
-        finally:
-            conn.execute("COMMIT")
-
-    def load_baseline(self, monitor: PerformanceMonitor, agent: str, epoch: int) -> Baseline:
-        """Rebuild a baseline from its segments, from the runs the monitor has ingested."""
-        conn = self.store.connection()
-        segments = conn.execute(
-            "SELECT start_id, end_id FROM baseline_segments WHERE agent = ? AND epoch = ?",
-            (agent, epoch),
-        ).fetchall() or [(0, None)]
-        clauses: list[str] = []
-        params: list[Any] = [agent, RUN, self.seen_id, self.writer]
-        for start, end in segments:
-            clauses.append("(id > ?)" if end is None else "(id > ? AND id <= ?)")
-            params.extend((start,) if end is None else (start, end))
-        where = f"agent = ? AND source = ? AND (id <= ? OR writer = ?) AND ({' OR '.join(clauses)})"
-        base = Baseline(agent, epoch, monitor.baseline_n)
-        sample = conn.execute(
-            f"SELECT success, duration_ms FROM executions WHERE {where} ORDER BY id LIMIT ?",
-            (*params, monitor.baseline_n),
-        ).fetchall()
-        base._extend([bool(ok) for ok, _ in sample], [float(d) for _, d in sample])
-        base.runs = int(
-            conn.execute(f"SELECT COUNT(*) FROM executions WHERE {where}", params).fetchone()[0]
-        )
-        return base
-
-    def _boundary(self, conn: Any) -> int:
-        return int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM executions").fetchone()[0])
-
-    def start_epoch(self, agent: str) -> int:
-        """Close the active epoch at the current last row and open a new child epoch."""
-        with self.store.transaction() as conn:
-            boundary = self._boundary(conn)
-            row = conn.execute(
-                "SELECT epoch FROM baseline_epochs WHERE agent = ? AND status = 'active'", (agent,)
-            ).fetchone()
-            current = 0 if row is None else int(row[0])
-            if row is None:  # the implicit first epoch: every run so far
-                conn.execute(
-                    "INSERT OR IGNORE INTO baseline_epochs VALUES (?, 0, NULL, 'active', ?)",
-                    (agent, time.time()),
-                )
-                conn.execute(
-                    "INSERT OR IGNORE INTO baseline_segments VALUES (?, 0, 0, NULL)", (agent,)
-                )
-            epoch = int(
-                conn.execute(
-                    "SELECT COALESCE(MAX(epoch), 0) + 1 FROM baseline_epochs WHERE agent = ?",
-                    (agent,),
-                ).fetchone()[0]
-            )
-            self._close_segment(conn, agent, current, boundary, "superseded")
-            conn.execute(
-                "INSERT INTO baseline_epochs VALUES (?, ?, ?, 'active', ?)",
-                (agent, epoch, current, time.time()),
-            )
-            conn.execute(
-                "INSERT INTO baseline_segments VALUES (?, ?, ?, NULL)", (agent, epoch, boundary)
-            )
-        return epoch
-
-    def restore_epoch(self, agent: str) -> int | None:
-        """Mark the active epoch rolled back and reopen its parent; None if it has none."""
-        with self.store.transaction() as conn:
-            row = conn.execute(
-                "SELECT epoch, parent FROM baseline_epochs WHERE agent = ? AND status = 'active'",
-                (agent,),
-            ).fetchone()
-            if row is None or row[1] is None:
-                return None
-            current, parent = int(row[0]), int(row[1])
-            boundary = self._boundary(conn)
-            self._close_segment(conn, agent, current, boundary, "rolled_back")
-            conn.execute(
-                "UPDATE baseline_epochs SET status = 'active' WHERE agent = ? AND epoch = ?",
-                (agent, parent),
-            )
-            conn.execute(
-                "INSERT OR REPLACE INTO baseline_segments VALUES (?, ?, ?, NULL)",
-                (agent, parent, boundary),
-            )
-        return parent
-
-    @staticmethod
-    def _close_segment(conn: Any, agent: str, epoch: int, boundary: int, status: str) -> None:
-        conn.execute(
-            "UPDATE baseline_segments SET end_id = ? WHERE agent = ? AND epoch = ?"
-            " AND end_id IS NULL",
-            (boundary, agent, epoch),
-        )
-        conn.execute(
-            "UPDATE baseline_epochs SET status = ? WHERE agent = ? AND epoch = ?",
-            (status, agent, epoch),
-        )
-
-
-class Tracker:
-    """Times one run for :meth:`PerformanceMonitor.track`; see there.
-
-    Inside a ``with`` block, ``set_usage()`` adds token counts and cost and ``fail()`` marks
-    the run failed without raising (for an agent that returns its failure as data).
-    """
-
-    __slots__ = (
-        "_error",
-        "_extra",
-        "_monitor",
-        "_source",
-        "_start",
-        "agent_name",
-        "cost_usd",
-        "input_tokens",
-        "output_tokens",
-    )
-
-    def __init__(
-        self, monitor: PerformanceMonitor, agent_name: str, source: str, extra: dict[str, Any]
-    ) -> None:
-        self._monitor = monitor
-        self.agent_name = agent_name
-        self._source = source
-        self._extra = extra
-        self._start = 0.0
-        self._error: str | None = None
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.cost_usd = 0.0
-
-    def set_usage(
-        self, *, input_tokens: int = 0, output_tokens: int = 0, cost_usd: float = 0.0
-    ) -> None:
-        self.input_tokens += input_tokens
-        self.output_tokens += output_tokens
-        self.cost_usd += cost_usd
-
-    def fail(self, error: str) -> None:
-        self._error = error
-
-    def __enter__(self) -> Tracker:
-        self._start = time.perf_counter()
-        self._error = None
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        elapsed_ms = (time.perf_counter() - self._start) * 1000.0
-        if exc is not None:
-            if not isinstance(exc, Exception):
-                return
-            self._error = f"{type(exc).__name__}: {exc}"
-        self._monitor.record(
-            self.agent_name,
-            success=self._error is None,
-            duration_ms=elapsed_ms,
-            error=self._error,
-            input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
-            cost_usd=self.cost_usd,
-            source=self._source,
-            **self._extra,
-        )
-
-    async def __aenter__(self) -> Tracker:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
-
-    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
-        """Decorate a function so each call is one tracked run (a fresh timer per call)."""
-        monitor, agent, source, extra = self._monitor, self.agent_name, self._source, self._extra
-        if inspect.iscoroutinefunction(fn):
-            async_fn = cast(Callable[P, Awaitable[Any]], fn)
-
-            @functools.wraps(fn)
-            async def run_async(*args: P.args, **kwargs: P.kwargs) -> Any:
-                async with Tracker(monitor, agent, source, extra):
-                    return await async_fn(*args, **kwargs)
-
-            return cast(Callable[P, R], run_async)
-
-        @functools.wraps(fn)
-        def run(*args: P.args, **kwargs: P.kwargs) -> R:
-            with Tracker(monitor, agent, source, extra):
-                return fn(*args, **kwargs)
-
-        return run
+    def _active_epoch(self, agent: str) -> int | None:
+        stack = self._baselines.get(agent)
+        return stack[-1].epoch if stack else None
 
 
 def _checked_success(

@@ -361,3 +361,64 @@ def test_false_alarm_rate_of_healthy_agents_is_bounded() -> None:
     print(f"statistical: {alarms}, rules: {rule_alarms}, budget: {budget:.0f}")
     assert alarms <= 2 * budget
     assert rule_alarms > 5 * budget
+
+
+def test_a_baseline_with_far_outlying_fast_failures_still_calibrates() -> None:
+    # typical log-durations and two very fast transient failures (a case seen in the cycle
+    # benchmark): the threshold search overflowed computing the ARL of a huge threshold
+    values = [*_TYPICAL_LOG_DURATIONS, 5.648, 5.801]
+    chart = calibrate_normal(values, target_arl=1e5, shift=math.log(1.5))
+    assert math.isfinite(chart.h)
+    assert chart.h > 0
+
+
+_TYPICAL_LOG_DURATIONS = [
+    9.56,
+    9.638,
+    9.536,
+    9.498,
+    9.446,
+    9.526,
+    9.4,
+    9.562,
+    9.449,
+    9.564,
+    9.587,
+    9.472,
+    9.628,
+    9.483,
+    9.415,
+    9.642,
+    9.467,
+    9.49,
+    9.402,
+    9.537,
+    9.643,
+    9.497,
+    9.486,
+    9.534,
+    9.588,
+    9.546,
+    9.584,
+    9.416,
+    9.609,
+    9.649,
+    9.385,
+    9.554,
+    9.394,
+    9.499,
+    9.473,
+    9.601,
+    9.468,
+    9.597,
+    9.569,
+    9.639,
+    9.576,
+    9.548,
+    9.438,
+    9.434,
+    9.485,
+    9.589,
+    9.571,
+    9.455,
+]

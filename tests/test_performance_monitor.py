@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import infrastructure.performance_monitor as performance_monitor
+from infrastructure import agent_window, run_feed, run_tracker
 from infrastructure.errors import ConfigurationError
 from infrastructure.models import ExecutionRecord
 from infrastructure.performance_monitor import (
@@ -40,6 +42,31 @@ def db(tmp_path: Path) -> Path:
 def _rows(path: Path, where: str = "1") -> int:
     with sqlite3.connect(path) as conn:
         return int(conn.execute(f"SELECT COUNT(*) FROM executions WHERE {where}").fetchone()[0])
+
+
+# --------------------------------------------------------------------------- public names
+
+
+def test_public_names_are_served_from_the_monitor_module() -> None:
+    # The parts live in their own modules; every name callers import from here must still work.
+    homes = {
+        "Baseline": agent_window,
+        "log_duration": agent_window,
+        "RUN": agent_window,
+        "VERIFICATION": agent_window,
+        "SOURCES": agent_window,
+        "EventCursor": run_feed,
+        "RunChunk": run_feed,
+        "Tracker": run_tracker,
+    }
+    for name, home in homes.items():
+        assert getattr(performance_monitor, name) is getattr(home, name), name
+    assert set(performance_monitor.__all__) == {
+        *homes,
+        "InvalidExecution",
+        "MonitorClosed",
+        "PerformanceMonitor",
+    }
 
 
 # --------------------------------------------------------------------------- metrics
