@@ -40,10 +40,10 @@ from agents.cycle import CycleEvent
 from agents.meta_orchestrator import MetaOrchestrator
 from agents.team import UnknownAgent
 from agents.workspace import Workspace
+from infrastructure.changes.gates import HumanApprovalGate
+from infrastructure.changes.safety import Principal, ProposedChange
 from infrastructure.errors import AgentmendError, ConfigurationError
-from infrastructure.gates import HumanApprovalGate
 from infrastructure.models import ChangeStatus, IssueReport
-from infrastructure.safety import Principal, ProposedChange
 from infrastructure.settings import Settings
 from infrastructure.simulation import FaultKind, SimulatedRuntime
 from infrastructure.structured_logger import configure_logging

@@ -28,8 +28,13 @@ if TYPE_CHECKING:
     from agents.supervisor import Supervisor
     from agents.team import AgentTeam
     from agents.workspace import Workspace
-    from infrastructure.audit import verify_audit_chain
-    from infrastructure.detection import IssueDetector
+    from infrastructure.changes.audit import verify_audit_chain
+    from infrastructure.changes.improvement_manager import ImprovementManager
+    from infrastructure.changes.safety import (
+        GateVerdict,
+        Principal,
+        ProposedChange,
+    )
     from infrastructure.errors import (
         AgentmendError,
         AgentRunError,
@@ -38,7 +43,7 @@ if TYPE_CHECKING:
         RollbackConflict,
         SpecError,
     )
-    from infrastructure.improvement_manager import ImprovementManager
+    from infrastructure.evaluation.verification import VerificationVerdict
     from infrastructure.llm.anthropic_runtime import AnthropicRuntime
     from infrastructure.llm.base import (
         AgentResult,
@@ -64,12 +69,8 @@ if TYPE_CHECKING:
         IssueReport,
         RootCauseAnalysis,
     )
-    from infrastructure.performance_monitor import PerformanceMonitor
-    from infrastructure.safety import (
-        GateVerdict,
-        Principal,
-        ProposedChange,
-    )
+    from infrastructure.monitoring.detection import IssueDetector
+    from infrastructure.monitoring.performance_monitor import PerformanceMonitor
     from infrastructure.settings import Settings
     from infrastructure.simulation import SimulatedRuntime
     from infrastructure.spec import (
@@ -78,7 +79,6 @@ if TYPE_CHECKING:
         load_agent_specs,
     )
     from infrastructure.store import Store
-    from infrastructure.verification import VerificationVerdict
 
 __all__ = [
     "AgentMetrics",
@@ -145,16 +145,16 @@ _EXPORTS: dict[str, str] = {
     "AgentSpec": "infrastructure.spec",
     "PermissionProfile": "infrastructure.spec",
     "load_agent_specs": "infrastructure.spec",
-    "PerformanceMonitor": "infrastructure.performance_monitor",
-    "IssueDetector": "infrastructure.detection",
-    "ImprovementManager": "infrastructure.improvement_manager",
-    "verify_audit_chain": "infrastructure.audit",
+    "PerformanceMonitor": "infrastructure.monitoring.performance_monitor",
+    "IssueDetector": "infrastructure.monitoring.detection",
+    "ImprovementManager": "infrastructure.changes.improvement_manager",
+    "verify_audit_chain": "infrastructure.changes.audit",
     "Store": "infrastructure.store",
     "Settings": "infrastructure.settings",
-    "GateVerdict": "infrastructure.safety",
-    "Principal": "infrastructure.safety",
-    "ProposedChange": "infrastructure.safety",
-    "VerificationVerdict": "infrastructure.verification",
+    "GateVerdict": "infrastructure.changes.safety",
+    "Principal": "infrastructure.changes.safety",
+    "ProposedChange": "infrastructure.changes.safety",
+    "VerificationVerdict": "infrastructure.evaluation.verification",
     "AgentResult": "infrastructure.llm.base",
     "AgentRuntime": "infrastructure.llm.base",
     "ToolError": "infrastructure.llm.base",

@@ -25,11 +25,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.playbooks.signatures import contains_injection
 from agents.schemas import SupervisorReview
-from infrastructure.code_plans import CODE_SUFFIXES, CodeUpdateError, PlanPaths, read_file
+from infrastructure.changes.safety import GateVerdict, ProposedChange
+from infrastructure.code_update.code_plans import (
+    CODE_SUFFIXES,
+    CodeUpdateError,
+    PlanPaths,
+    read_file,
+)
 from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.llm.base import AgentResult, AgentRuntime
 from infrastructure.llm.offline import OfflineRuntime
-from infrastructure.safety import GateVerdict, ProposedChange
 from infrastructure.spec import AgentSpec
 
 __all__ = [

@@ -20,12 +20,12 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from infrastructure.change_log import list_decisions, record_decision
+from infrastructure.changes.change_log import list_decisions, record_decision
+from infrastructure.changes.safety import GateVerdict
+from infrastructure.evaluation.verification import VerificationVerdict
 from infrastructure.llm.base import AgentResult
 from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis, utc_now
-from infrastructure.safety import GateVerdict
 from infrastructure.store import Store
-from infrastructure.verification import VerificationVerdict
 
 __all__ = [
     "DECISION_PREFIX",

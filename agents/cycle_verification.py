@@ -3,7 +3,8 @@
 ``CycleVerifier`` holds what the orchestrator needs between "the actions are planned" and
 "keep or roll back": it loads each target agent's suite before anything changes (so a change can
 never pick its own exam), runs it before the change, and after the change runs the same cases
-again and compares (``infrastructure.verification.compare``); an agent without a suite gets
+again and compares (``infrastructure.evaluation.verification.compare``); an agent without a suite
+gets
 seed 003's sample-query check, marked weaker. Every run is recorded in the monitor apart from
 production runs (``source="verification"``), so proving a fix never feeds detection.
 
@@ -19,11 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
 from agents.team import AgentTeam
-from infrastructure.evals import EvalSuite, find_eval_suite
-from infrastructure.llm.base import AgentResult, AgentRuntime, OutputT, ToolSpec
-from infrastructure.performance_monitor import VERIFICATION
-from infrastructure.spec import AgentSpec
-from infrastructure.verification import (
+from infrastructure.evaluation.evals import EvalSuite, find_eval_suite
+from infrastructure.evaluation.verification import (
     CaseRun,
     SuiteRun,
     VerificationVerdict,
@@ -31,6 +29,9 @@ from infrastructure.verification import (
     run_suite,
     sample_query_check,
 )
+from infrastructure.llm.base import AgentResult, AgentRuntime, OutputT, ToolSpec
+from infrastructure.monitoring.performance_monitor import VERIFICATION
+from infrastructure.spec import AgentSpec
 
 __all__ = ["CycleVerifier", "RetryTransient", "passes_everything"]
 

@@ -26,11 +26,11 @@ from agents.code_review import CodeAnalyst, CodeReviewer
 from agents.cycle import QuestionAnswer, list_cycle_ids, replay_cycle
 from agents.team import UnknownAgent
 from agents.workspace import Workspace
-from infrastructure.change_log import list_decisions, record_decision
-from infrastructure.code_update import CodeUpdater, ExecutionResult, FileOperation
+from infrastructure.changes.change_log import list_decisions, record_decision
+from infrastructure.changes.safety import GateVerdict, ProposedChange
+from infrastructure.code_update.updater import CodeUpdater, ExecutionResult, FileOperation
 from infrastructure.errors import AgentmendError
 from infrastructure.llm.base import AgentRuntime
-from infrastructure.safety import GateVerdict, ProposedChange
 from infrastructure.settings import Settings
 from infrastructure.spec import load_agent_specs
 

@@ -52,16 +52,10 @@ from agents.self_improver import GatedAction, InvalidProposal, SelfImprover
 from agents.socratic_mediator import SocraticMediator, is_failed
 from agents.supervisor import Supervisor
 from agents.team import AgentTeam
-from infrastructure.change_log import record_decision
-from infrastructure.detection import IssueDetector
-from infrastructure.errors import AgentmendError, ChangeNotFound
-from infrastructure.evals import EvalSuite
-from infrastructure.gates import default_gates
-from infrastructure.improvement_manager import ImprovementManager
-from infrastructure.llm.base import AgentRuntime
-from infrastructure.models import ChangeRecord, ChangeStatus, IssueReport, RootCauseAnalysis
-from infrastructure.performance_monitor import PerformanceMonitor
-from infrastructure.safety import (
+from infrastructure.changes.change_log import record_decision
+from infrastructure.changes.gates import default_gates
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.safety import (
     ApprovalCallback,
     ChangeReviewer,
     Gate,
@@ -69,11 +63,17 @@ from infrastructure.safety import (
     Principal,
     ProposedChange,
 )
+from infrastructure.errors import AgentmendError, ChangeNotFound
+from infrastructure.evaluation.evals import EvalSuite
+from infrastructure.evaluation.verification import SuiteRun, VerificationVerdict
+from infrastructure.llm.base import AgentRuntime
+from infrastructure.models import ChangeRecord, ChangeStatus, IssueReport, RootCauseAnalysis
+from infrastructure.monitoring.detection import IssueDetector
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.settings import Settings
 from infrastructure.simulation import SimulatedRuntime
 from infrastructure.spec import AgentSpec
 from infrastructure.store import Store
-from infrastructure.verification import SuiteRun, VerificationVerdict
 
 __all__ = ["ConfirmCycle", "MetaOrchestrator", "OnProgress"]
 
@@ -106,7 +106,7 @@ class MetaOrchestrator:
             ``settings.auto_decision_timeout`` is no).
         on_progress: called with every ``CycleEvent`` as it happens.
         detector: default one built from ``settings`` (mode, false-alarm rate, baseline).
-        gates: default ``infrastructure.gates.default_gates``.
+        gates: default ``infrastructure.changes.gates.default_gates``.
         reviewer: the supervisor gate's reviewer; default a ``Supervisor`` on ``roles_runtime``.
         available_models: the models a model change may choose; default the team runtime's
             ``available_models`` when it has them, else the simulated team's list.

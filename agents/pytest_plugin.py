@@ -101,7 +101,7 @@ def agentmend_team(
 ) -> Iterator[AgentTeam]:
     """The team in ``agentmend_team_dir`` on ``agentmend_runtime``, every run recorded."""
     from agents.team import AgentTeam
-    from infrastructure.performance_monitor import PerformanceMonitor
+    from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 
     monitor = PerformanceMonitor(agentmend_store, baseline_n=agentmend_settings.baseline_n)
     try:

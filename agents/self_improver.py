@@ -40,12 +40,12 @@ from agents.report_parsing import PARAMETER_FIELDS, ReportParseError, parse_impr
 from agents.schemas import ImprovementPlan, ProposedAction
 from agents.supervisor import agent_config
 from agents.team import load_role_spec
-from infrastructure.effectors import InvalidChange, group_entries, plan_change
+from infrastructure.changes.effectors import InvalidChange, group_entries, plan_change
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.safety import Gate, GateVerdict, Principal, ProposedChange, run_gates
 from infrastructure.errors import AgentmendError
-from infrastructure.improvement_manager import ImprovementManager
 from infrastructure.llm.base import AgentResult, AgentRuntime
 from infrastructure.models import ChangeRecord, ChangeType, ImprovementAction, RootCauseAnalysis
-from infrastructure.safety import Gate, GateVerdict, Principal, ProposedChange, run_gates
 from infrastructure.spec import AgentSpec, load_agent_specs
 
 __all__ = [
@@ -163,7 +163,8 @@ class SelfImprover:
         runtime: the roles' runtime.
         manager: applies and rolls back changes (and keeps the budget).
         root: the team's definition directory.
-        gates: the gates every change passes, in order (``infrastructure.gates.default_gates``).
+        gates: the gates every change passes, in order
+        (``infrastructure.changes.gates.default_gates``).
         principal: who the changes are made for (the role gate judges against them).
         available_models: the models a model change may choose.
         spec: the improver's definition (default: the shipped one).

@@ -1,6 +1,7 @@
 """``Supervisor``: a separate review of one concrete change before it is applied (seed 001).
 
-It implements ``infrastructure.safety.ChangeReviewer`` so the ``SupervisorGate`` can call it:
+It implements ``infrastructure.changes.safety.ChangeReviewer`` so the ``SupervisorGate`` can call
+it:
 the supervisor's definition runs on the roles' runtime with the ``<proposed_change>`` block
 (the action, the exact diff, the agent's configuration before and after, the paths) and must
 answer with a ``SupervisorReview``. Anything else (a failed run, no structured verdict, a
@@ -16,9 +17,9 @@ import structlog
 from agents.prompt_blocks import render_block
 from agents.schemas import SupervisorReview
 from agents.team import load_role_spec
+from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.errors import AgentmendError
 from infrastructure.llm.base import AgentResult, AgentRuntime
-from infrastructure.safety import GateVerdict, ProposedChange
 from infrastructure.spec import AgentSpec, PermissionProfile
 
 __all__ = ["Supervisor", "agent_config", "proposed_change_payload"]

@@ -20,7 +20,7 @@ import structlog
 from agents.ask_agent_tool import AgentCallable
 from infrastructure.errors import AgentmendError, AgentRunError, ConfigurationError, ErrorKind
 from infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
-from infrastructure.performance_monitor import RUN, PerformanceMonitor
+from infrastructure.monitoring.performance_monitor import RUN, PerformanceMonitor
 from infrastructure.spec import AgentSpec, load_agent_specs
 
 __all__ = ["DEFINITIONS_DIR", "AgentTeam", "UnknownAgent", "load_role_spec"]

@@ -5,7 +5,7 @@ they share one store and one team::
 
     <workspace>/
       agentmend.db                the store: executions, changes, audit, plans, decisions
-      agentmend.db.audit-head     the audit chain's head (infrastructure.audit)
+      agentmend.db.audit-head     the audit chain's head (infrastructure.changes.audit)
       agents/                     the team's definitions (<name>.md, <name>.evals.yaml)
         .agent/                   backups and the lock of changes to the definitions
 
@@ -27,10 +27,10 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.errors import AgentmendError, ConfigurationError
-from infrastructure.improvement_manager import ImprovementManager
 from infrastructure.llm.base import AgentRuntime
-from infrastructure.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.settings import Provider, Settings
 from infrastructure.store import Store
 

@@ -28,9 +28,9 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infrastructure.audit import AuditLog
-from infrastructure.change_log import ChangeLog
-from infrastructure.improvement_manager import ImprovementManager
+from infrastructure.changes.audit import AuditLog
+from infrastructure.changes.change_log import ChangeLog
+from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.models import (
     ChangeRecord,
     ChangeStatus,

@@ -13,7 +13,8 @@ on simulated agents whose durations are log-normal (median 1 s, log-sd 0.4):
 The yardstick is the optimal CUSUM for the same false-alarm rate: a Bernoulli CUSUM that knows
 the true p0 and p1, with its threshold set for an in-control ARL of exactly 1,000 (interpolated
 between the two integer thresholds around it), its delay computed exactly
-(``infrastructure.cusum.bernoulli_arl``). The statistical detector has to estimate p0 from its
+(``infrastructure.monitoring.cusum.bernoulli_arl``). The statistical detector has to estimate p0
+from its
 500-run baseline and is tuned to one shift for both drops, so its ratio to that optimum shows
 what not knowing them costs. Goals: at most 1 false alarm per 1,000 runs at every healthy rate;
 delay within 1.1x of the optimum. Seeded; about a minute. Run:
@@ -32,9 +33,9 @@ import time
 from collections import Counter
 from typing import Any
 
-from infrastructure.cusum import bernoulli_arl, integer_weights
-from infrastructure.detection import DetectionMode, IssueDetector
-from infrastructure.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.cusum import bernoulli_arl, integer_weights
+from infrastructure.monitoring.detection import DetectionMode, IssueDetector
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 
 SEED = 20240901
 BASELINE_N = 500

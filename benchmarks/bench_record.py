@@ -24,7 +24,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from infrastructure.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.store import Store
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure.audit import (
+from infrastructure.changes.audit import (
     AUDIT_HMAC_KEY_ENV,
     GENESIS_HASH,
     AuditLog,

@@ -27,7 +27,7 @@ from claude_agent_sdk.types import HookEvent
 from fake_messages_api import FakeMessagesAPI, RecordedRequest, Reply
 
 from infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
-from infrastructure.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 
 
 @dataclass

@@ -18,12 +18,12 @@ from agents.code_review import (
 )
 from agents.playbooks import offline_policies
 from agents.schemas import SupervisorReview
-from infrastructure.code_plans import CodeUpdateError, PlannedFile, proposed_change
+from infrastructure.changes.safety import ProposedChange
+from infrastructure.code_update.code_plans import CodeUpdateError, PlannedFile, proposed_change
 from infrastructure.errors import PathNotAllowed
 from infrastructure.files import sha256_bytes
 from infrastructure.llm.offline import OfflineRuntime
 from infrastructure.llm.testing import ScriptedRuntime, Step
-from infrastructure.safety import ProposedChange
 
 
 @pytest.fixture

@@ -26,9 +26,11 @@ from tiny_project import (
 )
 
 from agents.code_review import CodeReviewer
-from infrastructure.change_log import list_decisions, list_plans
-from infrastructure.code_plans import PlanPaths
-from infrastructure.code_update import (
+from infrastructure.changes.change_log import list_decisions, list_plans
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.code_update.code_plans import PlanPaths
+from infrastructure.code_update.unified_diff import DiffError, apply_patch, parse_unified_diff
+from infrastructure.code_update.updater import (
     CodeUpdateError,
     CodeUpdater,
     FileOperation,
@@ -36,11 +38,9 @@ from infrastructure.code_update import (
     PlanStateError,
 )
 from infrastructure.errors import PathNotAllowed
-from infrastructure.improvement_manager import ImprovementManager
 from infrastructure.models import ChangeStatus
 from infrastructure.settings import Settings
 from infrastructure.store import Store
-from infrastructure.unified_diff import DiffError, apply_patch, parse_unified_diff
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -426,8 +426,8 @@ _CRASH_CHILD = """
 import asyncio, json, sys
 from pathlib import Path
 from agents.code_review import CodeReviewer
-from infrastructure.code_update import CodeUpdater, FileOperation
-from infrastructure.improvement_manager import ImprovementManager
+from infrastructure.code_update.updater import CodeUpdater, FileOperation
+from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.settings import Settings
 from infrastructure.store import Store
 

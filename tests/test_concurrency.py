@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from crash_child import check_history, child_command, child_env
 
-from infrastructure.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.store import Store
 
 WORKERS = 4

@@ -37,10 +37,10 @@ from agents.prompt_blocks import extract_block
 from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction, SupervisorReview
 from agents.supervisor import Supervisor
 from agents.team import load_role_spec
+from infrastructure.changes.safety import ProposedChange
 from infrastructure.llm.anthropic_runtime import AnthropicRuntime
 from infrastructure.llm.retry import RetryPolicy
 from infrastructure.models import ChangeStatus, ChangeType
-from infrastructure.safety import ProposedChange
 from infrastructure.settings import Settings
 from infrastructure.simulation import FaultKind, SimulatedRuntime
 from infrastructure.spec import AgentSpec

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure.cusum import (
+from infrastructure.errors import ConfigurationError
+from infrastructure.models import IssueReport
+from infrastructure.monitoring.cusum import (
     bernoulli_arl,
     beta_quantile,
     calibrate_bernoulli,
@@ -19,10 +21,8 @@ from infrastructure.cusum import (
     posterior_arl,
     siegmund_arl,
 )
-from infrastructure.detection import IssueDetector, RuleThresholds
-from infrastructure.errors import ConfigurationError
-from infrastructure.models import IssueReport
-from infrastructure.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.detection import IssueDetector, RuleThresholds
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.store import Store
 
 BASE_N = 200  # a smaller baseline keeps the tests quick; the math is the same

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from infrastructure.effectors import InvalidChange, group_entries, plan_change
-from infrastructure.improvement_manager import ImprovementManager
+from infrastructure.changes.effectors import InvalidChange, group_entries, plan_change
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.safety import ProposedChange
 from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.safety import ProposedChange
 from infrastructure.simulation import AVAILABLE_MODELS, copy_team
 from infrastructure.spec import AgentSpec, PermissionProfile, load_agent_specs
 

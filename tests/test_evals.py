@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from infrastructure.errors import AgentRunError, ErrorKind, SpecError
-from infrastructure.evals import (
+from infrastructure.evaluation.evals import (
     EvalCheck,
     find_eval_suite,
     load_eval_suite,

@@ -21,13 +21,13 @@ from agents.meta_orchestrator import MetaOrchestrator
 from agents.playbooks import offline_policies
 from agents.prompt_blocks import extract_block
 from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction, SupervisorReview
-from infrastructure.change_log import list_decisions
+from infrastructure.changes.change_log import list_decisions
+from infrastructure.changes.safety import ProposedChange
 from infrastructure.llm.base import AgentResult, ToolSpec
 from infrastructure.llm.offline import OfflineRuntime
 from infrastructure.llm.testing import FunctionRuntime, ScriptedRuntime, Step, TurnInfo
 from infrastructure.llm.tool_loop import Message, ToolResultBlock
 from infrastructure.models import ChangeStatus, ChangeType
-from infrastructure.safety import ProposedChange
 from infrastructure.settings import Settings
 from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
 from infrastructure.spec import AgentSpec, load_agent_specs

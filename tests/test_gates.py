@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from infrastructure.effectors import plan_change
-from infrastructure.errors import ConfigurationError
-from infrastructure.gates import (
+from infrastructure.changes.effectors import plan_change
+from infrastructure.changes.gates import (
     BudgetGate,
     ChangeRefused,
     ConfidenceGate,
@@ -24,9 +23,8 @@ from infrastructure.gates import (
     default_gates,
     require_passed,
 )
-from infrastructure.improvement_manager import ImprovementManager
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.safety import (
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.safety import (
     ADMIN,
     FileEdit,
     GateVerdict,
@@ -34,6 +32,8 @@ from infrastructure.safety import (
     ProposedChange,
     run_gates,
 )
+from infrastructure.errors import ConfigurationError
+from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.settings import Settings
 from infrastructure.spec import AgentSpec, load_agent_specs
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from infrastructure.change_log import (
+from infrastructure.changes.change_log import (
     ChangeLog,
     StoredFile,
     get_plan,
@@ -23,6 +23,12 @@ from infrastructure.change_log import (
     record_decision,
     save_plan,
     update_plan,
+)
+from infrastructure.changes.improvement_manager import (
+    ChangeStatus,
+    ChangeType,
+    ImprovementAction,
+    ImprovementManager,
 )
 from infrastructure.errors import (
     ChangeNotFound,
@@ -33,12 +39,6 @@ from infrastructure.errors import (
     StoreError,
 )
 from infrastructure.files import locked_file, sha256_bytes
-from infrastructure.improvement_manager import (
-    ChangeStatus,
-    ChangeType,
-    ImprovementAction,
-    ImprovementManager,
-)
 from infrastructure.models import utc_now
 from infrastructure.store import Store
 

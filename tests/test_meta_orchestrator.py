@@ -15,12 +15,12 @@ from agents.meta_orchestrator import MetaOrchestrator
 from agents.playbooks import offline_policies
 from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction
 from agents.team import AgentTeam
-from infrastructure.change_log import list_decisions
+from infrastructure.changes.change_log import list_decisions
 from infrastructure.llm.base import AgentResult
 from infrastructure.llm.offline import OfflineRuntime
 from infrastructure.llm.testing import ScriptedRuntime, Step
 from infrastructure.models import ChangeStatus, ChangeType, IssueReport
-from infrastructure.performance_monitor import VERIFICATION
+from infrastructure.monitoring.performance_monitor import VERIFICATION
 from infrastructure.settings import Settings
 from infrastructure.simulation import FaultKind, SimulatedRuntime, copy_team
 from infrastructure.spec import AgentSpec

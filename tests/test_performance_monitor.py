@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-import infrastructure.performance_monitor as performance_monitor
-from infrastructure import agent_window, run_feed, run_tracker
+import infrastructure.monitoring.performance_monitor as performance_monitor
 from infrastructure.errors import ConfigurationError
 from infrastructure.models import ExecutionRecord
-from infrastructure.performance_monitor import (
+from infrastructure.monitoring import agent_window, run_feed, run_tracker
+from infrastructure.monitoring.performance_monitor import (
     InvalidExecution,
     MonitorClosed,
     PerformanceMonitor,
@@ -493,7 +493,7 @@ def test_flusher_writes_on_age_without_being_asked(db: Path) -> None:
 
 def test_runs_are_flushed_at_interpreter_exit(db: Path) -> None:
     script = (
-        "from infrastructure.performance_monitor import PerformanceMonitor\n"
+        "from infrastructure.monitoring.performance_monitor import PerformanceMonitor\n"
         "from infrastructure.store import Store\n"
         f"m = PerformanceMonitor(Store({str(db)!r}), flush_interval_s=3600)\n"
         "for i in range(25):\n"

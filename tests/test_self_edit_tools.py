@@ -23,15 +23,15 @@ from agents.self_edit_tools import (
     permission_action_for,
     self_edit_tools,
 )
-from infrastructure.audit import VALUE_LIMIT
-from infrastructure.effectors import group_entries, plan_change
+from infrastructure.changes.audit import VALUE_LIMIT
+from infrastructure.changes.effectors import group_entries, plan_change
+from infrastructure.changes.gates import default_gates, require_passed
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.safety import ADMIN, GateVerdict, Principal, ProposedChange, run_gates
 from infrastructure.errors import ConfigurationError
-from infrastructure.gates import default_gates, require_passed
-from infrastructure.improvement_manager import ImprovementManager
 from infrastructure.llm.base import ToolError, ToolSpec
 from infrastructure.llm.testing import ScriptedRuntime, Step
 from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.safety import ADMIN, GateVerdict, Principal, ProposedChange, run_gates
 from infrastructure.simulation import AVAILABLE_MODELS
 from infrastructure.spec import AgentSpec, PermissionProfile, load_agent_specs
 

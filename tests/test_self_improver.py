@@ -13,10 +13,11 @@ from agents.prompt_blocks import extract_block
 from agents.schemas import ImprovementPlan, ProposedAction, SupervisorReview
 from agents.self_improver import InvalidProposal, SelfImprover
 from agents.supervisor import Supervisor
-from infrastructure.effectors import plan_change
+from infrastructure.changes.effectors import plan_change
+from infrastructure.changes.gates import default_gates
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.safety import GateVerdict, Principal, ProposedChange
 from infrastructure.errors import ErrorKind
-from infrastructure.gates import default_gates
-from infrastructure.improvement_manager import ImprovementManager
 from infrastructure.llm.base import Usage
 from infrastructure.llm.offline import OfflineRuntime
 from infrastructure.llm.testing import ScriptedRuntime, Step
@@ -28,7 +29,6 @@ from infrastructure.models import (
     IssueReport,
     RootCauseAnalysis,
 )
-from infrastructure.safety import GateVerdict, Principal, ProposedChange
 from infrastructure.simulation import AVAILABLE_MODELS, copy_team
 from infrastructure.spec import load_agent_specs
 from infrastructure.store import Store

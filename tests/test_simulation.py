@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from agents.ask_agent_tool import AskAgentTool
 from infrastructure.errors import ConfigurationError, ErrorKind
-from infrastructure.evals import find_eval_suite
+from infrastructure.evaluation.evals import find_eval_suite
 from infrastructure.llm.base import AgentResult, AgentRuntime
 from infrastructure.simulation import (
     AVAILABLE_MODELS,

@@ -22,7 +22,7 @@ from agents.team import AgentTeam
 from infrastructure.llm.offline import OfflineRuntime
 from infrastructure.llm.testing import ScriptedRuntime, Step
 from infrastructure.models import IssueReport
-from infrastructure.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.simulation import FaultKind, SimulatedRuntime, copy_team
 
 ANSWER = (

@@ -13,7 +13,7 @@ from agents.team import AgentTeam, UnknownAgent, load_role_spec
 from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
 from infrastructure.llm.base import AgentResult, OutputT, ToolSpec
 from infrastructure.llm.testing import ScriptedRuntime, Step
-from infrastructure.performance_monitor import VERIFICATION, PerformanceMonitor
+from infrastructure.monitoring.performance_monitor import VERIFICATION, PerformanceMonitor
 from infrastructure.simulation import TEAM_AGENT_NAMES, FaultKind, SimulatedRuntime, copy_team
 from infrastructure.spec import AgentSpec
 

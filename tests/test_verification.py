@@ -17,10 +17,8 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from infrastructure.errors import AgentRunError, ErrorKind
-from infrastructure.evals import EvalCase, EvalCheck, EvalSuite
-from infrastructure.llm.base import AgentResult, OutputT, ToolSpec
-from infrastructure.spec import AgentSpec
-from infrastructure.verification import (
+from infrastructure.evaluation.evals import EvalCase, EvalCheck, EvalSuite
+from infrastructure.evaluation.verification import (
     CaseRun,
     SuiteMismatch,
     SuiteRun,
@@ -31,6 +29,8 @@ from infrastructure.verification import (
     run_suite,
     sample_query_check,
 )
+from infrastructure.llm.base import AgentResult, OutputT, ToolSpec
+from infrastructure.spec import AgentSpec
 
 GOOD = "The answer is OK: a^2 + b^2 = c^2 for the two legs a, b and the hypotenuse c."
 

@@ -40,10 +40,10 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
+from infrastructure.changes.safety import FileEdit, ProposedChange
 from infrastructure.errors import AgentmendError, PathNotAllowed, SpecError
 from infrastructure.files import resolve_inside
 from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.safety import FileEdit, ProposedChange
 from infrastructure.spec import CLAUDE_CODE_KEYS, AgentSpec, PermissionProfile, SpecWarning
 
 __all__ = [

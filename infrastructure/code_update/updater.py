@@ -1,6 +1,7 @@
 """Code-level updates (seeds 000 and 001): plan, approve, execute with validation, roll back.
 
-A plan (``infrastructure.code_plans``) is a set of file operations, or a unified diff turned
+A plan (``infrastructure.code_update.code_plans``) is a set of file operations, or a unified diff
+turned
 into them, under a project root, with a description. It lives in the store's ``plans`` table
 and moves through::
 
@@ -21,10 +22,11 @@ Executing applies the whole plan as ONE change group of ``ImprovementManager.app
 (old bytes in the store, human-readable backups under ``<root>/.agent/backups/``, crash
 recovery that restores a group whole). The root's lock (``<root>/.agent/agentmend.lock``, the
 manager's own, re-entrant) is held from the hash check through the write and the validation,
-so no other update of that root interleaves. Validation (``infrastructure.code_validation``):
-every ``.py`` file written compiles, then ``Settings.test_command`` passes within
-``Settings.test_timeout_s``. On any failure the group is rolled back, every file byte for byte
-(created files removed, deleted files back), and the result says ``rollback_performed``.
+so no other update of that root interleaves. Validation
+(``infrastructure.code_update.code_validation``): every ``.py`` file written compiles, then
+``Settings.test_command`` passes within ``Settings.test_timeout_s``. On any failure the group
+is rolled back, every file byte for byte (created files removed, deleted files back), and the
+result says ``rollback_performed``.
 
 A plan left ``executing`` by a process that died is settled the next time the root's lock is
 taken: its change group is rolled back and the plan marked failed.
@@ -40,8 +42,23 @@ from uuid import uuid4
 
 import structlog
 
-from infrastructure.change_log import get_plan, list_plans, record_decision, save_plan, update_plan
-from infrastructure.code_plans import (
+from infrastructure.changes.change_log import (
+    get_plan,
+    list_plans,
+    record_decision,
+    save_plan,
+    update_plan,
+)
+from infrastructure.changes.gates import HumanApprovalGate, ScopeGate, SupervisorGate
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.safety import (
+    ChangeReviewer,
+    Gate,
+    GateVerdict,
+    ProposedChange,
+    run_gates,
+)
+from infrastructure.code_update.code_plans import (
     CODE_SUFFIXES,
     CODE_TARGET,
     FINISHED_STATUSES,
@@ -61,13 +78,14 @@ from infrastructure.code_plans import (
     stale_reason,
     state_hint,
 )
-from infrastructure.code_validation import ValidationReport, failure_reason, validate_files
+from infrastructure.code_update.code_validation import (
+    ValidationReport,
+    failure_reason,
+    validate_files,
+)
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
 from infrastructure.files import locked_file
-from infrastructure.gates import HumanApprovalGate, ScopeGate, SupervisorGate
-from infrastructure.improvement_manager import ImprovementManager
 from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, utc_now
-from infrastructure.safety import ChangeReviewer, Gate, GateVerdict, ProposedChange, run_gates
 from infrastructure.settings import Settings
 
 __all__ = [
@@ -95,7 +113,7 @@ class CodeUpdater:
         root: the project root every path is relative to (and where tests run).
         manager: the improvement manager whose store holds the plans and whose change groups
             carry the writes.
-        reviewer: the supervisor (``infrastructure.safety.ChangeReviewer``).
+        reviewer: the supervisor (``infrastructure.changes.safety.ChangeReviewer``).
         settings: ``yolo_mode``, ``auto_decision_timeout``, ``test_command``,
             ``test_timeout_s``.
         protected: folders no plan may touch besides ``.agent/`` and ``.git/`` (the agentmend

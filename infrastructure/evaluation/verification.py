@@ -43,7 +43,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict
 
 from infrastructure.errors import AgentmendError, AgentRunError
-from infrastructure.evals import CheckOutcome, EvalCase, EvalSuite
+from infrastructure.evaluation.evals import CheckOutcome, EvalCase, EvalSuite
 from infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
 
 if TYPE_CHECKING:

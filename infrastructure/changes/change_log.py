@@ -1,6 +1,7 @@
 """The durable record of what the loop changed, planned and decided: tables and queries.
 
-``ChangeLog`` is the SQL behind :class:`~infrastructure.improvement_manager.ImprovementManager`:
+``ChangeLog`` is the SQL behind
+:class:`~infrastructure.changes.improvement_manager.ImprovementManager`:
 one row per change (``changes``) and one per file it touched (``change_files``, holding the old
 bytes so a rollback can restore them exactly). Every query the manager runs on a hot path is
 served by an index, so logging, applying and rolling back cost the same with ten changes

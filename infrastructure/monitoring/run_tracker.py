@@ -1,6 +1,7 @@
 """Timing one agent run into a monitor: a context manager (sync or async) and a decorator.
 
-Apart from :class:`~infrastructure.performance_monitor.PerformanceMonitor` because it is a
+Apart from :class:`~infrastructure.monitoring.performance_monitor.PerformanceMonitor` because it is
+a
 different concern (turning a block of code into one run) and needs nothing from the monitor but
 its ``record`` method; ``PerformanceMonitor.track`` is the way to get one.
 """
@@ -15,7 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 if TYPE_CHECKING:
-    from infrastructure.performance_monitor import PerformanceMonitor
+    from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 
 __all__ = ["Tracker"]
 

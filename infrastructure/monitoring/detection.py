@@ -11,7 +11,8 @@ by construction:
   success rate, and
 * a normal CUSUM on log-duration (``cusum_log_duration``), tuned to a 1.5x slowdown,
 
-calibrated (``infrastructure.cusum``) so the two together alarm on a healthy agent at most
+calibrated (``infrastructure.monitoring.cusum``) so the two together alarm on a healthy agent at
+most
 ``false_alarm_rate`` times per run, whatever its healthy success rate. The budget is split 95 %
 to failures and 5 % to durations (``failure_share``): failures are what loses work, and
 durations are the less trustworthy distributionally (heavy tails), so a smaller share there
@@ -43,12 +44,17 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from infrastructure.agent_window import Baseline, log_duration
-from infrastructure.cusum import BernoulliChart, NormalChart, calibrate_bernoulli, calibrate_normal
 from infrastructure.errors import ConfigurationError
 from infrastructure.models import IssueReport
-from infrastructure.performance_monitor import PerformanceMonitor
-from infrastructure.run_feed import EventCursor, RunChunk
+from infrastructure.monitoring.agent_window import Baseline, log_duration
+from infrastructure.monitoring.cusum import (
+    BernoulliChart,
+    NormalChart,
+    calibrate_bernoulli,
+    calibrate_normal,
+)
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.run_feed import EventCursor, RunChunk
 
 __all__ = ["DetectionMode", "IssueDetector", "RuleThresholds"]
 

@@ -47,7 +47,9 @@ from typing import Any, overload
 
 import structlog
 
-from infrastructure.agent_window import (
+from infrastructure.errors import AgentmendError, ConfigurationError, StoreError
+from infrastructure.models import AgentMetrics, ExecutionRecord
+from infrastructure.monitoring.agent_window import (
     RUN,
     SOURCES,
     VERIFICATION,
@@ -56,11 +58,9 @@ from infrastructure.agent_window import (
     Row,
     log_duration,
 )
-from infrastructure.errors import AgentmendError, ConfigurationError, StoreError
-from infrastructure.execution_store import ExecutionStore
-from infrastructure.models import AgentMetrics, ExecutionRecord
-from infrastructure.run_feed import EventCursor, RunChunk, RunFeed
-from infrastructure.run_tracker import Tracker
+from infrastructure.monitoring.execution_store import ExecutionStore
+from infrastructure.monitoring.run_feed import EventCursor, RunChunk, RunFeed
+from infrastructure.monitoring.run_tracker import Tracker
 from infrastructure.store import Store
 
 __all__ = [

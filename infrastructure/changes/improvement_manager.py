@@ -16,7 +16,8 @@ the durable history: instability outlives a process.
 Files
 -----
 ``apply``, ``apply_group`` and the rollback of a change with files go through
-:class:`~infrastructure.change_protocol.ChangeProtocol`: under the root's lock, the intent is
+:class:`~infrastructure.changes.change_protocol.ChangeProtocol`: under the root's lock, the intent
+is
 recorded and synced before any file is written, so a process killed at any instant loses no
 acknowledged change and leaves no file half-written; the next open settles what it left. A
 change logged with ``log_change`` has no file behind it and rolls back as a status change.
@@ -30,9 +31,9 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from infrastructure.audit import AuditLog, ChainVerification
-from infrastructure.change_log import ChangeLog, ChangeRow
-from infrastructure.change_protocol import LIVE_STATUSES, ChangeProtocol, Content, FileEntry
+from infrastructure.changes.audit import AuditLog, ChainVerification
+from infrastructure.changes.change_log import ChangeLog, ChangeRow
+from infrastructure.changes.change_protocol import LIVE_STATUSES, ChangeProtocol, Content, FileEntry
 from infrastructure.errors import ChangeNotFound, ChangeStateError, ConfigurationError
 from infrastructure.models import (
     ChangeRecord,
@@ -64,7 +65,7 @@ class ImprovementManager:
             ``*.json`` paths). Defaults to ``.agent/agentmend.db``.
         store: an open store to use instead (not closed by :meth:`close`).
         audit_hmac_key: key for HMAC-keyed audit rows (the caller reads
-            ``AGENTMEND_AUDIT_HMAC_KEY``; see ``infrastructure.audit``).
+            ``AGENTMEND_AUDIT_HMAC_KEY``; see ``infrastructure.changes.audit``).
         max_improvements_per_session: the session budget seed 003 calls the same.
         applied_by: who the changes are attributed to by default.
         recover: settle work that crashed processes left unfinished, on open.

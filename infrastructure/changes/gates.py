@@ -9,7 +9,8 @@
 6. ``HumanApprovalGate``: a person says yes within the timeout, or ``yolo_mode`` skips it and
    the verdict says so.
 
-``default_gates`` builds them in that order; ``infrastructure.safety.run_gates`` runs them and
+``default_gates`` builds them in that order; ``infrastructure.changes.safety.run_gates`` runs them
+and
 stops at the first refusal. Every gate answers with a ``GateVerdict`` (a refusal is data the
 cycle records), and a gate that cannot decide refuses: a change nobody could judge is not made.
 
@@ -47,6 +48,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
+from infrastructure.changes.safety import (
+    ApprovalCallback,
+    ChangeReviewer,
+    Gate,
+    GateVerdict,
+    Principal,
+    ProposedChange,
+)
 from infrastructure.errors import AgentmendError, ConfigurationError, PathNotAllowed
 from infrastructure.files import resolve_inside
 from infrastructure.models import ChangeType
@@ -55,14 +64,6 @@ from infrastructure.permissions import (
     SHELL_AND_WRITE_TOOLS,
     allowed_tools,
     describe_profile,
-)
-from infrastructure.safety import (
-    ApprovalCallback,
-    ChangeReviewer,
-    Gate,
-    GateVerdict,
-    Principal,
-    ProposedChange,
 )
 
 if TYPE_CHECKING:

@@ -21,13 +21,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from infrastructure.change_log import Plan
-from infrastructure.code_validation import ValidationReport
+from infrastructure.changes.change_log import Plan
+from infrastructure.changes.safety import FileEdit, GateVerdict, ProposedChange
+from infrastructure.code_update.code_validation import ValidationReport
+from infrastructure.code_update.unified_diff import DiffError, apply_patch, parse_unified_diff
 from infrastructure.errors import AgentmendError, PathNotAllowed
 from infrastructure.files import resolve_inside, sha256_bytes
 from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.safety import FileEdit, GateVerdict, ProposedChange
-from infrastructure.unified_diff import DiffError, apply_patch, parse_unified_diff
 
 __all__ = [
     "CODE_SUFFIXES",

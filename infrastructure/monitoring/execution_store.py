@@ -24,7 +24,14 @@ from collections.abc import Callable
 from itertools import chain
 from typing import Any, NamedTuple
 
-from infrastructure.agent_window import RECENT_ERRORS, RUN, SOURCES, AgentStats, Baseline, Row
+from infrastructure.monitoring.agent_window import (
+    RECENT_ERRORS,
+    RUN,
+    SOURCES,
+    AgentStats,
+    Baseline,
+    Row,
+)
 from infrastructure.store import Store
 
 __all__ = ["ExecutionStore", "LoadedState"]

@@ -1,0 +1,2 @@
+"""Prove it: eval suites beside each agent and the before/after acceptance test a fix must
+pass to be kept."""
