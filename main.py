@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 import threading
-from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,6 +54,7 @@ Type a question to run it through the team. Commands:
   /status                 per agent: runs, success rate, p95 latency, detector, recent runs
   /inject AGENT FAULT     simulation only; FAULT is one of: {faults}
   /heal [AGENT]           simulation only: clear injected faults
+  /traffic [N]            simulation only: run N generated questions (default 20)
   /improve [AGENT]        run an improvement cycle (for AGENT, or the most urgent issue)
   /history                changes made to the agents
   /audit                  the audit trail, and whether its hash chain verifies
@@ -113,7 +113,6 @@ class Session:
         self.console = console
         self.reader = reader
         self.interactive = sys.stdin.isatty()
-        self.outcomes: dict[str, deque[bool]] = defaultdict(lambda: deque(maxlen=24))
         # the person at the keyboard invokes the changes, with the rights settings give
         user = getpass.getuser()
         principal = Principal(
@@ -181,11 +180,13 @@ class Session:
     # -- commands ----------------------------------------------------------------------------
 
     async def run(self) -> int:
+        settings = self.workspace.settings
         self.console.print(
             Text(
                 f"agentmend: {len(self.orchestrator.team.names)} agents from "
-                f"{self.workspace.team_dir}, provider {self.workspace.settings.provider}, "
-                f"workspace {self.workspace.path}. Type /help for commands.",
+                f"{self.workspace.team_dir}, provider {settings.provider}, workspace "
+                f"{self.workspace.path}; detection starts after a baseline of "
+                f"{settings.baseline_n} runs per agent. Type /help for commands.",
                 style="bold",
             )
         )
@@ -216,6 +217,7 @@ class Session:
             "/status": self.status,
             "/inject": self.inject,
             "/heal": self.heal,
+            "/traffic": self.traffic,
             "/improve": self.improve,
             "/history": self.history,
             "/audit": self.audit,
@@ -233,8 +235,6 @@ class Session:
         task = await self._abortable(self.orchestrator.execute_task(question))
         if task is None:
             return
-        for name, result in task.results.items():
-            self.outcomes[name].append(result.success)
         self.console.print(task_table(task))
         for cycle in task.cycles:
             self.console.print(cycle_summary_line(cycle))
@@ -245,9 +245,7 @@ class Session:
         orchestrator = self.orchestrator
         metrics = orchestrator.monitor.get_metrics()
         stats = {name: orchestrator.detector.statistics(name) for name in metrics}
-        self.console.print(
-            status_table(metrics, stats, self.outcomes, baseline_n=orchestrator.monitor.baseline_n)
-        )
+        self.console.print(status_table(metrics, stats, baseline_n=orchestrator.monitor.baseline_n))
         if not metrics:
             self.console.print("no executions yet: ask the team a question")
 
@@ -285,6 +283,30 @@ class Session:
             self.orchestrator.team.spec(agent)
         runtime.heal(agent)
         self.console.print(f"healed {agent or 'every agent'}")
+
+    async def traffic(self, args: list[str]) -> None:
+        if self._simulation() is None:
+            return
+        try:
+            count = int(args[0]) if args else 20
+        except ValueError:
+            count = 0
+        if not 1 <= count <= 1000 or len(args) > 1:
+            self.console.print(Text("usage: /traffic [N], N from 1 to 1000", "red"))
+            return
+        failures: dict[str, int] = {}
+        for n in range(count):
+            task = await self._abortable(
+                self.orchestrator.execute_task(f"Simulated learner question {n + 1}")
+            )
+            if task is None:
+                return
+            for name in task.failed:
+                failures[name] = failures.get(name, 0) + 1
+            for cycle in task.cycles:
+                self.console.print(cycle_summary_line(cycle))
+        failed = ", ".join(f"{name} {k}" for name, k in sorted(failures.items())) or "none"
+        self.console.print(f"ran {count} question(s) through the team; failed runs: {failed}")
 
     async def improve(self, args: list[str]) -> None:
         orchestrator = self.orchestrator
@@ -372,7 +394,15 @@ def _check_provider(settings: Settings) -> None:
         )
 
 
+SIMULATED_BASELINE_N = 30
+"""The simulated team's detection baseline, unless AGENTMEND_BASELINE_N says otherwise: 500
+runs per agent (the production default) would take an afternoon of typing to fill."""
+
+
 async def _session(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    simulated = settings.provider == "offline" and args.agents is None
+    if simulated and "AGENTMEND_BASELINE_N" not in os.environ:
+        settings = settings.model_copy(update={"baseline_n": SIMULATED_BASELINE_N})
     with Workspace.open(args.workspace, settings=settings, team_dir=args.agents) as workspace:
         session = Session(
             workspace, console, LineReader(asyncio.get_running_loop()), seed=args.seed

@@ -86,7 +86,6 @@ def _detector_cell(stats: Mapping[str, Any] | None, baseline_n: int) -> str:
 def status_table(
     metrics: Mapping[str, AgentMetrics],
     detector_stats: Mapping[str, Mapping[str, Any] | None],
-    recent: Mapping[str, Sequence[bool]],
     *,
     baseline_n: int,
 ) -> Table:
@@ -107,7 +106,7 @@ def status_table(
             rate,
             f"{m.p95_duration_ms:.0f}",
             _detector_cell(detector_stats.get(name), baseline_n),
-            sparkline(list(recent.get(name, ()))[-24:]),
+            sparkline(m.recent_outcomes[-24:]),
         )
     return table
 

@@ -94,6 +94,8 @@ class AgentMetrics(_Frozen):
     cost_usd: float = 0.0
     last_error: str | None = None
     recent_errors: tuple[str, ...] = ()
+    recent_outcomes: tuple[bool, ...] = ()
+    """Success of each run in the window, oldest first (what ``/status`` draws)."""
 
 
 class IssueReport(_Frozen):

@@ -71,6 +71,19 @@ def test_a_scripted_session_detects_asks_fixes_and_shows_status(tmp_path: Path) 
     assert spec.max_tokens > 2048
 
 
+def test_a_detected_issue_asks_before_the_cycle_and_then_for_the_change(tmp_path: Path) -> None:
+    script = "/traffic 35\n/inject research-agent truncation\n/traffic 10\ny\ny\n/quit\n"
+    done = _run(["--workspace", "ws"], script, tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())  # rich wraps long lines at the console width
+    assert "detection starts after a baseline of 30 runs per agent" in out
+    assert "⚠ Performance issue in research-agent" in out
+    assert "Run self-improvement cycle?" in out
+    assert out.index("Run self-improvement cycle?") < out.index("cycle started")
+    assert "Apply this change to research-agent? (y/n) y" in out
+    assert "on research-agent: kept" in out
+
+
 def test_no_answer_to_the_approval_prompt_means_reject(tmp_path: Path) -> None:
     team = tmp_path / "ws" / "agents"
     script = "/inject research-agent truncation\n/improve research-agent\n"

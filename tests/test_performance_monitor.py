@@ -93,6 +93,7 @@ def test_metrics_window_and_lifetime_fields(monitor: PerformanceMonitor) -> None
     assert m.cost_usd == pytest.approx(3.5)
     # window = last 5 runs: 300..700, outcomes T T F F T
     assert m.success_rate == pytest.approx(0.6)
+    assert m.recent_outcomes == (True, True, False, False, True)
     assert m.error_rate == pytest.approx(0.4)
     assert m.avg_duration_ms == pytest.approx(500.0)
     assert m.p95_duration_ms == 700.0

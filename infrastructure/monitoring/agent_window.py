@@ -194,4 +194,5 @@ class AgentStats:
             cost_usd=self.cost_usd,
             last_error=self.recent_errors[-1] if self.recent_errors else None,
             recent_errors=tuple(self.recent_errors),
+            recent_outcomes=tuple(s for s, _ in self.window),
         )
