@@ -35,7 +35,7 @@ from agents.console_views import (
     status_table,
     task_table,
 )
-from agents.cycle import CycleEvent
+from agents.cycle import CycleEvent, CycleResult
 from agents.meta_orchestrator import MetaOrchestrator
 from agents.team import UnknownAgent
 from agents.workspace import Workspace
@@ -64,6 +64,7 @@ Type a question to run it through the team. Commands:
   /help, /quit"""
 
 _KEY_PROVIDERS = {"anthropic", "claude-agent-sdk"}
+_YES_NO = {"y", "yes", "n", "no"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -128,6 +129,7 @@ class Session:
             on_progress=self._show_event,
         )
         self._work: asyncio.Task[Any] | None = None
+        self._interrupted = False
 
     # -- prompts -----------------------------------------------------------------------------
 
@@ -138,16 +140,25 @@ class Session:
             self.console.print(answer or "")
         return (answer or "").strip().lower() in ("y", "yes")
 
+    async def _ask_in_time(self, question: str) -> bool:
+        try:
+            return await self._ask_yes_no(question)
+        except asyncio.CancelledError:
+            if self._interrupted:
+                raise  # Ctrl-C, not the prompt's own time limit
+            self.console.print(Text("\nno answer in time: counted as no", style="yellow"))
+            raise
+
     async def _confirm_cycle(self, issue: IssueReport) -> bool:
         self.console.print(issue_line(issue))
         timeout = self.orchestrator.settings.auto_decision_timeout
-        return await self._ask_yes_no(
+        return await self._ask_in_time(
             f"Run self-improvement cycle? (no answer in {timeout:g}s means no)"
         )
 
     async def _approve_change(self, change: ProposedChange) -> bool:
         self.console.print(Syntax(change.diff or "(no diff)", "diff", word_wrap=True))
-        return await self._ask_yes_no(f"Apply this change to {change.action.target_agent}?")
+        return await self._ask_in_time(f"Apply this change to {change.action.target_agent}?")
 
     def _show_event(self, event: CycleEvent) -> None:
         self.console.print(cycle_event_line(event))
@@ -169,11 +180,13 @@ class Session:
             return None
         finally:
             self._work = None
+            self._interrupted = False
 
     def interrupt(self) -> bool:
         """Abort the running task; False when nothing is running (then Ctrl-C quits)."""
         if self._work is None or self._work.done():
             return False
+        self._interrupted = True
         self._work.cancel()
         return True
 
@@ -203,6 +216,13 @@ class Session:
                 self.console.print(Text(f"agentmend> {line}", style="dim"))
             if line in ("/quit", "/exit"):
                 return 0
+            if line.lower() in _YES_NO:
+                # an answer that came after its prompt timed out (which counted as no) must
+                # not go to the team as a question
+                self.console.print(
+                    "no question is waiting for a yes/no answer (no answer in time counts as no)"
+                )
+                continue
             try:
                 await self.dispatch(line)
             except AgentmendError as exc:
@@ -310,15 +330,25 @@ class Session:
 
     async def improve(self, args: list[str]) -> None:
         orchestrator = self.orchestrator
+        issue = None
         if args:
-            issue = await orchestrator.issue_for(args[0], requested_by="the interactive session")
+            orchestrator.team.spec(args[0])  # UnknownAgent names the agents there are
         else:
-            found = orchestrator.check_performance_issues()
-            if found is None:
+            issue = orchestrator.check_performance_issues()
+            if issue is None:
                 self.console.print("no open issue; name an agent: /improve AGENT")
                 return
-            issue = found
-        result = await self._abortable(orchestrator.run_improvement_cycle(issue))
+
+        async def diagnose_and_fix(issue: IssueReport | None) -> CycleResult:
+            # reproducing on the eval suite can take minutes on a real provider: Ctrl-C
+            # aborts it like the cycle itself
+            if issue is None:
+                issue = await orchestrator.issue_for(
+                    args[0], requested_by="the interactive session"
+                )
+            return await orchestrator.run_improvement_cycle(issue)
+
+        result = await self._abortable(diagnose_and_fix(issue))
         if result is not None:
             self.console.print(cycle_summary_line(result))
 

@@ -221,3 +221,14 @@ def test_the_anthropic_provider_runs_your_own_agents_for_real(
     assert "You add numbers" in str(request.json["system"])
     assert request.json["max_tokens"] == 256
     assert "arithmetic" in done.stdout.split("/status", 1)[1]
+
+
+def test_a_late_yes_is_not_sent_to_the_team_as_a_question(tmp_path: Path) -> None:
+    with _Interactive(["--workspace", "ws"], tmp_path, AGENTMEND_AUTO_DECISION_TIMEOUT="1") as s:
+        s.send("/inject research-agent truncation\n/improve research-agent\n")
+        s.wait_for("no answer within 1s means reject")
+        s.send("y\n/quit\n")
+        assert s.finish() == 0
+    assert "no answer in time: counted as no" in s.output
+    assert "no question is waiting for a yes/no answer" in s.output
+    assert "Q: y" not in s.output
