@@ -29,8 +29,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import structlog
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents.cycle import CycleEvent, CycleResult
@@ -44,6 +42,7 @@ from infrastructure.simulation import (
     FaultKind,
     SimulatedRuntime,
 )
+from infrastructure.structured_logger import configure_logging
 
 CATEGORY = {
     FaultKind.TRUNCATION: "truncation",
@@ -343,8 +342,8 @@ async def main() -> None:
     parser.add_argument("--recovered", type=float, default=0.85, help="success rate = repaired")
     args = parser.parse_args()
     args_ns.recovered = args.recovered
-    # the figures are the loop's, not the console's: log only warnings
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    # the figures are the loop's, not the console's: only errors, and on stderr
+    configure_logging(logging.ERROR, stream=sys.stderr)
     started = time.perf_counter()
     outcomes: list[Outcome] = []
     crashes: list[Outcome] = []
