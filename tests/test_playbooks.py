@@ -719,3 +719,16 @@ async def test_supervisor_rejects_what_it_cannot_read() -> None:
     assert result.output is not None
     assert not result.output.approved
     assert "proposed_change" in result.output.reason
+
+
+def test_a_run_too_long_for_any_sane_timeout_moves_to_a_faster_model() -> None:
+    quote = "10 runs hit my timeout of 2000 s with about 40% of the work done, so a complete run would take about 5000 s."  # noqa: E501
+    models = ["claude-opus-4-6", "claude-sonnet-4-6", "claude-haiku-4-5"]
+    on_sonnet = plan_for(_analysis("timeout", [quote]), _cfg(model="claude-sonnet-4-6"), models)
+    (action,) = on_sonnet.actions
+    assert (action.action_type, action.target_field) == (ChangeType.MODEL_CHANGE, "model")
+    assert action.new_value == "claude-haiku-4-5"
+    # already on the fastest family: the timeout goes to its cap instead
+    on_haiku = plan_for(_analysis("timeout", [quote]), _cfg(model="claude-haiku-4-5"), models)
+    (capped,) = on_haiku.actions
+    assert (capped.target_field, capped.new_value) == ("timeout_s", 3600)

@@ -14,8 +14,9 @@ tool_denied         tools += the tools the denial quotes (only when the definiti
                     widens, so nothing is proposed)
 model_unavailable   model = the first available model that was not reported missing,
                     preferring one the agent says is served and one of the same family
-timeout             timeout_s = max(2 x current, quoted full run time x 1.5), at most
-                    3600 s
+timeout             timeout_s = max(2 x current, quoted full run time x 1.5); when that
+                    would pass 3600 s, a faster model family instead (haiku < sonnet <
+                    opus), else timeout_s = 3600 s
 format_violation    append the format instruction the evidence quotes (else one built
                     from the quoted heading, else a generic one) as the prompt's last line
 rate_limit          nothing: transient, not a configuration fault
@@ -227,13 +228,28 @@ def _model_unavailable(analysis: _Analysis, config: _Config, models: list[str]) 
     )
 
 
-def _timeout(analysis: _Analysis, config: _Config) -> ImprovementPlan:
+def _timeout(analysis: _Analysis, config: _Config, models: list[str]) -> ImprovementPlan:
     current = config.timeout_s or DEFAULT_TIMEOUT_S
     full = full_run_seconds(analysis.evidence)
-    target = min(float(math.ceil(max(2 * current, full * 1.5 if full else 0.0))), MAX_TIMEOUT_S)
+    wanted = float(math.ceil(max(2 * current, full * 1.5 if full else 0.0)))
+    if wanted > MAX_TIMEOUT_S:
+        # no timeout within reason lets the run finish: a faster model is the other lever
+        faster = _faster_model(config.model, models)
+        if faster is not None:
+            basis = f"a complete run takes about {full:g} s" if full else "runs hit the timeout"
+            why = (
+                f"{basis}, beyond what a {MAX_TIMEOUT_S:g} s timeout allows; {faster} "
+                f"generates faster than {config.model}"
+            )
+            return ImprovementPlan(
+                actions=[_action(ChangeType.MODEL_CHANGE, analysis, "model", faster, why)],
+                summary=f"switch {config.name} to the faster {faster}",
+            )
+    target = min(wanted, MAX_TIMEOUT_S)
     if target <= current:
         return ImprovementPlan(
-            summary=f"timeout_s is {current:g}, already at the {MAX_TIMEOUT_S:g} s cap"
+            summary=f"timeout_s is {current:g}, already at the {MAX_TIMEOUT_S:g} s cap, and "
+            "no faster model is available"
         )
     basis = f"a complete run takes about {full:g} s" if full else "runs hit the timeout"
     why = f"{basis}; timeout_s {current:g} cuts them off, so raise it to {target:g}"
@@ -241,6 +257,18 @@ def _timeout(analysis: _Analysis, config: _Config) -> ImprovementPlan:
         actions=[_action(ChangeType.PARAMETER_ADJUSTMENT, analysis, "timeout_s", target, why)],
         summary=f"raise timeout_s from {current:g} to {target:g}",
     )
+
+
+_FASTEST_FIRST = ("haiku", "sonnet", "opus")
+"""Model families by generation speed, as their vendor positions them."""
+
+
+def _faster_model(model: str | None, models: list[str]) -> str | None:
+    family = _family(model or "")
+    if family not in _FASTEST_FIRST:
+        return None
+    faster = _FASTEST_FIRST[: _FASTEST_FIRST.index(family)]
+    return next((m for m in models if _family(m) in faster), None)
 
 
 def _last_line(prompt: str) -> str:
@@ -315,7 +343,7 @@ def _plan(
     if category == "model_unavailable":
         return _model_unavailable(analysis, config, models)
     if category == "timeout":
-        return _timeout(analysis, config)
+        return _timeout(analysis, config, models)
     if category == "format_violation":
         return _format_violation(analysis, config)
     if category == "rate_limit":
