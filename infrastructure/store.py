@@ -16,9 +16,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import structlog
+
 from infrastructure.errors import StoreError
 
 __all__ = ["Store"]
+
+log = structlog.get_logger(__name__)
 
 _BUSY_TIMEOUT_MS = 30_000
 
@@ -85,7 +89,10 @@ class Store:
                 not control.
 
         Raises:
-            StoreError: ``durable`` inside an open transaction.
+            StoreError: ``durable`` inside an open transaction, or BEGIN or COMMIT failed (the
+                database is locked past the busy timeout, the disk is full, ...); it names
+                the database and keeps SQLite's error as ``__cause__``. An error raised inside
+                the block propagates unchanged after the rollback.
         """
         conn = self.connection()
         if conn.in_transaction:
@@ -96,48 +103,78 @@ class Store:
             yield conn
             return
         previous: int | None = None  # the sync mode to put back after a durable commit
-        if durable:
-            previous = int(conn.execute("PRAGMA synchronous").fetchone()[0])
-            conn.execute("PRAGMA synchronous=FULL")
         try:
+            if durable:
+                previous = int(conn.execute("PRAGMA synchronous").fetchone()[0])
+                conn.execute("PRAGMA synchronous=FULL")
             conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self._restore_sync(conn, previous)
+            raise StoreError(f"cannot begin a transaction on {self.path}: {exc}") from exc
+        try:
             try:
                 yield conn
             except BaseException:
-                conn.execute("ROLLBACK")
+                # SQLite ends the transaction itself on some errors (disk full, I/O error);
+                # a ROLLBACK then would fail and hide the error that matters.
+                self._rollback(conn)
                 raise
-            else:
+            try:
                 conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback(conn)  # a COMMIT that fails may leave the transaction open
+                raise StoreError(f"cannot commit to {self.path}: {exc}") from exc
         finally:
-            if previous is not None:
-                conn.execute(f"PRAGMA synchronous={previous}")
+            self._restore_sync(conn, previous)
+
+    def _rollback(self, conn: sqlite3.Connection) -> None:
+        """Roll back what is still open, never masking the error being handled."""
+        if not conn.in_transaction:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            log.error("store_rollback_failed", path=str(self.path), error=str(exc))
+
+    def _restore_sync(self, conn: sqlite3.Connection, previous: int | None) -> None:
+        if previous is None:
+            return
+        try:
+            conn.execute(f"PRAGMA synchronous={previous}")
+        except sqlite3.Error as exc:  # only slower commits follow; not worth hiding an error
+            log.error("store_sync_mode_not_restored", path=str(self.path), error=str(exc))
 
     def migrate(self, component: str, migrations: Sequence[str]) -> None:
         """Bring ``component``'s tables up to ``len(migrations)``, applying what is missing.
 
-        Each migration is a SQL script run in its own transaction with the version bump, so a
-        crash mid-migration leaves the component at the previous version.
+        Each migration is a SQL script run in its own transaction with its version bump, so a
+        crash or a failing script leaves the component at the last version that completed.
+        The version is read again inside each transaction, so processes migrating the same
+        store at once never run a script twice. Called inside an open transaction, the
+        migrations join it and commit or roll back with it.
         """
         if component in self._migrated:
             return
         conn = self.connection()
-        with self.transaction():
-            row = conn.execute(
-                "SELECT version FROM schema_versions WHERE component = ?", (component,)
-            ).fetchone()
-            current = int(row[0]) if row else 0
-            if current > len(migrations):
-                raise StoreError(
-                    f"{self.path}: component {component!r} is at schema version {current}, "
-                    f"newer than this agentmend knows ({len(migrations)})"
-                )
-            for version in range(current, len(migrations)):
-                for statement in _split_sql(migrations[version]):
+        while True:
+            with self.transaction():
+                row = conn.execute(
+                    "SELECT version FROM schema_versions WHERE component = ?", (component,)
+                ).fetchone()
+                current = int(row[0]) if row else 0
+                if current > len(migrations):
+                    raise StoreError(
+                        f"{self.path}: component {component!r} is at schema version "
+                        f"{current}, newer than this agentmend knows ({len(migrations)})"
+                    )
+                if current == len(migrations):
+                    break
+                for statement in _split_sql(migrations[current]):
                     conn.execute(statement)
                 conn.execute(
                     "INSERT INTO schema_versions (component, version) VALUES (?, ?) "
                     "ON CONFLICT(component) DO UPDATE SET version = excluded.version",
-                    (component, version + 1),
+                    (component, current + 1),
                 )
         self._migrated.add(component)
 

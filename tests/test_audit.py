@@ -171,6 +171,89 @@ def test_an_unreadable_head_file_is_reported(store: Store) -> None:
     assert [p.kind for p in result.problems] == ["head_unreadable"]
 
 
+def _garble(audit: AuditLog) -> None:
+    audit.head_path.write_bytes(b"garbage".ljust(256))  # torn or overwritten
+
+
+def test_an_unreadable_head_is_named_and_repaired_when_every_row_verifies(store: Store) -> None:
+    audit = AuditLog(store)
+    _fill(audit, 2)
+    _garble(audit)
+    kept = audit.verify_chain(repair=False)
+    assert [p.kind for p in kept.problems] == ["head_unreadable"]
+    assert str(audit.head_path) in kept.problems[0].detail
+    assert not kept.repaired
+    assert audit.head_path.read_bytes() == b"garbage".ljust(256)
+    repaired = audit.verify_chain()
+    assert [p.kind for p in repaired.problems] == ["head_unreadable"]  # this run still says so
+    assert repaired.repaired
+    again = audit.verify_chain()
+    assert again  # the head names row 2 again ...
+    assert len(again.notes) == 1  # ... and the event stays on record for good
+    assert "rewritten (to name row 2) after being unreadable at" in again.notes[0]
+    assert str(audit.head_path) in again.notes[0]
+
+
+def test_an_unreadable_head_is_not_rewritten_over_rows_that_fail(store: Store) -> None:
+    audit = AuditLog(store)
+    _fill(audit, 3)
+    _garble(audit)
+    _raw(store, "UPDATE audit_log SET new_value = 'forged' WHERE id = 2")
+    result = audit.verify_chain()
+    assert {p.kind for p in result.problems} == {"edited", "head_unreadable"}
+    assert not result.repaired
+    assert audit.head_path.read_bytes() == b"garbage".ljust(256)
+
+
+def test_an_unreadable_head_of_an_empty_log_is_cleared(store: Store) -> None:
+    audit = AuditLog(store)
+    _garble(audit)
+    assert audit.verify_chain().repaired
+    assert audit.verify_chain().problems == ()
+
+
+def test_a_write_carries_on_past_an_unreadable_head_and_the_rewrite_is_reported(
+    store: Store,
+) -> None:
+    """A damaged head must not stop the loop, nor may its rewrite erase the evidence."""
+    audit = AuditLog(store)
+    _fill(audit, 2)
+    _garble(audit)
+    _fill(audit, 1)  # does not raise; its head write replaces the garbage
+    assert audit.head_path.read_bytes() != b"garbage".ljust(256)
+    with audit.transaction():
+        pass  # a transaction without rows records nothing
+    for _ in range(2):  # reported on every run until a repair run has reported it
+        result = audit.verify_chain(repair=False)
+        assert [p.kind for p in result.problems] == ["head_was_unreadable"]
+        detail = result.problems[0].detail
+        assert "rewritten (to name row 3) after being unreadable at" in detail
+        assert str(audit.head_path) in detail
+    assert not audit.verify_chain()  # reported here once more, and marked reported
+    later = audit.verify_chain()
+    assert later
+    assert len(later.notes) == 1
+    assert "after being unreadable" in later.notes[0]
+
+
+def test_a_write_that_finds_the_head_unreadable_and_rolls_back_records_nothing(
+    store: Store,
+) -> None:
+    audit = AuditLog(store)
+    _fill(audit, 1)
+    _garble(audit)
+
+    def append_then_fail() -> None:
+        with audit.transaction() as txn:
+            txn.append(agent_name="a", edit_type="e", old_value=1, new_value=2, user_id="u")
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        append_then_fail()
+    result = audit.verify_chain(repair=False)
+    assert [p.kind for p in result.problems] == ["head_unreadable"]  # still there, still said
+
+
 def test_a_head_one_row_behind_after_a_crash_is_repaired(store: Store) -> None:
     """The crash between the row's commit and the head write, reproduced byte for byte."""
     audit = AuditLog(store)

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,11 +26,13 @@ from tiny_project import (
 )
 
 from agents.code_review import CodeReviewer
-from infrastructure.changes.change_log import list_decisions, list_plans
+from infrastructure.changes.change_log import list_decisions, list_plans, save_plan, update_plan
+from infrastructure.changes.change_protocol import FileEntry
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.code_update.code_plans import PlanPaths
 from infrastructure.code_update.unified_diff import DiffError, apply_patch, parse_unified_diff
 from infrastructure.code_update.updater import (
+    CODE_TARGET,
     CodeUpdateError,
     CodeUpdater,
     FileOperation,
@@ -38,7 +40,7 @@ from infrastructure.code_update.updater import (
     PlanStateError,
 )
 from infrastructure.errors import PathNotAllowed
-from infrastructure.models import ChangeStatus
+from infrastructure.models import ChangeRecord, ChangeStatus, ChangeType, ImprovementAction
 from infrastructure.settings import Settings
 from infrastructure.store import Store
 
@@ -420,6 +422,80 @@ def test_approving_twice_or_a_plan_of_another_root_fails(
     with pytest.raises(PlanNotFound):
         other.get(plan.plan_id)
     assert [p.plan_id for p in updater.status().pending_plans] == [plan.plan_id]
+
+
+def _code_action(plan_id: str) -> ImprovementAction:
+    return ImprovementAction(
+        target_agent=CODE_TARGET,
+        action_type=ChangeType.CODE_PATCH,
+        rationale=plan_id,
+        confidence_score=1.0,
+    )
+
+
+def test_a_plan_left_executing_is_recovered_however_many_plans_came_after(
+    project: Path, manager: ImprovementManager
+) -> None:
+    """Recovery used to look at the newest 200 plans of any kind only."""
+    updater = _updater(project, manager)
+    plan = updater.create_plan("break it", [_modify("calc/__init__.py", CALC_BROKEN)])
+    updater.approve(plan.plan_id)
+    # what a process that died while validating leaves: the group applied, the plan executing
+    manager.apply_group(
+        [(_code_action(plan.plan_id), "calc/__init__.py", CALC_BROKEN)],
+        root=project,
+        applied_by=f"code_update:{plan.plan_id}",
+    )
+    update_plan(manager.store, plan.plan_id, status="executing")
+    for i in range(250):
+        save_plan(manager.store, description=f"later {i}", payload={"kind": "other"})
+    active = updater.status().active_improvement
+    assert active is not None
+    assert active.plan_id == plan.plan_id
+    assert updater.recover() == [plan.plan_id]
+    settled = updater.get(plan.plan_id)
+    assert settled.status == "failed"
+    assert settled.result is not None
+    assert settled.result["rollback_performed"]
+    assert (project / "calc" / "__init__.py").read_text() == CALC
+    assert updater.recover() == []
+
+
+class _BrokenDiskManager(ImprovementManager):
+    """A manager whose apply fails with an error that is not agentmend's, as a full disk does."""
+
+    def apply_group(
+        self,
+        actions_and_files: Sequence[FileEntry],
+        *,
+        root: str | Path,
+        applied_by: str | None = None,
+        user_id: str | None = None,
+        user_name: str | None = None,
+    ) -> list[ChangeRecord]:
+        raise OSError(28, "No space left on device")
+
+
+async def test_an_unexpected_apply_error_fails_the_plan_records_why_and_propagates(
+    project: Path, tmp_path: Path
+) -> None:
+    with _BrokenDiskManager(tmp_path / "ws" / "broken.db") as broken:
+        updater = _updater(project, broken)
+        plan = updater.create_plan("docs", [_modify("README.md", "# changed\n")])
+        updater.approve(plan.plan_id)
+        with pytest.raises(OSError, match="No space left"):
+            await updater.execute(plan.plan_id)
+        failed = updater.get(plan.plan_id)
+        assert failed.status == "failed"
+        assert failed.result is not None
+        assert "could not apply: OSError" in failed.result["reason"]
+        [decision] = list_decisions(broken.store, kind="code_update.executed")
+        assert (decision.payload["plan_id"], decision.payload["status"]) == (
+            plan.plan_id,
+            "failed",
+        )
+        assert updater.recover() == []  # nothing is left executing
+    assert (project / "README.md").read_text() == README
 
 
 _CRASH_CHILD = """

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import sqlite3
 import tempfile
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from infrastructure.changes.audit import AuditLog, AuditTransaction
 from infrastructure.changes.change_log import (
     ChangeLog,
     StoredFile,
@@ -24,6 +27,7 @@ from infrastructure.changes.change_log import (
     save_plan,
     update_plan,
 )
+from infrastructure.changes.change_protocol import ChangeProtocol
 from infrastructure.changes.improvement_manager import (
     ChangeStatus,
     ChangeType,
@@ -650,6 +654,112 @@ def test_an_interrupted_rollback_is_completed_on_open(tmp_path: Path, root: Path
     assert _tree(root) == before
 
 
+def test_a_damaged_audit_head_blocks_no_open_apply_rollback_or_log(
+    tmp_path: Path, root: Path
+) -> None:
+    """The reviewer's case: a garbled head used to stop every write, even opening the store."""
+    before = _tree(root)
+    db = tmp_path / "h.db"
+    with ImprovementManager(db) as m:
+        m.apply(_action(), path="agents/writer.md", new_content="v1", root=root)
+        head = m.audit.head_path
+    head.write_bytes(b"garbage".ljust(256))
+    with ImprovementManager(db) as m:  # opening recovers, which may write: no error
+        second = m.apply(_action(), path="agents/writer.md", new_content="v2", root=root)
+        assert (root / "agents/writer.md").read_text() == "v2"
+        m.log_change(_action(), ChangeStatus.APPLIED)
+        head.write_bytes(b"garbage".ljust(256))
+        rolled = m.rollback_by_id(second.change_id)
+        assert rolled
+        record = m.get_change(second.change_id)
+        assert record is not None
+        assert record.status is ChangeStatus.ROLLED_BACK
+        assert (root / "agents/writer.md").read_text() == "v1"
+        found = m.verify_audit_chain()
+        assert [p.kind for p in found.problems] == ["head_was_unreadable"] * 2
+        assert all(str(head) in p.detail for p in found.problems)
+        after = m.verify_audit_chain()
+        assert after
+        assert len(after.notes) == 2
+        assert m.rollback_last() is not None  # the logged change; the first apply is next
+        assert m.rollback_last() is not None
+    assert _tree(root) == before
+
+
+class _FailingCommitAudit(AuditLog):
+    """An audit log whose next ``failures`` commits fail after their writes, like a full disk."""
+
+    failures = 0
+
+    @contextmanager
+    def transaction(self) -> Iterator[AuditTransaction]:
+        with super().transaction() as txn:
+            yield txn
+            if self.failures:
+                self.failures -= 1
+                raise sqlite3.OperationalError("disk I/O error")
+
+
+def _failing_audit(m: ImprovementManager, failures: int) -> _FailingCommitAudit:
+    audit = _FailingCommitAudit(m.store)
+    audit.failures = failures
+    m.audit = audit
+    m.protocol = ChangeProtocol(m.store, m.changes, audit)
+    return audit
+
+
+def test_a_rollback_whose_status_commit_fails_once_is_completed_at_once(
+    manager: ImprovementManager, root: Path
+) -> None:
+    """Files restored, status not committed: the rollback must not leave them APPLIED."""
+    before = _tree(root)
+    applied = manager.apply(_action(), path="agents/writer.md", new_content="v2", root=root)
+    audit = _failing_audit(manager, failures=1)
+    assert manager.rollback_by_id(applied.change_id, reason="undo it")
+    assert audit.failures == 0  # the first status commit did fail
+    record = manager.get_change(applied.change_id)
+    assert record is not None
+    assert record.status is ChangeStatus.ROLLED_BACK
+    assert record.rollback_info is not None
+    assert record.rollback_info["reason"] == "undo it"
+    assert _tree(root) == before
+    [undo] = [e for e in manager.audit.entries() if e.edit_type == "rollback"]
+    assert undo.old_value == f"(sha256 {sha256_bytes(b'v2')})"  # the v2 it undid, by hash
+    assert manager.verify_audit_chain()
+
+
+def test_a_rollback_whose_status_commit_keeps_failing_is_completed_on_the_next_open(
+    tmp_path: Path, root: Path
+) -> None:
+    before = _tree(root)
+    db = tmp_path / "h.db"
+    with ImprovementManager(db) as m:
+        applied = m.apply(_action(), path="agents/writer.md", new_content="v2", root=root)
+        _failing_audit(m, failures=10)
+        with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+            m.rollback_by_id(applied.change_id, reason="undo it")
+        assert _tree(root) == before  # the files are restored ...
+        row = m.changes.get(applied.change_id)
+        assert row is not None  # ... the status could not say so, but the intent does
+        assert (row.status, row.rollback_pending is not None) == (ChangeStatus.APPLIED, True)
+    with ImprovementManager(db) as reopened:
+        record = reopened.get_change(applied.change_id)
+        assert record is not None
+        assert record.status is ChangeStatus.ROLLED_BACK
+        assert record.rollback_info is not None
+        assert (record.rollback_info["reason"], record.rollback_info["recovered"]) == (
+            "undo it",
+            True,
+        )
+        assert [e.edit_type for e in reopened.audit.entries()] == [
+            "prompt_modification",
+            "rollback",
+        ]
+        assert reopened.verify_audit_chain()
+        assert reopened.rollback_last() is None
+    assert _tree(root) == before
+
+
 def test_recovery_waits_for_a_live_writer_instead_of_undoing_it(tmp_path: Path, root: Path) -> None:
     """A PENDING change whose owner holds the root lock is in flight, not interrupted."""
     db = tmp_path / "h.db"
@@ -726,6 +836,24 @@ def test_plans_round_trip_and_update(tmp_path: Path) -> None:
         assert get_plan(store, "missing") is None
         with pytest.raises(KeyError):
             update_plan(store, "missing", status="x")
+
+
+def test_plans_filter_by_status_and_payload_in_sql_without_a_cap(tmp_path: Path) -> None:
+    with Store(tmp_path / "p.db") as store:
+        wanted = save_plan(
+            store, description="old", payload={"kind": "code", "root": "/a"}, status="executing"
+        )
+        save_plan(store, description="other root", payload={"kind": "code", "root": "/b"},
+                  status="executing")  # fmt: skip
+        for i in range(60):
+            save_plan(store, description=f"n{i}", payload={"kind": "x"}, status="executing")
+        assert wanted not in list_plans(store, status="executing")  # the default keeps 50
+        match = {"kind": "code", "root": "/a"}
+        assert list_plans(store, status="executing", limit=None, payload=match) == [wanted]
+        assert list_plans(store, status="done", limit=None, payload=match) == []
+        assert len(list_plans(store, limit=None)) == 62
+        with pytest.raises(ValueError, match="not a plain field name"):
+            list_plans(store, payload={"a.b": "x"})
 
 
 def test_decisions_are_appended_and_filtered(tmp_path: Path) -> None:

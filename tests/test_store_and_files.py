@@ -74,6 +74,85 @@ def test_transaction_rolls_back_on_error(tmp_path: Path) -> None:
         assert store.connection().execute("SELECT count(*) FROM things").fetchone()[0] == 0
 
 
+def test_each_migration_commits_on_its_own(tmp_path: Path) -> None:
+    """A failing script keeps the versions before it: each runs in its own transaction."""
+    with Store(tmp_path / "a.db") as store:
+        with pytest.raises(sqlite3.OperationalError, match="nope"):
+            store.migrate("things", [V1, "ALTER TABLE nope ADD COLUMN x TEXT"])
+        assert store.schema_version("things") == 1
+        assert store.connection().execute("SELECT count(*) FROM things").fetchone() == (0,)
+        store.migrate("things", [V1, V2])  # carries on from version 1
+        assert store.schema_version("things") == 2
+
+
+def test_a_full_disk_inside_a_transaction_raises_the_real_error(tmp_path: Path) -> None:
+    """SQLite ends the transaction itself on SQLITE_FULL; no ROLLBACK error may hide that."""
+    with Store(tmp_path / "a.db") as store:
+        store.migrate("blobs", ["CREATE TABLE blobs (data BLOB)"])
+        store.connection().execute("PRAGMA max_page_count=20")
+
+        def fill() -> None:
+            with store.transaction(durable=True) as conn:
+                for _ in range(50):
+                    conn.execute("INSERT INTO blobs VALUES (?)", (b"x" * 4000,))
+
+        with pytest.raises(sqlite3.OperationalError, match="full"):
+            fill()
+        conn = store.connection()
+        assert not conn.in_transaction
+        assert _sync_mode(store) == 1
+        conn.execute("PRAGMA max_page_count=100000")
+        with store.transaction() as c:  # the connection is usable again
+            c.execute("INSERT INTO blobs VALUES (x'00')")
+        assert conn.execute("SELECT count(*) FROM blobs").fetchone() == (1,)
+
+
+def test_a_failed_commit_is_a_store_error_naming_the_database(tmp_path: Path) -> None:
+    db = tmp_path / "a.db"
+    with Store(db) as store:
+        store.migrate(
+            "fk",
+            [
+                "CREATE TABLE parent (id INTEGER PRIMARY KEY);"
+                " CREATE TABLE child (pid INTEGER REFERENCES parent (id)"
+                " DEFERRABLE INITIALLY DEFERRED)"
+            ],
+        )
+
+        def orphan() -> None:
+            with store.transaction() as conn:
+                conn.execute("INSERT INTO child VALUES (7)")  # checked only at COMMIT
+
+        with pytest.raises(StoreError, match=f"cannot commit to {db}") as caught:
+            orphan()
+        assert isinstance(caught.value.__cause__, sqlite3.IntegrityError)
+        conn = store.connection()
+        assert not conn.in_transaction  # rolled back, not left open
+        assert conn.execute("SELECT count(*) FROM child").fetchone() == (0,)
+
+
+def test_a_begin_that_cannot_get_the_lock_is_a_store_error_naming_the_database(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "a.db"
+    with Store(db) as store:
+        store.migrate("things", [V1])
+        store.connection().execute("PRAGMA busy_timeout=50")
+        other = sqlite3.connect(db, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            with (
+                pytest.raises(StoreError, match=f"cannot begin a transaction on {db}") as caught,
+                store.transaction(durable=True),
+            ):
+                pass
+            assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+            assert _sync_mode(store) == 1  # the durable mode was put back
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+
+
 def _sync_mode(store: Store) -> int:
     return int(store.connection().execute("PRAGMA synchronous").fetchone()[0])
 

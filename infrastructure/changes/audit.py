@@ -31,6 +31,19 @@ share a ``batch`` id, the id of the commit's first row) link to it, verify, and 
 :meth:`AuditLog.verify_chain` accepts exactly that state, reports it as "head behind by one
 commit (n row(s)), repaired" and rewrites the head; any other disagreement is a problem.
 
+An unreadable head
+-------------------
+A head file that does not parse (torn, garbled, edited) must not stop the loop: a write that
+finds it so logs ``audit_head_unreadable`` naming the file, carries on, and its post-commit
+head write rewrites it. That rewrite would erase the evidence (rows cut off before it can no
+longer be told from rows never written), so the event is kept in the store, in
+``audit_head_events``, committed with the rows whose head replaced the unreadable one.
+:meth:`AuditLog.verify_chain` reports each event as a ``head_was_unreadable`` problem until a
+``repair`` run whose rows all verify has reported it; from then on it is a note ("head was
+rewritten after being unreadable at <time>: <reason naming the file>"), on every run, for good.
+``verify_chain(repair=True)`` itself rewrites an unreadable head when every row verifies,
+reports ``head_unreadable`` in that run's problems, and keeps the same note afterwards.
+
 The head file is never replaced: it is one fixed-size record rewritten in place at offset 0 and
 synced (a record this small is written whole; its checksum catches a torn one), because
 replacing a file by rename costs about a millisecond on ext4, twice the budget of a whole
@@ -98,7 +111,17 @@ _MIGRATIONS = [
     );
     CREATE INDEX audit_log_agent ON audit_log (agent_name, id);
     CREATE INDEX audit_log_change ON audit_log (change_id)
+    """,
     """
+    CREATE TABLE audit_head_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        timestamp TEXT NOT NULL,
+        head_path TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        row_id INTEGER,
+        reported TEXT
+    )
+    """,
 ]
 
 _COLUMNS = (
@@ -134,10 +157,16 @@ class AuditEntry:
 
 @dataclass(frozen=True, slots=True)
 class ChainProblem:
-    """One thing wrong with the chain; ``row_id`` is None for problems with the head file."""
+    """One thing wrong with the chain; ``row_id`` is None for problems with the head file.
+
+    ``kind`` is one of: edited, broken_link, missing_rows, unkeyed, keyed_without_key (rows);
+    head_missing, head_unreadable, head_mismatch, cut_off (the head file now);
+    head_was_unreadable (a write found the head unreadable and rewrote it; reported until a
+    ``repair`` run has reported it, a note after).
+    """
 
     row_id: int | None
-    kind: str  # edited, broken_link, missing_rows, unkeyed, keyed_without_key, head_*, cut_off
+    kind: str
     detail: str
 
 
@@ -180,10 +209,17 @@ def _clip(value: Any) -> str | None:
 class AuditTransaction:
     """A durable transaction that may append audit rows; see :meth:`AuditLog.transaction`."""
 
-    def __init__(self, audit: AuditLog, conn: sqlite3.Connection, head: tuple[int, str] | None):
+    def __init__(
+        self,
+        audit: AuditLog,
+        conn: sqlite3.Connection,
+        head: tuple[int, str] | None,
+        unreadable: str | None = None,
+    ):
         self.conn = conn
         self._audit = audit
         self._head = head
+        self._unreadable = unreadable  # why the head file could not be read, if it could not
         self._tail: tuple[int, str] | None = None  # (next id, prev hash) once known
         self._batch: int | None = None
         self.last: tuple[int, str] | None = None  # (id, hash) of the last row appended
@@ -204,9 +240,12 @@ class AuditTransaction:
         if self._tail is None:
             self._tail = self._read_tail()
         row_id, prev_hash = self._tail
+        stamp = timestamp or utc_now()
         if self._batch is None:
             self._batch = row_id
-        stamp = timestamp or utc_now()
+            if self._unreadable is not None:
+                # This commit's head write replaces the unreadable head: keep the evidence.
+                self._audit._record_head_event(self.conn, self._unreadable, row_id, reported=False)
         fields = (
             row_id,
             stamp.isoformat(),
@@ -248,7 +287,7 @@ class AuditTransaction:
         in_step = in_step or (head is not None and last is not None and head[1] == last[1])
         behind_by_one = head is not None and last is not None and head[1] == last[2]
         behind_by_one = behind_by_one or (head is None and last is not None and last[0] == 1)
-        if not in_step and not behind_by_one:
+        if not in_step and not behind_by_one and self._unreadable is None:
             log.warning(
                 "audit_head_disagrees",
                 head_row=head[0] if head else None,
@@ -297,8 +336,9 @@ class AuditLog:
         their audit rows. The head file is written after the commit, under the same lock.
         """
         with locked_file(self.head_path) as fd:
+            head, unreadable = self._head_or_reason(fd)
             with self.store.transaction(durable=True) as conn:
-                txn = AuditTransaction(self, conn, _read_head(fd))
+                txn = AuditTransaction(self, conn, head, unreadable)
                 yield txn
             if txn.last is not None:
                 try:
@@ -307,6 +347,29 @@ class AuditLog:
                     # The rows are committed and must not be reported as failed; the stale head
                     # shows up in verify_chain(), which is where the operator looks.
                     log.error("audit_head_write_failed", path=str(self.head_path), error=str(exc))
+
+    def _head_or_reason(self, fd: int) -> tuple[tuple[int, str] | None, str | None]:
+        """The head, or None and why it cannot be read: a damaged head never blocks a write."""
+        try:
+            return _read_head(fd, self.head_path), None
+        except AuditChainError as exc:
+            log.error(
+                "audit_head_unreadable",
+                path=str(self.head_path),
+                error=str(exc),
+                hint="the next commit rewrites it; verify_audit_chain() reports the event",
+            )
+            return None, str(exc)
+
+    def _record_head_event(
+        self, conn: sqlite3.Connection, reason: str, row_id: int | None, *, reported: bool
+    ) -> None:
+        now = utc_now().isoformat()
+        conn.execute(
+            "INSERT INTO audit_head_events (timestamp, head_path, reason, row_id, reported)"
+            " VALUES (?,?,?,?,?)",
+            (now, str(self.head_path), reason, row_id, now if reported else None),
+        )
 
     def append(
         self,
@@ -358,11 +421,15 @@ class AuditLog:
         return [_entry(row) for row in reversed(rows)]
 
     def verify_chain(self, *, repair: bool = True) -> ChainVerification:
-        """Check every row, every link and the head file; see the module docstring.
+        """Check every row, every link, the head file and the head's history.
 
         Returns a result listing each problem with its row id (truthy when there is none).
         The one tolerated disagreement, a head exactly one row behind after a crash, is
-        reported in ``notes`` and, with ``repair``, fixed by rewriting the head.
+        reported in ``notes`` and, with ``repair``, fixed by rewriting the head. With
+        ``repair`` and every row verifying, an unreadable head is rewritten too (still
+        reported as ``head_unreadable`` in this result), and heads rewritten by writes after
+        being found unreadable are marked reported; see "An unreadable head" in the module
+        docstring.
         """
         with locked_file(self.head_path) as fd:
             conn = self.store.connection()
@@ -371,14 +438,52 @@ class AuditLog:
                 for r in conn.execute(f"SELECT {_COLUMNS} FROM audit_log ORDER BY id").fetchall()
             ]
             problems = self._check_rows(rows)
+            rows_ok = not problems
             head_problems, notes, needs_repair = self._check_head(fd, rows, problems, repair)
             problems.extend(head_problems)
+            unreadable = next((p for p in head_problems if p.kind == "head_unreadable"), None)
             repaired = False
-            if needs_repair and repair and rows:
-                _write_head(fd, rows[-1].id, rows[-1].row_hash)
+            if repair and rows_ok and (needs_repair or unreadable is not None):
+                if unreadable is not None:  # the evidence is on disk before the head changes
+                    with self.store.transaction(durable=True) as wconn:
+                        last_id = rows[-1].id if rows else None
+                        self._record_head_event(wconn, unreadable.detail, last_id, reported=True)
+                if rows:
+                    _write_head(fd, rows[-1].id, rows[-1].row_hash)
+                else:
+                    _clear_head(fd)
                 repaired = True
-                log.warning("audit_head_repaired", row_id=rows[-1].id)
+                log.warning("audit_head_repaired", row_id=rows[-1].id if rows else None)
+            events, event_notes = self._head_events(conn, acknowledge=repair and rows_ok)
+            problems.extend(events)
+            notes = event_notes + notes
         return ChainVerification(len(rows), tuple(problems), tuple(notes), repaired)
+
+    def _head_events(
+        self, conn: sqlite3.Connection, *, acknowledge: bool
+    ) -> tuple[list[ChainProblem], list[str]]:
+        """Heads rewritten after being unreadable: problems until reported, notes after."""
+        problems: list[ChainProblem] = []
+        notes: list[str] = []
+        fresh: list[int] = []
+        for event_id, stamp, reason, row_id, reported in conn.execute(
+            "SELECT id, timestamp, reason, row_id, reported FROM audit_head_events ORDER BY id"
+        ):
+            at = f" (to name row {row_id})" if row_id is not None else ""
+            text = f"head was rewritten{at} after being unreadable at {stamp}: {reason}"
+            if reported is None:
+                detail = f"{text}; rows cut off before then cannot be detected through the head"
+                problems.append(ChainProblem(None, "head_was_unreadable", detail))
+                fresh.append(int(event_id))
+            else:
+                notes.append(text)
+        if acknowledge and fresh:
+            with self.store.transaction(durable=True) as wconn:
+                wconn.executemany(
+                    "UPDATE audit_head_events SET reported = ? WHERE id = ?",
+                    [(utc_now().isoformat(), i) for i in fresh],
+                )
+        return problems, notes
 
     def _check_rows(self, rows: list[AuditEntry]) -> list[ChainProblem]:
         problems: list[ChainProblem] = []
@@ -413,8 +518,8 @@ class AuditLog:
         self, fd: int, rows: list[AuditEntry], row_problems: list[ChainProblem], repair: bool
     ) -> tuple[list[ChainProblem], list[str], bool]:
         try:
-            head = _read_head(fd)
-        except ValueError as exc:
+            head = _read_head(fd, self.head_path)
+        except AuditChainError as exc:
             return [ChainProblem(None, "head_unreadable", str(exc))], [], False
         last = rows[-1] if rows else None
         if head is None and last is None:
@@ -477,17 +582,32 @@ def _write_head(fd: int, row_id: int, row_hash: str) -> None:
     os.fdatasync(fd)
 
 
-def _read_head(fd: int) -> tuple[int, str] | None:
-    """The (row id, hash) the head file names; None when it is empty (no row yet)."""
-    raw = os.pread(fd, _HEAD_SIZE, 0).decode("ascii", errors="replace").strip()
+def _clear_head(fd: int) -> None:
+    """The head of an empty log: a blank record, which reads as "no row yet"."""
+    os.pwrite(fd, b" " * _HEAD_SIZE, 0)
+    os.fdatasync(fd)
+
+
+def _read_head(fd: int, path: Path) -> tuple[int, str] | None:
+    """The (row id, hash) the head file names; None when it is empty (no row yet).
+
+    Raises:
+        AuditChainError: the file is not a head record or fails its checksum; names ``path``.
+    """
+    try:
+        raw = os.pread(fd, _HEAD_SIZE, 0).decode("ascii", errors="replace").strip()
+    except OSError as exc:
+        raise AuditChainError(f"audit head file {path} cannot be read: {exc}") from exc
     if not raw:
         return None
     parts = raw.split(" ")
     if len(parts) != 5 or " ".join(parts[:2]) != _HEAD_MAGIC or not parts[2].isdigit():
-        raise ValueError("the head file is not an agentmend audit head")
+        raise AuditChainError(f"audit head file {path} is not an agentmend audit head")
     body = " ".join(parts[:4])
     if hashlib.sha256(body.encode("ascii")).hexdigest()[:16] != parts[4]:
-        raise ValueError("the head file's checksum does not match (torn or edited)")
+        raise AuditChainError(
+            f"audit head file {path}: its checksum does not match (torn or edited)"
+        )
     return int(parts[2]), parts[3]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -358,6 +358,17 @@ class ChangeLog:
         marks = ",".join("?" * len(ids))
         return self._rows(f"WHERE change_id IN ({marks})", ids, "ORDER BY seq")
 
+    def live_by(self, target_agent: str, applied_by: str) -> list[ChangeRow]:
+        """The APPLIED or KEPT changes of ``target_agent`` attributed to ``applied_by``.
+
+        Every match, however old: recovery looks for the changes of one interrupted run.
+        """
+        return self._rows(
+            "WHERE target_agent = ? AND applied_by = ? AND status IN (?, ?)",
+            (target_agent, applied_by, *_LIVE),
+            "ORDER BY seq",
+        )
+
     def unfinished(self, root: str) -> list[ChangeRow]:
         return self._rows("WHERE unfinished = 1 AND root = ?", (root,), "ORDER BY seq")
 
@@ -508,15 +519,39 @@ def update_plan(
     return plan
 
 
-def list_plans(store: Store, *, status: str | None = None, limit: int = 50) -> list[Plan]:
-    """The newest ``limit`` plans (optionally with one status), oldest first."""
+def list_plans(
+    store: Store,
+    *,
+    status: str | None = None,
+    limit: int | None = 50,
+    payload: Mapping[str, str] | None = None,
+) -> list[Plan]:
+    """The newest ``limit`` plans (all with None), optionally filtered, oldest first.
+
+    Args:
+        status: only plans with this status (served by the ``plans_status`` index).
+        limit: at most this many, the newest; None for every match. Recovery passes None:
+            a plan a dead process left behind must be found however many came after it.
+        payload: only plans whose payload holds these top-level string values (a code
+            plan's ``kind`` and ``root``), filtered in SQL.
+    """
     store.migrate("plans", _PLAN_MIGRATIONS)
-    where, params = ("WHERE status = ?", (status,)) if status is not None else ("", ())
+    where: list[str] = []
+    params: list[Any] = []
+    if status is not None:
+        where.append("status = ?")
+        params.append(status)
+    for key, value in (payload or {}).items():
+        if not key.isidentifier():
+            raise ValueError(f"payload filter key {key!r} is not a plain field name")
+        where.append("json_extract(payload, ?) = ?")
+        params.extend((f"$.{key}", value))
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
     rows = (
         store.connection()
         .execute(
-            f"SELECT {_PLAN_COLUMNS} FROM plans {where} ORDER BY created DESC, rowid DESC LIMIT ?",
-            (*params, limit),
+            f"SELECT {_PLAN_COLUMNS} FROM plans {clause} ORDER BY created DESC, rowid DESC LIMIT ?",
+            (*params, -1 if limit is None else limit),
         )
         .fetchall()
     )

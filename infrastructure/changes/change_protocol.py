@@ -28,7 +28,13 @@ the change's new bytes gets its old bytes back, created files are removed, temp 
 cleaned) and its changes become FAILED with ``rollback_info["reason"] == "interrupted"``; a
 file that holds neither the old nor the new bytes was changed outside agentmend and is left as
 it is (noted). An interrupted *rollback* was asked for and acknowledged nothing, so it is
-completed: each file gets the bytes the rollback aimed for.
+completed: each file gets the bytes the rollback aimed for. That covers a rollback whose files
+were restored but whose status and audit commit failed (the store reported an error, the head
+file could not be written, the process died): its recorded intent keeps the change unfinished,
+so the failing ``rollback`` retries the recovery at once and, if the store still fails, the
+next open (or the next apply or rollback on the root) completes it. Between the two the store
+shows the change APPLIED with its rollback pending, and no new work on the root can start
+before recovery has run.
 """
 
 from __future__ import annotations
@@ -265,9 +271,34 @@ class ChangeProtocol:
             }
             with self.store.transaction(durable=True) as conn:
                 self.changes.mark_rolling_back(conn, selected, request)
-            self._finish_rollback(root, [selected[c] for c in selected], files, request)
+            try:
+                self._finish_rollback(root, [selected[c] for c in selected], files, request)
+            except Exception as exc:
+                if not self._settle_rollback_after_error(root, row.change_id, exc):
+                    raise
         log.info("rolled_back_change", change_id=row.change_id, cascade=list(dependents))
         return True
+
+    def _settle_rollback_after_error(self, root: Path, change_id: str, error: Exception) -> bool:
+        """Finish a rollback whose files may be restored but whose status did not commit.
+
+        The recorded intent makes the change unfinished, so recovery completes it: now if the
+        store works again (a passing error), else on the next open or the next apply or
+        rollback on ``root``. True when the change is ROLLED_BACK now.
+        """
+        log.error(
+            "rollback_incomplete",
+            change_id=change_id,
+            root=str(root),
+            error=f"{type(error).__name__}: {error}",
+        )
+        try:
+            self._recover_root(root)
+        except Exception as exc:  # the original error matters more; reopening retries
+            log.error("recovery_after_error_failed", root=str(root), error=str(exc))
+            return False
+        fresh = self.changes.get(change_id)
+        return fresh is not None and fresh.status is ChangeStatus.ROLLED_BACK
 
     def _closure(self, row: ChangeRow) -> dict[str, ChangeRow]:
         """``row``'s live group plus every live change built on it, with their groups."""
@@ -297,7 +328,8 @@ class ChangeProtocol:
         """Restore every file to its target, then mark ``members`` ROLLED_BACK with audit rows."""
         now = utc_now()
         replaced: dict[str, bytes | None] = {}
-        for path, (data, _, change_id) in _targets(files).items():
+        targets = _targets(files)
+        for path, (data, _, change_id) in targets.items():
             target = Path(path)
             current = replaced[path] = read_if_exists(target)
             if current is not None and _sha(current) != _sha(data):
@@ -340,7 +372,7 @@ class ChangeProtocol:
                     edit_type="rollback",
                     old_value=_describe(
                         action.new_value,
-                        _undone_bytes(mine, newest, replaced, member.change_id),
+                        _undone_bytes(mine, newest, replaced, targets, member.change_id),
                         absent=not mine,
                     ),
                     new_value=_describe(
@@ -480,12 +512,21 @@ def _describe(value: Any, data: bytes | str | None, *, absent: bool = False) -> 
 
 
 def _undone_bytes(
-    mine: list[StoredFile], newest: dict[str, str], replaced: dict[str, bytes | None], cid: str
+    mine: list[StoredFile],
+    newest: dict[str, str],
+    replaced: dict[str, bytes | None],
+    targets: dict[str, tuple[bytes | None, str | None, str]],
+    cid: str,
 ) -> bytes | str | None:
     """The content a rolled-back change had written, as far as it is still known."""
     if not mine:
         return None
     file = mine[0]
     if newest.get(file.path) == cid:
-        return replaced.get(file.path)
+        current = replaced.get(file.path)
+        restored = _sha(targets[file.path][0])
+        # A rollback finished by recovery may find its files restored already: what it undid
+        # is then known by hash only, not by the bytes it found.
+        if _sha(current) != restored or restored == file.new_sha256:
+            return current
     return "(absent)" if file.new_sha256 is None else f"(sha256 {file.new_sha256})"

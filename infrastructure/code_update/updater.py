@@ -85,7 +85,7 @@ from infrastructure.code_update.code_validation import (
 )
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
 from infrastructure.files import locked_file
-from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, utc_now
+from infrastructure.models import ChangeType, ImprovementAction, utc_now
 from infrastructure.settings import Settings
 
 __all__ = [
@@ -168,6 +168,13 @@ class CodeUpdater:
             if p.payload.get("kind") == PLAN_KIND and p.payload.get("root") == str(self.root)
         ]
 
+    def _with_status(self, status: str) -> list[CodePlan]:
+        """Every code plan of this root with ``status``, however many other plans are newer."""
+        match = {"kind": PLAN_KIND, "root": str(self.root)}
+        return [
+            code_plan(p) for p in list_plans(self.store, status=status, limit=None, payload=match)
+        ]
+
     def status(self) -> UpdateStatus:
         """Pending plans, the last finished execution and the one running now, if any."""
         plans = self.plans()
@@ -175,7 +182,7 @@ class CodeUpdater:
         return UpdateStatus(
             pending_plans=tuple(p for p in plans if p.status in PENDING_STATUSES),
             last_execution=max(finished, key=lambda p: p.updated) if finished else None,
-            active_improvement=next((p for p in plans if p.status == "executing"), None),
+            active_improvement=next(iter(self._with_status("executing")), None),
         )
 
     # -- plan and approve ------------------------------------------------------------------
@@ -404,6 +411,15 @@ class CodeUpdater:
             return ExecutionResult(
                 **base, success=False, status="failed", reason=f"could not apply: {exc}"
             )
+        except Exception as exc:  # OSError, sqlite3.Error: the manager put back what it could
+            failed = ExecutionResult(
+                **base,
+                success=False,
+                status="failed",
+                reason=f"could not apply: {type(exc).__name__}: {exc}",
+            )
+            self._settle_failed(plan, failed)
+            raise
         change_ids = tuple(r.change_id for r in records)
         plan = self._set(plan, "executing", change_ids=list(change_ids),
                          group_id=records[0].group_id)  # fmt: skip
@@ -449,6 +465,24 @@ class CodeUpdater:
             self.manager.rollback_by_id(plan.change_ids[0], reason=reason, force=True)
         return not stale_reason(plan, self.root)
 
+    def _settle_failed(self, plan: CodePlan, result: ExecutionResult) -> None:
+        """Mark ``plan`` failed and record why, before an unexpected error propagates.
+
+        If the store itself is failing this cannot be written either; the plan then stays
+        ``executing`` and the next recovery settles it, so this never hides the error.
+        """
+        try:
+            self._set(plan, "failed", result=result)
+            record_decision(
+                self.store,
+                "code_update.executed",
+                agent_name=CODE_TARGET,
+                payload=result.model_dump(mode="json", exclude={"verdicts"}),
+            )
+        except Exception as exc:
+            log.error("code_plan_not_settled", plan_id=plan.plan_id, error=str(exc))
+        log.warning("code_plan_failed", plan_id=plan.plan_id, reason=result.reason)
+
     # -- rollback --------------------------------------------------------------------------
 
     def rollback(
@@ -465,7 +499,7 @@ class CodeUpdater:
         with locked_file(self._lock_path()):
             self._recover_interrupted()
             if plan_id is None:
-                done = [p for p in self.plans() if p.status == "completed"]
+                done = self._with_status("completed")
                 if not done:
                     raise CodeUpdateError("no completed plan to roll back", field="planId")
                 plan = max(done, key=lambda p: p.updated)
@@ -515,15 +549,9 @@ class CodeUpdater:
     def _recover_interrupted(self) -> list[str]:
         """Settle plans a dead process left ``executing`` (the caller holds the root's lock)."""
         settled: list[str] = []
-        for plan in self.plans():
-            if plan.status != "executing":
-                continue
+        for plan in self._with_status("executing"):
             by = f"code_update:{plan.plan_id}"
-            live = [
-                r.change_id
-                for r in self.manager.get_history(CODE_TARGET, limit=1000)
-                if r.applied_by == by and r.status in (ChangeStatus.APPLIED, ChangeStatus.KEPT)
-            ]
+            live = [r.change_id for r in self.manager.changes.live_by(CODE_TARGET, by)]
             if live:
                 self.manager.rollback_by_id(live[0], reason="interrupted while validating",
                                             force=True)  # fmt: skip
