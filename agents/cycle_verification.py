@@ -3,10 +3,23 @@
 ``CycleVerifier`` holds what the orchestrator needs between "the actions are planned" and
 "keep or roll back": it loads each target agent's suite before anything changes (so a change can
 never pick its own exam), runs it before the change, and after the change runs the same cases
-again and compares (``infrastructure.evaluation.verification.compare``); an agent without a suite
-gets
-seed 003's sample-query check, marked weaker. Every run is recorded in the monitor apart from
-production runs (``source="verification"``), so proving a fix never feeds detection.
+again and compares (``infrastructure.evaluation.verification.compare``).
+
+An agent without a suite gets the weaker check, built the same way: seed 003's sample query
+runs on the definition *before* the change (``run_before``) and again after it, and the change
+is kept only if the query failed before and passes after
+(``infrastructure.evaluation.verification.judge_sample_query``). A sample query that passes
+before the change does not reproduce the issue, so the orchestrator applies nothing, exactly as
+when a suite passes before the change. Latency is compared with the run before the change, and
+only when that run finished: a timeout or a retired model is no baseline for speed. The
+detector's own baseline is never used here: the fault being fixed is what moved it. (An agent
+created by the change has no "before": it counts as a failed one, so the new agent must answer.)
+A keep that only the weaker check supports starts no new detection baseline
+(``fresh_baselines`` says why), and a rollback restores only the baselines a keep started
+(``baseline_agents``).
+
+Every run is recorded in the monitor apart from production runs (``source="verification"``),
+so proving a fix never feeds detection.
 
 Runs that fail transiently (rate limit, overload, server error, connection) are run again
 (``RetryTransient``): the weather of the API is not what a change is judged on, and counting it
@@ -22,18 +35,37 @@ from typing import Any, overload
 from agents.team import AgentTeam
 from infrastructure.evaluation.evals import EvalSuite, find_eval_suite
 from infrastructure.evaluation.verification import (
+    SAMPLE_QUERY,
     CaseRun,
+    SampleRun,
     SuiteRun,
     VerificationVerdict,
     compare,
+    run_sample_query,
     run_suite,
     sample_query_check,
 )
 from infrastructure.llm.base import AgentResult, AgentRuntime, OutputT, ToolSpec
+from infrastructure.models import ChangeRecord, ChangeStatus
 from infrastructure.monitoring.performance_monitor import VERIFICATION
 from infrastructure.spec import AgentSpec
 
-__all__ = ["CycleVerifier", "RetryTransient", "passes_everything"]
+__all__ = [
+    "NEW_BASELINE",
+    "BeforeRun",
+    "CycleVerifier",
+    "RetryTransient",
+    "baseline_agents",
+    "fresh_baselines",
+    "not_reproduced_reason",
+    "passes_everything",
+]
+
+NEW_BASELINE = "new_baseline"
+"""Key of a kept change's verification result: the agents whose detection baseline it restarted."""
+
+BeforeRun = SuiteRun | SampleRun
+"""What ran on a target's definition before the change: its suite, or the sample query."""
 
 
 class RetryTransient:
@@ -84,8 +116,11 @@ class RetryTransient:
         return result
 
 
-def passes_everything(run: SuiteRun) -> bool:
-    """Whether every case of a suite run passes by majority (a change has nothing to fix)."""
+def passes_everything(run: BeforeRun) -> bool:
+    """Whether a run before the change passes everything (a change has nothing to fix): every
+    case of a suite by majority, or the sample query."""
+    if isinstance(run, SampleRun):
+        return run.passed
     return all(case.majority_pass for case in run.cases)
 
 
@@ -140,21 +175,30 @@ class CycleVerifier:
         if suite is not None:
             await run_suite(self.runtime, spec, suite, on_result=collect)
         else:
-            await sample_query_check(self.runtime, spec, on_result=collect)
+            await run_sample_query(self.runtime, spec, on_result=collect)
         return failures
 
     async def run_before(
         self,
         targets: Mapping[str, AgentSpec | None],
         suites: Mapping[str, EvalSuite | None],
-    ) -> dict[str, SuiteRun]:
-        """Each target's suite on its definition before the change (agents with a suite)."""
-        before: dict[str, SuiteRun] = {}
+    ) -> dict[str, BeforeRun]:
+        """Each target's suite (else the sample query) on its definition before the change.
+
+        A target with no definition before the change (one the change creates) has no run.
+        """
+        before: dict[str, BeforeRun] = {}
         for name, old_spec in targets.items():
+            if old_spec is None:
+                continue
             suite = suites.get(name)
-            if old_spec is not None and suite is not None:
+            if suite is not None:
                 before[name] = await run_suite(
                     self.runtime, old_spec, suite, on_result=self._record
+                )
+            else:
+                before[name] = await run_sample_query(
+                    self.runtime, old_spec, on_result=self._record
                 )
         return before
 
@@ -163,9 +207,14 @@ class CycleVerifier:
         name: str,
         spec: AgentSpec | None,
         suite: EvalSuite | None,
-        before: SuiteRun | None,
+        before: BeforeRun | None,
     ) -> VerificationVerdict:
-        """The verdict on agent ``name`` as it is after the change (``spec``; None: deleted)."""
+        """The verdict on agent ``name`` as it is after the change (``spec``; None: deleted).
+
+        ``before`` is what ``run_before`` ran on the old definition: a suite run is compared
+        case by case, a sample run by the weaker check; None (the change created the agent)
+        counts as a sample query that failed.
+        """
         if spec is None:
             return VerificationVerdict(
                 accepted=False,
@@ -176,14 +225,60 @@ class CycleVerifier:
                 after_score=0.0,
                 weaker=True,
             )
-        if suite is not None and before is not None:
+        if suite is not None and isinstance(before, SuiteRun):
             after = await run_suite(self.runtime, spec, suite, on_result=self._record)
             return compare(before, after)
-        monitor = self.team.monitor
-        metrics = monitor.get_agent_metrics(name) if monitor is not None else None
-        return await sample_query_check(
-            self.runtime,
-            spec,
-            baseline_avg_ms=metrics.baseline_avg_duration_ms if metrics else None,
-            on_result=self._record,
-        )
+        if not isinstance(before, SampleRun):
+            before = SampleRun(
+                agent_name=name,
+                query=SAMPLE_QUERY,
+                passed=False,
+                detail=f"agent {name!r} did not exist before the change",
+                duration_ms=0.0,
+            )
+        return await sample_query_check(self.runtime, spec, before=before, on_result=self._record)
+
+
+def not_reproduced_reason(before: Mapping[str, BeforeRun]) -> str:
+    """Why nothing was applied when every run before the change passed."""
+    checks = ", ".join(
+        f"the {'eval suite' if isinstance(run, SuiteRun) else 'sample query (no eval suite)'} "
+        f"of {name}"
+        for name, run in sorted(before.items())
+    )
+    return (
+        f"{checks} passes before any change: the issue does not reproduce, so nothing was applied"
+    )
+
+
+def fresh_baselines(verdicts: Mapping[str, VerificationVerdict], team: AgentTeam) -> list[str]:
+    """The agents whose detection baseline restarts when the change is kept.
+
+    A new baseline is learnt from the agent's next runs, and detection waits until it is full.
+    That is right after a suite showed the fix: the agent's behaviour has changed for good and
+    should be the new normal. After the weaker check it is not: one sample query that failed
+    before and passed after can miss a fault that persists, and a new baseline would then
+    learn the faulty behaviour as normal and silence the detector for good. So an agent kept on
+    the weaker check keeps its baseline from before the fault; if the fix works nothing fires,
+    and if it does not, detection still sees it. The cost: a fix that legitimately changes the
+    agent's speed (a slower model, a longer timeout) may raise duration issues against the old
+    baseline; their cycles find the sample query passing and apply nothing, and an eval suite
+    for the agent ends this.
+    """
+    return [name for name, verdict in verdicts.items() if not verdict.weaker and name in team]
+
+
+def baseline_agents(members: Sequence[ChangeRecord]) -> list[str]:
+    """The agents whose baseline a kept group started (so a rollback restores those)."""
+    names: list[str] = []
+    for member in members:
+        if member.status is not ChangeStatus.KEPT:
+            continue
+        result = member.verification_result or {}
+        started = result.get(NEW_BASELINE)
+        # records kept before NEW_BASELINE was recorded started one for each target
+        chosen = started if isinstance(started, list) else [member.action.target_agent]
+        for name in map(str, chosen):
+            if name not in names:
+                names.append(name)
+    return names

@@ -12,8 +12,12 @@ seed 004's lesson that fewer, orthogonal tools make more workflows possible:
   approves that plan. ``execute`` runs the supervisor review, applies the plan as one change
   group, compiles and runs the configured tests, and rolls everything back on failure.
 - ``analyze``: ``agent`` -> detection and the Socratic mediator's root-cause analysis, applying
-  nothing; or ``path`` (and ``description``) -> seed 001's code-smell analysis (or a proposed
-  diff), which needs a model runtime.
+  nothing (``reproduce``: run the agent's eval suite first); or ``path`` (and ``description``)
+  -> seed 001's code-smell analysis (or a proposed diff), which needs a model runtime. It is
+  not marked read-only: it changes no definition and no code, but it runs the agents (the
+  mediator's questions are runs of the agent on a model provider, ``reproduce`` runs the eval
+  suite, each with the agent's own tools) and records what it did. It is marked
+  non-destructive instead.
 - ``status``: each agent's metrics, pending plans, the last execution and the last cycle.
 - ``memory``: ``query`` history | decisions | audit | config.
 
@@ -60,7 +64,8 @@ _INSTRUCTIONS = (
     "self_improve: plan a code change (files or a unified diff), approve it (your approval is "
     "the human approval), execute it (reviewed, applied with backups, compiled and tested, "
     "rolled back automatically on failure), check status, or roll it back with a reason. "
-    "analyze: diagnose an agent (nothing is applied) or a project file. status: agents' "
+    "analyze: diagnose an agent (nothing is applied; reproduce=true runs its eval suite first) "
+    "or a project file. status: agents' "
     "health, pending plans, the last cycle. memory: history, decisions, audit or config."
 )
 
@@ -124,7 +129,11 @@ def build_server(tools: AgentmendTools) -> "MCPServer":
 
     @server.tool(
         name="analyze",
-        annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
+        # not read-only: the agents run (questions; with reproduce, the eval suite) and the
+        # analysis is recorded; nothing is applied, hence not destructive
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, open_world_hint=False
+        ),
         structured_output=False,
     )
     async def analyze(
@@ -138,16 +147,26 @@ def build_server(tools: AgentmendTools) -> "MCPServer":
             str | None,
             Field(description="With path: propose a diff for this improvement (not applied)"),
         ] = None,
+        reproduce: Annotated[
+            bool,
+            Field(
+                description="With agent: first run the agent's eval suite as it is now (model "
+                "calls and tool use by the agent) so the diagnosis rests on fresh runs"
+            ),
+        ] = False,
     ) -> CallToolResult:
-        """Analyze without changing anything.
+        """Diagnose an agent or analyze a project file. Applies no change.
 
-        - agent: run detection and the Socratic mediator (it questions the agents) and return
-          the issue report and the root-cause analysis: responsible agent, cause, confidence,
-          evidence, recommendations. Nothing is applied.
+        - agent: run detection and the Socratic mediator (it questions the agents; on a model
+          provider each question runs the agent) and return the issue report and the
+          root-cause analysis: responsible agent, cause, confidence, evidence,
+          recommendations. With reproduce=true the agent first runs its eval suite (else one
+          sample query): real runs of the agent, with its tools, recorded apart from
+          detection. The analysis is recorded in memory (decisions).
         - path (+ description): code-smell findings for a project file, or a proposed unified
           diff for the described improvement (needs a model provider, not the offline one).
         """
-        return await answer(tools.analyze(agent, path, description))
+        return await answer(tools.analyze(agent, path, description, reproduce))
 
     @server.tool(
         name="status",

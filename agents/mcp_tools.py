@@ -7,7 +7,10 @@ that does not fit: a missing field, an unknown agent, ...); the server turns tho
 ``isError`` results. Nothing is written for a request that fails.
 
 Opening is lazy and retried: the first call opens the workspace (``agents.workspace``); if it
-cannot be opened, that call and every later one fail with the problem, until it can.
+cannot be opened, that call and every later one fail with the problem, until it can. The
+provider's runtimes are built the same way: a provider that cannot run (no API key, no SDK) is
+tried again by every call that needs a model, so setting the key later needs no restart; calls
+that need none (``status``, ``memory``, code plans) work meanwhile.
 """
 
 from __future__ import annotations
@@ -134,20 +137,33 @@ class AgentmendTools:
             if str(self.workspace_path) not in problem:
                 problem = f"workspace {self.workspace_path} cannot be opened: {problem}"
             raise BadRequest(problem) from exc
+        self._workspace = workspace
+        log.info("workspace_opened", path=str(workspace.path), provider=workspace.settings.provider)
+        self._build_runtimes()
+        return workspace
+
+    def _build_runtimes(self) -> str | None:
+        """Build the provider's runtimes unless built; the problem if they cannot be (retried
+        on every call until they can)."""
+        if self._team_runtime is not None or self._workspace is None:
+            return self._runtime_error
+        workspace = self._workspace
         try:
             self._team_runtime, self._roles_runtime = workspace.runtimes()
         except AgentmendError as exc:
             self._runtime_error = f"provider {workspace.settings.provider}: {exc}"
-        self._workspace = workspace
-        log.info("workspace_opened", path=str(workspace.path), provider=workspace.settings.provider)
-        return workspace
+            log.warning("provider_unavailable", problem=self._runtime_error)
+        else:
+            self._runtime_error = None
+        return self._runtime_error
 
     def updater(self) -> CodeUpdater:
         workspace = self.workspace()
+        problem = self._build_runtimes()
         reviewer = (
             CodeReviewer(self._roles_runtime)
-            if self._runtime_error is None
-            else _UnavailableReviewer(self._runtime_error)
+            if problem is None and self._roles_runtime is not None
+            else _UnavailableReviewer(problem or "no runtime")
         )
         return CodeUpdater(
             self.project_root,
@@ -161,8 +177,9 @@ class AgentmendTools:
         """The workspace's orchestrator (made on first use), for detection and analysis."""
         workspace = self.workspace()
         if self._orchestrator is None:
-            if self._runtime_error is not None:
-                raise BadRequest(self._runtime_error)
+            problem = self._build_runtimes()
+            if problem is not None:
+                raise BadRequest(problem)
             self._orchestrator = workspace.orchestrator(
                 team_runtime=self._team_runtime,
                 roles_runtime=self._roles_runtime,
@@ -306,26 +323,41 @@ class AgentmendTools:
     # -- analyze ---------------------------------------------------------------------------
 
     async def analyze(
-        self, agent: str | None = None, path: str | None = None, description: str | None = None
+        self,
+        agent: str | None = None,
+        path: str | None = None,
+        description: str | None = None,
+        reproduce: bool = False,
     ) -> ToolOutput:
+        """Diagnose an agent (``reproduce``: run its eval suite first) or analyze a file.
+
+        Nothing is applied. Without ``reproduce`` the diagnosis uses what is recorded and the
+        mediator's questions (on a model provider, each question is a run of the agent); with
+        it, the agent first runs its eval suite (else the sample query) as it is now: model
+        calls and tool use by the agent, recorded apart from detection.
+        """
         if agent and path:
             raise BadRequest("give agent (an agent's name) or path (a project file), not both")
         if path:
+            if reproduce:
+                raise BadRequest("reproduce goes with agent (run that agent's eval suite)")
             return await self._analyze_code(path, description)
         if description:
             raise BadRequest("description goes with path (propose a code update for that file)")
         if not agent or not agent.strip():
             raise BadRequest("agent is required (or path, to analyze a project file)")
-        return await self._analyze_agent(agent.strip())
+        return await self._analyze_agent(agent.strip(), reproduce=reproduce)
 
-    async def _analyze_agent(self, name: str) -> ToolOutput:
+    async def _analyze_agent(self, name: str, *, reproduce: bool) -> ToolOutput:
         orchestrator = self.orchestrator()
         async with self._analyze_lock:  # the mediator is one conversation at a time
             await asyncio.to_thread(orchestrator.team.reload)
             if name not in orchestrator.team:
                 raise BadRequest(str(UnknownAgent(name, orchestrator.team.names)))
             orchestrator.monitor.refresh()  # runs the session recorded since
-            issue = await orchestrator.issue_for(name, requested_by="an MCP client")
+            issue = await orchestrator.issue_for(
+                name, requested_by="an MCP client", reproduce=reproduce
+            )
             detected = issue.detector != "request"
             mediator = orchestrator.mediator
             questions: list[QuestionAnswer] = []
@@ -341,6 +373,7 @@ class AgentmendTools:
             "issue": issue.model_dump(mode="json"),
             "analysis": analysis.model_dump(mode="json"),
             "questions": [q.model_dump(mode="json") for q in questions],
+            "reproduced": reproduce,
             "applied": False,
         }
         record_decision(
@@ -364,8 +397,9 @@ class AgentmendTools:
 
     async def _analyze_code(self, path: str, description: str | None) -> ToolOutput:
         workspace = self.workspace()
-        if self._runtime_error is not None:
-            raise BadRequest(f"code analysis needs a model, and {self._runtime_error}")
+        problem = self._build_runtimes()
+        if problem is not None:
+            raise BadRequest(f"code analysis needs a model, and {problem}")
         analyst = CodeAnalyst(
             self._roles_runtime,
             self.project_root,

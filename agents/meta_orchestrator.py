@@ -7,12 +7,19 @@ detector whether anything degraded, and for each issue runs the cycle (``auto_im
     analysis (mediator questions the agents)        unusable: done ("analysis_failed")
       -> proposal (improver)                         none: done ("no_action")
       -> plan: the exact bytes of each action         invalid: done ("invalid_proposal")
-      -> eval suites loaded and run BEFORE the change, recorded apart from production runs;
-         every case already passing: done ("not_reproduced", nothing could be shown to help)
+      -> eval suites loaded and run BEFORE the change (without a suite: the sample query),
+         recorded apart from production runs; everything already passing: done
+         ("not_reproduced", nothing could be shown to help)
       -> gates per action, every verdict recorded     all refused: done ("refused")
       -> apply the accepted changes as one group
-      -> reload, suite run AFTER, compare (without a suite: the weaker sample-query check)
-      -> keep (new baseline)  or  roll back the whole group (why, with the scores)
+      -> reload, the same run AFTER, compare (without a suite: the weaker check, see
+         ``agents.cycle_verification``)
+      -> keep (a new detection baseline, unless only the weaker check spoke for the change:
+         see ``agents.cycle_verification.fresh_baselines``)
+         or  roll back the whole group (why, with the scores)
+
+``apply_self_edit`` takes one action an agent asked for (seed 002's self-edit tools, bound by
+``self_edit_tools``) through the same path from the plan on, recorded the same way.
 
 Verification runs that fail transiently (rate limit, overload) are run again: the weather of
 the API is not what a change is judged on.
@@ -31,6 +38,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +55,16 @@ from agents.cycle import (
     fold_events,
     replay_cycle,
 )
-from agents.cycle_verification import CycleVerifier, passes_everything
+from agents.cycle_verification import (
+    NEW_BASELINE,
+    BeforeRun,
+    CycleVerifier,
+    baseline_agents,
+    fresh_baselines,
+    not_reproduced_reason,
+    passes_everything,
+)
+from agents.self_edit_tools import Authorize, self_edit_tools, verified_apply
 from agents.self_improver import GatedAction, InvalidProposal, SelfImprover
 from agents.socratic_mediator import SocraticMediator, is_failed
 from agents.supervisor import Supervisor
@@ -65,9 +82,15 @@ from infrastructure.changes.safety import (
 )
 from infrastructure.errors import AgentmendError, ChangeNotFound
 from infrastructure.evaluation.evals import EvalSuite
-from infrastructure.evaluation.verification import SuiteRun, VerificationVerdict
-from infrastructure.llm.base import AgentRuntime
-from infrastructure.models import ChangeRecord, ChangeStatus, IssueReport, RootCauseAnalysis
+from infrastructure.evaluation.verification import VerificationVerdict
+from infrastructure.llm.base import AgentRuntime, ToolSpec
+from infrastructure.models import (
+    ChangeRecord,
+    ChangeStatus,
+    ImprovementAction,
+    IssueReport,
+    RootCauseAnalysis,
+)
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.settings import Settings
@@ -75,11 +98,16 @@ from infrastructure.simulation import SimulatedRuntime
 from infrastructure.spec import AgentSpec
 from infrastructure.store import Store
 
-__all__ = ["ConfirmCycle", "MetaOrchestrator", "OnProgress"]
+__all__ = ["SELF_EDIT", "ConfirmCycle", "MetaOrchestrator", "OnProgress"]
 
 log = structlog.get_logger(__name__)
 
-"""Who automatic cycles run for: standard rights, never admin (seed 002)."""
+SELF_EDIT = "self_edit"
+"""The ``error_type`` (and ``detector``) of the issue a self-edit is recorded under."""
+
+
+_CHANGING: ContextVar[bool] = ContextVar("agentmend_changing", default=False)
+"""Set while this task makes a change (plan to keep or roll back): nested changes are refused."""
 
 ConfirmCycle = Callable[[IssueReport], Awaitable[bool]]
 """Asks whether to run a cycle for an issue (the interactive y/n); True runs it."""
@@ -199,6 +227,7 @@ class MetaOrchestrator:
         )
         self._pending: dict[str, IssueReport] = {}
         self.verifier = CycleVerifier(team)
+        self._change_lock = asyncio.Lock()
 
     # -- construction for the offline demo and tests -----------------------------------------
 
@@ -329,9 +358,11 @@ class MetaOrchestrator:
 
         Lets a person (``/improve AGENT``) or a client (MCP ``analyze``) ask for a diagnosis
         before the detector has fired. With ``reproduce``, the agent first runs its eval suite
-        once as it is now (recorded apart from detection), so the diagnosis rests on fresh
-        evidence rather than on however few runs happen to be recorded; the failures seen go
-        into the report's error logs. The report says it was requested and by whom.
+        (else the sample query) once as it is now (recorded apart from detection), so the
+        diagnosis rests on fresh evidence rather than on however few runs happen to be
+        recorded; the failures seen go into the report's error logs. Those are real runs of
+        the agent (model calls, its tools): MCP ``analyze`` makes them only when asked. The
+        report says it was requested and by whom.
 
         Raises:
             UnknownAgent: ``agent_name`` is not in the team.
@@ -370,9 +401,9 @@ class MetaOrchestrator:
     ) -> ChangeRecord | None:
         """Undo a change (default: the most recent applied or kept one) and its whole group.
 
-        Restores the files byte for byte, reloads the team, and gives a kept change's agents
-        back the baseline they had before it. Returns the rolled-back record, or None when
-        there is nothing to roll back.
+        Restores the files byte for byte, reloads the team, and gives every agent whose
+        detection baseline the kept group restarted (each member's agent) the baseline it had
+        before. Returns the rolled-back record, or None when there is nothing to roll back.
 
         Raises:
             ChangeNotFound: ``change_id`` is unknown.
@@ -388,9 +419,11 @@ class MetaOrchestrator:
             if not live:
                 return None
             change_id = live[-1].change_id
-        record = self.manager.get_change(change_id)
-        if record is None:
+        row = self.manager.changes.get(change_id)
+        if row is None:
             raise ChangeNotFound(change_id)
+        record = row.record
+        members = [member.record for member in self.manager.changes.live_group(row)]
         done = self.manager.rollback_by_id(
             change_id,
             reason=reason,
@@ -402,8 +435,8 @@ class MetaOrchestrator:
         if not done:
             return None
         self.team.reload()
-        if record.status is ChangeStatus.KEPT:
-            self.detector.on_change_rolled_back(record.action.target_agent, self.monitor)
+        for name in baseline_agents(members):
+            self.detector.on_change_rolled_back(name, self.monitor)
         record_decision(
             self.store,
             "change_rolled_back_on_request",
@@ -426,6 +459,78 @@ class MetaOrchestrator:
         models are outcomes (``status``), never exceptions; an exception (a bug, an outage of
         the store) is recorded and re-raised, after rolling back anything applied.
         """
+        result = await self._recorded(issue, lambda rec: self._cycle(issue, rec), settles=True)
+        if result.analysis is not None and result.analysis.responsible_agent is not None:
+            self._pending.pop(result.analysis.responsible_agent, None)
+        return result
+
+    async def apply_self_edit(self, action: ImprovementAction) -> CycleResult:
+        """Make one self-edit (seed 002) through exactly the path a cycle's change takes.
+
+        ``action`` (built by a self-edit tool for the agent that called it) is planned by the
+        effector, run on the agent's eval suite (else the sample query) as it is now, judged by
+        every gate in order with each verdict recorded (the role gate by this orchestrator's
+        principal, the invoking user, never by the agent), applied through the manager,
+        verified after the change against that run, and kept (with a new detection baseline,
+        unless only the weaker check spoke for it) or rolled back byte for byte. It is recorded
+        in the store as a cycle (``replay``), whose issue has ``error_type="self_edit"``.
+
+        Nothing is applied when the plan is invalid (``invalid_proposal``), when the agent
+        already passes its cases (``not_reproduced``: a change can be kept only when it is
+        shown to fix something), or when a gate refuses (``refused``). Like
+        ``run_improvement_cycle``, failures are outcomes and an exception after the apply rolls
+        the change back before it propagates.
+        """
+        agent = action.target_agent
+        issue = IssueReport(
+            agent_name=agent,
+            error_type=SELF_EDIT,
+            context=f"self-edit of {action.target_field or action.action_type.value} "
+            f"requested by {agent}",
+            available_agents=self.team.names,
+            detector=SELF_EDIT,
+            severity=0.0,
+        )
+
+        async def body(rec: CycleRecorder) -> tuple[CycleStatus, str | None]:
+            self.team.reload()  # the files are the truth, as in a cycle
+            await rec.emit(
+                "actions_proposed",
+                agent,
+                f"1 action: {agent} edits its own {action.target_field or 'definition'}",
+                actions=[action.model_dump(mode="json")],
+                summary=f"self-edit requested by {agent}",
+            )
+            return await self._change(rec, [action], agent, applied_by=f"self-edit:{agent}")
+
+        return await self._recorded(issue, body, settles=False)
+
+    def self_edit_tools(
+        self, agent_name: str, *, authorize: Authorize | None = None
+    ) -> list[ToolSpec]:
+        """Seed 002's four self-edit tools for ``agent_name``, bound to ``apply_self_edit``.
+
+        Give them to the agent's runs (``team.run(name, prompt, tools=...)``): each call is
+        planned, gated, applied, verified and kept or rolled back as ``apply_self_edit`` says.
+        A kept edit answers the model with the change id and the verdict; anything else is a
+        tool error naming why (the refusing gate, the failed verification, ...).
+
+        Raises:
+            UnknownAgent: ``agent_name`` is not in the team.
+        """
+        self.team.spec(agent_name)  # raises UnknownAgent, naming the agents there are
+        return self_edit_tools(
+            agent_name, verified_apply(self.apply_self_edit), authorize=authorize
+        )
+
+    async def _recorded(
+        self,
+        issue: IssueReport,
+        body: Callable[[CycleRecorder], Awaitable[tuple[CycleStatus, str | None]]],
+        *,
+        settles: bool,
+    ) -> CycleResult:
+        """Run ``body`` as one recorded cycle: started, its steps, finished (even on error)."""
         cycle_id = uuid.uuid4().hex[:12]
         recorder = CycleRecorder(self.store, cycle_id, self.on_progress)
         started = time.perf_counter()
@@ -440,12 +545,13 @@ class MetaOrchestrator:
                 f"{issue.error_type} on {issue.agent_name}: {issue.context}",
                 issue=issue.model_dump(mode="json"),
             )
-            status, error = await self._cycle(issue, recorder)
+            status, error = await body(recorder)
         except BaseException as exc:
             failure = exc
             status = "rolled_back" if recorder.rolled_back else "error"
             error = f"{type(exc).__name__}: {exc}"
-        self._pending.pop(issue.agent_name, None)
+        if settles:
+            self._pending.pop(issue.agent_name, None)
         try:
             await recorder.emit(
                 "cycle_finished",
@@ -463,10 +569,7 @@ class MetaOrchestrator:
             log.error("cycle_not_recorded", cycle_id=cycle_id, error=str(exc))
         if failure is not None:
             raise failure
-        result = fold_events(recorder.events)
-        if result.analysis is not None and result.analysis.responsible_agent is not None:
-            self._pending.pop(result.analysis.responsible_agent, None)
-        return result
+        return fold_events(recorder.events)
 
     async def _cycle(
         self, issue: IssueReport, rec: CycleRecorder
@@ -477,7 +580,7 @@ class MetaOrchestrator:
         try:
             proposal = await self.improver.propose_plan(analysis)
         except InvalidProposal as exc:
-            return await _invalid(rec, exc, analysis)
+            return await _invalid(rec, exc, analysis.agent_name)
         await rec.emit(
             "actions_proposed",
             analysis.agent_name,
@@ -487,25 +590,57 @@ class MetaOrchestrator:
         )
         if not proposal.actions:
             return "no_action", None
+        return await self._change(rec, proposal.actions, analysis.agent_name)
+
+    async def _change(
+        self,
+        rec: CycleRecorder,
+        actions: Sequence[ImprovementAction],
+        agent: str,
+        *,
+        applied_by: str = "self-improver",
+    ) -> tuple[CycleStatus, str | None]:
+        """Plan, run before, gate, apply, verify, keep or roll back: one change at a time.
+
+        Cycles and self-edits of this orchestrator take turns here, so the budget gate and the
+        verification of one never see another's half-made change. A self-edit asked for from
+        inside a change being made (an agent's verification run calling its tool) is refused
+        rather than waiting for the change that waits for it.
+        """
+        if _CHANGING.get():
+            return "error", (
+                "another change is being verified in this task; a change cannot be made from "
+                "inside it"
+            )
+        async with self._change_lock:
+            token = _CHANGING.set(True)
+            try:
+                return await self._change_now(rec, actions, agent, applied_by)
+            finally:
+                _CHANGING.reset(token)
+
+    async def _change_now(
+        self,
+        rec: CycleRecorder,
+        actions: Sequence[ImprovementAction],
+        agent: str,
+        applied_by: str,
+    ) -> tuple[CycleStatus, str | None]:
         # the exam is fixed before anything can change it
         try:
-            suites = self.verifier.load_suites([a.target_agent for a in proposal.actions])
+            suites = self.verifier.load_suites([a.target_agent for a in actions])
         except AgentmendError as exc:
             return "error", f"cannot load an eval suite: {exc}"
         try:
-            planned = self.improver.plan_all(proposal.actions)
+            planned = self.improver.plan_all(actions)
         except InvalidProposal as exc:
-            return await _invalid(rec, exc, analysis)
+            return await _invalid(rec, exc, agent)
         targets = _targets([item.change for item in planned if item.change is not None])
         before = await self.verifier.run_before(targets, suites)
         if before and len(before) == len(targets) and all(map(passes_everything, before.values())):
-            # nothing fails on the agent's own cases, so no change could be shown to help:
-            # do not write one only to roll it back (and spend the rollback budget)
-            names = ", ".join(sorted(before))
-            return "not_reproduced", (
-                f"the eval suite of {names} passes before any change: the issue does not "
-                "reproduce on its cases, so nothing was applied"
-            )
+            # nothing fails on the agent's own cases (or its sample query), so no change could
+            # be shown to help: do not write one only to roll it back (and spend the budget)
+            return "not_reproduced", not_reproduced_reason(before)
         gated = await self.improver.gate_all(planned, on_verdict=self._verdict_recorder(rec))
         accepted = [item for item in gated if item.accepted]
         if not accepted:
@@ -514,14 +649,14 @@ class MetaOrchestrator:
         targets = _targets(changes)
         before = {name: run for name, run in before.items() if name in targets}
         try:
-            records = self.improver.apply(changes)
+            records = self.improver.apply(changes, applied_by=applied_by)
         except AgentmendError as exc:  # the manager wrote nothing (or put it all back)
             return "error", f"could not apply: {exc}"
         change_ids = [record.change_id for record in records]
         try:
             await rec.emit(
                 "change_applied",
-                analysis.agent_name,
+                agent,
                 f"applied {len(records)} change(s) to {', '.join(sorted(targets))}",
                 change_ids=change_ids,
                 group_id=records[0].group_id,
@@ -529,10 +664,15 @@ class MetaOrchestrator:
             )
             verdicts = await self._verify(targets, suites, before, rec)
             rejected = {name: v for name, v in verdicts.items() if not v.accepted}
+            # a keep proven only by the weaker check keeps the old detection baseline (see
+            # fresh_baselines): production traffic is then still judged against the agent's
+            # behaviour before the fault, which is what catches a fix one query misjudged
+            fresh = fresh_baselines(verdicts, self.team)
             if not rejected:
                 summary = {name: v.model_dump(mode="json") for name, v in verdicts.items()}
                 self.manager.mark_kept(
-                    change_ids[0], {"cycle_id": rec.cycle_id, "verdicts": summary}
+                    change_ids[0],
+                    {"cycle_id": rec.cycle_id, "verdicts": summary, NEW_BASELINE: fresh},
                 )
         except BaseException as exc:  # nothing unproven stays applied, whatever went wrong
             why = f"error after the change was applied: {type(exc).__name__}: {exc}"
@@ -544,14 +684,21 @@ class MetaOrchestrator:
             )
             await self._roll_back(rec, change_ids, reason, targets, verdicts)
             return "rolled_back", None
-        for name in targets:
-            if name in self.team:
-                self.detector.on_change_kept(name, self.monitor)
+        for name in fresh:
+            self.detector.on_change_kept(name, self.monitor)
+        kept_old = [name for name in targets if name not in fresh and name in self.team]
+        note = (
+            f" (weaker check only: {', '.join(kept_old)} keep(s) the detection baseline from "
+            "before the change)"
+            if kept_old
+            else ""
+        )
         await rec.emit(
             "change_kept",
-            analysis.agent_name,
-            "kept: " + "; ".join(f"{n}: {v.reason}" for n, v in verdicts.items()),
+            agent,
+            "kept: " + "; ".join(f"{n}: {v.reason}" for n, v in verdicts.items()) + note,
             change_ids=change_ids,
+            new_baseline=fresh,
         )
         return "kept", None
 
@@ -622,7 +769,7 @@ class MetaOrchestrator:
         self,
         targets: dict[str, AgentSpec | None],
         suites: dict[str, EvalSuite | None],
-        before: dict[str, SuiteRun],
+        before: dict[str, BeforeRun],
         rec: CycleRecorder,
     ) -> dict[str, VerificationVerdict]:
         specs = self.team.reload()
@@ -683,11 +830,9 @@ def _targets(changes: Sequence[ProposedChange]) -> dict[str, AgentSpec | None]:
     return targets
 
 
-async def _invalid(
-    rec: CycleRecorder, exc: InvalidProposal, analysis: RootCauseAnalysis
-) -> tuple[CycleStatus, str]:
+async def _invalid(rec: CycleRecorder, exc: InvalidProposal, agent: str) -> tuple[CycleStatus, str]:
     """Record an unusable proposal; nothing was applied."""
-    await rec.emit("proposal_invalid", exc.agent or analysis.agent_name, str(exc), error=str(exc))
+    await rec.emit("proposal_invalid", exc.agent or agent, str(exc), error=str(exc))
     return "invalid_proposal", str(exc)
 
 

@@ -2,18 +2,29 @@
 
 An agent may change its own system prompt, its docs, its permission profile and its model. The
 tools only turn the call into an ``ImprovementAction`` for the calling agent and hand it to
-``apply``, which the caller supplies (the SelfImprover's propose -> gates -> manager path): so a
-self-edit meets exactly the gates any other change meets, is applied through the manager
-(history, backup, audit row with the old and new value and the invoking user) and can be rolled
-back. In particular the role gate judges it by the *invoking principal's* rights, never by the
+``apply``; they write nothing themselves.
+
+The production path is ``MetaOrchestrator.self_edit_tools(agent_name)``, which binds ``apply``
+to ``MetaOrchestrator.apply_self_edit``: the action is planned by the effector, the agent's eval
+suite (else the sample query) runs on its current definition, every gate judges the change in
+order with each verdict recorded, the manager applies it (history, backup, audit row with the
+old and new value and the invoking user), the suite runs again, and the change is kept or rolled
+back byte for byte, all recorded in the store as a cycle. Through that binding a self-edit meets
+exactly the gates and the verification any other change meets. In particular the role gate
+judges it by the *invoking principal's* rights (the orchestrator's principal), never by the
 agent's: an agent cannot escalate beyond the user it works for.
+
+``self_edit_tools(agent_name, apply)`` itself guarantees only what it does: build the action and
+report ``apply``'s answer or refusal. Whatever ``apply`` is given decides which gates run; one
+that skips them (a test double, say) skips them.
 
 Each call has seed 002's permission action string (``tool:self_edit:system_prompt``,
 ``tool:self_edit:docs <path>``, ``tool:self_edit:permissions <profile>``,
 ``tool:self_edit:model <model>``), computed from its arguments by ``permission_action_for``;
 ``ToolSpec.permission_action`` holds the argument-free prefix. Pass ``authorize`` to check the
-string before anything is proposed. Any refusal (authorization, an invalid change, a gate)
-reaches the model as a tool error naming the reason, and nothing is written.
+string before anything is proposed. Any refusal (authorization, an invalid change, a gate, a
+failed verification) reaches the model as a tool error naming the reason, and what stays on
+disk is what was there before.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agents.cycle import CycleResult
 from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.llm.base import ToolError, ToolSpec
 from infrastructure.models import ChangeType, ImprovementAction
@@ -34,15 +46,21 @@ __all__ = [
     "CustomProfileInput",
     "SelfEditDocsInput",
     "SelfEditModelInput",
+    "SelfEditNotKept",
     "SelfEditPermissionsInput",
     "SelfEditSystemPromptInput",
     "permission_action_for",
     "self_edit_tools",
+    "verified_apply",
 ]
 
 ApplyAction = Callable[[ImprovementAction], Awaitable[str]]
-"""Proposes, gates and applies one action; returns a message for the model. It raises an
-``AgentmendError`` (``InvalidChange``, ``ChangeRefused``, ``PathNotAllowed``) to refuse."""
+"""Makes one action (in production ``MetaOrchestrator.apply_self_edit``: plan, gates, apply,
+verify, keep or roll back); returns a message for the model. It raises an ``AgentmendError``
+(``SelfEditNotKept``, ``InvalidChange``, ``ChangeRefused``, ...) when the edit is not made."""
+
+VerifiedEdit = Callable[[ImprovementAction], Awaitable[CycleResult]]
+"""``MetaOrchestrator.apply_self_edit``: one action through plan, gates, apply and verification."""
 
 Authorize = Callable[[str], bool]
 """Whether a permission action string (``tool:self_edit:model claude-haiku-4-5``) is allowed."""
@@ -116,6 +134,43 @@ def _docs_path(path: str) -> str:
     return path[len(_DOCS) :] if path.startswith(_DOCS) else path
 
 
+class SelfEditNotKept(AgentmendError):
+    """A self-edit that was not kept: refused, invalid, not needed, or rolled back.
+
+    Attributes:
+        result: the recorded cycle of the self-edit (``status`` says which).
+    """
+
+    def __init__(self, result: CycleResult) -> None:
+        self.result = result
+        outcome = result.outcomes[0] if result.outcomes else None
+        refusal = outcome.refused_by if outcome is not None else None
+        if refusal is not None:
+            message = f"refused by the {refusal.gate} gate: {refusal.reason}"
+        elif result.status == "rolled_back":
+            message = f"applied, then rolled back: {result.rollback_reason or result.error}"
+        else:
+            message = f"self-edit not applied ({result.status}): {result.error}"
+        super().__init__(message)
+
+
+def verified_apply(edit: VerifiedEdit) -> ApplyAction:
+    """The ``apply`` for a gated and verified path: a kept edit's answer for the model is its
+    change ids and verdict; anything else raises ``SelfEditNotKept`` (a tool error)."""
+
+    async def apply(action: ImprovementAction) -> str:
+        result = await edit(action)
+        if result.status != "kept":
+            raise SelfEditNotKept(result)
+        verdict = result.verification
+        return (
+            f"kept change {', '.join(result.change_ids)} to {action.target_agent}'s "
+            f"{action.target_field}: {verdict.reason if verdict is not None else 'verified'}"
+        )
+
+    return apply
+
+
 def permission_action_for(tool_name: str, arguments: Mapping[str, Any]) -> str:
     """Seed 002's permission action string for one call of a self-edit tool.
 
@@ -149,7 +204,8 @@ def self_edit_tools(
 
     Args:
         agent_name: the agent the tools edit (always the caller: an agent edits only itself).
-        apply: proposes, gates and applies an action; see ``ApplyAction``.
+        apply: makes an action; see ``ApplyAction`` (``MetaOrchestrator.self_edit_tools``
+            passes the gated and verified path).
         authorize: checks each call's permission action string first; a False refuses it.
     """
     if not agent_name:

@@ -369,13 +369,18 @@ class SelfImprover:
 
     # -- apply -----------------------------------------------------------------------------
 
-    def apply(self, changes: Sequence[ProposedChange]) -> list[ChangeRecord]:
-        """Write ``changes`` as one group (all or nothing); returns their change records."""
+    def apply(
+        self, changes: Sequence[ProposedChange], *, applied_by: str = "self-improver"
+    ) -> list[ChangeRecord]:
+        """Write ``changes`` as one group (all or nothing); returns their change records.
+
+        ``applied_by`` is who the history attributes them to (a self-edit names the agent).
+        """
         entries = [entry for change in changes for entry in group_entries(change)]
         records = self.manager.apply_group(
             entries,
             root=self.root,
-            applied_by="self-improver",
+            applied_by=applied_by,
             user_id=self.principal.user_id,
             user_name=self.principal.name,
         )

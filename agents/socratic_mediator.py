@@ -6,24 +6,42 @@ tool error telling the model to give its final report now. The report comes back
 (``MediatorReport``); when a model fails to give structure, seed 003's text report in the
 run's text is parsed instead; when neither works the analysis says so with confidence 0.
 
-The evidence check (why a model cannot talk its way past the confidence gate)
-------------------------------------------------------------------------------
-Each evidence quote must appear in an ``ask_agent`` answer of *this* analysis or in the issue's
-recorded errors, compared case-insensitively with whitespace normalised and surrounding quotes
-and end punctuation ignored; a quote shorter than ``MIN_QUOTE_CHARS`` supports nothing (a word
-such as "error" appears everywhere). Then:
+The evidence check (what it guarantees, and what it does not)
+-------------------------------------------------------------
+A quote supports the analysis only if, compared case-insensitively with whitespace normalised
+and surrounding quotes and end punctuation ignored, it is a verbatim part of
 
-- every unsupported quote is dropped and multiplies the confidence by ``UNSUPPORTED_FACTOR``
-  (0.8): a fabricated quote costs a fifth of the confidence;
+- an ``ask_agent`` answer of *this* analysis given by the *responsible* agent, with the text of
+  the mediator's own questions cut out of the answer first (an agent that repeats the question
+  does not make the question evidence), or
+- the issue's recorded errors, when the responsible agent is the agent that raised the issue
+  (those errors are its own runs);
+
+and it does not also appear in any question the mediator asked (a leading question's words
+are the mediator's, whoever repeats them). A quote shorter than ``MIN_QUOTE_CHARS`` supports
+nothing (a word such as "error" appears everywhere). Then:
+
+- a quote found only in *another* agent's answers is true but second-hand: it is dropped
+  without penalty (it neither supports the blame nor is made up);
+- every other unsupported quote (found nowhere, or only in the mediator's questions) is dropped
+  and multiplies the confidence by ``UNSUPPORTED_FACTOR`` (0.8): a fabricated quote costs a
+  fifth of the confidence;
 - with no supported quote left, the confidence is capped at ``NO_EVIDENCE_CAP`` (0.3), below
   any sensible confidence gate: a claim without evidence changes nothing;
 - a responsible agent that is not a known agent gives confidence 0 (nothing to fix).
+
+What this guarantees: the evidence an analysis keeps was really said by the agent it blames
+(or recorded for its runs) in words the mediator did not put to it. What it does not: that the
+agent's words are true (an agent can be wrong, or repeat text injected into its inputs), that a
+quote means what the analysis says it means, or that the cause is right. Those are for the
+gates, the supervisor's review and, above all, verification, which keeps a change only when
+it is shown to fix the agent's own cases.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 import structlog
@@ -70,25 +88,54 @@ def _quote_key(quote: str) -> str:
 
 
 def check_evidence(
-    evidence: list[str], sources: list[str], confidence: float
+    evidence: list[str],
+    sources: list[str],
+    confidence: float,
+    *,
+    questions: Sequence[str] = (),
+    second_hand: Sequence[str] = (),
 ) -> tuple[list[str], list[str], float]:
-    """Split ``evidence`` into (supported, unsupported) and adjust ``confidence``.
+    """Split ``evidence`` into (supported, dropped) and adjust ``confidence``.
+
+    Args:
+        evidence: the analysis's quotes.
+        sources: what may support a quote: the responsible agent's answers and, when it raised
+            the issue, its recorded errors.
+        confidence: the analysis's confidence before the check.
+        questions: the mediator's questions: their text is cut out of every source first, and
+            a quote found in one supports nothing.
+        second_hand: other agents' answers: a quote found only there is dropped without the
+            penalty for a made-up quote.
 
     See the module docstring for the rule.
     """
-    haystack = [_norm(source) for source in sources if source]
+    asked = [_norm(question) for question in questions if question.strip()]
+
+    def own_words(text: str) -> str:
+        text = _norm(text)
+        for question in asked:
+            text = text.replace(question, " | ")  # an echo joins nothing across the cut
+        return text
+
+    haystack = [own_words(source) for source in sources if source]
+    others = [own_words(source) for source in second_hand if source]
     supported: list[str] = []
-    unsupported: list[str] = []
+    dropped: list[str] = []
+    penalised = 0
     for quote in evidence:
         key = _quote_key(quote)
-        if len(key) >= MIN_QUOTE_CHARS and any(key in source for source in haystack):
+        long_enough = len(key) >= MIN_QUOTE_CHARS
+        leading = any(key in question for question in asked)
+        if long_enough and not leading and any(key in source for source in haystack):
             supported.append(quote)
-        else:
-            unsupported.append(quote)
-    adjusted = confidence * UNSUPPORTED_FACTOR ** len(unsupported)
+            continue
+        dropped.append(quote)
+        if not (long_enough and not leading and any(key in source for source in others)):
+            penalised += 1
+    adjusted = confidence * UNSUPPORTED_FACTOR**penalised
     if not supported:
         adjusted = min(adjusted, NO_EVIDENCE_CAP)
-    return supported, unsupported, round(adjusted, 6)
+    return supported, dropped, round(adjusted, 6)
 
 
 def _percent(value: Any) -> str:
@@ -249,9 +296,15 @@ class SocraticMediator:
                 f"(agents: {', '.join(sorted(known))})",
                 report=analysis.full_report,
             )
-        sources = [exchange.answer for exchange in exchanges] + list(issue.error_logs)
+        own = [e.answer for e in exchanges if e.agent_name == responsible and e.error is None]
+        if responsible == issue.agent_name:
+            own += issue.error_logs
         supported, unsupported, confidence = check_evidence(
-            list(analysis.evidence), sources, analysis.confidence_score
+            list(analysis.evidence),
+            own,
+            analysis.confidence_score,
+            questions=[exchange.question for exchange in exchanges],
+            second_hand=[e.answer for e in exchanges if e.agent_name != responsible],
         )
         if unsupported:
             log.warning(

@@ -37,7 +37,14 @@ from infrastructure.store import Store
 if TYPE_CHECKING:
     from agents.meta_orchestrator import MetaOrchestrator
 
-__all__ = ["DB_NAME", "TEAM_DIR_NAME", "Workspace", "WorkspaceError", "build_runtimes"]
+__all__ = [
+    "DB_NAME",
+    "TEAM_DIR_NAME",
+    "TeamDirError",
+    "Workspace",
+    "WorkspaceError",
+    "build_runtimes",
+]
 
 DB_NAME = "agentmend.db"
 TEAM_DIR_NAME = "agents"
@@ -50,6 +57,28 @@ class WorkspaceError(ConfigurationError):
         self.path = str(path)
         self.problem = problem
         super().__init__(f"workspace {self.path} cannot be opened: {problem}")
+
+
+class TeamDirError(ConfigurationError):
+    """The agent definitions folder given to the workspace cannot be used; names that folder.
+
+    Raised before anything is created, so a mistyped ``--agents`` leaves no workspace behind.
+    """
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"agent definitions folder {self.path} cannot be used: {problem}")
+
+
+def _check_team_dir(team: Path) -> None:
+    """Raise ``TeamDirError`` unless ``team`` is a folder holding agent definitions."""
+    if not team.exists():
+        raise TeamDirError(team, "it does not exist")
+    if not team.is_dir():
+        raise TeamDirError(team, "it is a file, not a folder")
+    if not any(team.glob("*.md")):
+        raise TeamDirError(team, "it holds no agent definitions (*.md)")
 
 
 def build_runtimes(provider: Provider, *, seed: int = 0) -> tuple[AgentRuntime, AgentRuntime]:
@@ -133,12 +162,17 @@ class Workspace:
                 (nothing is copied there).
 
         Raises:
+            TeamDirError: ``team_dir`` is missing, a file, or holds no definitions (checked
+                first: nothing is created then).
             WorkspaceError: the folder is missing (without ``create``) or is a file, the store
-                is not an agentmend database, or the team folder has no definitions.
+                is not an agentmend database, or the workspace's own team folder has no
+                definitions.
         """
         base = settings if settings is not None else Settings()
         folder = Path(path) if path is not None else base.workspace
         settings = base.model_copy(update={"workspace": folder})
+        if team_dir is not None:
+            _check_team_dir(Path(team_dir))
         if folder.exists() and not folder.is_dir():
             raise WorkspaceError(folder, "it is a file, not a folder")
         if not folder.exists() and not create:

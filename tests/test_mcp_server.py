@@ -19,8 +19,10 @@ from mcp.types import CallToolResult
 from tiny_project import CALC, CALC_BROKEN, CALC_EXTENDED, PYTEST, make_project, snapshot
 
 from agents.mcp_server import build_server
-from agents.mcp_tools import AgentmendTools
+from agents.mcp_tools import AgentmendTools, BadRequest
 from agents.workspace import Workspace
+from infrastructure.llm.anthropic_runtime import AnthropicRuntime
+from infrastructure.monitoring.performance_monitor import VERIFICATION
 from infrastructure.settings import Settings
 from infrastructure.simulation import FaultKind
 
@@ -98,6 +100,15 @@ async def test_the_four_tools_are_listed_with_their_schemas(tools: AgentmendTool
     assert memory["properties"]["query"]["enum"] == ["history", "decisions", "audit", "config"]
     assert listed["status"].annotations is not None
     assert listed["status"].annotations.read_only_hint is True
+    # analyze applies nothing but runs the agents (and records), so it claims no read-only
+    analyze = listed["analyze"]
+    assert analyze.annotations is not None
+    assert analyze.annotations.read_only_hint is False
+    assert analyze.annotations.destructive_hint is False
+    reproduce = analyze.input_schema["properties"]["reproduce"]
+    assert (reproduce["type"], reproduce["default"]) == ("boolean", False)
+    assert analyze.description is not None
+    assert "runs its eval suite" in analyze.description
 
 
 BAD_REQUESTS: list[tuple[str, dict[str, Any], str]] = [
@@ -307,6 +318,33 @@ async def test_analyze_diagnoses_an_agent_from_the_workspace_and_applies_nothing
     assert snapshot(workspace / "agents") == definitions
 
 
+async def test_analyze_runs_the_eval_suite_only_when_asked_to_reproduce(project: Path) -> None:
+    tools = AgentmendTools(project / ".agentmend", project_root=project, settings=Settings())
+    try:
+        async with _client(tools) as client:
+            plain = _data(await client.call_tool("analyze", {"agent": "research-agent"}))
+            monitor = tools.workspace().monitor
+            assert plain["reproduced"] is False
+            assert plain["applied"] is False
+            assert monitor.get_agent_metrics("research-agent", source=VERIFICATION) is None
+            fresh = _data(
+                await client.call_tool("analyze", {"agent": "research-agent", "reproduce": True})
+            )
+            assert fresh["reproduced"] is True
+            assert "its eval cases pass now" in fresh["issue"]["context"]
+            runs = monitor.get_agent_metrics("research-agent", source=VERIFICATION)
+            assert runs is not None
+            assert runs.executions == 9  # 3 cases x 3 repeats, recorded apart from detection
+            assert monitor.get_agent_metrics("research-agent") is None  # no production run
+            wrong = await client.call_tool(
+                "analyze", {"path": "calc/__init__.py", "reproduce": True}
+            )
+            assert wrong.is_error
+            assert "reproduce goes with agent" in _text(wrong)
+    finally:
+        await tools.aclose()
+
+
 async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return _data(await client.call_tool(tool, arguments))
 
@@ -433,3 +471,22 @@ async def test_a_provider_that_cannot_run_refuses_reviews_but_status_still_works
     finally:
         await tools.aclose()
     assert (project / "calc" / "__init__.py").read_text() == CALC
+
+
+async def test_a_provider_that_could_not_run_is_tried_again_by_later_calls(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    settings = Settings(provider="anthropic")
+    tools = AgentmendTools(project / ".agentmend", project_root=project, settings=settings)
+    try:
+        with pytest.raises(BadRequest, match=r"provider anthropic: .*API key"):
+            tools.orchestrator()
+        # the key is set meanwhile (and a loopback URL, where nothing listens or is sent)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-not-a-real-key")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+        orchestrator = tools.orchestrator()  # no restart needed (nothing is sent anywhere)
+        assert isinstance(orchestrator.roles_runtime, AnthropicRuntime)
+        assert isinstance(orchestrator.team.runtime, AnthropicRuntime)
+    finally:
+        await tools.aclose()

@@ -50,10 +50,14 @@ def sim(orchestrator: MetaOrchestrator) -> SimulatedRuntime:
 
 
 async def faulty_issue(
-    orchestrator: MetaOrchestrator, agent: str = "research-agent", runs: int = 4
+    orchestrator: MetaOrchestrator,
+    agent: str = "research-agent",
+    runs: int = 4,
+    fault: FaultKind = FaultKind.TRUNCATION,
 ) -> IssueReport:
-    """Truncate ``agent``'s answers, run it a few times, and report it as a detector would."""
-    sim(orchestrator).inject(agent, FaultKind.TRUNCATION)
+    """Give ``agent`` a fault (truncated answers by default), run it a few times, and report it
+    as a detector would."""
+    sim(orchestrator).inject(agent, fault)
     for n in range(runs):
         await orchestrator.team.run(agent, f"topic {n}")
     metrics = orchestrator.monitor.get_agent_metrics(agent)
@@ -66,6 +70,13 @@ async def faulty_issue(
         context=f"{runs} consecutive failures",
         available_agents=orchestrator.team.names,
     )
+
+
+def baseline_epoch(orchestrator: MetaOrchestrator, agent: str = "research-agent") -> int:
+    """The epoch of the agent's current detection baseline."""
+    baseline = orchestrator.monitor.baseline(agent)
+    assert baseline is not None
+    return baseline.epoch
 
 
 def definitions(orchestrator: MetaOrchestrator) -> dict[str, bytes]:
@@ -226,6 +237,84 @@ async def test_without_an_eval_suite_the_weaker_sample_check_decides(build: Buil
     assert verdict is not None
     assert verdict.weaker
     assert verdict.rule == "sample_query"
+
+
+@pytest.mark.parametrize("fault", [FaultKind.SLOW, FaultKind.MODEL_RETIRED])
+async def test_without_a_suite_a_fix_is_judged_against_the_sample_query_before_it(
+    build: Build, fault: FaultKind
+) -> None:
+    """The fault broke the agent's speed baseline: the right fix (a longer timeout, another
+    model) is slower than the healthy agent was, and must be kept all the same."""
+    orchestrator = build()
+    await orchestrator.execute_task("a healthy task")
+    (orchestrator.team.directory / "research-agent.evals.yaml").unlink()
+    healthy = baseline_epoch(orchestrator)
+    cycle = await orchestrator.run_improvement_cycle(await faulty_issue(orchestrator, fault=fault))
+    assert cycle.status == "kept", cycle.summary()
+    verdict = cycle.verification
+    assert verdict is not None
+    assert verdict.weaker
+    assert (verdict.before_score, verdict.after_score) == (0.0, 1.0)
+    assert verdict.latency_ratio is None  # the run before failed: no speed to compare with
+    assert "latency not judged" in verdict.reason
+    verification = orchestrator.monitor.get_agent_metrics("research-agent", source=VERIFICATION)
+    assert verification is not None
+    assert verification.executions == 2  # the sample query, before and after
+    assert verification.failures == 1
+    for n in range(5):
+        assert (await orchestrator.team.run("research-agent", f"after {n}")).success
+    # one query is thin evidence: detection keeps judging against the agent before the fault
+    assert baseline_epoch(orchestrator) == healthy
+    kept = next(
+        e for e in cycle_events(orchestrator.store, cycle.cycle_id) if e.step == "change_kept"
+    )
+    assert kept.data["new_baseline"] == []
+    assert "weaker check only" in kept.message
+    (record,) = orchestrator.manager.get_history()
+    assert record.verification_result is not None
+    assert record.verification_result["new_baseline"] == []
+    # so a rollback has no newer baseline to undo: the one from before the fault stays
+    assert orchestrator.rollback(reason="undo") is not None
+    assert baseline_epoch(orchestrator) == healthy
+
+
+async def test_without_a_suite_an_issue_the_sample_query_does_not_show_changes_nothing(
+    build: Build,
+) -> None:
+    orchestrator = build(roles_runtime=ScriptedImprover())
+    await orchestrator.execute_task("a healthy task")
+    (orchestrator.team.directory / "research-agent.evals.yaml").unlink()
+    issue = IssueReport(
+        agent_name="research-agent",
+        error_type="low_success_rate",
+        error_logs=["overloaded_error: Overloaded"],
+        available_agents=orchestrator.team.names,
+    )
+    before = definitions(orchestrator)
+    cycle = await orchestrator.run_improvement_cycle(issue)
+    assert cycle.status == "not_reproduced"  # the improver's temperature change is not made
+    assert cycle.error is not None
+    assert "sample query (no eval suite) of research-agent passes before any change" in cycle.error
+    assert cycle.outcomes == ()
+    assert definitions(orchestrator) == before
+    assert orchestrator.manager.get_history() == []
+    verification = orchestrator.monitor.get_agent_metrics("research-agent", source=VERIFICATION)
+    assert verification is not None
+    assert verification.executions == 1  # the sample query ran once, before, recorded apart
+
+
+async def test_without_a_suite_a_fix_that_does_not_help_is_rolled_back(build: Build) -> None:
+    orchestrator = build(roles_runtime=ScriptedImprover())
+    (orchestrator.team.directory / "research-agent.evals.yaml").unlink()
+    issue = await faulty_issue(orchestrator)
+    before = definitions(orchestrator)
+    cycle = await orchestrator.run_improvement_cycle(issue)
+    assert cycle.status == "rolled_back"
+    verdict = cycle.verification
+    assert verdict is not None
+    assert verdict.weaker
+    assert verdict.failures == ("sample_query",)
+    assert definitions(orchestrator) == before
 
 
 async def test_a_broken_eval_suite_stops_the_cycle_before_any_change(build: Build) -> None:
@@ -415,6 +504,55 @@ async def test_rollback_on_request_restores_bytes_and_the_old_baseline(build: Bu
     kinds = [d.kind for d in list_decisions(orchestrator.store)]
     assert "change_rolled_back_on_request" in kinds
     assert orchestrator.rollback() is None  # nothing applied or kept is left
+
+
+class TwoAgentImprover:
+    """The offline roles, with an improver that raises max_tokens of two agents at once."""
+
+    def __init__(self) -> None:
+        self.offline = OfflineRuntime(offline_policies())
+        actions = [
+            ProposedAction(
+                action_type=ChangeType.PARAMETER_ADJUSTMENT,
+                target_agent=name,
+                target_field="max_tokens",
+                new_value=16384,
+                rationale="answers are cut off",
+                confidence=0.9,
+            )
+            for name in ("research-agent", "knowledge-builder")
+        ]
+        self.improver = ScriptedRuntime([Step.output(ImprovementPlan(actions=actions))])
+
+    async def run(
+        self, spec: AgentSpec, prompt: str, *, tools: Any = (), output_type: Any = None
+    ) -> AgentResult[Any]:
+        runtime: Any = self.improver if spec.name == "self-improver" else self.offline
+        result: AgentResult[Any] = await runtime.run(
+            spec, prompt, tools=tools, output_type=output_type
+        )
+        return result
+
+
+async def test_rollback_of_a_kept_group_restores_every_members_baseline(build: Build) -> None:
+    orchestrator = build(roles_runtime=TwoAgentImprover())
+    await orchestrator.execute_task("a healthy task")
+    agents = ("research-agent", "knowledge-builder")
+    old = {name: baseline_epoch(orchestrator, name) for name in agents}
+    sim(orchestrator).inject("knowledge-builder", FaultKind.TRUNCATION)
+    cycle = await orchestrator.run_improvement_cycle(await faulty_issue(orchestrator))
+    assert cycle.status == "kept", cycle.summary()
+    assert sorted(cycle.verifications) == sorted(agents)
+    assert {name: baseline_epoch(orchestrator, name) for name in agents} == {
+        name: old[name] + 1 for name in agents
+    }
+
+    # roll back by the id of the group's *second* member: both agents get their baseline back
+    record = orchestrator.rollback(cycle.change_ids[1], reason="undo both")
+
+    assert record is not None
+    assert [r.status for r in orchestrator.manager.get_history()] == [ChangeStatus.ROLLED_BACK] * 2
+    assert {name: baseline_epoch(orchestrator, name) for name in agents} == old
 
 
 async def test_rollback_of_an_unknown_change_names_it(build: Build) -> None:

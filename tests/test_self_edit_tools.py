@@ -1,8 +1,10 @@
 """Seed 002's self-edit tests: an agent edits its own definition, through the gates and the manager.
 
-The ``apply`` the tools are given here is the path the SelfImprover provides: plan the change,
-run the six gates (supervisor approving, yolo on, so the role gate is what decides), and apply
-through the ``ImprovementManager`` so history and audit hold every edit.
+Most tests give the tools a small gated ``apply`` (plan the change, run the six gates with the
+supervisor approving and yolo on, so the role gate is what decides, and apply through the
+``ImprovementManager`` so history and audit hold every edit) to test the tools themselves. The
+last section tests the production path, ``MetaOrchestrator.self_edit_tools``: the same gates,
+plus verification on the agent's eval suite and keep or roll back, recorded as a cycle.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from agents.cycle import CycleEvent, CycleResult, list_cycle_ids, replay_cycle
+from agents.meta_orchestrator import MetaOrchestrator
 from agents.self_edit_tools import (
     SELF_EDIT_TOOL_NAMES,
     Authorize,
@@ -31,8 +35,9 @@ from infrastructure.changes.safety import ADMIN, GateVerdict, Principal, Propose
 from infrastructure.errors import ConfigurationError
 from infrastructure.llm.base import ToolError, ToolSpec
 from infrastructure.llm.testing import ScriptedRuntime, Step
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.simulation import AVAILABLE_MODELS
+from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
+from infrastructure.settings import Settings
+from infrastructure.simulation import AVAILABLE_MODELS, FaultKind, SimulatedRuntime
 from infrastructure.spec import AgentSpec, PermissionProfile, load_agent_specs
 
 USER = Principal(user_id="u-1", name="casey")
@@ -519,3 +524,160 @@ async def test_a_locked_agent_cannot_call_self_edit_tools(user: Harness) -> None
     assert "Permission denied" in output
     assert user.asked == []
     assert snapshot(user.root) == before
+
+
+# -- the production path: MetaOrchestrator.self_edit_tools -----------------------------------
+
+
+@pytest.fixture
+def orchestrator(tmp_path: Path) -> Iterator[MetaOrchestrator]:
+    """The simulated team with the offline roles, yolo on (the role gate is what decides), and
+    the default principal: a standard user, not an admin."""
+    settings = Settings(baseline_n=20, detection_mode="rules")
+    with MetaOrchestrator.offline_simulated(
+        tmp_path / "team", seed=3, settings=settings, auto_improve=False
+    ) as made:
+        yield made
+
+
+def bound(orchestrator: MetaOrchestrator, agent: str = "research-agent") -> dict[str, ToolSpec]:
+    return {tool.name: tool for tool in orchestrator.self_edit_tools(agent)}
+
+
+async def call_bound(orchestrator: MetaOrchestrator, tool: str, arguments: dict[str, Any]) -> str:
+    spec = bound(orchestrator)[tool]
+    return await spec.handler(spec.validate_arguments(arguments))
+
+
+async def retire_the_model(orchestrator: MetaOrchestrator) -> str:
+    """research-agent's model is gone; returns another model it could switch to."""
+    runtime = orchestrator.team.runtime
+    assert isinstance(runtime, SimulatedRuntime)
+    runtime.inject("research-agent", FaultKind.MODEL_RETIRED)
+    assert not (await orchestrator.team.run("research-agent", "topic")).success
+    current = orchestrator.team.spec("research-agent").model
+    return next(name for name in sorted(AVAILABLE_MODELS) if name != current)
+
+
+GATES = ["budget", "confidence", "scope", "role", "supervisor", "human_approval"]
+
+
+def the_cycle(orchestrator: MetaOrchestrator) -> CycleResult:
+    (cycle_id,) = list_cycle_ids(orchestrator.store)
+    cycle = replay_cycle(orchestrator.store, cycle_id)
+    assert cycle.issue.error_type == "self_edit"
+    assert cycle.issue.agent_name == "research-agent"
+    return cycle
+
+
+async def test_a_self_edit_that_fixes_a_fault_is_gated_verified_and_kept(
+    orchestrator: MetaOrchestrator,
+) -> None:
+    other = await retire_the_model(orchestrator)
+    message = await call_bound(
+        orchestrator, "self_edit_model", {"model": other, "rationale": "my model is gone"}
+    )
+    assert message.startswith("kept change ")
+    assert orchestrator.team.spec("research-agent").model == other
+    assert (await orchestrator.team.run("research-agent", "after the edit")).success
+    (record,) = orchestrator.manager.get_history()
+    assert record.status is ChangeStatus.KEPT
+    assert record.applied_by == "self-edit:research-agent"
+    (entry,) = orchestrator.manager.audit.entries(agent_name="research-agent")
+    assert (entry.old_value, entry.new_value) == (record.action.old_value, other)
+    assert entry.user_id == orchestrator.principal.user_id  # the invoking user, not the agent
+    cycle = the_cycle(orchestrator)
+    assert cycle.status == "kept"
+    (outcome,) = cycle.outcomes
+    assert [v.gate for v in outcome.verdicts] == GATES
+    assert all(v.passed for v in outcome.verdicts)
+    verdict = cycle.verification
+    assert verdict is not None
+    assert not verdict.weaker  # the agent's eval suite, before and after
+    assert (verdict.before_score, verdict.after_score) == (0.0, 1.0)
+    assert cycle.change_ids == (record.change_id,)
+
+
+async def test_a_self_edit_that_does_not_help_is_rolled_back_byte_identical(
+    orchestrator: MetaOrchestrator,
+) -> None:
+    await retire_the_model(orchestrator)
+    before = snapshot(orchestrator.team.directory)
+    with pytest.raises(ToolError, match="applied, then rolled back: verification failed"):
+        await call_bound(
+            orchestrator, "self_edit_docs", {"path": "notes.md", "content": "Cite sources.\n"}
+        )
+    assert snapshot(orchestrator.team.directory) == before
+    (record,) = orchestrator.manager.get_history()
+    assert record.status is ChangeStatus.ROLLED_BACK
+    cycle = the_cycle(orchestrator)
+    assert cycle.status == "rolled_back"
+    assert cycle.rolled_back
+    (outcome,) = cycle.outcomes
+    assert [v.gate for v in outcome.verdicts] == GATES
+    verdict = cycle.verification
+    assert verdict is not None
+    assert not verdict.accepted
+
+
+async def test_a_self_edit_beyond_the_invoking_users_rights_is_refused_by_the_role_gate(
+    orchestrator: MetaOrchestrator,
+) -> None:
+    assert not orchestrator.principal.is_admin
+    await retire_the_model(orchestrator)  # a real fault: only the gates can stop the edit
+    before = snapshot(orchestrator.team.directory)
+    with pytest.raises(ToolError, match=r"refused by the role gate: .* lacks the admin permission"):
+        await call_bound(orchestrator, "self_edit_permissions", {"profile": "open"})
+    assert snapshot(orchestrator.team.directory) == before
+    assert orchestrator.manager.get_history() == []
+    cycle = the_cycle(orchestrator)
+    assert cycle.status == "refused"
+    (outcome,) = cycle.outcomes
+    assert [(v.gate, v.passed) for v in outcome.verdicts] == [
+        ("budget", True), ("confidence", True), ("scope", True), ("role", False),
+    ]  # fmt: skip
+
+
+async def test_a_self_edit_an_agent_does_not_need_is_not_made(
+    orchestrator: MetaOrchestrator,
+) -> None:
+    before = snapshot(orchestrator.team.directory)
+    with pytest.raises(ToolError, match=r"not_reproduced.*passes before any change"):
+        await call_bound(orchestrator, "self_edit_system_prompt", {"new_prompt": "Be terse."})
+    assert snapshot(orchestrator.team.directory) == before
+    assert orchestrator.manager.get_history() == []
+    assert the_cycle(orchestrator).outcomes == ()  # no gate asked, no budget spent
+
+
+async def test_a_self_edit_cannot_be_made_from_inside_another_change(
+    tmp_path: Path,
+) -> None:
+    nested: list[CycleResult] = []
+
+    async def during_apply(event: CycleEvent) -> None:
+        if event.step == "change_applied" and not nested:
+            action = ImprovementAction(
+                target_agent="research-agent",
+                action_type=ChangeType.MODEL_CHANGE,
+                target_field="model",
+                new_value=OTHER_MODEL,
+                confidence_score=0.9,
+            )
+            nested.append(await made.apply_self_edit(action))
+
+    settings = Settings(baseline_n=20, detection_mode="rules")
+    with MetaOrchestrator.offline_simulated(
+        tmp_path / "team", seed=3, settings=settings, on_progress=during_apply
+    ) as made:
+        other = await retire_the_model(made)
+        await call_bound(made, "self_edit_model", {"model": other})
+    (inner,) = nested
+    assert inner.status == "error"
+    assert inner.error is not None
+    assert "cannot be made from inside it" in inner.error
+    assert made.manager.get_history()[0].status is ChangeStatus.KEPT
+
+
+def test_self_edit_tools_of_an_unknown_agent_name_the_team(orchestrator: MetaOrchestrator) -> None:
+    with pytest.raises(KeyError, match="no agent named 'ghost'"):
+        orchestrator.self_edit_tools("ghost")

@@ -142,6 +142,68 @@ def test_check_evidence_rule() -> None:
     assert confidence == pytest.approx(0.64)
 
 
+def test_check_evidence_ignores_the_mediators_words_and_second_hand_quotes() -> None:
+    asked = "Were your answers cut off at max_tokens=2048 before they were complete?"
+    echo = f"You asked: {asked} I cannot say. My timeout is 90 s."
+    supported, dropped, confidence = check_evidence(
+        [
+            "cut off at max_tokens=2048",  # the question's words, echoed
+            "complete? I cannot say",  # spans the echo's cut: joins nothing
+            "My timeout is 90 s",  # the agent's own words
+            "the quality agent's notes are fine",  # another agent's words: true, not evidence
+        ],
+        [echo],
+        1.0,
+        questions=[asked],
+        second_hand=["The quality agent's notes are fine."],
+    )
+    assert supported == ["My timeout is 90 s"]
+    assert dropped == [
+        "cut off at max_tokens=2048",
+        "complete? I cannot say",
+        "the quality agent's notes are fine",
+    ]
+    assert confidence == pytest.approx(0.8**2)  # the second-hand quote is not penalised
+
+
+async def test_an_echo_of_the_mediators_leading_question_is_no_evidence() -> None:
+    leading = "Were your answers cut off at max_tokens=2048 before they were complete?"
+
+    async def echo(question: str) -> str:
+        return f"You asked: {question} I do not know."
+
+    tool = AskAgentTool({"research-agent": echo})
+    quote = "answers cut off at max_tokens=2048"
+    runtime = ScriptedRuntime([question(leading), Step.output(report(evidence=[quote]))])
+    issue = ISSUE.model_copy(update={"error_logs": []})
+    analysis = await SocraticMediator(runtime, tool).analyze_issue(issue)
+    assert analysis.evidence == []
+    assert analysis.confidence_score == NO_EVIDENCE_CAP
+
+
+async def test_evidence_must_come_from_the_responsible_agent() -> None:
+    tool, _ = ask_tool()
+    # blames research-agent, quoting what quality-agent said: dropped, though not made up
+    ask_quality = Step.tool_call(
+        "ask_agent", {"agent_name": "quality-agent", "question": "How are your runs?"}
+    )
+    runtime = ScriptedRuntime(
+        [ask_quality, question(), Step.output(report(evidence=["My runs are fine"]))]
+    )
+    analysis = await SocraticMediator(runtime, tool).analyze_issue(ISSUE)
+    assert analysis.evidence == []
+    assert analysis.confidence_score == NO_EVIDENCE_CAP
+    # blames quality-agent, quoting the errors recorded for research-agent's runs
+    blame_quality = report(
+        responsible_agent="quality-agent", evidence=["response stopped at max_tokens=2048"]
+    )
+    runtime = ScriptedRuntime([Step.output(blame_quality)])
+    analysis = await SocraticMediator(runtime, tool).analyze_issue(ISSUE)
+    assert analysis.responsible_agent == "quality-agent"
+    assert analysis.evidence == []
+    assert analysis.confidence_score == NO_EVIDENCE_CAP
+
+
 async def test_the_question_budget_forces_the_final_report() -> None:
     tool, asked = ask_tool()
     runtime = ScriptedRuntime(

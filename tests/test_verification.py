@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from infrastructure.errors import AgentRunError, ErrorKind
 from infrastructure.evaluation.evals import EvalCase, EvalCheck, EvalSuite
 from infrastructure.evaluation.verification import (
+    SAMPLE_QUERY,
     CaseRun,
     SuiteMismatch,
     SuiteRun,
@@ -26,6 +27,7 @@ from infrastructure.evaluation.verification import (
     compare,
     mcnemar_has_power,
     mcnemar_one_sided_p,
+    run_sample_query,
     run_suite,
     sample_query_check,
 )
@@ -424,10 +426,12 @@ def test_a_suite_run_without_cases_scores_zero() -> None:
 # --- without a suite ----------------------------------------------------------------------
 
 
-class OneAnswer:
-    def __init__(self, result: AgentResult[Any]) -> None:
-        self.result = result
-        self.prompts: list[str] = []
+class TwoVersions:
+    """Answers the sample query with ``results[system_prompt]``: one result per definition."""
+
+    def __init__(self, before: AgentResult[Any], after: AgentResult[Any]) -> None:
+        self.results = {"before": before, "after": after}
+        self.calls: list[tuple[str, str]] = []
 
     async def run(
         self,
@@ -437,76 +441,73 @@ class OneAnswer:
         tools: Sequence[ToolSpec] = (),
         output_type: type[OutputT] | None = None,
     ) -> AgentResult[Any]:
-        self.prompts.append(prompt)
-        return self.result
+        self.calls.append((spec.system_prompt, prompt))
+        return self.results[spec.system_prompt]
 
 
 class Theorem(BaseModel):
     statement: str
 
 
+def answer(text: str = GOOD, ms: float = 100.0, **fields: Any) -> AgentResult[Any]:
+    return AgentResult(agent_name="solver", text=text, duration_ms=ms, **fields)
+
+
+TIMED_OUT = answer(ms=30_000.0, error=AgentRunError(ErrorKind.TIMEOUT, "took too long"))
+RETIRED = answer("", ms=5.0, error=AgentRunError(ErrorKind.MODEL_NOT_FOUND, "model not found"))
+SHORT = answer("a^2+b^2", ms=100.0)
+
+
 @pytest.mark.parametrize(
-    ("result", "baseline", "accepted", "ratio", "why"),
+    ("before", "after", "accepted", "failures", "ratio", "why"),
     [
-        (AgentResult(agent_name="solver", text=GOOD, duration_ms=150.0), 100.0, True, 1.5, "full"),
-        (AgentResult(agent_name="solver", text=GOOD, duration_ms=900.0), None, True, None, "full"),
+        # the fix for a timeout runs long: the run that timed out is no baseline for speed
+        (TIMED_OUT, answer(ms=240_000.0), True, (), None, "latency not judged"),
+        # a model switch after a retired model: the instant 404 says nothing about speed either
+        (RETIRED, answer(ms=900.0), True, (), None, "failed before the change"),
         (
-            AgentResult(agent_name="solver", text="a^2+b^2", duration_ms=10.0),
-            100.0,
-            False,
-            0.1,
-            "7 characters",
-        ),
-        (
-            AgentResult(agent_name="solver", text=GOOD, duration_ms=250.0),
-            100.0,
-            False,
-            2.5,
-            "2.50x",
-        ),
-        (
-            AgentResult(agent_name="solver", text=GOOD, stop_reason="max_tokens", duration_ms=50.0),
-            100.0,
-            False,
-            0.5,
-            "truncated",
-        ),
-        (
-            AgentResult(
-                agent_name="solver",
-                text=GOOD,
-                error=AgentRunError(ErrorKind.TIMEOUT, "took too long"),
-            ),
-            100.0,
-            False,
-            0.0,
-            "run failed",
-        ),
-        (
+            RETIRED,
             AgentResult(
                 agent_name="solver",
                 output=Theorem(statement="In a right triangle a^2 + b^2 = c^2, c the hypotenuse."),
             ),
-            0.0,
             True,
+            (),
             None,
-            "full",
+            "passes after it",
         ),
+        # a complete run before is the baseline: 1.5x is fine, 2.5x is not
+        (SHORT, answer(ms=150.0), True, (), 1.5, "latency 1.50x of the run before"),
+        (SHORT, answer(ms=250.0), False, ("latency",), 2.5, "2.50x as long as before"),
+        # nothing failed before: nothing is shown fixed, whatever happens after
+        (answer(), answer(), False, ("nothing_to_fix",), 1.0, "already passed before"),
+        # still failing after
+        (TIMED_OUT, SHORT, False, ("sample_query",), None, "7 characters"),
+        (TIMED_OUT, answer(stop_reason="max_tokens"), False, ("sample_query",), None, "truncated"),
+        (RETIRED, RETIRED, False, ("sample_query",), None, "the run failed"),
     ],
 )
-async def test_without_a_suite_the_sample_query_check_gives_a_weaker_verdict(
-    result: AgentResult[Any], baseline: float | None, accepted: bool, ratio: float | None, why: str
+async def test_without_a_suite_the_sample_query_runs_before_and_after_the_change(
+    before: AgentResult[Any],
+    after: AgentResult[Any],
+    accepted: bool,
+    failures: tuple[str, ...],
+    ratio: float | None,
+    why: str,
 ) -> None:
-    runtime = OneAnswer(result)
+    runtime = TwoVersions(before, after)
     recorded: list[CaseRun] = []
-    verdict = await sample_query_check(
-        runtime, AFTER, baseline_avg_ms=baseline, on_result=recorded.append
-    )
-    assert runtime.prompts == ["What is the Pythagorean theorem?"]
+    old = await run_sample_query(runtime, BEFORE, on_result=recorded.append)
+    verdict = await sample_query_check(runtime, AFTER, before=old, on_result=recorded.append)
+    assert runtime.calls == [("before", SAMPLE_QUERY), ("after", SAMPLE_QUERY)]
     assert verdict.weaker
     assert verdict.rule == "sample_query"
     assert verdict.accepted is accepted
+    assert verdict.failures == failures
     assert verdict.latency_ratio == ratio
     assert why in verdict.reason
     assert "weaker check" in verdict.reason
-    assert [(r.case_id, r.outcome.passed) for r in recorded] == [("sample-query", accepted)]
+    assert verdict.before_score == old.score
+    assert verdict.after_score == (1.0 if "sample_query" not in failures else 0.0)
+    assert [r.case_id for r in recorded] == ["sample-query", "sample-query"]
+    assert [r.result for r in recorded] == [before, after]

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from agents.workspace import DB_NAME, TEAM_DIR_NAME, Workspace, WorkspaceError, build_runtimes
+from agents.workspace import (
+    DB_NAME,
+    TEAM_DIR_NAME,
+    TeamDirError,
+    Workspace,
+    WorkspaceError,
+    build_runtimes,
+)
 from infrastructure.errors import ConfigurationError
 from infrastructure.settings import Settings
 from infrastructure.simulation import TEAM_AGENT_NAMES
@@ -54,12 +62,33 @@ def test_a_workspace_that_cannot_be_opened_says_why(tmp_path: Path, problem: str
     elif problem == "not a database":
         folder.mkdir()
         (folder / DB_NAME).write_bytes(b"this is not sqlite" * 100)
-    else:
-        kwargs["team_dir"] = tmp_path / "empty-team"
-        (tmp_path / "empty-team").mkdir()
+    else:  # the workspace's own team folder, emptied
+        (folder / TEAM_DIR_NAME).mkdir(parents=True)
+        kwargs["create"] = False
     with pytest.raises(WorkspaceError, match=expected) as raised:
         Workspace.open(folder, settings=Settings(), **kwargs)  # type: ignore[arg-type]
     assert str(folder) in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda team: None, "it does not exist"),
+        (lambda team: team.write_text("not a folder"), "it is a file"),
+        (lambda team: team.mkdir(), r"it holds no agent definitions \(\*\.md\)"),
+    ],
+)
+def test_a_bad_team_folder_is_named_and_no_workspace_is_left_behind(
+    tmp_path: Path, make: Callable[[Path], object], expected: str
+) -> None:
+    team = tmp_path / "nope"
+    make(team)
+    folder = tmp_path / ".agentmend"
+    with pytest.raises(TeamDirError, match=expected) as raised:
+        Workspace.open(folder, settings=Settings(), team_dir=team)
+    assert str(raised.value).startswith(f"agent definitions folder {team} cannot be used")
+    assert "workspace" not in str(raised.value)  # the workspace is not what is wrong
+    assert not folder.exists()
 
 
 def test_given_definitions_are_used_as_they_are(tmp_path: Path) -> None:

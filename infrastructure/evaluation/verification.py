@@ -24,9 +24,12 @@ runs into a ``VerificationVerdict``. The acceptance rule (each part is needed):
    faults. With no such run on either side the latency criterion cannot be judged and is not
    held against the change (the reason says so).
 
-Without a suite, ``sample_query_check`` applies seed 003's single-query check and marks the
-verdict ``weaker``. Verification runs reach the caller through ``on_result`` so it can record
-them apart from production executions; nothing here feeds detection.
+Without a suite, the weaker check (marked ``weaker``) runs seed 003's single sample query
+before the change (``run_sample_query`` on the old definition) and after it, and accepts only
+when it failed before and passes after; latency is compared with the run before, and only when
+that run finished (``judge_sample_query``). Verification runs reach the caller through
+``on_result`` so it can record them apart from production executions; nothing here feeds
+detection.
 """
 
 from __future__ import annotations
@@ -50,16 +53,21 @@ if TYPE_CHECKING:
     from infrastructure.spec import AgentSpec
 
 __all__ = [
+    "SAMPLE_MIN_CHARS",
+    "SAMPLE_QUERY",
     "CaseComparison",
     "CaseResult",
     "CaseRun",
     "RunOutcome",
+    "SampleRun",
     "SuiteMismatch",
     "SuiteRun",
     "VerificationVerdict",
     "compare",
+    "judge_sample_query",
     "mcnemar_has_power",
     "mcnemar_one_sided_p",
+    "run_sample_query",
     "run_suite",
     "sample_query_check",
 ]
@@ -427,22 +435,35 @@ def _latency_ratio(before: SuiteRun, after: SuiteRun) -> float | None:
 # --- the fallback without a suite ---------------------------------------------------------
 
 
-async def sample_query_check(
+class SampleRun(_Frozen):
+    """One run of the sample query (one side of the weaker check)."""
+
+    agent_name: str
+    query: str
+    passed: bool
+    detail: str
+    duration_ms: float
+    error: str | None = None
+    counts_for_latency: bool = False
+
+    @property
+    def score(self) -> float:
+        return 1.0 if self.passed else 0.0
+
+
+async def run_sample_query(
     runtime: AgentRuntime,
     spec: AgentSpec,
     *,
     query: str = SAMPLE_QUERY,
-    baseline_avg_ms: float | None = None,
-    max_latency_ratio: float = 2.0,
     on_result: OnResult | None = None,
-) -> VerificationVerdict:
-    """Seed 003's check for an agent without a suite; the verdict is marked ``weaker``.
+) -> SampleRun:
+    """Run ``query`` once on ``spec`` and judge the answer (seed 003's single-query check).
 
-    One run of ``query`` after the change passes when it finished without error and untruncated
-    (a cut-off answer is the commonest fault a change fixes), its answer has at least 50
-    characters, and it took at most ``max_latency_ratio`` times ``baseline_avg_ms`` (skipped
-    when no positive baseline is known). It says nothing about whether the change fixed the
-    original fault, hence ``weaker``.
+    It passes when the run finished without error and untruncated (a cut-off answer is the
+    commonest fault a change fixes) and the answer has at least ``SAMPLE_MIN_CHARS``
+    characters. Only a run that finished without error and untruncated says anything about
+    speed (``counts_for_latency``), as in ``run_suite``.
     """
     result = await _run_once(runtime, spec, query, ())
     text = result.text
@@ -455,32 +476,103 @@ async def sample_query_check(
         problems.append("the answer was truncated")
     if len(text) < SAMPLE_MIN_CHARS:
         problems.append(f"the answer has {len(text)} characters (< {SAMPLE_MIN_CHARS})")
-    failures: list[Failure] = ["sample_query"] if problems else []
-    ratio = None
-    if baseline_avg_ms is not None and baseline_avg_ms > 0:
-        ratio = result.duration_ms / baseline_avg_ms
-        if ratio > max_latency_ratio:
-            problems.append(f"it took {ratio:.2f}x the baseline average (> {max_latency_ratio:g}x)")
-            failures.append("latency")
     passed = not problems
+    detail = "; ".join(problems) or "the sample query was answered in full"
     if on_result is not None:
-        outcome = CheckOutcome(passed, "; ".join(problems) or "sample query answered")
+        outcome = CheckOutcome(passed, detail)
         recorded = on_result(CaseRun(spec.name, "sample-query", 0, query, result, outcome))
         if inspect.isawaitable(recorded):
             await recorded
-    summary = "; ".join(problems) if problems else "the sample query was answered in full"
-    reason = (
-        f"{'Accepted' if passed else 'Rejected'} (weaker check, no eval suite): {summary}; "
-        f"latency {_fmt_ratio(ratio)} of baseline."
+    return SampleRun(
+        agent_name=spec.name,
+        query=query,
+        passed=passed,
+        detail=detail,
+        duration_ms=result.duration_ms,
+        error=str(result.error) if result.error is not None else None,
+        counts_for_latency=result.success and not result.truncated,
     )
-    log.info("checked_sample_query", agent=spec.name, accepted=passed)
+
+
+def judge_sample_query(
+    before: SampleRun, after: SampleRun, *, max_latency_ratio: float = 2.0
+) -> VerificationVerdict:
+    """The weaker verdict: the sample query failed on the old definition and passes on the new.
+
+    Accepted only when (a) the query failed before the change (else nothing shows the change
+    fixed anything: failure ``nothing_to_fix``), (b) it passes after, and (c) when the run before
+    finished without error and untruncated, the run after took at most ``max_latency_ratio``
+    times as long. A run before that timed out, errored or was cut off is no baseline for
+    speed: a fix for exactly those faults must not be judged against it, so latency is then
+    not judged (the reason says so). One query is thin evidence, hence ``weaker``.
+
+    Raises:
+        ValueError: ``max_latency_ratio`` not positive.
+    """
+    if max_latency_ratio <= 0:
+        raise ValueError(f"max_latency_ratio must be positive, got {max_latency_ratio}")
+    failures: list[Failure] = []
+    problems: list[str] = []
+    if before.passed:
+        failures.append("nothing_to_fix")
+        problems.append(
+            "the sample query already passed before the change, so nothing shows it fixed anything"
+        )
+    if not after.passed:
+        failures.append("sample_query")
+        problems.append(f"after the change {after.detail}")
+    ratio = None
+    if before.counts_for_latency and after.counts_for_latency and before.duration_ms > 0:
+        ratio = after.duration_ms / before.duration_ms
+        if ratio > max_latency_ratio:
+            failures.append("latency")
+            problems.append(
+                f"it took {ratio:.2f}x as long as before the change (> {max_latency_ratio:g}x)"
+            )
+    latency = (
+        f"latency {ratio:.2f}x of the run before the change"
+        if ratio is not None
+        else "latency not judged (no complete run before the change to compare with)"
+    )
+    accepted = not failures
+    summary = (
+        "; ".join(problems)
+        if problems
+        else f"the sample query failed before the change ({before.detail}) and passes after it"
+    )
+    reason = (
+        f"{'Accepted' if accepted else 'Rejected'} (weaker check, no eval suite): {summary}; "
+        f"{latency}."
+    )
+    log.info("checked_sample_query", agent=after.agent_name, accepted=accepted)
     return VerificationVerdict(
-        accepted=passed,
+        accepted=accepted,
         reason=reason,
         rule="sample_query",
         failures=tuple(failures),
-        after_score=1.0 if passed else 0.0,
+        before_score=before.score,
+        after_score=after.score,
+        b=int(before.passed and not after.passed),
+        c=int(not before.passed and after.passed),
         latency_ratio=ratio,
         max_latency_ratio=max_latency_ratio,
         weaker=True,
     )
+
+
+async def sample_query_check(
+    runtime: AgentRuntime,
+    spec: AgentSpec,
+    *,
+    before: SampleRun,
+    max_latency_ratio: float = 2.0,
+    on_result: OnResult | None = None,
+) -> VerificationVerdict:
+    """Seed 003's check for an agent without a suite, made a before/after comparison.
+
+    ``before`` is ``run_sample_query`` on the definition before the change; this runs the same
+    query on ``spec`` (the definition after it) and judges the pair (``judge_sample_query``).
+    The verdict is marked ``weaker``: one query is not an eval suite.
+    """
+    after = await run_sample_query(runtime, spec, query=before.query, on_result=on_result)
+    return judge_sample_query(before, after, max_latency_ratio=max_latency_ratio)
