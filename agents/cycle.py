@@ -65,7 +65,7 @@ CycleStatus = Literal[
     "kept",  # a change was applied, verified and kept
     "rolled_back",  # a change was applied and undone (verification failed, or an error)
     "no_action",  # the improver proposed nothing (transient fault, unknown cause)
-    "not_reproduced",  # the agent's eval suite passes before any change: nothing to fix
+    "not_reproduced",  # its suite (or else the sample query) passes before any change
     "refused",  # every proposed action was refused by a gate
     "analysis_failed",  # no usable root cause analysis
     "invalid_proposal",  # the improver's output named an unknown agent/field or was malformed
