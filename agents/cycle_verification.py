@@ -30,7 +30,7 @@ measured.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, overload
+from typing import Any
 
 from agents.team import AgentTeam
 from infrastructure.evaluation.evals import EvalSuite, find_eval_suite
@@ -45,7 +45,7 @@ from infrastructure.evaluation.verification import (
     run_suite,
     sample_query_check,
 )
-from infrastructure.llm.base import AgentResult, AgentRuntime, OutputT, ToolSpec
+from infrastructure.llm.base import AgentResult, AgentRuntime, OutputT, RuntimeBase, ToolSpec
 from infrastructure.models import ChangeRecord, ChangeStatus
 from infrastructure.monitoring.performance_monitor import VERIFICATION
 from infrastructure.spec import AgentSpec
@@ -68,7 +68,7 @@ BeforeRun = SuiteRun | SampleRun
 """What ran on a target's definition before the change: its suite, or the sample query."""
 
 
-class RetryTransient:
+class RetryTransient(RuntimeBase):
     """A runtime that runs a transiently failed run again (``attempts`` runs in all)."""
 
     def __init__(self, runtime: AgentRuntime, attempts: int = 3) -> None:
@@ -77,27 +77,7 @@ class RetryTransient:
         self.runtime = runtime
         self.attempts = attempts
 
-    @overload
-    async def run(
-        self,
-        spec: AgentSpec,
-        prompt: str,
-        *,
-        tools: Sequence[ToolSpec] = (),
-        output_type: None = None,
-    ) -> AgentResult[Any]: ...
-
-    @overload
-    async def run(
-        self,
-        spec: AgentSpec,
-        prompt: str,
-        *,
-        tools: Sequence[ToolSpec] = (),
-        output_type: type[OutputT],
-    ) -> AgentResult[OutputT]: ...
-
-    async def run(
+    async def _run(
         self,
         spec: AgentSpec,
         prompt: str,

@@ -30,10 +30,10 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
-from infrastructure.llm.base import AgentResult, OutputT, ToolSpec, Usage
+from infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
 from infrastructure.llm.network_guard import refuse_real_api_under_tests
 from infrastructure.llm.retry import RetryPolicy, run_with_retry
 from infrastructure.llm.tool_loop import (
@@ -207,7 +207,7 @@ def _message_param(message: Message) -> dict[str, Any]:
     return {"role": message.role, "content": content}
 
 
-class AnthropicRuntime:
+class AnthropicRuntime(RuntimeBase):
     """Runs agents on the Messages API (``anthropic.AsyncAnthropic``).
 
     Args:
@@ -300,27 +300,7 @@ class AnthropicRuntime:
         resolved: str = MODEL_ALIASES.get(name, name)
         return resolved
 
-    @overload
-    async def run(
-        self,
-        spec: AgentSpec,
-        prompt: str,
-        *,
-        tools: Sequence[ToolSpec] = (),
-        output_type: None = None,
-    ) -> AgentResult[Any]: ...
-
-    @overload
-    async def run(
-        self,
-        spec: AgentSpec,
-        prompt: str,
-        *,
-        tools: Sequence[ToolSpec] = (),
-        output_type: type[OutputT],
-    ) -> AgentResult[OutputT]: ...
-
-    async def run(
+    async def _run(
         self,
         spec: AgentSpec,
         prompt: str,

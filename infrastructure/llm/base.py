@@ -8,6 +8,7 @@ errors raise.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload, runtime_checkable
@@ -23,6 +24,7 @@ __all__ = [
     "AgentResult",
     "AgentRuntime",
     "OutputT",
+    "RuntimeBase",
     "ToolCallRecord",
     "ToolError",
     "ToolHandler",
@@ -161,4 +163,53 @@ class AgentRuntime(Protocol):
         *,
         tools: Sequence[ToolSpec] = (),
         output_type: type[OutputT],
+    ) -> AgentResult[OutputT]: ...
+
+
+class RuntimeBase(ABC):
+    """The public ``run`` of every runtime, typed once; a runtime implements ``_run``.
+
+    Subclassing is optional (``AgentRuntime`` is a protocol), but it gives callers of the
+    concrete class the same inferred result types as callers of the protocol.
+    """
+
+    @overload
+    async def run(
+        self,
+        spec: AgentSpec,
+        prompt: str,
+        *,
+        tools: Sequence[ToolSpec] = (),
+        output_type: None = None,
+    ) -> AgentResult[Any]: ...
+
+    @overload
+    async def run(
+        self,
+        spec: AgentSpec,
+        prompt: str,
+        *,
+        tools: Sequence[ToolSpec] = (),
+        output_type: type[OutputT],
+    ) -> AgentResult[OutputT]: ...
+
+    async def run(
+        self,
+        spec: AgentSpec,
+        prompt: str,
+        *,
+        tools: Sequence[ToolSpec] = (),
+        output_type: type[OutputT] | None = None,
+    ) -> AgentResult[Any]:
+        """Run ``spec`` on ``prompt``; a failed run is returned in ``AgentResult.error``."""
+        return await self._run(spec, prompt, tools=tools, output_type=output_type)
+
+    @abstractmethod
+    async def _run(
+        self,
+        spec: AgentSpec,
+        prompt: str,
+        *,
+        tools: Sequence[ToolSpec],
+        output_type: type[OutputT] | None,
     ) -> AgentResult[OutputT]: ...

@@ -87,7 +87,15 @@ import structlog
 from pydantic import ValidationError
 
 from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
-from infrastructure.llm.base import AgentResult, OutputT, ToolCallRecord, ToolError, ToolSpec, Usage
+from infrastructure.llm.base import (
+    AgentResult,
+    OutputT,
+    RuntimeBase,
+    ToolCallRecord,
+    ToolError,
+    ToolSpec,
+    Usage,
+)
 from infrastructure.llm.network_guard import refuse_real_api_under_tests
 from infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME, index_tools
 from infrastructure.permissions import allowed_tools, describe_profile
@@ -349,7 +357,7 @@ class _ToolPlan:
     profile_label: str
 
 
-class ClaudeAgentRuntime:
+class ClaudeAgentRuntime(RuntimeBase):
     """Runs agents with the Claude Code CLI (``claude_agent_sdk.query``).
 
     Args:
@@ -432,7 +440,7 @@ class ClaudeAgentRuntime:
 
     # -- the run
 
-    async def run(
+    async def _run(
         self,
         spec: AgentSpec,
         prompt: str,

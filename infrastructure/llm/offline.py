@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
-from infrastructure.llm.base import AgentResult, OutputT, ToolCallRecord, ToolSpec
+from infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolCallRecord, ToolSpec
 from infrastructure.llm.tool_loop import ToolUseBlock, index_tools, run_tool_call
 
 if TYPE_CHECKING:
@@ -49,13 +49,13 @@ OfflinePolicy = Callable[[OfflineCall], Awaitable[BaseModel | str]]
 """A policy returns the structured output (an instance of ``call.output_type``) or text."""
 
 
-class OfflineRuntime:
+class OfflineRuntime(RuntimeBase):
     """Dispatches each run to the policy registered under the agent's name."""
 
     def __init__(self, policies: Mapping[str, OfflinePolicy]) -> None:
         self.policies = dict(policies)
 
-    async def run(
+    async def _run(
         self,
         spec: AgentSpec,
         prompt: str,

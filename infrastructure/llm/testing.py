@@ -23,12 +23,12 @@ import inspect
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from infrastructure.errors import AgentmendError, AgentRunError, ErrorKind
-from infrastructure.llm.base import AgentResult, OutputT, ToolSpec, Usage
+from infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
 from infrastructure.llm.tool_loop import (
     OUTPUT_TOOL_NAME,
     Message,
@@ -174,34 +174,14 @@ def _check_step(step: Step, request: ModelRequest, where: str) -> None:
         )
 
 
-class _FakeRuntime:
+class _FakeRuntime(RuntimeBase):
     """What both fakes share: recording and running the shared loop."""
 
     def __init__(self, model: str) -> None:
         self.model = model
         self.runs: list[RecordedRun] = []
 
-    @overload
-    async def run(
-        self,
-        spec: AgentSpec,
-        prompt: str,
-        *,
-        tools: Sequence[ToolSpec] = (),
-        output_type: None = None,
-    ) -> AgentResult[Any]: ...
-
-    @overload
-    async def run(
-        self,
-        spec: AgentSpec,
-        prompt: str,
-        *,
-        tools: Sequence[ToolSpec] = (),
-        output_type: type[OutputT],
-    ) -> AgentResult[OutputT]: ...
-
-    async def run(
+    async def _run(
         self,
         spec: AgentSpec,
         prompt: str,

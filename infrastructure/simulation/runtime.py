@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
-from infrastructure.llm.base import AgentResult, OutputT, ToolSpec, Usage
+from infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
 from infrastructure.simulation.answers import compose_answer
 from infrastructure.simulation.engine import Conditions, Outcome, draw, simulate
 from infrastructure.simulation.faults import Fault, FaultKind
@@ -83,7 +83,7 @@ class _ActiveFault:
     remaining: int
 
 
-class SimulatedRuntime:
+class SimulatedRuntime(RuntimeBase):
     """An ``AgentRuntime`` whose agents behave by their configuration and the faults given.
 
     Args:
@@ -241,7 +241,7 @@ class SimulatedRuntime:
 
     # running ------------------------------------------------------------------------------
 
-    async def run(
+    async def _run(
         self,
         spec: AgentSpec,
         prompt: str,
