@@ -1,10 +1,10 @@
 """What the MCP tools do, independent of the protocol: ``AgentmendTools``.
 
 ``agents.mcp_server`` exposes these methods as MCP tools; tests call them directly too. Each
-returns a ``ToolOutput`` (text for a model to read, plus the same facts as structured data) or
-raises an ``AgentmendError`` whose message names what was wrong (``BadRequest`` for a request
-that does not fit: a missing field, an unknown agent, ...); the server turns those into
-``isError`` results. Nothing is written for a request that fails.
+returns a ``ToolOutput`` (text for a model to read, plus the same facts as structured data,
+shaped by ``agents.mcp_results``) or raises an ``AgentmendError`` whose message names what was
+wrong (``BadRequest`` for a request that does not fit: a missing field, an unknown agent, ...);
+the server turns those into ``isError`` results. Nothing is written for a request that fails.
 
 Opening is lazy and retried: the first call opens the workspace (``agents.workspace``); if it
 cannot be opened, that call and every later one fail with the problem, until it can. The
@@ -16,7 +16,6 @@ that need none (``status``, ``memory``, code plans) work meanwhile.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -26,12 +25,27 @@ from pydantic import BaseModel, Field
 
 from agents.ask_agent_tool import AskAgentTool
 from agents.code_review import CodeAnalyst, CodeReviewer
-from agents.cycle import QuestionAnswer, list_cycle_ids, replay_cycle
+from agents.cycle import QuestionAnswer
+from agents.mcp_results import (
+    MAX_TEXT_CHARS,
+    ToolOutput,
+    agent_analysis_output,
+    code_smell_output,
+    code_status_output,
+    core_update_output,
+    execution_output,
+    json_text,
+    last_cycle,
+    plan_approved_output,
+    plan_created_output,
+    rollback_output,
+    status_text,
+)
 from agents.team import UnknownAgent
 from agents.workspace import Workspace
 from infrastructure.changes.change_log import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict, ProposedChange
-from infrastructure.code_update.updater import CodeUpdater, ExecutionResult, FileOperation
+from infrastructure.code_update.updater import CodeUpdater, FileOperation
 from infrastructure.errors import AgentmendError
 from infrastructure.llm.base import AgentRuntime
 from infrastructure.settings import Settings
@@ -44,18 +58,9 @@ __all__ = ["MAX_TEXT_CHARS", "AgentmendTools", "BadRequest", "FileArg", "ToolOut
 
 log = structlog.get_logger(__name__)
 
-MAX_TEXT_CHARS = 20_000
-
 
 class BadRequest(AgentmendError):
     """A request that cannot be carried out; its message names what was wrong."""
-
-
-class ToolOutput(BaseModel):
-    """A tool's answer: text for the model to read, and the same facts as structured data."""
-
-    text: str
-    data: dict[str, Any]
 
 
 class FileArg(BaseModel):
@@ -78,13 +83,6 @@ class _UnavailableReviewer:
         return GateVerdict(
             gate="code-supervisor", passed=False, reason=f"supervisor unavailable: {self.reason}"
         )
-
-
-def _json(data: Any) -> str:
-    text = json.dumps(data, indent=2, default=str)
-    if len(text) > MAX_TEXT_CHARS:
-        return text[:MAX_TEXT_CHARS] + "\n... (truncated; the structured content has it all)"
-    return text
 
 
 class AgentmendTools:
@@ -233,24 +231,7 @@ class AgentmendTools:
             diff=diff,
             created_by=self.approver,
         )
-        text = (
-            "Improvement plan created:\n"
-            f"- Plan ID: {plan.plan_id}\n"
-            f"- Description: {plan.description}\n"
-            f"- Files affected: {len(plan.files)}\n"
-            f"- Status: {plan.status}\n\n"
-            f'Use {{ action: "approve", planId: "{plan.plan_id}" }} to approve, then '
-            f'{{ action: "execute", planId: "{plan.plan_id}" }} to apply changes.\n\n'
-            f"Diff:\n{plan.diff}"
-        )
-        data = {
-            "planId": plan.plan_id,
-            "description": plan.description,
-            "files": [{"path": f.path, "operation": f.operation} for f in plan.files],
-            "status": plan.status,
-            "diff": plan.diff,
-        }
-        return ToolOutput(text=text, data=data)
+        return plan_created_output(plan)
 
     def _require_plan_id(self, plan_id: str | None, action: str) -> str:
         if not plan_id or not plan_id.strip():
@@ -261,41 +242,16 @@ class AgentmendTools:
         pid = self._require_plan_id(plan_id, "approve")
         updater = self.updater()
         plan = await asyncio.to_thread(updater.approve, pid, approved_by=self.approver)
-        text = (
-            f"Plan {plan.plan_id} approved for execution.\n"
-            f'Use {{ action: "execute", planId: "{plan.plan_id}" }} to apply changes.'
-        )
-        data = {"planId": plan.plan_id, "status": plan.status, "approvedBy": plan.approved_by}
-        return ToolOutput(text=text, data=data)
+        return plan_approved_output(plan)
 
     async def _execute(self, plan_id: str | None) -> ToolOutput:
         pid = self._require_plan_id(plan_id, "execute")
         result = await self.updater().execute(pid)
-        return ToolOutput(text=_format_execution(result), data=_execution_data(result))
+        return execution_output(result)
 
     async def _code_status(self) -> ToolOutput:
         status = await asyncio.to_thread(self.updater().status)
-        last = status.last_execution
-        active = status.active_improvement
-        last_text = "None"
-        if last is not None:
-            outcome = (last.result or {}).get("reason", "")
-            last_text = f"{last.plan_id} ({last.status}, {last.updated.isoformat()}): {outcome}"
-        text = (
-            "Self-improvement status:\n"
-            f"- Pending plans: {len(status.pending_plans)}\n"
-            + "".join(
-                f"  - {p.plan_id} ({p.status}): {p.description}\n" for p in status.pending_plans
-            )
-            + f"- Last execution: {last_text}\n"
-            f"- Active improvement: {active.plan_id if active is not None else 'None'}"
-        )
-        data = {
-            "pendingPlans": [_plan_summary(p) for p in status.pending_plans],
-            "lastExecution": _plan_summary(last) if last is not None else None,
-            "activeImprovement": _plan_summary(active) if active is not None else None,
-        }
-        return ToolOutput(text=text, data=data)
+        return code_status_output(status)
 
     async def _rollback(self, plan_id: str | None, reason: str | None) -> ToolOutput:
         if not reason or not reason.strip():
@@ -305,20 +261,7 @@ class AgentmendTools:
         result = await asyncio.to_thread(
             updater.rollback, pid, reason=reason, requested_by=self.approver
         )
-        text = (
-            f"Rollback {'completed' if result.success else 'failed'}:\n"
-            f"- Plan ID: {result.plan_id}\n"
-            f"- Reason: {result.reason}\n"
-            f"- Files restored: {result.files_restored}"
-        )
-        data = {
-            "success": result.success,
-            "planId": result.plan_id,
-            "reason": result.reason,
-            "filesRestored": result.files_restored,
-            "paths": list(result.paths),
-        }
-        return ToolOutput(text=text, data=data)
+        return rollback_output(result)
 
     # -- analyze ---------------------------------------------------------------------------
 
@@ -367,33 +310,16 @@ class AgentmendTools:
                 analysis = await mediator.analyze_issue(issue)
             finally:
                 mediator.on_question = None
-        data = {
-            "agent": name,
-            "detected": detected,
-            "issue": issue.model_dump(mode="json"),
-            "analysis": analysis.model_dump(mode="json"),
-            "questions": [q.model_dump(mode="json") for q in questions],
-            "reproduced": reproduce,
-            "applied": False,
-        }
+        output = agent_analysis_output(
+            name, issue, analysis, questions, detected=detected, reproduced=reproduce
+        )
         record_decision(
             orchestrator.store,
             "mcp.analyze",
             agent_name=name,
-            payload={k: data[k] for k in ("detected", "issue", "analysis")},
+            payload={k: output.data[k] for k in ("detected", "issue", "analysis")},
         )
-        found = "detected" if detected else "no open issue detected; analysed on request"
-        text = (
-            f"Analysis of {name} ({found}; nothing was applied):\n"
-            f"- Issue: {issue.error_type}: {issue.context or '(no context)'}\n"
-            f"- Responsible agent: {analysis.agent_name}\n"
-            f"- Cause ({analysis.cause_category or 'unknown'}, confidence "
-            f"{analysis.confidence_score:.2f}): {analysis.identified_cause}\n"
-            + "".join(f"- Evidence: {e}\n" for e in analysis.evidence)
-            + "".join(f"- Recommendation: {r}\n" for r in analysis.recommendations)
-            + f"- Questions asked: {len(questions)}"
-        )
-        return ToolOutput(text=text, data=data)
+        return output
 
     async def _analyze_code(self, path: str, description: str | None) -> ToolOutput:
         workspace = self.workspace()
@@ -406,27 +332,8 @@ class AgentmendTools:
             protected=(workspace.path, workspace.team_dir),
         )
         if description is not None:
-            proposal = await analyst.propose_core_update(path, description)
-            body = proposal.proposal
-            applies = (
-                "applies" if proposal.diff_applies else f"does NOT apply: {proposal.diff_error}"
-            )
-            text = (
-                f"Proposed update for {proposal.path} (not applied; the diff {applies}):\n"
-                f"{body.summary}\n\nRationale: {body.rationale}\n"
-                + "".join(f"- Test: {t}\n" for t in body.test_plan)
-                + f"\n{body.diff}\n"
-                'Use { action: "plan", description, diff } of self_improve to apply it safely.'
-            )
-            return ToolOutput(text=text, data=proposal.model_dump(mode="json"))
-        analysis = await analyst.analyze_code_smell(path)
-        report = analysis.report
-        text = f"Code analysis of {analysis.path}: {report.summary}\n" + "".join(
-            f"- [{f.severity}] {f.category}, line {f.line or '?'}: {f.description} -> "
-            f"{f.recommendation}\n"
-            for f in report.findings
-        )
-        return ToolOutput(text=text, data=analysis.model_dump(mode="json"))
+            return core_update_output(await analyst.propose_core_update(path, description))
+        return code_smell_output(await analyst.analyze_code_smell(path))
 
     # -- status and memory -----------------------------------------------------------------
 
@@ -459,7 +366,7 @@ class AgentmendTools:
                 entry["detector"] = stats
             agents.append(entry)
         code = (await self._code_status()).data
-        cycle = _last_cycle(workspace)
+        cycle = last_cycle(workspace.store)
         data = {
             "workspace": str(workspace.path),
             "provider": workspace.settings.provider,
@@ -469,24 +376,7 @@ class AgentmendTools:
             "lastCycle": cycle,
             "changes": workspace.manager.get_statistics(),
         }
-        lines = [f"agentmend workspace {workspace.path} ({workspace.settings.provider})", "Agents:"]
-        for a in agents:
-            if a["executions"]:
-                lines.append(
-                    f"- {a['name']}: {a['executions']} runs, success {a['success_rate']:.0%}, "
-                    f"p95 {a['p95_duration_ms']:.0f} ms, {a['consecutive_failures']} failing now"
-                )
-            else:
-                lines.append(f"- {a['name']}: no runs recorded")
-        lines.append(f"Pending plans: {len(code['pendingPlans'])}")
-        last = code["lastExecution"]
-        lines.append(
-            f"Last execution: {last['planId']} ({last['status']})"
-            if last
-            else "Last execution: None"
-        )
-        lines.append(f"Last cycle: {cycle['summary']}" if cycle is not None else "Last cycle: None")
-        return ToolOutput(text="\n".join(lines), data=data)
+        return ToolOutput(text=status_text(data, agents, cycle), data=data)
 
     async def memory(self, query: str, agent: str | None = None, limit: int = 20) -> ToolOutput:
         if query not in ("history", "decisions", "audit", "config"):
@@ -528,86 +418,7 @@ class AgentmendTools:
         count = len(data.get("items", ()))
         head = f"memory {query}" + (f" for {agent}" if agent else "")
         head += f": {count} item(s)" if "items" in data else ""
-        return ToolOutput(text=f"{head}\n{_json(data)}", data=data)
-
-
-# -- formatting ----------------------------------------------------------------------------
-
-
-def _plan_summary(plan: Any) -> dict[str, Any]:
-    result = plan.result or {}
-    return {
-        "planId": plan.plan_id,
-        "description": plan.description,
-        "status": plan.status,
-        "files": [f.path for f in plan.files],
-        "updated": plan.updated.isoformat(),
-        "reason": result.get("reason"),
-        "rollbackPerformed": result.get("rollback_performed", False),
-    }
-
-
-def _execution_data(result: ExecutionResult) -> dict[str, Any]:
-    validation = result.validation
-    return {
-        "planId": result.plan_id,
-        "success": result.success,
-        "status": result.status,
-        "reason": result.reason,
-        "filesModified": result.files_modified,
-        "validationPassed": result.validation_passed,
-        "testsPassed": result.tests_passed,
-        "rollbackPerformed": result.rollback_performed,
-        "restoredIdentical": result.restored_identical,
-        "changeIds": list(result.change_ids),
-        "gates": [v.model_dump(mode="json") for v in result.verdicts],
-        "validation": validation.model_dump(mode="json") if validation is not None else None,
-    }
-
-
-def _format_execution(result: ExecutionResult) -> str:
-    tests = {True: "PASSED", False: "FAILED", None: "NOT RUN"}[result.tests_passed]
-    lines = [
-        f"Improvement execution {'succeeded' if result.success else 'failed'}:",
-        f"- Plan ID: {result.plan_id}",
-        f"- Files modified: {result.files_modified}",
-        f"- Validation: {'PASSED' if result.validation_passed else 'FAILED'}",
-        f"- Tests: {tests}",
-    ]
-    if result.rollback_performed:
-        lines.append("- ROLLBACK PERFORMED due to validation failure")
-        if result.restored_identical is not None:
-            same = "byte-identical" if result.restored_identical else "NOT identical"
-            lines.append(f"- Files restored: {same} to before")
-    lines.append(f"- Status: {result.status}: {result.reason}")
-    validation = result.validation
-    if validation is not None:
-        for error in validation.compile_errors:
-            lines.append(f"- Compile error: {error}")
-        if validation.tests_run and not validation.tests_passed and validation.output_tail:
-            tail = validation.output_tail[-1500:]
-            lines.append(f"- Test output (tail):\n{tail}")
-    return "\n".join(lines)
-
-
-def _last_cycle(workspace: Workspace) -> dict[str, Any] | None:
-    ids = list_cycle_ids(workspace.store, limit=1)
-    if not ids:
-        return None
-    try:
-        cycle = replay_cycle(workspace.store, ids[-1])
-    except (KeyError, ValueError) as exc:
-        return {"cycle_id": ids[-1], "summary": f"cannot be replayed: {exc}"}
-    return {
-        "cycle_id": cycle.cycle_id,
-        "status": cycle.status,
-        "agent": cycle.analysis.agent_name if cycle.analysis else cycle.issue.agent_name,
-        "summary": cycle.summary(),
-        "change_ids": list(cycle.change_ids),
-        "rolled_back": cycle.rolled_back,
-        "started_at": cycle.started_at.isoformat() if cycle.started_at else None,
-        "finished_at": cycle.finished_at.isoformat() if cycle.finished_at else None,
-    }
+        return ToolOutput(text=f"{head}\n{json_text(data)}", data=data)
 
 
 def _config(workspace: Workspace, root: Path, agent: str | None) -> dict[str, Any]:

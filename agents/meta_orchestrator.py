@@ -1,113 +1,56 @@
 """``MetaOrchestrator``: runs the team, watches it, and runs the improvement cycle when it degrades.
 
-``execute_task`` runs every agent on a query (bounded concurrency, every run recorded), asks the
-detector whether anything degraded, and for each issue runs the cycle (``auto_improve``) or asks
-``confirm_cycle`` first (the interactive session's y/n). ``run_improvement_cycle`` is the loop::
+The facade users know. ``execute_task`` runs every agent on a query (bounded concurrency, every
+run recorded), asks the detector whether anything degraded, and for each issue runs the cycle
+(``auto_improve``) or asks ``confirm_cycle`` first (the interactive session's y/n).
 
-    analysis (mediator questions the agents)        unusable: done ("analysis_failed")
-      -> proposal (improver)                         none: done ("no_action")
-      -> plan: the exact bytes of each action         invalid: done ("invalid_proposal")
-      -> eval suites loaded and run BEFORE the change (without a suite: the sample query),
-         recorded apart from production runs; everything already passing: done
-         ("not_reproduced", nothing could be shown to help)
-      -> gates per action, every verdict recorded     all refused: done ("refused")
-      -> apply the accepted changes as one group
-      -> reload, the same run AFTER, compare (without a suite: the weaker check, see
-         ``agents.cycle_verification``)
-      -> keep (a new detection baseline, unless only the weaker check spoke for the change:
-         see ``agents.cycle_verification.fresh_baselines``)
-         or  roll back the whole group (why, with the scores)
+The loop itself, step by step, lives in two modules:
 
-``apply_self_edit`` takes one action an agent asked for (seed 002's self-edit tools, bound by
-``self_edit_tools``) through the same path from the plan on, recorded the same way.
+- ``agents.improvement_cycle``: ``run_improvement_cycle`` = analyse (the mediator questions
+  the agents) -> propose (the improver) -> the change; ``apply_self_edit`` = one action an
+  agent asked for (seed 002's tools, bound by ``self_edit_tools``) -> the same change.
+- ``agents.change_pipeline``: the change = plan -> run before -> gate -> apply -> verify ->
+  keep or roll back, one at a time.
 
-Verification runs that fail transiently (rate limit, overload) are run again: the weather of
-the API is not what a change is judged on.
-Any exception after the apply rolls the group back before it propagates, so a crash in
-verification never leaves an unproven change in place.
-
-Every step is a ``CycleEvent``: logged with structlog under the step's name, written to the
-store's ``decisions`` table (kind ``cycle.<step>``, the cycle id in the payload), and passed to
-``on_progress``. The ``CycleResult`` is the fold of those events (``agents.cycle.fold_events``),
-so ``replay_cycle(store, cycle_id)`` rebuilds it from the store alone.
+This module keeps the open issues, decides when a cycle runs, and undoes changes on request
+(``rollback``). Every step of a cycle is a ``CycleEvent`` in the store, so ``replay(cycle_id)``
+rebuilds its ``CycleResult`` from the store alone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from agents.ask_agent_tool import AskAgentTool
-from agents.cycle import (
-    CycleRecorder,
-    CycleResult,
-    CycleStatus,
-    OnProgress,
-    QuestionAnswer,
-    TaskResult,
-    fold_events,
-    replay_cycle,
-)
-from agents.cycle_verification import (
-    NEW_BASELINE,
-    BeforeRun,
-    CycleVerifier,
-    baseline_agents,
-    fresh_baselines,
-    not_reproduced_reason,
-    passes_everything,
-)
+from agents.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
+from agents.cycle_verification import CycleVerifier, baseline_agents
+from agents.improvement_cycle import SELF_EDIT, ImprovementCycle
 from agents.self_edit_tools import Authorize, self_edit_tools, verified_apply
-from agents.self_improver import GatedAction, InvalidProposal, SelfImprover
-from agents.socratic_mediator import SocraticMediator, is_failed
+from agents.self_improver import SelfImprover
+from agents.socratic_mediator import SocraticMediator
 from agents.supervisor import Supervisor
 from agents.team import AgentTeam
 from infrastructure.changes.change_log import record_decision
 from infrastructure.changes.gates import default_gates
 from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.safety import (
-    ApprovalCallback,
-    ChangeReviewer,
-    Gate,
-    GateVerdict,
-    Principal,
-    ProposedChange,
-)
-from infrastructure.errors import AgentmendError, ChangeNotFound
-from infrastructure.evaluation.evals import EvalSuite
-from infrastructure.evaluation.verification import VerificationVerdict
+from infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate, Principal
+from infrastructure.errors import ChangeNotFound
 from infrastructure.llm.base import AgentRuntime, ToolSpec
-from infrastructure.models import (
-    ChangeRecord,
-    ChangeStatus,
-    ImprovementAction,
-    IssueReport,
-    RootCauseAnalysis,
-)
+from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.settings import Settings
 from infrastructure.simulation import SimulatedRuntime
-from infrastructure.spec import AgentSpec
 from infrastructure.store import Store
 
 __all__ = ["SELF_EDIT", "ConfirmCycle", "MetaOrchestrator", "OnProgress"]
 
 log = structlog.get_logger(__name__)
-
-SELF_EDIT = "self_edit"
-"""The ``error_type`` (and ``detector``) of the issue a self-edit is recorded under."""
-
-
-_CHANGING: ContextVar[bool] = ContextVar("agentmend_changing", default=False)
-"""Set while this task makes a change (plan to keep or roll back): nested changes are refused."""
 
 ConfirmCycle = Callable[[IssueReport], Awaitable[bool]]
 """Asks whether to run a cycle for an issue (the interactive y/n); True runs it."""
@@ -195,7 +138,6 @@ class MetaOrchestrator:
         self.principal = principal or self.settings.default_principal
         self.auto_improve = auto_improve
         self.confirm_cycle = confirm_cycle
-        self.on_progress = on_progress
         self.concurrency = concurrency
         self.task_timeout_s = task_timeout_s
         self.available_models = tuple(available_models or _default_models(team.runtime))
@@ -227,7 +169,28 @@ class MetaOrchestrator:
         )
         self._pending: dict[str, IssueReport] = {}
         self.verifier = CycleVerifier(team)
-        self._change_lock = asyncio.Lock()
+        self.cycle = ImprovementCycle(
+            store=store,
+            team=team,
+            monitor=self.monitor,
+            detector=self.detector,
+            manager=self.manager,
+            mediator=self.mediator,
+            improver=self.improver,
+            verifier=self.verifier,
+            reviewer=self.reviewer,
+            gates=self.gates,
+            on_progress=on_progress,
+        )
+
+    @property
+    def on_progress(self) -> OnProgress | None:
+        """Called with every ``CycleEvent`` as it happens (the cycle's, settable here)."""
+        return self.cycle.on_progress
+
+    @on_progress.setter
+    def on_progress(self, value: OnProgress | None) -> None:
+        self.cycle.on_progress = value
 
     # -- construction for the offline demo and tests -----------------------------------------
 
@@ -445,21 +408,18 @@ class MetaOrchestrator:
         )
         return self.manager.get_change(change_id)
 
-    # -- the cycle ---------------------------------------------------------------------------
-
-    def _role_calls(self) -> int:
-        reviewer_calls = getattr(self.reviewer, "model_calls", 0)
-        calls = self.mediator.model_calls + self.improver.model_calls
-        return calls + (reviewer_calls if isinstance(reviewer_calls, int) else 0)
+    # -- the cycle (agents.improvement_cycle) ------------------------------------------------
 
     async def run_improvement_cycle(self, issue: IssueReport) -> CycleResult:
-        """Diagnose, fix, verify, and keep or roll back; see the module docstring.
+        """Diagnose, fix, verify, and keep or roll back; see ``agents.improvement_cycle``.
 
         Returns a ``CycleResult`` that is truthy when a change was kept. Failures of the
         models are outcomes (``status``), never exceptions; an exception (a bug, an outage of
         the store) is recorded and re-raised, after rolling back anything applied.
         """
-        result = await self._recorded(issue, lambda rec: self._cycle(issue, rec), settles=True)
+        result = await self.cycle.improve(
+            issue, settle=lambda: self._pending.pop(issue.agent_name, None)
+        )
         if result.analysis is not None and result.analysis.responsible_agent is not None:
             self._pending.pop(result.analysis.responsible_agent, None)
         return result
@@ -481,29 +441,7 @@ class MetaOrchestrator:
         ``run_improvement_cycle``, failures are outcomes and an exception after the apply rolls
         the change back before it propagates.
         """
-        agent = action.target_agent
-        issue = IssueReport(
-            agent_name=agent,
-            error_type=SELF_EDIT,
-            context=f"self-edit of {action.target_field or action.action_type.value} "
-            f"requested by {agent}",
-            available_agents=self.team.names,
-            detector=SELF_EDIT,
-            severity=0.0,
-        )
-
-        async def body(rec: CycleRecorder) -> tuple[CycleStatus, str | None]:
-            self.team.reload()  # the files are the truth, as in a cycle
-            await rec.emit(
-                "actions_proposed",
-                agent,
-                f"1 action: {agent} edits its own {action.target_field or 'definition'}",
-                actions=[action.model_dump(mode="json")],
-                summary=f"self-edit requested by {agent}",
-            )
-            return await self._change(rec, [action], agent, applied_by=f"self-edit:{agent}")
-
-        return await self._recorded(issue, body, settles=False)
+        return await self.cycle.self_edit(action, available_agents=self.team.names)
 
     def self_edit_tools(
         self, agent_name: str, *, authorize: Authorize | None = None
@@ -523,328 +461,11 @@ class MetaOrchestrator:
             agent_name, verified_apply(self.apply_self_edit), authorize=authorize
         )
 
-    async def _recorded(
-        self,
-        issue: IssueReport,
-        body: Callable[[CycleRecorder], Awaitable[tuple[CycleStatus, str | None]]],
-        *,
-        settles: bool,
-    ) -> CycleResult:
-        """Run ``body`` as one recorded cycle: started, its steps, finished (even on error)."""
-        cycle_id = uuid.uuid4().hex[:12]
-        recorder = CycleRecorder(self.store, cycle_id, self.on_progress)
-        started = time.perf_counter()
-        calls_before = self._role_calls()
-        status: CycleStatus = "error"
-        error: str | None = None
-        failure: BaseException | None = None
-        try:
-            await recorder.emit(
-                "cycle_started",
-                issue.agent_name,
-                f"{issue.error_type} on {issue.agent_name}: {issue.context}",
-                issue=issue.model_dump(mode="json"),
-            )
-            status, error = await body(recorder)
-        except BaseException as exc:
-            failure = exc
-            status = "rolled_back" if recorder.rolled_back else "error"
-            error = f"{type(exc).__name__}: {exc}"
-        if settles:
-            self._pending.pop(issue.agent_name, None)
-        try:
-            await recorder.emit(
-                "cycle_finished",
-                issue.agent_name,
-                f"cycle {status}" + (f": {error}" if error else ""),
-                status=status,
-                error=error,
-                model_calls=self._role_calls() - calls_before,
-                duration_ms=(time.perf_counter() - started) * 1000,
-            )
-        except Exception as exc:
-            if failure is None:
-                raise
-            # the first failure is the one worth seeing; this one is only logged
-            log.error("cycle_not_recorded", cycle_id=cycle_id, error=str(exc))
-        if failure is not None:
-            raise failure
-        return fold_events(recorder.events)
-
-    async def _cycle(
-        self, issue: IssueReport, rec: CycleRecorder
-    ) -> tuple[CycleStatus, str | None]:
-        analysis = await self._analyse(issue, rec)
-        if is_failed(analysis):
-            return "analysis_failed", analysis.identified_cause
-        try:
-            proposal = await self.improver.propose_plan(analysis)
-        except InvalidProposal as exc:
-            return await _invalid(rec, exc, analysis.agent_name)
-        await rec.emit(
-            "actions_proposed",
-            analysis.agent_name,
-            f"{len(proposal.actions)} action(s): {proposal.summary}",
-            actions=[action.model_dump(mode="json") for action in proposal.actions],
-            summary=proposal.summary,
-        )
-        if not proposal.actions:
-            return "no_action", None
-        return await self._change(rec, proposal.actions, analysis.agent_name)
-
-    async def _change(
-        self,
-        rec: CycleRecorder,
-        actions: Sequence[ImprovementAction],
-        agent: str,
-        *,
-        applied_by: str = "self-improver",
-    ) -> tuple[CycleStatus, str | None]:
-        """Plan, run before, gate, apply, verify, keep or roll back: one change at a time.
-
-        Cycles and self-edits of this orchestrator take turns here, so the budget gate and the
-        verification of one never see another's half-made change. A self-edit asked for from
-        inside a change being made (an agent's verification run calling its tool) is refused
-        rather than waiting for the change that waits for it.
-        """
-        if _CHANGING.get():
-            return "error", (
-                "another change is being verified in this task; a change cannot be made from "
-                "inside it"
-            )
-        async with self._change_lock:
-            token = _CHANGING.set(True)
-            try:
-                return await self._change_now(rec, actions, agent, applied_by)
-            finally:
-                _CHANGING.reset(token)
-
-    async def _change_now(
-        self,
-        rec: CycleRecorder,
-        actions: Sequence[ImprovementAction],
-        agent: str,
-        applied_by: str,
-    ) -> tuple[CycleStatus, str | None]:
-        # the exam is fixed before anything can change it
-        try:
-            suites = self.verifier.load_suites([a.target_agent for a in actions])
-        except AgentmendError as exc:
-            return "error", f"cannot load an eval suite: {exc}"
-        try:
-            planned = self.improver.plan_all(actions)
-        except InvalidProposal as exc:
-            return await _invalid(rec, exc, agent)
-        targets = _targets([item.change for item in planned if item.change is not None])
-        before = await self.verifier.run_before(targets, suites)
-        if before and len(before) == len(targets) and all(map(passes_everything, before.values())):
-            # nothing fails on the agent's own cases (or its sample query), so no change could
-            # be shown to help: do not write one only to roll it back (and spend the budget)
-            return "not_reproduced", not_reproduced_reason(before)
-        gated = await self.improver.gate_all(planned, on_verdict=self._verdict_recorder(rec))
-        accepted = [item for item in gated if item.accepted]
-        if not accepted:
-            return "refused", _refusals(gated)
-        changes = [item.change for item in accepted if item.change is not None]
-        targets = _targets(changes)
-        before = {name: run for name, run in before.items() if name in targets}
-        try:
-            records = self.improver.apply(changes, applied_by=applied_by)
-        except AgentmendError as exc:  # the manager wrote nothing (or put it all back)
-            return "error", f"could not apply: {exc}"
-        change_ids = [record.change_id for record in records]
-        try:
-            await rec.emit(
-                "change_applied",
-                agent,
-                f"applied {len(records)} change(s) to {', '.join(sorted(targets))}",
-                change_ids=change_ids,
-                group_id=records[0].group_id,
-                paths=[edit.path for change in changes for edit in change.edits],
-            )
-            verdicts = await self._verify(targets, suites, before, rec)
-            rejected = {name: v for name, v in verdicts.items() if not v.accepted}
-            # a keep proven only by the weaker check keeps the old detection baseline (see
-            # fresh_baselines): production traffic is then still judged against the agent's
-            # behaviour before the fault, which is what catches a fix one query misjudged
-            fresh = fresh_baselines(verdicts, self.team)
-            if not rejected:
-                summary = {name: v.model_dump(mode="json") for name, v in verdicts.items()}
-                self.manager.mark_kept(
-                    change_ids[0],
-                    {"cycle_id": rec.cycle_id, "verdicts": summary, NEW_BASELINE: fresh},
-                )
-        except BaseException as exc:  # nothing unproven stays applied, whatever went wrong
-            why = f"error after the change was applied: {type(exc).__name__}: {exc}"
-            await self._roll_back(rec, change_ids, why, targets)
-            raise
-        if rejected:
-            reason = "verification failed: " + "; ".join(
-                f"{name}: {verdict.reason}" for name, verdict in rejected.items()
-            )
-            await self._roll_back(rec, change_ids, reason, targets, verdicts)
-            return "rolled_back", None
-        for name in fresh:
-            self.detector.on_change_kept(name, self.monitor)
-        kept_old = [name for name in targets if name not in fresh and name in self.team]
-        note = (
-            f" (weaker check only: {', '.join(kept_old)} keep(s) the detection baseline from "
-            "before the change)"
-            if kept_old
-            else ""
-        )
-        await rec.emit(
-            "change_kept",
-            agent,
-            "kept: " + "; ".join(f"{n}: {v.reason}" for n, v in verdicts.items()) + note,
-            change_ids=change_ids,
-            new_baseline=fresh,
-        )
-        return "kept", None
-
-    async def _analyse(self, issue: IssueReport, rec: CycleRecorder) -> RootCauseAnalysis:
-        # the files are the truth: read them once per cycle (someone may have edited them), and
-        # rebuild the registry, since agents may have been created or deleted since
-        self.team.reload()
-        self.mediator.ask_agent_tool = AskAgentTool(self.team.ask_agent_registry())
-
-        async def asked(exchange: QuestionAnswer) -> None:
-            await rec.emit(
-                "question_asked",
-                exchange.agent_name,
-                exchange.question,
-                **exchange.model_dump(mode="json"),
-            )
-
-        self.mediator.on_question = asked
-        try:
-            analysis = await self.mediator.analyze_issue(issue)
-        finally:
-            self.mediator.on_question = None
-        await rec.emit(
-            "analysis_completed",
-            analysis.agent_name,
-            f"{analysis.cause_category or 'cause'} ({analysis.confidence_score:.2f}): "
-            f"{analysis.identified_cause}",
-            analysis=analysis.model_dump(mode="json"),
-        )
-        return analysis
-
-    def _verdict_recorder(
-        self, rec: CycleRecorder
-    ) -> Callable[[int, ProposedChange | None, GateVerdict | None, str | None], Awaitable[None]]:
-        counts: dict[int, int] = {}
-        total = len(self.gates)
-
-        async def on_verdict(
-            index: int,
-            change: ProposedChange | None,
-            verdict: GateVerdict | None,
-            error: str | None,
-        ) -> None:
-            counts[index] = counts.get(index, 0) + (verdict is not None)
-            action = change.action if change is not None else None
-            accepted = verdict is not None and verdict.passed and counts[index] == total
-            message = (
-                f"{verdict.gate}: {'passed' if verdict.passed else 'refused'}: {verdict.reason}"
-                if verdict is not None
-                else f"not gated: {error}"
-            )
-            await rec.emit(
-                "gate_checked",
-                action.target_agent if action is not None else None,
-                message,
-                index=index,
-                action=action.model_dump(mode="json") if action is not None else None,
-                diff=change.diff if change is not None else "",
-                paths=[e.path for e in change.edits] if change is not None else [],
-                verdict=verdict.model_dump(mode="json") if verdict is not None else None,
-                error=error,
-                accepted=accepted,
-            )
-
-        return on_verdict
-
-    async def _verify(
-        self,
-        targets: dict[str, AgentSpec | None],
-        suites: dict[str, EvalSuite | None],
-        before: dict[str, BeforeRun],
-        rec: CycleRecorder,
-    ) -> dict[str, VerificationVerdict]:
-        specs = self.team.reload()
-        verdicts: dict[str, VerificationVerdict] = {}
-        for name in targets:
-            verdict = await self.verifier.verify(
-                name, specs.get(name), suites.get(name), before.get(name)
-            )
-            verdicts[name] = verdict
-            await rec.emit(
-                "verification_completed",
-                name,
-                verdict.reason,
-                agent=name,
-                verdict=verdict.model_dump(mode="json"),
-            )
-        return verdicts
-
-    async def _roll_back(
-        self,
-        rec: CycleRecorder,
-        change_ids: list[str],
-        reason: str,
-        targets: dict[str, AgentSpec | None],
-        verdicts: dict[str, VerificationVerdict] | None = None,
-    ) -> None:
-        self.manager.rollback_by_id(change_ids[0], reason=reason)
-        rec.rolled_back = True
-        self.team.reload()
-        scores = {
-            name: {"before": v.before_score, "after": v.after_score}
-            for name, v in (verdicts or {}).items()
-        }
-        await rec.emit(
-            "change_rolled_back",
-            next(iter(targets), None),
-            reason,
-            change_ids=change_ids,
-            reason=reason,
-            scores=scores,
-        )
-
     # -- the record --------------------------------------------------------------------------
 
     def replay(self, cycle_id: str) -> CycleResult:
         """A past cycle's result, rebuilt from the store."""
         return replay_cycle(self.store, cycle_id)
-
-
-def _targets(changes: Sequence[ProposedChange]) -> dict[str, AgentSpec | None]:
-    """The agents the changes touch, with their definitions before the change."""
-    targets: dict[str, AgentSpec | None] = {}
-    for change in changes:
-        name = change.action.target_agent
-        if change.new_spec is not None:
-            name = change.new_spec.name
-        targets.setdefault(name, change.old_spec)
-    return targets
-
-
-async def _invalid(rec: CycleRecorder, exc: InvalidProposal, agent: str) -> tuple[CycleStatus, str]:
-    """Record an unusable proposal; nothing was applied."""
-    await rec.emit("proposal_invalid", exc.agent or agent, str(exc), error=str(exc))
-    return "invalid_proposal", str(exc)
-
-
-def _refusals(gated: Sequence[GatedAction]) -> str:
-    reasons = []
-    for item in gated:
-        refusal = next((v for v in item.verdicts if not v.passed), None)
-        if refusal is not None:
-            reasons.append(f"action {item.index}: {refusal.gate}: {refusal.reason}")
-        elif item.error is not None:
-            reasons.append(f"action {item.index}: {item.error}")
-    return "every action was refused: " + "; ".join(reasons)
 
 
 def _default_models(runtime: AgentRuntime) -> Collection[str]:

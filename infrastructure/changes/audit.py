@@ -33,21 +33,13 @@ commit (n row(s)), repaired" and rewrites the head; any other disagreement is a 
 
 An unreadable head
 -------------------
-A head file that does not parse (torn, garbled, edited) must not stop the loop: a write that
-finds it so logs ``audit_head_unreadable`` naming the file, carries on, and its post-commit
-head write rewrites it. That rewrite would erase the evidence (rows cut off before it can no
-longer be told from rows never written), so the event is kept in the store, in
-``audit_head_events``, committed with the rows whose head replaced the unreadable one.
-:meth:`AuditLog.verify_chain` reports each event as a ``head_was_unreadable`` problem until a
-``repair`` run whose rows all verify has reported it; from then on it is a note ("head was
-rewritten after being unreadable at <time>: <reason naming the file>"), on every run, for good.
-``verify_chain(repair=True)`` itself rewrites an unreadable head when every row verifies,
-reports ``head_unreadable`` in that run's problems, and keeps the same note afterwards.
+A head file that does not parse must not stop the loop: a write that finds it so carries on
+and its head write rewrites it; the event is kept in ``audit_head_events`` and reported by
+:meth:`AuditLog.verify_chain` (see :mod:`infrastructure.changes.audit_head_events`).
 
-The head file is never replaced: it is one fixed-size record rewritten in place at offset 0 and
-synced (a record this small is written whole; its checksum catches a torn one), because
-replacing a file by rename costs about a millisecond on ext4, twice the budget of a whole
-durable ``log_change``.
+The head file's format and in-place writes are in :mod:`infrastructure.changes.audit_head`;
+the row and head checks in :mod:`infrastructure.changes.audit_verification` (whose result
+types and ``GENESIS_HASH`` are re-exported here).
 """
 
 from __future__ import annotations
@@ -66,6 +58,15 @@ from typing import Any
 
 import structlog
 
+from infrastructure.changes.audit_head import clear_head, read_head, write_head
+from infrastructure.changes.audit_head_events import head_event_findings, record_head_event
+from infrastructure.changes.audit_verification import (
+    GENESIS_HASH,
+    ChainProblem,
+    ChainVerification,
+    check_head,
+    check_rows,
+)
 from infrastructure.errors import AuditChainError, StoreError
 from infrastructure.files import locked_file
 from infrastructure.models import utc_now
@@ -88,9 +89,6 @@ log = structlog.get_logger(__name__)
 
 AUDIT_HMAC_KEY_ENV = "AGENTMEND_AUDIT_HMAC_KEY"
 VALUE_LIMIT = 500
-GENESIS_HASH = "0" * 64
-_HEAD_SIZE = 256  # one record well inside a 512-byte sector
-_HEAD_MAGIC = "agentmend-audit-head v1"
 
 _MIGRATIONS = [
     """
@@ -155,53 +153,6 @@ class AuditEntry:
     batch: int  # id of the first row committed in the same transaction
 
 
-@dataclass(frozen=True, slots=True)
-class ChainProblem:
-    """One thing wrong with the chain; ``row_id`` is None for problems with the head file.
-
-    ``kind`` is one of: edited, broken_link, missing_rows, unkeyed, keyed_without_key (rows);
-    head_missing, head_unreadable, head_mismatch, cut_off (the head file now);
-    head_was_unreadable (a write found the head unreadable and rewrote it; reported until a
-    ``repair`` run has reported it, a note after).
-    """
-
-    row_id: int | None
-    kind: str
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class ChainVerification:
-    """The outcome of :meth:`AuditLog.verify_chain`; truthy when the chain verifies."""
-
-    rows_checked: int
-    problems: tuple[ChainProblem, ...] = ()
-    notes: tuple[str, ...] = ()
-    repaired: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-    @property
-    def problem_row_ids(self) -> tuple[int, ...]:
-        return tuple(p.row_id for p in self.problems if p.row_id is not None)
-
-    def raise_for_problems(self) -> None:
-        """For callers that want strictness: raise ``AuditChainError`` listing the problems."""
-        if self.problems:
-            listed = "; ".join(
-                f"row {p.row_id}: {p.kind}: {p.detail}"
-                if p.row_id is not None
-                else f"{p.kind}: {p.detail}"
-                for p in self.problems
-            )
-            raise AuditChainError(f"audit chain does not verify: {listed}")
-
-
 def _clip(value: Any) -> str | None:
     return None if value is None else str(value)[:VALUE_LIMIT]
 
@@ -245,7 +196,9 @@ class AuditTransaction:
             self._batch = row_id
             if self._unreadable is not None:
                 # This commit's head write replaces the unreadable head: keep the evidence.
-                self._audit._record_head_event(self.conn, self._unreadable, row_id, reported=False)
+                record_head_event(
+                    self.conn, self._audit.head_path, self._unreadable, row_id, reported=False
+                )
         fields = (
             row_id,
             stamp.isoformat(),
@@ -342,7 +295,7 @@ class AuditLog:
                 yield txn
             if txn.last is not None:
                 try:
-                    _write_head(fd, *txn.last)
+                    write_head(fd, *txn.last)
                 except OSError as exc:
                     # The rows are committed and must not be reported as failed; the stale head
                     # shows up in verify_chain(), which is where the operator looks.
@@ -351,7 +304,7 @@ class AuditLog:
     def _head_or_reason(self, fd: int) -> tuple[tuple[int, str] | None, str | None]:
         """The head, or None and why it cannot be read: a damaged head never blocks a write."""
         try:
-            return _read_head(fd, self.head_path), None
+            return read_head(fd, self.head_path), None
         except AuditChainError as exc:
             log.error(
                 "audit_head_unreadable",
@@ -360,16 +313,6 @@ class AuditLog:
                 hint="the next commit rewrites it; verify_audit_chain() reports the event",
             )
             return None, str(exc)
-
-    def _record_head_event(
-        self, conn: sqlite3.Connection, reason: str, row_id: int | None, *, reported: bool
-    ) -> None:
-        now = utc_now().isoformat()
-        conn.execute(
-            "INSERT INTO audit_head_events (timestamp, head_path, reason, row_id, reported)"
-            " VALUES (?,?,?,?,?)",
-            (now, str(self.head_path), reason, row_id, now if reported else None),
-        )
 
     def append(
         self,
@@ -437,9 +380,13 @@ class AuditLog:
                 _entry(r)
                 for r in conn.execute(f"SELECT {_COLUMNS} FROM audit_log ORDER BY id").fetchall()
             ]
-            problems = self._check_rows(rows)
+            problems = check_rows(
+                rows, keyed=self.keyed, expected_hash=lambda row: self._hash(_fields(row))
+            )
             rows_ok = not problems
-            head_problems, notes, needs_repair = self._check_head(fd, rows, problems, repair)
+            head_problems, notes, needs_repair = check_head(
+                fd, self.head_path, rows, problems, repair
+            )
             problems.extend(head_problems)
             unreadable = next((p for p in head_problems if p.kind == "head_unreadable"), None)
             repaired = False
@@ -447,114 +394,21 @@ class AuditLog:
                 if unreadable is not None:  # the evidence is on disk before the head changes
                     with self.store.transaction(durable=True) as wconn:
                         last_id = rows[-1].id if rows else None
-                        self._record_head_event(wconn, unreadable.detail, last_id, reported=True)
+                        record_head_event(
+                            wconn, self.head_path, unreadable.detail, last_id, reported=True
+                        )
                 if rows:
-                    _write_head(fd, rows[-1].id, rows[-1].row_hash)
+                    write_head(fd, rows[-1].id, rows[-1].row_hash)
                 else:
-                    _clear_head(fd)
+                    clear_head(fd)
                 repaired = True
                 log.warning("audit_head_repaired", row_id=rows[-1].id if rows else None)
-            events, event_notes = self._head_events(conn, acknowledge=repair and rows_ok)
+            events, event_notes = head_event_findings(
+                self.store, conn, acknowledge=repair and rows_ok
+            )
             problems.extend(events)
             notes = event_notes + notes
         return ChainVerification(len(rows), tuple(problems), tuple(notes), repaired)
-
-    def _head_events(
-        self, conn: sqlite3.Connection, *, acknowledge: bool
-    ) -> tuple[list[ChainProblem], list[str]]:
-        """Heads rewritten after being unreadable: problems until reported, notes after."""
-        problems: list[ChainProblem] = []
-        notes: list[str] = []
-        fresh: list[int] = []
-        for event_id, stamp, reason, row_id, reported in conn.execute(
-            "SELECT id, timestamp, reason, row_id, reported FROM audit_head_events ORDER BY id"
-        ):
-            at = f" (to name row {row_id})" if row_id is not None else ""
-            text = f"head was rewritten{at} after being unreadable at {stamp}: {reason}"
-            if reported is None:
-                detail = f"{text}; rows cut off before then cannot be detected through the head"
-                problems.append(ChainProblem(None, "head_was_unreadable", detail))
-                fresh.append(int(event_id))
-            else:
-                notes.append(text)
-        if acknowledge and fresh:
-            with self.store.transaction(durable=True) as wconn:
-                wconn.executemany(
-                    "UPDATE audit_head_events SET reported = ? WHERE id = ?",
-                    [(utc_now().isoformat(), i) for i in fresh],
-                )
-        return problems, notes
-
-    def _check_rows(self, rows: list[AuditEntry]) -> list[ChainProblem]:
-        problems: list[ChainProblem] = []
-        prev_id, prev_hash = 0, GENESIS_HASH
-        for row in rows:
-            if row.keyed and not self.keyed:
-                problems.append(
-                    ChainProblem(row.id, "keyed_without_key", "row is HMAC-keyed; give the key")
-                )
-            elif self.keyed and not row.keyed:
-                problems.append(
-                    ChainProblem(row.id, "unkeyed", "row is not authenticated by the HMAC key")
-                )
-            elif not hmac.compare_digest(self._hash(_fields(row)), row.row_hash):
-                problems.append(
-                    ChainProblem(row.id, "edited", "content does not match its hash (or key)")
-                )
-            if row.prev_hash != prev_hash:
-                gap = (
-                    f"rows {prev_id + 1}..{row.id - 1} are missing" if row.id > prev_id + 1 else ""
-                )
-                detail = gap or f"does not link to row {prev_id} (deleted, reordered or edited)"
-                problems.append(ChainProblem(row.id, "broken_link", detail))
-            elif row.id != prev_id + 1:
-                problems.append(
-                    ChainProblem(row.id, "missing_rows", f"rows {prev_id + 1}..{row.id - 1} gone")
-                )
-            prev_id, prev_hash = row.id, row.row_hash
-        return problems
-
-    def _check_head(
-        self, fd: int, rows: list[AuditEntry], row_problems: list[ChainProblem], repair: bool
-    ) -> tuple[list[ChainProblem], list[str], bool]:
-        try:
-            head = _read_head(fd, self.head_path)
-        except AuditChainError as exc:
-            return [ChainProblem(None, "head_unreadable", str(exc))], [], False
-        last = rows[-1] if rows else None
-        if head is None and last is None:
-            return [], [], False
-        if head is not None and last is not None and head == (last.id, last.row_hash):
-            return [], [], False
-        # The crash between a commit and its head write: the head names the row just before
-        # the newest commit (whose rows share a batch id), and that commit's rows verify, link
-        # to the row the head names, and are no older than it.
-        assert last is not None or head is not None
-        tail: list[AuditEntry] = []
-        for row in reversed(rows):
-            if row.batch != rows[-1].batch:
-                break
-            tail.insert(0, row)
-        before = rows[-len(tail) - 1] if len(rows) > len(tail) else None
-        bad = {p.row_id for p in row_problems}
-        if (
-            tail
-            and tail[0].id == tail[0].batch
-            and not any(r.id in bad for r in tail)
-            and head == ((before.id, before.row_hash) if before else None)
-            and tail[0].prev_hash == (before.row_hash if before else GENESIS_HASH)
-            and (before is None or tail[0].timestamp >= before.timestamp)
-        ):
-            done = "repaired" if repair else "not repaired"
-            return [], [f"head behind by one commit ({len(tail)} row(s)), {done}"], True
-        if head is None:
-            return [ChainProblem(None, "head_missing", f"{self.head_path} is missing")], [], False
-        if last is None or head[0] > last.id:
-            ends = f"row {last.id}" if last else "no rows"
-            detail = f"head names row {head[0]} but the table ends at {ends}: rows cut off"
-            return [ChainProblem(None, "cut_off", detail)], [], False
-        detail = f"head names row {head[0]} but the newest row is {last.id} with another hash"
-        return [ChainProblem(None, "head_mismatch", detail)], [], False
 
 
 def _fields(row: AuditEntry) -> tuple[Any, ...]:
@@ -569,46 +423,6 @@ def _entry(row: tuple[Any, ...]) -> AuditEntry:
         int(row[0]), datetime.fromisoformat(row[1]), row[2], row[3], row[4], row[5], row[6],
         row[7], row[8], row[9], row[10], bool(row[11]), int(row[12]),
     )  # fmt: skip
-
-
-def _head_record(row_id: int, row_hash: str) -> bytes:
-    body = f"{_HEAD_MAGIC} {row_id} {row_hash}"
-    check = hashlib.sha256(body.encode("ascii")).hexdigest()[:16]
-    return f"{body} {check}\n".encode("ascii").ljust(_HEAD_SIZE, b" ")
-
-
-def _write_head(fd: int, row_id: int, row_hash: str) -> None:
-    os.pwrite(fd, _head_record(row_id, row_hash), 0)
-    os.fdatasync(fd)
-
-
-def _clear_head(fd: int) -> None:
-    """The head of an empty log: a blank record, which reads as "no row yet"."""
-    os.pwrite(fd, b" " * _HEAD_SIZE, 0)
-    os.fdatasync(fd)
-
-
-def _read_head(fd: int, path: Path) -> tuple[int, str] | None:
-    """The (row id, hash) the head file names; None when it is empty (no row yet).
-
-    Raises:
-        AuditChainError: the file is not a head record or fails its checksum; names ``path``.
-    """
-    try:
-        raw = os.pread(fd, _HEAD_SIZE, 0).decode("ascii", errors="replace").strip()
-    except OSError as exc:
-        raise AuditChainError(f"audit head file {path} cannot be read: {exc}") from exc
-    if not raw:
-        return None
-    parts = raw.split(" ")
-    if len(parts) != 5 or " ".join(parts[:2]) != _HEAD_MAGIC or not parts[2].isdigit():
-        raise AuditChainError(f"audit head file {path} is not an agentmend audit head")
-    body = " ".join(parts[:4])
-    if hashlib.sha256(body.encode("ascii")).hexdigest()[:16] != parts[4]:
-        raise AuditChainError(
-            f"audit head file {path}: its checksum does not match (torn or edited)"
-        )
-    return int(parts[2]), parts[3]
 
 
 def verify_audit_chain(

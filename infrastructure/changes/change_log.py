@@ -1,24 +1,35 @@
-"""The durable record of what the loop changed, planned and decided: tables and queries.
+"""The durable record of what the loop changed: tables and queries.
 
 ``ChangeLog`` is the SQL behind
 :class:`~infrastructure.changes.improvement_manager.ImprovementManager`:
 one row per change (``changes``) and one per file it touched (``change_files``, holding the old
 bytes so a rollback can restore them exactly). Every query the manager runs on a hot path is
 served by an index, so logging, applying and rolling back cost the same with ten changes
-stored as with ten thousand. ``plans`` and ``decisions`` are small typed tables for the
-orchestrator's plans and the decisions taken along the loop.
+stored as with ten thousand. The orchestrator's plans and decisions live in
+:mod:`infrastructure.changes.decisions`; their names are re-exported here for existing callers.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import uuid4
 
+from infrastructure.changes.decisions import (
+    Decision,
+    Plan,
+    get_plan,
+    list_decisions,
+    list_plans,
+    migrate_plan_tables,
+    record_decision,
+    save_plan,
+    update_plan,
+)
 from infrastructure.models import (
     ChangeRecord,
     ChangeStatus,
@@ -82,29 +93,6 @@ _CHANGE_MIGRATIONS = [
     """
 ]
 
-_PLAN_MIGRATIONS = [
-    """
-    CREATE TABLE plans (
-        plan_id TEXT PRIMARY KEY,
-        created TEXT NOT NULL,
-        status TEXT NOT NULL,
-        description TEXT NOT NULL,
-        payload TEXT NOT NULL,
-        updated TEXT NOT NULL
-    );
-    CREATE INDEX plans_status ON plans (status, created);
-    CREATE TABLE decisions (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        timestamp TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        agent_name TEXT,
-        payload TEXT NOT NULL
-    );
-    CREATE INDEX decisions_kind ON decisions (kind, id);
-    CREATE INDEX decisions_agent ON decisions (agent_name, id)
-    """
-]
-
 _ROW_COLUMNS = (
     "seq, change_id, created, action, status, applied_by, verification, rollback_info, "
     "group_id, root, rollback_pending"
@@ -156,7 +144,7 @@ class ChangeLog:
 
     def __init__(self, store: Store) -> None:
         store.migrate("changes", _CHANGE_MIGRATIONS)
-        store.migrate("plans", _PLAN_MIGRATIONS)
+        migrate_plan_tables(store)
         self.store = store
 
     @staticmethod
@@ -411,195 +399,3 @@ def _change_row(row: tuple[Any, ...], files: tuple[FileChange, ...]) -> ChangeRo
         files=files,
     )
     return ChangeRow(int(seq), record, root, _load(row[10]))
-
-
-# -- plans and decisions -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """A plan the orchestrator made; ``payload`` is free-form JSON."""
-
-    plan_id: str
-    created: datetime
-    status: str
-    description: str
-    payload: dict[str, Any]
-    updated: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A decision taken along the loop (a gate verdict, a keep, a human's approval, ...)."""
-
-    id: int
-    timestamp: datetime
-    kind: str
-    agent_name: str | None
-    payload: dict[str, Any]
-
-
-def _plan(row: tuple[Any, ...]) -> Plan:
-    return Plan(
-        row[0],
-        datetime.fromisoformat(row[1]),
-        row[2],
-        row[3],
-        json.loads(row[4]),
-        datetime.fromisoformat(row[5]),
-    )
-
-
-def _decision(row: tuple[Any, ...]) -> Decision:
-    return Decision(int(row[0]), datetime.fromisoformat(row[1]), row[2], row[3], json.loads(row[4]))
-
-
-_PLAN_COLUMNS = "plan_id, created, status, description, payload, updated"
-
-
-def save_plan(
-    store: Store,
-    *,
-    description: str,
-    payload: dict[str, Any] | None = None,
-    status: str = "draft",
-    plan_id: str | None = None,
-) -> Plan:
-    """Store a new plan and return it (``plan_id`` defaults to a fresh id)."""
-    store.migrate("plans", _PLAN_MIGRATIONS)
-    now = utc_now().isoformat()
-    pid = plan_id or uuid4().hex[:12]
-    with store.transaction() as conn:
-        conn.execute(
-            f"INSERT INTO plans ({_PLAN_COLUMNS}) VALUES (?,?,?,?,?,?)",
-            (pid, now, status, description, json.dumps(payload or {}, default=str), now),
-        )
-    plan = get_plan(store, pid)
-    assert plan is not None
-    return plan
-
-
-def get_plan(store: Store, plan_id: str) -> Plan | None:
-    store.migrate("plans", _PLAN_MIGRATIONS)
-    row = (
-        store.connection()
-        .execute(f"SELECT {_PLAN_COLUMNS} FROM plans WHERE plan_id = ?", (plan_id,))
-        .fetchone()
-    )
-    return _plan(row) if row else None
-
-
-def update_plan(
-    store: Store,
-    plan_id: str,
-    *,
-    status: str | None = None,
-    description: str | None = None,
-    payload: dict[str, Any] | None = None,
-) -> Plan:
-    """Change a plan's status, description or payload; raises KeyError for an unknown id."""
-    store.migrate("plans", _PLAN_MIGRATIONS)
-    with store.transaction() as conn:
-        cursor = conn.execute(
-            "UPDATE plans SET status = coalesce(?, status),"
-            " description = coalesce(?, description), payload = coalesce(?, payload),"
-            " updated = ? WHERE plan_id = ?",
-            (
-                status,
-                description,
-                None if payload is None else json.dumps(payload, default=str),
-                utc_now().isoformat(),
-                plan_id,
-            ),
-        )
-        if cursor.rowcount == 0:
-            raise KeyError(f"no plan with id {plan_id!r}")
-    plan = get_plan(store, plan_id)
-    assert plan is not None
-    return plan
-
-
-def list_plans(
-    store: Store,
-    *,
-    status: str | None = None,
-    limit: int | None = 50,
-    payload: Mapping[str, str] | None = None,
-) -> list[Plan]:
-    """The newest ``limit`` plans (all with None), optionally filtered, oldest first.
-
-    Args:
-        status: only plans with this status (served by the ``plans_status`` index).
-        limit: at most this many, the newest; None for every match. Recovery passes None:
-            a plan a dead process left behind must be found however many came after it.
-        payload: only plans whose payload holds these top-level string values (a code
-            plan's ``kind`` and ``root``), filtered in SQL.
-    """
-    store.migrate("plans", _PLAN_MIGRATIONS)
-    where: list[str] = []
-    params: list[Any] = []
-    if status is not None:
-        where.append("status = ?")
-        params.append(status)
-    for key, value in (payload or {}).items():
-        if not key.isidentifier():
-            raise ValueError(f"payload filter key {key!r} is not a plain field name")
-        where.append("json_extract(payload, ?) = ?")
-        params.extend((f"$.{key}", value))
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
-    rows = (
-        store.connection()
-        .execute(
-            f"SELECT {_PLAN_COLUMNS} FROM plans {clause} ORDER BY created DESC, rowid DESC LIMIT ?",
-            (*params, -1 if limit is None else limit),
-        )
-        .fetchall()
-    )
-    return [_plan(r) for r in reversed(rows)]
-
-
-def record_decision(
-    store: Store,
-    kind: str,
-    *,
-    agent_name: str | None = None,
-    payload: dict[str, Any] | None = None,
-    timestamp: datetime | None = None,
-) -> Decision:
-    """Append a decision and return it with its id."""
-    store.migrate("plans", _PLAN_MIGRATIONS)
-    stamp = timestamp or utc_now()
-    text = json.dumps(payload or {}, default=str)
-    with store.transaction() as conn:
-        cursor = conn.execute(
-            "INSERT INTO decisions (timestamp, kind, agent_name, payload) VALUES (?,?,?,?)",
-            (stamp.isoformat(), kind, agent_name, text),
-        )
-        row_id = int(cursor.lastrowid or 0)
-    return Decision(row_id, stamp, kind, agent_name, json.loads(text))
-
-
-def list_decisions(
-    store: Store, *, kind: str | None = None, agent_name: str | None = None, limit: int = 50
-) -> list[Decision]:
-    """The newest ``limit`` decisions (optionally filtered), oldest first."""
-    store.migrate("plans", _PLAN_MIGRATIONS)
-    where: list[str] = []
-    params: list[Any] = []
-    if kind is not None:
-        where.append("kind = ?")
-        params.append(kind)
-    if agent_name is not None:
-        where.append("agent_name = ?")
-        params.append(agent_name)
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
-    rows = (
-        store.connection()
-        .execute(
-            "SELECT id, timestamp, kind, agent_name, payload FROM decisions"
-            f" {clause} ORDER BY id DESC LIMIT ?",
-            (*params, limit),
-        )
-        .fetchall()
-    )
-    return [_decision(r) for r in reversed(rows)]

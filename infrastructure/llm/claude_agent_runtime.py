@@ -40,46 +40,36 @@ Wire facts (claude-agent-sdk 0.2.187, CLI 2.1.330, observed against a local fake
   if it still does not call the tool the run "succeeds" with ``structured_output=None``.
 - A reply cut at ``max_tokens`` is continued by the CLI (it sends "Output token limit hit.
   Resume directly ..."), so truncation rarely reaches the result.
-- A failed API call ends the run with a ``ResultMessage`` whose ``is_error`` is true, subtype
-  ``success``, ``terminal_reason="api_error"`` and ``api_error_status`` (the HTTP status; the raw
-  frame also has ``api_error_type``, e.g. ``overloaded_error``), then the SDK raises
-  ``ResultError`` carrying that frame. A connection failure has no status. The CLI retries
-  5xx/429/529 with backoff (for minutes) unless ``CLAUDE_CODE_MAX_RETRIES=0``.
+- A failed API call ends the run with an ``is_error`` ``ResultMessage`` carrying the HTTP
+  status, then the SDK raises ``ResultError`` (details in ``claude_sdk_errors``). The CLI
+  retries 5xx/429/529 with backoff (for minutes) unless ``CLAUDE_CODE_MAX_RETRIES=0``.
 - ``max_turns`` ends with subtype ``error_max_turns`` / ``terminal_reason="max_turns"``.
-- On cancellation the SDK closes the CLI's stdin and waits up to 5 s for it to exit before
-  sending SIGTERM (the CLI does not exit on EOF while a request is in flight). To end a timed
-  out or cancelled run at once, every run carries a marker variable (``AGENTMEND_RUN_ID``) in the
-  CLI's environment; on abort the runtime finds its child process by that marker (Linux
-  ``/proc``) and sends SIGTERM, then SIGKILL after a grace period. Elsewhere the SDK's own
-  close still stops the process, only later.
+- On cancellation the SDK waits up to 5 s for the CLI to exit; a timed out or cancelled run is
+  instead stopped at once through a marker variable in its environment (``RUN_MARKER_ENV``,
+  see ``claude_cli_process``).
 
-Error mapping (the same kinds as the Anthropic runtime), from structured fields only:
-``api_error_status`` 429 -> RATE_LIMIT; 529 or ``api_error_type == "overloaded_error"`` ->
-OVERLOADED; other 5xx -> SERVER_ERROR; 401/403 -> AUTHENTICATION; 408 -> TIMEOUT; 404 with the
-CLI's ``model_not_found`` assistant error -> MODEL_NOT_FOUND; other 4xx -> BAD_REQUEST; an API
-error with no status -> CONNECTION; ``error_max_turns`` -> MAX_TURNS; structured output retries
-exhausted, missing or not valid for the output type -> OUTPUT_INVALID; an aborted turn ->
-CANCELLED; the run's ``timeout_s`` -> TIMEOUT; other SDK errors (process exit, connection to the
-CLI, unreadable output) -> RUNTIME. A CLI that cannot be found raises ``ConfigurationError``:
-it is the installation's fault, not the agent's. Cancelling the task that awaits ``run``
-re-raises ``CancelledError`` once the CLI is gone.
+Errors: ``infrastructure.llm.claude_sdk_errors`` maps the CLI's failures (HTTP status, turns,
+structured output retries, aborts, SDK errors) to the Anthropic runtime's kinds, from structured
+fields only. This runtime adds: structured output missing or not valid for the output type ->
+OUTPUT_INVALID; the run's ``timeout_s`` -> TIMEOUT. A CLI that cannot be found raises
+``ConfigurationError``: it is the installation's fault, not the agent's. Cancelling the task
+that awaits ``run`` re-raises ``CancelledError`` once the CLI is gone. The run's message-stream
+state is in ``claude_run_state``, the SDK tool adapters and the refusing ``can_use_tool``
+callback in ``claude_sdk_tools``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
-import signal
 import tempfile
 import time
 import uuid
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,23 +81,23 @@ from infrastructure.llm.base import (
     AgentResult,
     OutputT,
     RuntimeBase,
-    ToolCallRecord,
-    ToolError,
     ToolSpec,
     Usage,
 )
+from infrastructure.llm.claude_cli_process import RUN_MARKER_ENV, abort_run
+from infrastructure.llm.claude_run_state import RunState
+from infrastructure.llm.claude_sdk_errors import (
+    error_from_exception,
+    error_from_result,
+    result_fields,
+)
+from infrastructure.llm.claude_sdk_tools import refuser, sdk_tool
 from infrastructure.llm.network_guard import refuse_real_api_under_tests
 from infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME, index_tools
 from infrastructure.permissions import allowed_tools, describe_profile
 
 if TYPE_CHECKING:
-    from claude_agent_sdk import (
-        CanUseTool,
-        ClaudeAgentOptions,
-        PermissionResultDeny,
-        SdkMcpTool,
-        ToolPermissionContext,
-    )
+    from claude_agent_sdk import ClaudeAgentOptions
 
     from infrastructure.spec import AgentSpec
 
@@ -122,226 +112,6 @@ log = structlog.get_logger(__name__)
 
 SERVER_NAME = "agentmend"
 """The in-process MCP server that serves a run's ToolSpecs (``mcp__agentmend__<tool>``)."""
-
-RUN_MARKER_ENV = "AGENTMEND_RUN_ID"
-"""Set in each CLI process's environment so an aborted run can find and stop its process."""
-
-_KILL_GRACE_S = 3.0
-_STDERR_LINES = 20
-
-
-# --- error mapping ---------------------------------------------------------------------------
-
-
-def error_from_result(
-    data: Mapping[str, Any], *, assistant_error: str | None = None
-) -> AgentRunError:
-    """The ``AgentRunError`` for a failed result frame (``ResultError.data`` or the fields of a
-    ``ResultMessage``), read from its structured fields.
-
-    Args:
-        data: the result payload: ``subtype``, ``terminal_reason``, ``api_error_status``,
-            ``api_error_type``, ``errors``, ``result``.
-        assistant_error: the ``error`` of the CLI's synthetic assistant message for the failed
-            call (``model_not_found``, ``rate_limit``, ...), when one was seen.
-    """
-    subtype = data.get("subtype")
-    reason = data.get("terminal_reason")
-    status = data.get("api_error_status")
-    error_type = data.get("api_error_type")
-    message = _result_text(data)
-    if isinstance(status, int):
-        return AgentRunError(
-            _kind_for_status(status, error_type, assistant_error), message, status_code=status
-        )
-    if reason == "api_error":
-        # No HTTP status means no HTTP response: the server could not be reached.
-        return AgentRunError(ErrorKind.CONNECTION, message)
-    if subtype == "error_max_turns" or reason == "max_turns":
-        return AgentRunError(ErrorKind.MAX_TURNS, message)
-    if subtype == "error_max_structured_output_retries":
-        return AgentRunError(ErrorKind.OUTPUT_INVALID, message)
-    if isinstance(reason, str) and reason.startswith("aborted"):
-        return AgentRunError(ErrorKind.CANCELLED, message)
-    return AgentRunError(ErrorKind.RUNTIME, message)
-
-
-def _kind_for_status(status: int, error_type: object, assistant_error: str | None) -> ErrorKind:
-    if status == 429:
-        return ErrorKind.RATE_LIMIT
-    if status == 529 or error_type == "overloaded_error":
-        return ErrorKind.OVERLOADED
-    if status >= 500:
-        return ErrorKind.SERVER_ERROR
-    if status in (401, 403):
-        return ErrorKind.AUTHENTICATION
-    if status == 408:
-        return ErrorKind.TIMEOUT
-    if status == 404 and assistant_error == "model_not_found":
-        return ErrorKind.MODEL_NOT_FOUND
-    return ErrorKind.BAD_REQUEST
-
-
-def _result_text(data: Mapping[str, Any]) -> str:
-    errors = data.get("errors")
-    if isinstance(errors, list):
-        texts = [e.strip() for e in errors if isinstance(e, str) and e.strip()]
-        if texts:
-            return "; ".join(texts)
-    result = data.get("result")
-    if isinstance(result, str) and result.strip():
-        return result.strip()
-    subtype = data.get("subtype")
-    return f"the CLI reported an error ({subtype})" if subtype else "the CLI reported an error"
-
-
-def _error_from_exception(exc: Exception, state: _RunState) -> AgentRunError:
-    """Map an SDK exception (``ResultError`` included) raised while reading the run."""
-    from claude_agent_sdk import ProcessError, ResultError
-
-    if isinstance(exc, ResultError):
-        return error_from_result(exc.data, assistant_error=state.assistant_error)
-    detail = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, ProcessError) and state.stderr:
-        detail += " | stderr: " + " / ".join(state.stderr)
-    return AgentRunError(ErrorKind.RUNTIME, detail)
-
-
-# --- one run's state --------------------------------------------------------------------------
-
-
-@dataclass
-class _RunState:
-    """What the message stream has shown so far; kept when the run fails or times out."""
-
-    tool_prefix: str
-    text: str = ""  # the text of the last assistant response that had any
-    text_message_id: str | None = None
-    calls: dict[str, ToolCallRecord] = field(default_factory=dict)
-    started: dict[str, float] = field(default_factory=dict)
-    denied: list[str] = field(default_factory=list)
-    result: Any = None  # the ResultMessage
-    model: str | None = None
-    assistant_error: str | None = None
-    stderr: deque[str] = field(default_factory=lambda: deque(maxlen=_STDERR_LINES))
-
-    def display_name(self, wire_name: str) -> str:
-        return wire_name.removeprefix(self.tool_prefix)
-
-    def observe(self, message: Any) -> None:
-        from claude_agent_sdk import (
-            AssistantMessage,
-            ResultMessage,
-            TextBlock,
-            ToolResultBlock,
-            ToolUseBlock,
-            UserMessage,
-        )
-
-        if isinstance(message, ResultMessage):
-            self.result = message
-            return
-        # Messages from inside a subagent carry the spawning call's id; they are not ours.
-        if getattr(message, "parent_tool_use_id", None) is not None:
-            return
-        if isinstance(message, AssistantMessage):
-            if message.error is not None:
-                self.assistant_error = message.error
-                return
-            self.model = message.model
-            for block in message.content:
-                if isinstance(block, TextBlock):
-                    # The CLI emits one AssistantMessage per content block of a response.
-                    if message.message_id != self.text_message_id or message.message_id is None:
-                        self.text = ""
-                        self.text_message_id = message.message_id
-                    self.text += block.text
-                elif isinstance(block, ToolUseBlock) and block.name != OUTPUT_TOOL_NAME:
-                    self.started[block.id] = time.perf_counter()
-                    self.calls[block.id] = ToolCallRecord(
-                        id=block.id,
-                        name=self.display_name(block.name),
-                        input=dict(block.input),
-                        output="",
-                    )
-        elif isinstance(message, UserMessage) and isinstance(message.content, list):
-            for block in message.content:
-                if isinstance(block, ToolResultBlock):
-                    self._finish_call(block.tool_use_id, block.content, bool(block.is_error))
-
-    def _finish_call(self, call_id: str, content: Any, is_error: bool) -> None:
-        call = self.calls.get(call_id)
-        if call is None:
-            return
-        started = self.started.pop(call_id, None)
-        elapsed = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
-        self.calls[call_id] = ToolCallRecord(
-            id=call.id,
-            name=call.name,
-            input=call.input,
-            output=_content_text(content),
-            is_error=is_error,
-            duration_ms=elapsed,
-        )
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(item.get("text", "")) for item in content if isinstance(item, Mapping)
-        ).strip()
-    return "" if content is None else str(content)
-
-
-# --- process cleanup --------------------------------------------------------------------------
-
-
-def _marked_children(run_id: str) -> list[int]:
-    """Pids of this process's children whose environment carries ``run_id`` (Linux only)."""
-    if not os.path.isdir("/proc"):
-        return []
-    marker = f"{RUN_MARKER_ENV}={run_id}".encode()
-    me = os.getpid()
-    found: list[int] = []
-    with contextlib.suppress(OSError), os.scandir("/proc") as entries:
-        for entry in entries:
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as stat_file:
-                    stat = stat_file.read()
-                # The command name is in parentheses and may contain spaces.
-                if int(stat.rsplit(b")", 1)[1].split()[1]) != me:
-                    continue
-                with open(f"/proc/{entry.name}/environ", "rb") as environ_file:
-                    environ = environ_file.read()
-            except (OSError, ValueError, IndexError):
-                continue
-            if marker in environ.split(b"\0"):
-                found.append(int(entry.name))
-    return found
-
-
-def _signal_all(pids: Sequence[int], signum: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signum)
-
-
-async def _abort(task: asyncio.Task[Any], run_id: str) -> None:
-    """Stop a run's CLI process at once, then let the SDK's cleanup finish."""
-    pids = _marked_children(run_id)
-    _signal_all(pids, signal.SIGTERM)
-    task.cancel()
-    done, _ = await asyncio.wait({task}, timeout=_KILL_GRACE_S)
-    if not done:
-        _signal_all(_marked_children(run_id), signal.SIGKILL)
-        await asyncio.wait({task})
-    if not task.cancelled():
-        task.exception()  # consumed: the run's outcome is the abort, not this error
-    log.info("run_aborted", run_id=run_id, signalled=len(pids))
 
 
 # --- the runtime ------------------------------------------------------------------------------
@@ -459,19 +229,19 @@ class ClaudeAgentRuntime(RuntimeBase):
             raise ConfigurationError("this ClaudeAgentRuntime is closed")
         plan = self._plan(spec, tools)
         run_id = uuid.uuid4().hex
-        state = _RunState(tool_prefix=f"mcp__{SERVER_NAME}__")
+        state = RunState(tool_prefix=f"mcp__{SERVER_NAME}__")
         options = self._options(spec, plan, output_type, state, run_id)
         started = time.perf_counter()
         task = asyncio.create_task(self._drive(prompt, options, state), name=f"claude-{run_id}")
         try:
             done, _ = await asyncio.wait({task}, timeout=spec.timeout_s)
         except asyncio.CancelledError:
-            await _abort(task, run_id)
+            await abort_run(task, run_id)
             raise
         if done:
             error = task.result()
         else:
-            await _abort(task, run_id)
+            await abort_run(task, run_id)
             error = AgentRunError(
                 ErrorKind.TIMEOUT, f"agent {spec.name!r} did not finish within {spec.timeout_s} s"
             )
@@ -531,7 +301,7 @@ class ClaudeAgentRuntime(RuntimeBase):
         spec: AgentSpec,
         plan: _ToolPlan,
         output_type: type[OutputT] | None,
-        state: _RunState,
+        state: RunState,
         run_id: str,
     ) -> ClaudeAgentOptions:
         from claude_agent_sdk import ClaudeAgentOptions, create_sdk_mcp_server
@@ -539,7 +309,7 @@ class ClaudeAgentRuntime(RuntimeBase):
         servers: dict[str, Any] = {}
         if plan.sdk_tools:
             servers[SERVER_NAME] = create_sdk_mcp_server(
-                SERVER_NAME, tools=[_sdk_tool(t) for t in plan.sdk_tools]
+                SERVER_NAME, tools=[sdk_tool(t) for t in plan.sdk_tools]
             )
         output_format = (
             {"type": "json_schema", "schema": output_type.model_json_schema()}
@@ -555,7 +325,7 @@ class ClaudeAgentRuntime(RuntimeBase):
             allowed_tools=list(plan.allowed_wire),
             mcp_servers=servers,
             strict_mcp_config=True,
-            can_use_tool=_refuser(spec.name, plan.profile_label, state),
+            can_use_tool=refuser(spec.name, plan.profile_label, state),
             output_format=output_format,
             env=self._environment(spec, run_id),
             cwd=str(self._cwd or self.home),
@@ -568,7 +338,7 @@ class ClaudeAgentRuntime(RuntimeBase):
         )
 
     async def _drive(
-        self, prompt: str, options: ClaudeAgentOptions, state: _RunState
+        self, prompt: str, options: ClaudeAgentOptions, state: RunState
     ) -> AgentRunError | None:
         from claude_agent_sdk import (
             CanUseToolShadowedWarning,
@@ -587,7 +357,9 @@ class ClaudeAgentRuntime(RuntimeBase):
         except CLINotFoundError as exc:
             raise ConfigurationError(f"the Claude Code CLI was not found: {exc}") from exc
         except ClaudeSDKError as exc:
-            return _error_from_exception(exc, state)
+            return error_from_exception(
+                exc, assistant_error=state.assistant_error, stderr=state.stderr
+            )
         except Exception as exc:
             # The SDK raises bare Exceptions too (a control request that timed out, say): the
             # run failed, which is data; the traceback goes to the log in case it is a bug.
@@ -598,7 +370,7 @@ class ClaudeAgentRuntime(RuntimeBase):
     def _result(
         self,
         spec: AgentSpec,
-        state: _RunState,
+        state: RunState,
         error: AgentRunError | None,
         output_type: type[OutputT] | None,
         started: float,
@@ -607,7 +379,7 @@ class ClaudeAgentRuntime(RuntimeBase):
         if error is None and result is None:
             error = AgentRunError(ErrorKind.RUNTIME, "the CLI ended without a result")
         if error is None and result.is_error:
-            error = error_from_result(_result_fields(result), assistant_error=state.assistant_error)
+            error = error_from_result(result_fields(result), assistant_error=state.assistant_error)
         output: OutputT | None = None
         if error is None and output_type is not None:
             output, error = _parse_output(output_type, result.structured_output)
@@ -632,68 +404,6 @@ class ClaudeAgentRuntime(RuntimeBase):
             permission_denials=tuple(denials),
             model=state.model or spec.model,
         )
-
-
-def _sdk_tool(tool: ToolSpec) -> SdkMcpTool[Any]:
-    """The SDK tool for a ToolSpec: validated arguments in, text or an ``is_error`` result out."""
-    from claude_agent_sdk import tool as sdk_tool
-
-    schema = dict(tool.json_schema())
-    # The SDK reads a dict without "type"/"properties" as a {name: python type} mapping.
-    schema.setdefault("type", "object")
-    schema.setdefault("properties", {})
-
-    async def handler(arguments: dict[str, Any]) -> dict[str, Any]:
-        try:
-            validated = tool.validate_arguments(arguments)
-        except ValidationError as exc:
-            return _tool_error(f"Invalid arguments for tool {tool.name!r}: {exc}")
-        try:
-            text = await tool.handler(validated)
-        except ToolError as exc:
-            return _tool_error(str(exc) or "tool error")
-        except Exception as exc:  # the model sees the failure and can recover
-            log.warning("tool_handler_failed", tool=tool.name, error=repr(exc))
-            return _tool_error(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-        return {"content": [{"type": "text", "text": text if isinstance(text, str) else str(text)}]}
-
-    decorated: SdkMcpTool[Any] = sdk_tool(tool.name, tool.description, schema)(handler)
-    return decorated
-
-
-def _tool_error(message: str) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": message}], "is_error": True}
-
-
-def _refuser(agent: str, profile_label: str, state: _RunState) -> CanUseTool:
-    """The ``can_use_tool`` callback: every call that reaches it is outside the profile."""
-    from claude_agent_sdk import PermissionResultDeny
-
-    async def can_use_tool(
-        tool_name: str, tool_input: dict[str, Any], context: ToolPermissionContext
-    ) -> PermissionResultDeny:
-        name = state.display_name(tool_name)
-        state.denied.append(name)
-        log.info("tool_denied", agent=agent, tool=name, profile=profile_label)
-        reason = f" ({context.decision_reason})" if context.decision_reason else ""
-        return PermissionResultDeny(
-            message=(
-                f"Permission denied: agent {agent!r} may not use tool {name!r} under its "
-                f"permission profile {profile_label}{reason}. Continue without this tool."
-            )
-        )
-
-    return can_use_tool
-
-
-def _result_fields(result: Any) -> dict[str, Any]:
-    return {
-        "subtype": result.subtype,
-        "terminal_reason": result.terminal_reason,
-        "api_error_status": result.api_error_status,
-        "errors": result.errors,
-        "result": result.result,
-    }
 
 
 def _parse_output(

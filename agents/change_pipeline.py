@@ -1,0 +1,329 @@
+"""``ChangePipeline``: one change, proven or undone (the path cycles and self-edits share).
+
+::
+
+    plan: the exact bytes of each action              invalid: done ("invalid_proposal")
+      -> eval suites loaded and run BEFORE the change (without a suite: the sample query),
+         recorded apart from production runs; everything already passing: done
+         ("not_reproduced", nothing could be shown to help)
+      -> gates per action, every verdict recorded     all refused: done ("refused")
+      -> apply the accepted changes as one group
+      -> reload, the same run AFTER, compare (without a suite: the weaker check, see
+         ``agents.cycle_verification``)
+      -> keep (a new detection baseline, unless only the weaker check spoke for the change:
+         see ``agents.cycle_verification.fresh_baselines``)
+         or  roll back the whole group (why, with the scores)
+
+Verification runs that fail transiently (rate limit, overload) are run again: the weather of
+the API is not what a change is judged on. Any exception after the apply rolls the group back
+before it propagates, so a crash in verification never leaves an unproven change in place.
+Every step is recorded as a ``CycleEvent`` of the cycle it belongs to (``CycleRecorder``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
+
+from agents.cycle import CycleRecorder, CycleStatus
+from agents.cycle_verification import (
+    NEW_BASELINE,
+    BeforeRun,
+    CycleVerifier,
+    fresh_baselines,
+    not_reproduced_reason,
+    passes_everything,
+)
+from agents.self_improver import GatedAction, InvalidProposal, SelfImprover
+from agents.team import AgentTeam
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.safety import Gate, GateVerdict, ProposedChange
+from infrastructure.errors import AgentmendError
+from infrastructure.evaluation.evals import EvalSuite
+from infrastructure.evaluation.verification import VerificationVerdict
+from infrastructure.models import ImprovementAction
+from infrastructure.monitoring.detection import IssueDetector
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from infrastructure.spec import AgentSpec
+
+__all__ = ["ChangePipeline", "Outcome", "record_invalid"]
+
+Outcome = tuple[CycleStatus, str | None]
+"""How a cycle's body ended: its status and, when it did not keep a change, why."""
+
+_CHANGING: ContextVar[bool] = ContextVar("agentmend_changing", default=False)
+"""Set while this task makes a change (plan to keep or roll back): nested changes are refused."""
+
+
+class ChangePipeline:
+    """Makes changes one at a time: plans, gates, applies, verifies, keeps or rolls back.
+
+    One per orchestrator: its lock is what makes that orchestrator's cycles and self-edits take
+    turns.
+    """
+
+    def __init__(
+        self,
+        *,
+        team: AgentTeam,
+        monitor: PerformanceMonitor,
+        detector: IssueDetector,
+        manager: ImprovementManager,
+        improver: SelfImprover,
+        verifier: CycleVerifier,
+        gates: Sequence[Gate],
+    ) -> None:
+        self.team = team
+        self.monitor = monitor
+        self.detector = detector
+        self.manager = manager
+        self.improver = improver
+        self.verifier = verifier
+        self.gates = gates
+        self._lock = asyncio.Lock()
+
+    async def run(
+        self,
+        rec: CycleRecorder,
+        actions: Sequence[ImprovementAction],
+        agent: str,
+        *,
+        applied_by: str = "self-improver",
+    ) -> Outcome:
+        """Plan, run before, gate, apply, verify, keep or roll back: one change at a time.
+
+        Cycles and self-edits of this orchestrator take turns here, so the budget gate and the
+        verification of one never see another's half-made change. A self-edit asked for from
+        inside a change being made (an agent's verification run calling its tool) is refused
+        rather than waiting for the change that waits for it.
+        """
+        if _CHANGING.get():
+            return "error", (
+                "another change is being verified in this task; a change cannot be made from "
+                "inside it"
+            )
+        async with self._lock:
+            token = _CHANGING.set(True)
+            try:
+                return await self._plan_and_gate(rec, actions, agent, applied_by)
+            finally:
+                _CHANGING.reset(token)
+
+    async def _plan_and_gate(
+        self,
+        rec: CycleRecorder,
+        actions: Sequence[ImprovementAction],
+        agent: str,
+        applied_by: str,
+    ) -> Outcome:
+        # the exam is fixed before anything can change it
+        try:
+            suites = self.verifier.load_suites([a.target_agent for a in actions])
+        except AgentmendError as exc:
+            return "error", f"cannot load an eval suite: {exc}"
+        try:
+            planned = self.improver.plan_all(actions)
+        except InvalidProposal as exc:
+            return await record_invalid(rec, exc, agent)
+        targets = _targets([item.change for item in planned if item.change is not None])
+        before = await self.verifier.run_before(targets, suites)
+        if before and len(before) == len(targets) and all(map(passes_everything, before.values())):
+            # nothing fails on the agent's own cases (or its sample query), so no change could
+            # be shown to help: do not write one only to roll it back (and spend the budget)
+            return "not_reproduced", not_reproduced_reason(before)
+        gated = await self.improver.gate_all(planned, on_verdict=self._verdict_recorder(rec))
+        accepted = [item for item in gated if item.accepted]
+        if not accepted:
+            return "refused", _refusals(gated)
+        changes = [item.change for item in accepted if item.change is not None]
+        targets = _targets(changes)
+        before = {name: run for name, run in before.items() if name in targets}
+        return await self._apply_and_verify(
+            rec, changes, targets, suites, before, agent, applied_by
+        )
+
+    async def _apply_and_verify(
+        self,
+        rec: CycleRecorder,
+        changes: list[ProposedChange],
+        targets: dict[str, AgentSpec | None],
+        suites: dict[str, EvalSuite | None],
+        before: dict[str, BeforeRun],
+        agent: str,
+        applied_by: str,
+    ) -> Outcome:
+        try:
+            records = self.improver.apply(changes, applied_by=applied_by)
+        except AgentmendError as exc:  # the manager wrote nothing (or put it all back)
+            return "error", f"could not apply: {exc}"
+        change_ids = [record.change_id for record in records]
+        try:
+            await rec.emit(
+                "change_applied",
+                agent,
+                f"applied {len(records)} change(s) to {', '.join(sorted(targets))}",
+                change_ids=change_ids,
+                group_id=records[0].group_id,
+                paths=[edit.path for change in changes for edit in change.edits],
+            )
+            verdicts = await self._verify(targets, suites, before, rec)
+            rejected = {name: v for name, v in verdicts.items() if not v.accepted}
+            # a keep proven only by the weaker check keeps the old detection baseline (see
+            # fresh_baselines): production traffic is then still judged against the agent's
+            # behaviour before the fault, which is what catches a fix one query misjudged
+            fresh = fresh_baselines(verdicts, self.team)
+            if not rejected:
+                summary = {name: v.model_dump(mode="json") for name, v in verdicts.items()}
+                self.manager.mark_kept(
+                    change_ids[0],
+                    {"cycle_id": rec.cycle_id, "verdicts": summary, NEW_BASELINE: fresh},
+                )
+        except BaseException as exc:  # nothing unproven stays applied, whatever went wrong
+            why = f"error after the change was applied: {type(exc).__name__}: {exc}"
+            await self._roll_back(rec, change_ids, why, targets)
+            raise
+        if rejected:
+            reason = "verification failed: " + "; ".join(
+                f"{name}: {verdict.reason}" for name, verdict in rejected.items()
+            )
+            await self._roll_back(rec, change_ids, reason, targets, verdicts)
+            return "rolled_back", None
+        await self._keep(rec, agent, change_ids, targets, verdicts, fresh)
+        return "kept", None
+
+    def _verdict_recorder(
+        self, rec: CycleRecorder
+    ) -> Callable[[int, ProposedChange | None, GateVerdict | None, str | None], Awaitable[None]]:
+        counts: dict[int, int] = {}
+        total = len(self.gates)
+
+        async def on_verdict(
+            index: int,
+            change: ProposedChange | None,
+            verdict: GateVerdict | None,
+            error: str | None,
+        ) -> None:
+            counts[index] = counts.get(index, 0) + (verdict is not None)
+            action = change.action if change is not None else None
+            accepted = verdict is not None and verdict.passed and counts[index] == total
+            message = (
+                f"{verdict.gate}: {'passed' if verdict.passed else 'refused'}: {verdict.reason}"
+                if verdict is not None
+                else f"not gated: {error}"
+            )
+            await rec.emit(
+                "gate_checked",
+                action.target_agent if action is not None else None,
+                message,
+                index=index,
+                action=action.model_dump(mode="json") if action is not None else None,
+                diff=change.diff if change is not None else "",
+                paths=[e.path for e in change.edits] if change is not None else [],
+                verdict=verdict.model_dump(mode="json") if verdict is not None else None,
+                error=error,
+                accepted=accepted,
+            )
+
+        return on_verdict
+
+    async def _verify(
+        self,
+        targets: dict[str, AgentSpec | None],
+        suites: dict[str, EvalSuite | None],
+        before: dict[str, BeforeRun],
+        rec: CycleRecorder,
+    ) -> dict[str, VerificationVerdict]:
+        specs = self.team.reload()
+        verdicts: dict[str, VerificationVerdict] = {}
+        for name in targets:
+            verdict = await self.verifier.verify(
+                name, specs.get(name), suites.get(name), before.get(name)
+            )
+            verdicts[name] = verdict
+            await rec.emit(
+                "verification_completed",
+                name,
+                verdict.reason,
+                agent=name,
+                verdict=verdict.model_dump(mode="json"),
+            )
+        return verdicts
+
+    async def _keep(
+        self,
+        rec: CycleRecorder,
+        agent: str,
+        change_ids: list[str],
+        targets: dict[str, AgentSpec | None],
+        verdicts: dict[str, VerificationVerdict],
+        fresh: list[str],
+    ) -> None:
+        for name in fresh:
+            self.detector.on_change_kept(name, self.monitor)
+        kept_old = [name for name in targets if name not in fresh and name in self.team]
+        note = (
+            f" (weaker check only: {', '.join(kept_old)} keep(s) the detection baseline from "
+            "before the change)"
+            if kept_old
+            else ""
+        )
+        await rec.emit(
+            "change_kept",
+            agent,
+            "kept: " + "; ".join(f"{n}: {v.reason}" for n, v in verdicts.items()) + note,
+            change_ids=change_ids,
+            new_baseline=fresh,
+        )
+
+    async def _roll_back(
+        self,
+        rec: CycleRecorder,
+        change_ids: list[str],
+        reason: str,
+        targets: dict[str, AgentSpec | None],
+        verdicts: dict[str, VerificationVerdict] | None = None,
+    ) -> None:
+        self.manager.rollback_by_id(change_ids[0], reason=reason)
+        rec.rolled_back = True
+        self.team.reload()
+        scores = {
+            name: {"before": v.before_score, "after": v.after_score}
+            for name, v in (verdicts or {}).items()
+        }
+        await rec.emit(
+            "change_rolled_back",
+            next(iter(targets), None),
+            reason,
+            change_ids=change_ids,
+            reason=reason,
+            scores=scores,
+        )
+
+
+def _targets(changes: Sequence[ProposedChange]) -> dict[str, AgentSpec | None]:
+    """The agents the changes touch, with their definitions before the change."""
+    targets: dict[str, AgentSpec | None] = {}
+    for change in changes:
+        name = change.action.target_agent
+        if change.new_spec is not None:
+            name = change.new_spec.name
+        targets.setdefault(name, change.old_spec)
+    return targets
+
+
+async def record_invalid(rec: CycleRecorder, exc: InvalidProposal, agent: str) -> Outcome:
+    """Record an unusable proposal; nothing was applied."""
+    await rec.emit("proposal_invalid", exc.agent or agent, str(exc), error=str(exc))
+    return "invalid_proposal", str(exc)
+
+
+def _refusals(gated: Sequence[GatedAction]) -> str:
+    reasons = []
+    for item in gated:
+        refusal = next((v for v in item.verdicts if not v.passed), None)
+        if refusal is not None:
+            reasons.append(f"action {item.index}: {refusal.gate}: {refusal.reason}")
+        elif item.error is not None:
+            reasons.append(f"action {item.index}: {item.error}")
+    return "every action was refused: " + "; ".join(reasons)

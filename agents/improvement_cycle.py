@@ -1,0 +1,237 @@
+"""``ImprovementCycle``: one improvement cycle from the issue to the kept or rolled-back change.
+
+``improve`` is the loop the orchestrator runs for a detected issue::
+
+    analysis (mediator questions the agents)        unusable: done ("analysis_failed")
+      -> proposal (improver)                         none: done ("no_action")
+      -> the change: plan, run before, gate, apply, verify, keep or roll back
+         (``agents.change_pipeline``)
+
+``self_edit`` takes one action an agent asked for (seed 002's self-edit tools) through the same
+change, recorded the same way.
+
+Every step is a ``CycleEvent``: logged with structlog under the step's name, written to the
+store's ``decisions`` table (kind ``cycle.<step>``, the cycle id in the payload), and passed to
+``on_progress``. The ``CycleResult`` is the fold of those events (``agents.cycle.fold_events``),
+so ``replay_cycle(store, cycle_id)`` rebuilds it from the store alone.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+
+import structlog
+
+from agents.ask_agent_tool import AskAgentTool
+from agents.change_pipeline import ChangePipeline, Outcome, record_invalid
+from agents.cycle import (
+    CycleRecorder,
+    CycleResult,
+    CycleStatus,
+    OnProgress,
+    QuestionAnswer,
+    fold_events,
+)
+from agents.cycle_verification import CycleVerifier
+from agents.self_improver import InvalidProposal, SelfImprover
+from agents.socratic_mediator import SocraticMediator, is_failed
+from agents.team import AgentTeam
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.safety import ChangeReviewer, Gate
+from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis
+from infrastructure.monitoring.detection import IssueDetector
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from infrastructure.store import Store
+
+__all__ = ["SELF_EDIT", "ImprovementCycle", "Outcome"]
+
+log = structlog.get_logger(__name__)
+
+SELF_EDIT = "self_edit"
+"""The ``error_type`` (and ``detector``) of the issue a self-edit is recorded under."""
+
+
+class ImprovementCycle:
+    """Runs recorded cycles on the orchestrator's team with the orchestrator's roles.
+
+    It holds the same objects the ``MetaOrchestrator`` exposes (team, detector, manager,
+    mediator, improver, verifier, gates); the orchestrator decides when a cycle runs and keeps
+    the open issues, this class carries a cycle (or a self-edit) from start to finish.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        team: AgentTeam,
+        monitor: PerformanceMonitor,
+        detector: IssueDetector,
+        manager: ImprovementManager,
+        mediator: SocraticMediator,
+        improver: SelfImprover,
+        verifier: CycleVerifier,
+        reviewer: ChangeReviewer,
+        gates: Sequence[Gate],
+        on_progress: OnProgress | None = None,
+    ) -> None:
+        self.store = store
+        self.team = team
+        self.mediator = mediator
+        self.improver = improver
+        self.reviewer = reviewer
+        self.on_progress = on_progress
+        self.changes = ChangePipeline(
+            team=team,
+            monitor=monitor,
+            detector=detector,
+            manager=manager,
+            improver=improver,
+            verifier=verifier,
+            gates=gates,
+        )
+
+    # -- the two ways in -----------------------------------------------------------------------
+
+    async def improve(
+        self, issue: IssueReport, *, settle: Callable[[], object] | None = None
+    ) -> CycleResult:
+        """Diagnose ``issue``, fix, verify, keep or roll back, as one recorded cycle.
+
+        ``settle`` is called once the cycle's body ends (however it ends), before the cycle's
+        end is recorded: the orchestrator forgets the issue there.
+        """
+        return await self.recorded(issue, lambda rec: self._diagnose_and_fix(issue, rec), settle)
+
+    async def self_edit(
+        self, action: ImprovementAction, *, available_agents: list[str]
+    ) -> CycleResult:
+        """Make the self-edit ``action`` as one recorded cycle, from the plan on as a cycle does."""
+        agent = action.target_agent
+        issue = IssueReport(
+            agent_name=agent,
+            error_type=SELF_EDIT,
+            context=f"self-edit of {action.target_field or action.action_type.value} "
+            f"requested by {agent}",
+            available_agents=available_agents,
+            detector=SELF_EDIT,
+            severity=0.0,
+        )
+
+        async def body(rec: CycleRecorder) -> Outcome:
+            self.team.reload()  # the files are the truth, as in a cycle
+            await rec.emit(
+                "actions_proposed",
+                agent,
+                f"1 action: {agent} edits its own {action.target_field or 'definition'}",
+                actions=[action.model_dump(mode="json")],
+                summary=f"self-edit requested by {agent}",
+            )
+            return await self.changes.run(rec, [action], agent, applied_by=f"self-edit:{agent}")
+
+        return await self.recorded(issue, body)
+
+    # -- the record ----------------------------------------------------------------------------
+
+    def role_calls(self) -> int:
+        """Model calls made so far by the mediator, the improver and the reviewer."""
+        reviewer_calls = getattr(self.reviewer, "model_calls", 0)
+        calls = self.mediator.model_calls + self.improver.model_calls
+        return calls + (reviewer_calls if isinstance(reviewer_calls, int) else 0)
+
+    async def recorded(
+        self,
+        issue: IssueReport,
+        body: Callable[[CycleRecorder], Awaitable[Outcome]],
+        settle: Callable[[], object] | None = None,
+    ) -> CycleResult:
+        """Run ``body`` as one recorded cycle: started, its steps, finished (even on error)."""
+        cycle_id = uuid.uuid4().hex[:12]
+        recorder = CycleRecorder(self.store, cycle_id, self.on_progress)
+        started = time.perf_counter()
+        calls_before = self.role_calls()
+        status: CycleStatus = "error"
+        error: str | None = None
+        failure: BaseException | None = None
+        try:
+            await recorder.emit(
+                "cycle_started",
+                issue.agent_name,
+                f"{issue.error_type} on {issue.agent_name}: {issue.context}",
+                issue=issue.model_dump(mode="json"),
+            )
+            status, error = await body(recorder)
+        except BaseException as exc:
+            failure = exc
+            status = "rolled_back" if recorder.rolled_back else "error"
+            error = f"{type(exc).__name__}: {exc}"
+        if settle is not None:
+            settle()
+        try:
+            await recorder.emit(
+                "cycle_finished",
+                issue.agent_name,
+                f"cycle {status}" + (f": {error}" if error else ""),
+                status=status,
+                error=error,
+                model_calls=self.role_calls() - calls_before,
+                duration_ms=(time.perf_counter() - started) * 1000,
+            )
+        except Exception as exc:
+            if failure is None:
+                raise
+            # the first failure is the one worth seeing; this one is only logged
+            log.error("cycle_not_recorded", cycle_id=cycle_id, error=str(exc))
+        if failure is not None:
+            raise failure
+        return fold_events(recorder.events)
+
+    # -- analyse and propose -------------------------------------------------------------------
+
+    async def _diagnose_and_fix(self, issue: IssueReport, rec: CycleRecorder) -> Outcome:
+        analysis = await self._analyse(issue, rec)
+        if is_failed(analysis):
+            return "analysis_failed", analysis.identified_cause
+        try:
+            proposal = await self.improver.propose_plan(analysis)
+        except InvalidProposal as exc:
+            return await record_invalid(rec, exc, analysis.agent_name)
+        await rec.emit(
+            "actions_proposed",
+            analysis.agent_name,
+            f"{len(proposal.actions)} action(s): {proposal.summary}",
+            actions=[action.model_dump(mode="json") for action in proposal.actions],
+            summary=proposal.summary,
+        )
+        if not proposal.actions:
+            return "no_action", None
+        return await self.changes.run(rec, proposal.actions, analysis.agent_name)
+
+    async def _analyse(self, issue: IssueReport, rec: CycleRecorder) -> RootCauseAnalysis:
+        # the files are the truth: read them once per cycle (someone may have edited them), and
+        # rebuild the registry, since agents may have been created or deleted since
+        self.team.reload()
+        self.mediator.ask_agent_tool = AskAgentTool(self.team.ask_agent_registry())
+
+        async def asked(exchange: QuestionAnswer) -> None:
+            await rec.emit(
+                "question_asked",
+                exchange.agent_name,
+                exchange.question,
+                **exchange.model_dump(mode="json"),
+            )
+
+        self.mediator.on_question = asked
+        try:
+            analysis = await self.mediator.analyze_issue(issue)
+        finally:
+            self.mediator.on_question = None
+        await rec.emit(
+            "analysis_completed",
+            analysis.agent_name,
+            f"{analysis.cause_category or 'cause'} ({analysis.confidence_score:.2f}): "
+            f"{analysis.identified_cause}",
+            analysis=analysis.model_dump(mode="json"),
+        )
+        return analysis
