@@ -20,7 +20,7 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from infrastructure.changes.change_log import list_decisions, record_decision
+from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict
 from infrastructure.evaluation.verification import VerificationVerdict
 from infrastructure.llm.base import AgentResult

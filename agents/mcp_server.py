@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import structlog
 from pydantic import Field
 
-from agents.mcp_tools import AgentmendTools, BadRequest, FileArg, ToolOutput
+from agents.mcp_results import ToolOutput
+from agents.mcp_tools import AgentmendTools, BadRequest, FileArg
 from infrastructure.errors import AgentmendError
 
 if TYPE_CHECKING:

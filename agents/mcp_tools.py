@@ -27,7 +27,6 @@ from agents.ask_agent_tool import AskAgentTool
 from agents.code_review import CodeAnalyst, CodeReviewer
 from agents.cycle import QuestionAnswer
 from agents.mcp_results import (
-    MAX_TEXT_CHARS,
     ToolOutput,
     agent_analysis_output,
     code_smell_output,
@@ -43,7 +42,7 @@ from agents.mcp_results import (
 )
 from agents.team import UnknownAgent
 from agents.workspace import Workspace
-from infrastructure.changes.change_log import list_decisions, record_decision
+from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.code_update.updater import CodeUpdater, FileOperation
 from infrastructure.errors import AgentmendError
@@ -54,7 +53,7 @@ from infrastructure.spec import load_agent_specs
 if TYPE_CHECKING:
     from agents.meta_orchestrator import MetaOrchestrator
 
-__all__ = ["MAX_TEXT_CHARS", "AgentmendTools", "BadRequest", "FileArg", "ToolOutput"]
+__all__ = ["AgentmendTools", "BadRequest", "FileArg"]
 
 log = structlog.get_logger(__name__)
 

@@ -35,7 +35,7 @@ from agents.self_improver import SelfImprover
 from agents.socratic_mediator import SocraticMediator
 from agents.supervisor import Supervisor
 from agents.team import AgentTeam
-from infrastructure.changes.change_log import record_decision
+from infrastructure.changes.decisions import record_decision
 from infrastructure.changes.gates import default_gates
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate, Principal

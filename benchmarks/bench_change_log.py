@@ -48,7 +48,7 @@ ACTION = ImprovementAction(
     rationale="answers lacked sources",
     confidence_score=0.85,
 )
-PROMPT = ("---\nname: writer\nmodel: claude-sonnet-4-5\n---\n" + "Write clearly. " * 140).encode()
+PROMPT = ("---\nname: writer\nmodel: claude-sonnet-4-6\n---\n" + "Write clearly. " * 140).encode()
 
 
 def median_us(fn: Callable[[int], object], reps: int) -> tuple[float, float]:

@@ -21,10 +21,11 @@ from pydantic import BaseModel, Field
 
 from infrastructure.errors import ConfigurationError, ErrorKind
 from infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec
-from infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime, error_from_result
+from infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
+from infrastructure.llm.claude_sdk_errors import error_from_result
 from infrastructure.spec import AgentSpec, PermissionProfile
 
-SONNET = "claude-sonnet-4-5"
+SONNET = "claude-sonnet-4-6"
 BUNDLED_CLI = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
 ASK = "mcp__agentmend__ask_agent"
 

@@ -308,7 +308,7 @@ def options(fake_api: FakeMessagesAPI, home: str, hooks: Any) -> ClaudeAgentOpti
     return ClaudeAgentOptions(
         env=env,
         cwd=home,
-        model="claude-sonnet-4-5",
+        model="claude-sonnet-4-6",
         system_prompt=LEAD,
         tools=["Agent"],
         allowed_tools=["Agent", "mcp__team__lookup"],

@@ -26,8 +26,8 @@ from tiny_project import (
 )
 
 from agents.code_review import CodeReviewer
-from infrastructure.changes.change_log import list_decisions, list_plans, save_plan, update_plan
 from infrastructure.changes.change_protocol import FileEntry
+from infrastructure.changes.decisions import list_decisions, list_plans, save_plan, update_plan
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.code_update.code_plans import PlanPaths
 from infrastructure.code_update.unified_diff import DiffError, apply_patch, parse_unified_diff

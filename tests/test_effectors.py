@@ -15,7 +15,7 @@ from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.simulation import AVAILABLE_MODELS, copy_team
 from infrastructure.spec import AgentSpec, PermissionProfile, load_agent_specs
 
-MODELS = ("claude-sonnet-4-5", "claude-haiku-4-5", "claude-opus-4-1")
+MODELS = ("claude-sonnet-4-6", "claude-haiku-4-5", "claude-opus-4-6")
 
 ALPHA = """\
 ---
@@ -24,7 +24,7 @@ description: Answers questions about geometry.
 tools:
   - Read
   - Grep
-model: claude-sonnet-4-5
+model: claude-sonnet-4-6
 maxTurns: 5
 agentmend:
   temperature: 0.2
@@ -320,12 +320,12 @@ def test_tool_permission_change_needs_a_known_field(team: Path) -> None:
 def test_model_change_validated_against_available_models(team: Path) -> None:
     change = plan(team, act(ChangeType.MODEL_CHANGE, "model", "claude-haiku-4-5"))
     assert reloaded(change).model == "claude-haiku-4-5"
-    assert change.action.old_value == "claude-sonnet-4-5"
-    assert changed_lines(change) == ["-model: claude-sonnet-4-5", "+model: claude-haiku-4-5"]
+    assert change.action.old_value == "claude-sonnet-4-6"
+    assert changed_lines(change) == ["-model: claude-sonnet-4-6", "+model: claude-haiku-4-5"]
 
 
 def test_model_change_uses_the_simulations_available_models(team: Path) -> None:
-    model = next(name for name in sorted(AVAILABLE_MODELS) if name != "claude-sonnet-4-5")
+    model = next(name for name in sorted(AVAILABLE_MODELS) if name != "claude-sonnet-4-6")
     action = act(ChangeType.MODEL_CHANGE, None, model)
     change = plan_change(
         action, root=team, specs=load_agent_specs(team), available_models=AVAILABLE_MODELS
@@ -339,7 +339,7 @@ def test_model_change_uses_the_simulations_available_models(team: Path) -> None:
         ("claude-2.1", "'claude-2.1' is not available; available models: claude-haiku-4-5"),
         ("", "non-empty name"),
         (None, "non-empty name"),
-        ("claude-sonnet-4-5", "change nothing"),
+        ("claude-sonnet-4-6", "change nothing"),
     ],
 )
 def test_bad_models_are_refused(team: Path, value: Any, match: str) -> None:
@@ -347,8 +347,8 @@ def test_bad_models_are_refused(team: Path, value: Any, match: str) -> None:
 
 
 def test_model_list_is_the_callers(team: Path) -> None:
-    with pytest.raises(InvalidChange, match="available models: claude-opus-4-1"):
-        plan(team, act(ChangeType.MODEL_CHANGE, "model", "claude-haiku-4-5"), ("claude-opus-4-1",))
+    with pytest.raises(InvalidChange, match="available models: claude-opus-4-6"):
+        plan(team, act(ChangeType.MODEL_CHANGE, "model", "claude-haiku-4-5"), ("claude-opus-4-6",))
 
 
 # -- docs ------------------------------------------------------------------------------------
@@ -551,7 +551,7 @@ def test_planning_writes_nothing(team: Path) -> None:
         act(ChangeType.PROMPT_MODIFICATION, None, {"append": "More."}),
         act(ChangeType.PARAMETER_ADJUSTMENT, "max_tokens", 8192),
         act(ChangeType.TOOL_PERMISSION_CHANGE, "tools", {"add": ["Bash"]}),
-        act(ChangeType.MODEL_CHANGE, "model", "claude-opus-4-1"),
+        act(ChangeType.MODEL_CHANGE, "model", "claude-opus-4-6"),
         act(ChangeType.DOCS_EDIT, "docs/new/deep.md", "x"),
         act(ChangeType.AGENT_CREATION, None, NEW_AGENT, agent="gamma"),
         act(ChangeType.AGENT_DELETION, None, None, agent="beta"),

@@ -21,7 +21,7 @@ from agents.meta_orchestrator import MetaOrchestrator
 from agents.playbooks import offline_policies
 from agents.prompt_blocks import extract_block
 from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction, SupervisorReview
-from infrastructure.changes.change_log import list_decisions
+from infrastructure.changes.decisions import list_decisions
 from infrastructure.changes.safety import ProposedChange
 from infrastructure.llm.base import AgentResult, ToolSpec
 from infrastructure.llm.offline import OfflineRuntime

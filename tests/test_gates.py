@@ -37,7 +37,7 @@ from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.settings import Settings
 from infrastructure.spec import AgentSpec, load_agent_specs
 
-MODELS = ("claude-sonnet-4-5", "claude-haiku-4-5")
+MODELS = ("claude-sonnet-4-6", "claude-haiku-4-5")
 USER = Principal(user_id="u-1", name="casey")
 ADMIN_USER = Principal(user_id="u-0", name="root", permissions=frozenset({ADMIN}))
 
@@ -48,7 +48,7 @@ description: Answers questions.
 tools:
   - Read
   - Grep
-model: claude-sonnet-4-5
+model: claude-sonnet-4-6
 ---
 You are alpha.
 """
@@ -58,7 +58,7 @@ WIDE = """\
 name: wide
 description: An agent an admin opened up.
 tools: [Read]
-model: claude-sonnet-4-5
+model: claude-sonnet-4-6
 agentmend:
   permission_profile: open
 ---

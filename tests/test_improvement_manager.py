@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from infrastructure.changes.audit import AuditLog, AuditTransaction
-from infrastructure.changes.change_log import (
-    ChangeLog,
-    StoredFile,
+from infrastructure.changes.change_log import ChangeLog, StoredFile
+from infrastructure.changes.change_protocol import ChangeProtocol
+from infrastructure.changes.decisions import (
     get_plan,
     list_decisions,
     list_plans,
@@ -27,7 +27,6 @@ from infrastructure.changes.change_log import (
     save_plan,
     update_plan,
 )
-from infrastructure.changes.change_protocol import ChangeProtocol
 from infrastructure.changes.improvement_manager import (
     ChangeStatus,
     ChangeType,

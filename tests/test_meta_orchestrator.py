@@ -15,7 +15,7 @@ from agents.meta_orchestrator import MetaOrchestrator
 from agents.playbooks import offline_policies
 from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction
 from agents.team import AgentTeam
-from infrastructure.changes.change_log import list_decisions
+from infrastructure.changes.decisions import list_decisions
 from infrastructure.llm.base import AgentResult
 from infrastructure.llm.offline import OfflineRuntime
 from infrastructure.llm.testing import ScriptedRuntime, Step

@@ -469,7 +469,7 @@ def _analysis(
 def _cfg(**changes: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "name": "a",
-        "model": "claude-sonnet-4-5",
+        "model": "claude-sonnet-4-6",
         "max_tokens": 2048,
         "timeout_s": 90.0,
         "max_turns": 8,
@@ -489,8 +489,8 @@ NEED = "those answers needed about 2548 output tokens, 2999 at most, so a max_to
     [
         (_cfg(), None, 4864),  # 3840 * 1.25 = 4800 -> 4864 beats 2 x 2048
         (_cfg(max_tokens=4000), None, 8192),  # 2 x 4000, rounded up to 256
-        (_cfg(max_tokens=20000), {"claude-sonnet-4-5": 32000}, 32000),  # capped
-        (_cfg(max_tokens=32000), {"claude-sonnet-4-5": 32000}, None),  # nothing left
+        (_cfg(max_tokens=20000), {"claude-sonnet-4-6": 32000}, 32000),  # capped
+        (_cfg(max_tokens=32000), {"claude-sonnet-4-6": 32000}, None),  # nothing left
     ],
 )
 def test_truncation_values(config: dict[str, Any], limits: Any, expected: int | None) -> None:
@@ -528,16 +528,17 @@ def test_tool_plan_adds_only_what_is_missing() -> None:
 
 
 def test_model_plan_prefers_served_and_same_family() -> None:
-    quote = "The API rejected 4 runs before I could start: model 'claude-sonnet-4-6' was not found (404)."  # noqa: E501
+    # claude-sonnet-4-5 stands for a retired model here (it is deprecated in the SDK)
+    quote = "The API rejected 4 runs before I could start: model 'claude-sonnet-4-5' was not found (404)."  # noqa: E501
     analysis = _analysis("model_unavailable", [quote])
-    config = _cfg(model="claude-sonnet-4-6")
-    models = ["claude-opus-4-1", "claude-sonnet-4-6", "claude-haiku-4-5", "claude-sonnet-4-5"]
-    assert plan_for(analysis, config, models).actions[0].new_value == "claude-sonnet-4-5"
+    config = _cfg(model="claude-sonnet-4-5")
+    models = ["claude-opus-4-6", "claude-sonnet-4-5", "claude-haiku-4-5", "claude-sonnet-4-6"]
+    assert plan_for(analysis, config, models).actions[0].new_value == "claude-sonnet-4-6"
     served = _analysis(
         "model_unavailable", [quote, "The models the API serves are: claude-haiku-4-5."]
     )
     assert plan_for(served, config, models).actions[0].new_value == "claude-haiku-4-5"
-    assert plan_for(analysis, config, ["claude-sonnet-4-6"]).actions == []
+    assert plan_for(analysis, config, ["claude-sonnet-4-5"]).actions == []
 
 
 def test_format_plan_appends_the_quoted_instruction_else_a_built_one() -> None:

@@ -28,7 +28,7 @@ REVIEWER = """\
 name: code-reviewer
 description: "Expert code reviewer. Use proactively after code changes."
 tools: Read, Grep, Glob   # read-only on purpose
-model: claude-sonnet-4-5
+model: claude-sonnet-4-6
 maxTurns: 12
 
 color: blue
@@ -129,7 +129,7 @@ def test_reviewer_loads_every_field(tmp_path: Path) -> None:
     assert spec.name == "code-reviewer"
     assert spec.description == "Expert code reviewer. Use proactively after code changes."
     assert spec.tools == ("Read", "Grep", "Glob")
-    assert spec.model == "claude-sonnet-4-5"
+    assert spec.model == "claude-sonnet-4-6"
     assert spec.max_turns == 12
     assert spec.temperature == 0.2
     assert spec.max_tokens == 1024
@@ -200,7 +200,7 @@ def test_spec_built_in_code_renders_a_file_that_loads_back(tmp_path: Path) -> No
         name="planner",
         description="Plans work.",
         tools=("Read", "Grep"),
-        model="claude-opus-4-1",
+        model="claude-opus-4-6",
         max_turns=5,
         system_prompt="Plan first.\n\nThen act.",
         temperature=0.0,
@@ -235,7 +235,7 @@ def test_spec_built_in_code_renders_a_file_that_loads_back(tmp_path: Path) -> No
         ),
         (
             {"model": "claude-haiku-4-5"},
-            ["model: claude-sonnet-4-5\n"],
+            ["model: claude-sonnet-4-6\n"],
             ["model: claude-haiku-4-5\n"],
         ),
         ({"max_turns": 30}, ["maxTurns: 12\n"], ["maxTurns: 30\n"]),
@@ -673,7 +673,7 @@ def test_to_agent_definition(tmp_path: Path) -> None:
     assert definition.prompt == spec.full_system_prompt
     assert "<agent_docs>\n# docs/README.md\nHouse rules.\n</agent_docs>" in definition.prompt
     assert definition.tools == ["Read", "Grep", "Glob"]
-    assert definition.model == "claude-sonnet-4-5"
+    assert definition.model == "claude-sonnet-4-6"
     assert definition.maxTurns == 12
     assert definition.disallowedTools == ["Write", "Edit"]
     assert definition.skills == ["review"]

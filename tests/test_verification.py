@@ -42,7 +42,7 @@ def spec(version: str) -> AgentSpec:
         name="solver",
         description="answers maths questions",
         system_prompt=version,
-        model="claude-sonnet-4-5",
+        model="claude-sonnet-4-6",
         max_tokens=1024,
     )
 

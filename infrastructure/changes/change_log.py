@@ -19,17 +19,7 @@ from datetime import datetime
 from typing import Any
 from uuid import uuid4
 
-from infrastructure.changes.decisions import (
-    Decision,
-    Plan,
-    get_plan,
-    list_decisions,
-    list_plans,
-    migrate_plan_tables,
-    record_decision,
-    save_plan,
-    update_plan,
-)
+from infrastructure.changes.decisions import migrate_plan_tables
 from infrastructure.models import (
     ChangeRecord,
     ChangeStatus,
@@ -39,19 +29,7 @@ from infrastructure.models import (
 )
 from infrastructure.store import Store
 
-__all__ = [
-    "ChangeLog",
-    "ChangeRow",
-    "Decision",
-    "Plan",
-    "StoredFile",
-    "get_plan",
-    "list_decisions",
-    "list_plans",
-    "record_decision",
-    "save_plan",
-    "update_plan",
-]
+__all__ = ["ChangeLog", "ChangeRow", "StoredFile"]
 
 _CHANGE_MIGRATIONS = [
     """

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from infrastructure.changes.change_log import Plan
+from infrastructure.changes.decisions import Plan
 from infrastructure.changes.safety import FileEdit, GateVerdict, ProposedChange
 from infrastructure.code_update.code_validation import ValidationReport
 from infrastructure.code_update.unified_diff import DiffError, apply_patch, parse_unified_diff

@@ -42,7 +42,7 @@ from uuid import uuid4
 
 import structlog
 
-from infrastructure.changes.change_log import (
+from infrastructure.changes.decisions import (
     get_plan,
     list_plans,
     record_decision,

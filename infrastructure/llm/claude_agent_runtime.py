@@ -105,7 +105,6 @@ __all__ = [
     "RUN_MARKER_ENV",
     "SERVER_NAME",
     "ClaudeAgentRuntime",
-    "error_from_result",
 ]
 
 log = structlog.get_logger(__name__)
