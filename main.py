@@ -196,7 +196,7 @@ class Session:
         settings = self.workspace.settings
         self.console.print(
             Text(
-                f"agentmend: {len(self.orchestrator.team.names)} agents from "
+                f"agentmend: {_count(len(self.orchestrator.team.names), 'agent')} from "
                 f"{self.workspace.team_dir}, provider {settings.provider}, workspace "
                 f"{self.workspace.path}; detection starts after a baseline of "
                 f"{settings.baseline_n} runs per agent. Type /help for commands.",
@@ -407,6 +407,10 @@ class Session:
 
     async def help(self, _: list[str]) -> None:
         self.console.print(HELP.format(faults=", ".join(k.value for k in FaultKind)))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _on_off(args: list[str], command: str, console: Console) -> bool | None:

@@ -214,7 +214,7 @@ def test_the_anthropic_provider_runs_your_own_agents_for_real(
         ANTHROPIC_BASE_URL=fake_api.base_url,
     )
     assert done.returncode == 0, done.stderr
-    assert "provider anthropic" in done.stdout
+    assert "provider anthropic" in " ".join(done.stdout.split())
     assert "2 + 2 = 4" in done.stdout
     (request,) = fake_api.message_requests()
     assert request.model == "claude-haiku-4-5"
@@ -232,3 +232,31 @@ def test_a_late_yes_is_not_sent_to_the_team_as_a_question(tmp_path: Path) -> Non
     assert "no answer in time: counted as no" in s.output
     assert "no question is waiting for a yes/no answer" in s.output
     assert "Q: y" not in s.output
+
+
+@pytest.mark.slow
+def test_the_claude_agent_sdk_provider_runs_your_agents_through_the_cli(
+    tmp_path: Path, fake_api: FakeMessagesAPI
+) -> None:
+    agents_dir = tmp_path / "my-agents"
+    agents_dir.mkdir()
+    (agents_dir / "arithmetic.md").write_text(
+        "---\nname: arithmetic\ndescription: Adds numbers.\nmodel: claude-haiku-4-5\n"
+        "tools: []\n---\nYou add numbers and answer with the sum only.\n"
+    )
+    fake_api.set_fallback(Reply.text("2 + 2 = 4, said the CLI."))
+    done = _run(
+        ["--provider", "claude-agent-sdk", "--agents", str(agents_dir), "--workspace", "ws"],
+        "What is 2+2?\n/quit\n",
+        tmp_path,
+        ANTHROPIC_API_KEY="test-key",
+        ANTHROPIC_BASE_URL=fake_api.base_url,
+    )
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())
+    assert "1 agent from" in out
+    assert "provider claude-agent-sdk" in out
+    assert "2 + 2 = 4, said the CLI." in out
+    requests = fake_api.message_requests()
+    assert requests  # the bundled CLI really called the Messages API
+    assert any("You add numbers" in str(r.json.get("system")) for r in requests)
