@@ -164,7 +164,7 @@ class SelfImprover:
         manager: applies and rolls back changes (and keeps the budget).
         root: the team's definition directory.
         gates: the gates every change passes, in order
-        (``infrastructure.changes.gates.default_gates``).
+            (``infrastructure.changes.gates.default_gates``).
         principal: who the changes are made for (the role gate judges against them).
         available_models: the models a model change may choose.
         spec: the improver's definition (default: the shipped one).

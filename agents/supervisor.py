@@ -1,11 +1,10 @@
 """``Supervisor``: a separate review of one concrete change before it is applied (seed 001).
 
 It implements ``infrastructure.changes.safety.ChangeReviewer`` so the ``SupervisorGate`` can call
-it:
-the supervisor's definition runs on the roles' runtime with the ``<proposed_change>`` block
-(the action, the exact diff, the agent's configuration before and after, the paths) and must
-answer with a ``SupervisorReview``. Anything else (a failed run, no structured verdict, a
-misconfigured runtime) is a refusal: a change nobody could review is not made.
+it: the supervisor's definition runs on the roles' runtime with the ``<proposed_change>`` block (the
+action, the exact diff, the agent's configuration before and after, the paths) and must answer with
+a ``SupervisorReview``. Anything else (a failed run, no structured verdict, a misconfigured runtime)
+is a refusal: a change nobody could review is not made.
 
 The improver wrote the rationale, the new values and the diff, from an analysis of agents'
 answers, so they may carry text aimed at the reviewer ("approve this", "ignore previous

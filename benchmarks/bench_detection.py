@@ -10,17 +10,15 @@ on simulated agents whose durations are log-normal (median 1 s, log-sd 0.4):
   runs after the change up to and including the first alarm (checked after every run), the
   zero-state delay, since the change comes as the baseline fills.
 
-The yardstick is the optimal CUSUM for the same false-alarm rate: a Bernoulli CUSUM that knows
-the true p0 and p1, with its threshold set for an in-control ARL of exactly 1,000 (interpolated
-between the two integer thresholds around it), its delay computed exactly
+The yardstick is the optimal CUSUM for the same false-alarm rate: a Bernoulli CUSUM that knows the
+true p0 and p1, with its threshold set for an in-control ARL of exactly 1,000 (interpolated between
+the two integer thresholds around it), its delay computed exactly
 (``infrastructure.monitoring.cusum.bernoulli_arl``). The statistical detector has to estimate p0
-from its
-500-run baseline and is tuned to one shift for both drops, so its ratio to that optimum shows
-what not knowing them costs. Goals: at most 1 false alarm per 1,000 runs at every healthy rate;
-delay within 1.1x of the optimum. Seeded; about a minute. Run:
-``.venv/bin/python benchmarks/bench_detection.py [--agents 100 --runs 10000 --trials 1500]``;
-``--failure-share`` and ``--relative-drop`` measure the statistical detector with other settings
-(its defaults otherwise).
+from its 500-run baseline and is tuned to one shift for both drops, so its ratio to that optimum
+shows what not knowing them costs. Goals: at most 1 false alarm per 1,000 runs at every healthy
+rate; delay within 1.1x of the optimum. Seeded; about a minute. Run: ``.venv/bin/python
+benchmarks/bench_detection.py [--agents 100 --runs 10000 --trials 1500]``; ``--failure-share`` and
+``--relative-drop`` measure the statistical detector with other settings (its defaults otherwise).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The crash-safe protocol that changes files under a root and puts their old bytes back.
 
 :class:`~infrastructure.changes.improvement_manager.ImprovementManager` is the API; this module is
-what
-makes its file changes safe to kill at any instant. Every step that touches a root runs under
+what makes its file changes safe to kill at any instant. Every step that touches a root runs under
 an exclusive ``flock`` on ``<root>/.agent/agentmend.lock``, held from the hash check to the last
 write so two processes (or threads) never interleave on a root's files.
 

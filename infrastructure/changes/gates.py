@@ -10,8 +10,7 @@
    the verdict says so.
 
 ``default_gates`` builds them in that order; ``infrastructure.changes.safety.run_gates`` runs them
-and
-stops at the first refusal. Every gate answers with a ``GateVerdict`` (a refusal is data the
+and stops at the first refusal. Every gate answers with a ``GateVerdict`` (a refusal is data the
 cycle records), and a gate that cannot decide refuses: a change nobody could judge is not made.
 
 Role rules (``RoleGate``)

@@ -13,14 +13,11 @@ them later (kept or rolled back); FAILED and PENDING changes never count.
 ``can_make_improvement`` also refuses after 3 or more rollbacks among the 5 newest changes of
 the durable history: instability outlives a process.
 
-Files
------
-``apply``, ``apply_group`` and the rollback of a change with files go through
+Files ----- ``apply``, ``apply_group`` and the rollback of a change with files go through
 :class:`~infrastructure.changes.change_protocol.ChangeProtocol`: under the root's lock, the intent
-is
-recorded and synced before any file is written, so a process killed at any instant loses no
-acknowledged change and leaves no file half-written; the next open settles what it left. A
-change logged with ``log_change`` has no file behind it and rolls back as a status change.
+is recorded and synced before any file is written, so a process killed at any instant loses no
+acknowledged change and leaves no file half-written; the next open settles what it left. A change
+logged with ``log_change`` has no file behind it and rolls back as a status change.
 """
 
 from __future__ import annotations

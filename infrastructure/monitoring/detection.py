@@ -12,16 +12,15 @@ by construction:
 * a normal CUSUM on log-duration (``cusum_log_duration``), tuned to a 1.5x slowdown,
 
 calibrated (``infrastructure.monitoring.cusum``) so the two together alarm on a healthy agent at
-most
-``false_alarm_rate`` times per run, whatever its healthy success rate. The budget is split 95 %
-to failures and 5 % to durations (``failure_share``): failures are what loses work, and
-durations are the less trustworthy distributionally (heavy tails), so a smaller share there
-also buys robustness. The duration chart's calibration is conservative (it raised 0.03 false
-alarms per 1,000 runs on a 0.1 share), so halving its share costs little in real alarms (0.01)
-and gives the failure chart's threshold that room: about 1-2 % less delay on a failure-rate
-drop, for about 9 % more on a 1.5x slowdown (20 runs instead of 18.5). Detection starts once
-the agent's baseline (its first ``baseline_n`` runs since its last kept change, held by the
-monitor) is full; after an alarm a statistic restarts at 0 against the same baseline.
+most ``false_alarm_rate`` times per run, whatever its healthy success rate. The budget is split 95 %
+to failures and 5 % to durations (``failure_share``): failures are what loses work, and durations
+are the less trustworthy distributionally (heavy tails), so a smaller share there also buys
+robustness. The duration chart's calibration is conservative (it raised 0.03 false alarms per 1,000
+runs on a 0.1 share), so halving its share costs little in real alarms (0.01) and gives the failure
+chart's threshold that room: about 1-2 % less delay on a failure-rate drop, for about 9 % more on a
+1.5x slowdown (20 runs instead of 18.5). Detection starts once the agent's baseline (its first
+``baseline_n`` runs since its last kept change, held by the monitor) is full; after an alarm a
+statistic restarts at 0 against the same baseline.
 
 ``rules`` reproduces seed 003's trigger set (3 consecutive failures; success below 80 % over
 the last 10 runs; mean duration of the last 10 above 1.5x the baseline mean; error rate above

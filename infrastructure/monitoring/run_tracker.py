@@ -1,8 +1,7 @@
 """Timing one agent run into a monitor: a context manager (sync or async) and a decorator.
 
 Apart from :class:`~infrastructure.monitoring.performance_monitor.PerformanceMonitor` because it is
-a
-different concern (turning a block of code into one run) and needs nothing from the monitor but
+a different concern (turning a block of code into one run) and needs nothing from the monitor but
 its ``record`` method; ``PerformanceMonitor.track`` is the way to get one.
 """
 
