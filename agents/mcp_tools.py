@@ -7,7 +7,10 @@ wrong (``BadRequest`` for a request that does not fit: a missing field, an unkno
 the server turns those into ``isError`` results. Nothing is written for a request that fails.
 
 Opening is lazy and retried: the first call opens the workspace (``agents.workspace``); if it
-cannot be opened, that call and every later one fail with the problem, until it can. The
+cannot be opened, that call and every later one fail with the problem, until it can. The tools
+that only read (``status``, ``memory``, marked ``readOnlyHint``) open an existing workspace and
+never create one: on a missing folder or store they fail naming it, and write nothing. The
+others (``self_improve``, ``analyze``) create it on first use. The
 provider's runtimes are built the same way: a provider that cannot run (no API key, no SDK) is
 tried again by every call that needs a model, so setting the key later needs no restart; calls
 that need none (``status``, ``memory``, code plans) work meanwhile.
@@ -41,7 +44,7 @@ from agents.mcp_results import (
     status_text,
 )
 from agents.team import UnknownAgent
-from agents.workspace import Workspace
+from agents.workspace import DB_NAME, Workspace
 from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.code_update.updater import CodeUpdater, FileOperation
@@ -116,17 +119,24 @@ class AgentmendTools:
 
     # -- opening ---------------------------------------------------------------------------
 
-    def workspace(self) -> Workspace:
+    def workspace(self, *, create: bool = True) -> Workspace:
         """The open workspace.
 
+        Args:
+            create: make the workspace if it is missing; the read-only tools pass False, so
+                asking for a status never leaves a workspace behind.
+
         Raises:
-            BadRequest: it cannot be opened (settings, folder, store), naming the problem.
+            BadRequest: it cannot be opened (settings, folder, store; without ``create``, a
+                missing folder or store), naming the problem.
         """
         if self._workspace is not None:
             return self._workspace
+        if not create:
+            self._require_existing()
         try:
             settings = self._settings if self._settings is not None else Settings()
-            workspace = Workspace.open(self.workspace_path, settings=settings, create=True)
+            workspace = Workspace.open(self.workspace_path, settings=settings, create=create)
         except Exception as exc:  # any failure to open is reported on every call, not fatal
             problem = str(exc) or type(exc).__name__
             if not isinstance(exc, AgentmendError):
@@ -138,6 +148,22 @@ class AgentmendTools:
         log.info("workspace_opened", path=str(workspace.path), provider=workspace.settings.provider)
         self._build_runtimes()
         return workspace
+
+    def _require_existing(self) -> None:
+        """Refuse before opening when opening would create the folder or the store."""
+        path = self.workspace_path
+        if path.exists() and not path.is_dir():
+            return  # Workspace.open names that problem ("it is a file")
+        if not path.exists():
+            missing = "the folder does not exist"
+        elif not (path / DB_NAME).is_file():
+            missing = f"it has no store ({DB_NAME})"
+        else:
+            return
+        raise BadRequest(
+            f"workspace {path} cannot be opened: {missing}; status and memory only read a "
+            "workspace (self_improve or analyze create one)"
+        )
 
     def _build_runtimes(self) -> str | None:
         """Build the provider's runtimes unless built; the problem if they cannot be (retried
@@ -337,7 +363,7 @@ class AgentmendTools:
     # -- status and memory -----------------------------------------------------------------
 
     async def status(self) -> ToolOutput:
-        workspace = self.workspace()
+        workspace = self.workspace(create=False)
         workspace.monitor.refresh()
         try:
             specs = sorted(load_agent_specs(workspace.team_dir))
@@ -382,7 +408,7 @@ class AgentmendTools:
             raise BadRequest(f"unknown query {query!r}: use history, decisions, audit or config")
         if not 1 <= limit <= 200:
             raise BadRequest(f"limit must be between 1 and 200, got {limit}")
-        workspace = self.workspace()
+        workspace = self.workspace(create=False)
         if query == "history":
             items: Any = [r.to_dict() for r in workspace.manager.get_history(agent, limit)]
             data = {"query": query, "items": items}

@@ -250,6 +250,69 @@ async def test_standard_profile_offers_declared_builtins_but_refuses_the_shell(
     assert not target.exists()
 
 
+SECRET = "TOPSECRET-42"
+
+
+def builtin_call(tool: str, workdir: Path) -> dict[str, Any]:
+    if tool == "Read":
+        return {"file_path": str(workdir / "secret.txt")}
+    return {"pattern": "*.txt", "path": str(workdir)}
+
+
+@pytest.mark.parametrize(
+    ("profile", "tool"),
+    [("locked", "Read"), (PermissionProfile(allow=(), deny=("*",)), "Glob")],
+    ids=["locked-Read", "deny-all-Glob"],
+)
+async def test_a_read_only_builtin_outside_the_profile_is_denied_and_reported(
+    fake_api: FakeMessagesAPI, tmp_path: Path, profile: Any, tool: str
+) -> None:
+    # The CLI approves its read-only tools inside its cwd on its own, without asking
+    # can_use_tool; the profile must still stop them and the denial must be reported.
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "secret.txt").write_text(SECRET + "\n")
+    fake_api.enqueue(
+        Reply.tool_use(tool, builtin_call(tool, workdir)), Reply.text("ok, without it")
+    )
+    spec = make_spec(tools=(tool,), permission_profile=profile)
+    async with ClaudeAgentRuntime(
+        base_url=fake_api.base_url, api_key="k", max_retries=0, home=tmp_path, cwd=workdir
+    ) as rt:
+        result: AgentResult[Any] = await rt.run(spec, "Go.")
+
+    assert result.success, result.error
+    first, second = fake_api.message_requests()
+    assert tool in first.tool_names  # offered: only the profile stands between it and the file
+    assert result.permission_denials == (tool,)
+    [tool_result] = second.tool_results()
+    assert tool_result.get("is_error") is True
+    assert "Permission denied" in result_text(tool_result)
+    assert tool in result_text(tool_result)
+    assert SECRET not in result_text(tool_result)
+    assert "secret.txt" not in result_text(tool_result)
+    [call] = result.tool_calls
+    assert call.is_error
+
+
+async def test_a_read_only_builtin_the_profile_allows_still_runs(
+    fake_api: FakeMessagesAPI, tmp_path: Path
+) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "secret.txt").write_text(SECRET + "\n")
+    fake_api.enqueue(Reply.tool_use("Read", builtin_call("Read", workdir)), Reply.text("read it"))
+    async with ClaudeAgentRuntime(
+        base_url=fake_api.base_url, api_key="k", max_retries=0, home=tmp_path, cwd=workdir
+    ) as rt:
+        result: AgentResult[Any] = await rt.run(make_spec(tools=("Read",)), "Go.")
+
+    assert result.success, result.error
+    assert result.permission_denials == ()
+    [tool_result] = fake_api.message_requests()[1].tool_results()
+    assert SECRET in result_text(tool_result)
+
+
 @pytest.mark.parametrize(
     ("reply", "kind", "status"),
     [

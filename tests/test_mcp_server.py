@@ -199,7 +199,8 @@ async def test_every_bad_request_is_an_error_naming_the_problem_and_writes_nothi
     tools: AgentmendTools, project: Path
 ) -> None:
     async with _client(tools) as client:
-        assert not (await client.call_tool("status", {})).is_error  # the workspace is open
+        # status only reads: the workspace is made by a tool that may write
+        assert not (await client.call_tool("self_improve", {"action": "status"})).is_error
         before = _state(project)
         for tool, arguments, expected in BAD_REQUESTS:
             result = await client.call_tool(tool, arguments)
@@ -281,6 +282,7 @@ async def test_a_workspace_that_cannot_be_opened_makes_every_call_an_error(
                 assert f"workspace {blocked} cannot be opened" in _text(result)
                 assert "is a file" in _text(result)
             blocked.unlink()  # fixed while the server runs: the next call opens it
+            assert not (await client.call_tool("self_improve", {"action": "status"})).is_error
             assert not (await client.call_tool("status", {})).is_error
     finally:
         await tools.aclose()
@@ -454,6 +456,7 @@ async def test_a_provider_that_cannot_run_refuses_reviews_but_status_still_works
     settings = Settings(provider="anthropic", test_command=PYTEST, test_timeout_s=TIMEOUT_S)
     tools = AgentmendTools(project / ".agentmend", project_root=project, settings=settings)
     try:
+        tools.workspace()  # made here: status only reads an existing workspace
         async with _client(tools) as client:
             assert _data(await client.call_tool("status", {}))["provider"] == "anthropic"
             for arguments in ({"agent": "research-agent"}, {"path": "calc/__init__.py"}):
@@ -488,5 +491,33 @@ async def test_a_provider_that_could_not_run_is_tried_again_by_later_calls(
         orchestrator = tools.orchestrator()  # no restart needed (nothing is sent anywhere)
         assert isinstance(orchestrator.roles_runtime, AnthropicRuntime)
         assert isinstance(orchestrator.team.runtime, AnthropicRuntime)
+    finally:
+        await tools.aclose()
+
+
+async def test_the_read_only_tools_never_create_a_workspace(project: Path) -> None:
+    fresh = project / "fresh-ws"
+    tools = AgentmendTools(fresh, project_root=project, settings=Settings())
+    try:
+        async with _client(tools) as client:
+            listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+            for name, arguments in (("status", {}), ("memory", {"query": "config"})):
+                annotations = listed[name].annotations
+                assert annotations is not None
+                assert annotations.read_only_hint is True
+                result = await client.call_tool(name, arguments)
+                assert result.is_error, _text(result)
+                assert f"workspace {fresh} cannot be opened" in _text(result)
+                assert "does not exist" in _text(result)
+                assert not fresh.exists()
+            fresh.mkdir()  # a folder, but no workspace in it: still nothing is written
+            result = await client.call_tool("memory", {"query": "history"})
+            assert result.is_error
+            assert "no store" in _text(result)
+            assert list(fresh.iterdir()) == []
+            # a tool that is not read-only creates it; then the read-only ones read it
+            assert not (await client.call_tool("self_improve", {"action": "status"})).is_error
+            assert (fresh / "agentmend.db").is_file()
+            assert _data(await client.call_tool("status", {}))["workspace"] == str(fresh)
     finally:
         await tools.aclose()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import infrastructure.monitoring.performance_monitor as performance_monitor
-from infrastructure.errors import ConfigurationError
+from infrastructure.errors import ConfigurationError, StoreError
 from infrastructure.models import ExecutionRecord
 from infrastructure.monitoring import agent_window, run_feed, run_tracker
 from infrastructure.monitoring.performance_monitor import (
@@ -509,3 +509,104 @@ def test_runs_are_flushed_at_interpreter_exit(db: Path) -> None:
         timeout=60,
     )
     assert _rows(db) == 25
+
+
+_FAIL_INSERTS = (
+    "CREATE TRIGGER fail_inserts BEFORE INSERT ON executions "
+    "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+)
+
+
+def _sql(path: Path, statement: str) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
+def test_a_close_whose_write_failed_is_retried_by_the_next_close(db: Path) -> None:
+    m = PerformanceMonitor(Store(db), flush_interval_s=3600)
+    _sql(db, _FAIL_INSERTS)
+    for _ in range(5):
+        m.record("a", success=True, duration_ms=1.0)
+
+    with pytest.raises(StoreError, match="5 runs"):
+        m.close()
+    with pytest.raises(MonitorClosed):  # closed all the same: no new runs pile up
+        m.record("a", success=True, duration_ms=1.0)
+    assert _rows(db) == 0
+
+    _sql(db, "DROP TRIGGER fail_inserts")
+    m.close()
+    assert _rows(db) == 5
+    m.close()  # everything written: nothing left to do
+    assert _rows(db) == 5
+
+
+@pytest.mark.parametrize("store_recovers", [True, False], ids=["recovers", "stays-broken"])
+def test_the_exit_hook_retries_a_failed_close_and_logs_runs_it_loses(
+    db: Path, store_recovers: bool
+) -> None:
+    script = (
+        "import sqlite3\n"
+        "from infrastructure.monitoring.performance_monitor import PerformanceMonitor\n"
+        "from infrastructure.store import Store\n"
+        f"db = {str(db)!r}\n"
+        "m = PerformanceMonitor(Store(db), flush_interval_s=3600)\n"
+        "conn = sqlite3.connect(db)\n"
+        f"conn.execute({_FAIL_INSERTS!r}); conn.commit()\n"
+        "for i in range(5):\n"
+        "    m.record('a', success=True, duration_ms=1.0)\n"
+        "try:\n"
+        "    m.close()\n"
+        "except Exception as exc:\n"
+        "    print('first close failed:', type(exc).__name__)\n"
+        f"if {store_recovers!r}:\n"
+        "    conn.execute('DROP TRIGGER fail_inserts'); conn.commit()\n"
+        "conn.close()\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=True,
+        timeout=60,
+        capture_output=True,
+        text=True,
+    )
+    output = done.stdout + done.stderr
+    assert "first close failed: StoreError" in output
+    if store_recovers:
+        assert _rows(db) == 5
+        assert "runs_lost" not in output
+    else:
+        assert _rows(db) == 0
+        assert "close_monitor_failed" in output
+        assert "runs_lost=5" in output
+
+
+def test_rows_of_an_unknown_source_are_skipped_by_refresh_and_load_alike(db: Path) -> None:
+    # A row another version wrote under a source this one does not know may be a run kept
+    # apart on purpose (like verification runs), so it must not feed the metrics either way.
+    insert = (
+        "INSERT INTO executions (agent, source, success, duration_ms, error, input_tokens,"
+        " output_tokens, cost_usd, ts, extra, writer) VALUES"
+        " ('a', '{source}', {success}, 5.0, {error}, 0, 0, 0.0, 0.0, NULL, 'other-process')"
+    )
+    with PerformanceMonitor(Store(db), flush_interval_s=3600) as live:
+        live.record("a", success=True, duration_ms=1.0)
+        live.flush()
+        _sql(db, insert.format(source="replay", success=0, error="'boom'"))
+        _sql(db, insert.format(source="run", success=1, error="NULL"))
+        assert live.refresh() == 1
+        refreshed = live.get_agent_metrics("a")
+    with PerformanceMonitor(Store(db)) as reopened:
+        loaded = reopened.get_agent_metrics("a")
+    assert refreshed is not None
+    assert loaded is not None
+    assert (refreshed.executions, refreshed.failures) == (2, 0)
+    assert (loaded.executions, loaded.failures) == (2, 0)
+    assert refreshed.last_error is None

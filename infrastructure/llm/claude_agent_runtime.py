@@ -11,9 +11,12 @@ How a run is set up:
   ``agentmend``, so the model sees ``mcp__agentmend__<name>``; results and records use the bare
   name. Built-in tools are off (``tools=[]``) unless the spec lists them (``Read``, ``Grep``).
 - Permissions: ``infrastructure.permissions.allowed_tools`` turns the spec's profile into the
-  ``allowed_tools`` list; any other call reaches ``can_use_tool``, which refuses it with a
-  message naming the profile. Refusals are in ``AgentResult.permission_denials`` (a denial is
-  reported, not an error: the agent saw the refusal and carried on).
+  allowed set (the ``allowed_tools`` list, in wire names). A ``PreToolUse`` hook on every tool
+  (``claude_sdk_tools.tool_gate``) denies any call outside that set, built-in or not, with a
+  message naming the profile; ``can_use_tool`` refuses anything the CLI would still ask about.
+  Every refusal is in ``AgentResult.permission_denials`` (a denial is reported, not an error:
+  the agent saw the refusal and carried on). So ``locked`` and a deny-all custom profile refuse
+  ``Read``/``Glob``/``Grep`` too, even when the spec declares them and they are offered.
 - Isolation: no settings files (``setting_sources=[]``), no skills, no other MCP configs,
   no session files (``--no-session-persistence``), thinking off (the Anthropic runtime does not
   think either), ``HOME`` and the working directory in a private temporary directory.
@@ -32,7 +35,12 @@ Wire facts (claude-agent-sdk 0.2.187, CLI 2.1.330, observed against a local fake
   spec's ``temperature`` is ignored by this runtime.
 - A tool named in ``allowed_tools`` is approved before ``can_use_tool`` is asked (the SDK warns
   with ``CanUseToolShadowedWarning``, which is exactly the intent here, so it is filtered).
-  ``StructuredOutput`` is always approved. A refused call shows in
+  ``StructuredOutput`` is always approved. The read-only built-ins (``Read``, ``Glob``,
+  ``Grep``) are approved inside the CLI's working directory without ``can_use_tool`` ever being
+  asked, whatever ``allowed_tools`` says; ``PreToolUse`` hooks run before that approval, and a
+  hook's ``permissionDecision: "deny"`` stops the call (its result reads ``PreToolUse:<tool>
+  hook error: <reason>``). A call to a tool the run does not offer fails with "No such tool
+  available" before any hook. A refused call (by hook or callback) shows in
   ``ResultMessage.permission_denials`` as ``{"tool_name", "tool_use_id", "tool_input"}``.
 - Structured output: ``output_format`` makes the CLI offer ``StructuredOutput`` and validate the
   model's input against the schema itself, retrying up to 5 times (then the result subtype is
@@ -54,8 +62,8 @@ fields only. This runtime adds: structured output missing or not valid for the o
 OUTPUT_INVALID; the run's ``timeout_s`` -> TIMEOUT. A CLI that cannot be found raises
 ``ConfigurationError``: it is the installation's fault, not the agent's. Cancelling the task
 that awaits ``run`` re-raises ``CancelledError`` once the CLI is gone. The run's message-stream
-state is in ``claude_run_state``, the SDK tool adapters and the refusing ``can_use_tool``
-callback in ``claude_sdk_tools``.
+state is in ``claude_run_state``, the SDK tool adapters, the ``PreToolUse`` gate and the
+refusing ``can_use_tool`` callback in ``claude_sdk_tools``.
 """
 
 from __future__ import annotations
@@ -91,7 +99,7 @@ from infrastructure.llm.claude_sdk_errors import (
     error_from_result,
     result_fields,
 )
-from infrastructure.llm.claude_sdk_tools import refuser, sdk_tool
+from infrastructure.llm.claude_sdk_tools import refuser, sdk_tool, tool_gate
 from infrastructure.llm.network_guard import refuse_real_api_under_tests
 from infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME, index_tools
 from infrastructure.permissions import allowed_tools, describe_profile
@@ -325,6 +333,9 @@ class ClaudeAgentRuntime(RuntimeBase):
             mcp_servers=servers,
             strict_mcp_config=True,
             can_use_tool=refuser(spec.name, plan.profile_label, state),
+            hooks={
+                "PreToolUse": [tool_gate(spec.name, plan.profile_label, plan.allowed_wire, state)]
+            },
             output_format=output_format,
             env=self._environment(spec, run_id),
             cwd=str(self._cwd or self.home),
@@ -382,13 +393,6 @@ class ClaudeAgentRuntime(RuntimeBase):
         output: OutputT | None = None
         if error is None and output_type is not None:
             output, error = _parse_output(output_type, result.structured_output)
-        denials = state.denied
-        if result is not None and result.permission_denials:
-            denials = [
-                state.display_name(str(d.get("tool_name", "")))
-                for d in result.permission_denials
-                if isinstance(d, Mapping)
-            ]
         return AgentResult(
             agent_name=spec.name,
             text=state.text,
@@ -400,7 +404,7 @@ class ClaudeAgentRuntime(RuntimeBase):
             duration_ms=(time.perf_counter() - started) * 1000.0,
             stop_reason=result.stop_reason if result is not None else None,
             error=error,
-            permission_denials=tuple(denials),
+            permission_denials=state.denials(),
             model=state.model or spec.model,
         )
 

@@ -1,8 +1,9 @@
 """What one Claude Code CLI run has shown so far, read from the SDK's message stream.
 
 ``RunState`` keeps the last assistant text, the tool calls with their results and timings, the
-refusals, the final ``ResultMessage``, the model, the CLI's synthetic assistant error and the
-tail of its stderr. It is updated message by message, so a run that fails or times out still
+refusals (by tool call id, so our record of a refusal and the CLI's report of the same one count
+once), the final ``ResultMessage``, the model, the CLI's synthetic assistant error and the tail
+of its stderr. It is updated message by message, so a run that fails or times out still
 reports what it did. The CLI emits one ``AssistantMessage`` per content block of a response;
 messages from inside a subagent carry the spawning call's id and are skipped.
 ``claude_agent_sdk`` is imported only inside :meth:`RunState.observe`.
@@ -34,7 +35,7 @@ class RunState:
     text_message_id: str | None = None
     calls: dict[str, ToolCallRecord] = field(default_factory=dict)
     started: dict[str, float] = field(default_factory=dict)
-    denied: list[str] = field(default_factory=list)
+    denied: dict[str, str] = field(default_factory=dict)  # tool call id -> bare tool name
     result: Any = None  # the ResultMessage
     model: str | None = None
     assistant_error: str | None = None
@@ -42,6 +43,22 @@ class RunState:
 
     def display_name(self, wire_name: str) -> str:
         return wire_name.removeprefix(self.tool_prefix)
+
+    def deny(self, call_id: str | None, wire_name: str) -> str:
+        """Note a refused call; returns the tool's bare name."""
+        name = self.display_name(wire_name)
+        self.denied.setdefault(call_id or f"unidentified-{len(self.denied)}", name)
+        return name
+
+    def denials(self) -> tuple[str, ...]:
+        """The refused calls' tool names, in order: ours, then any only the CLI reported."""
+        found = dict(self.denied)
+        reported = getattr(self.result, "permission_denials", None) or ()
+        for denial in reported:
+            if isinstance(denial, Mapping):
+                call_id = str(denial.get("tool_use_id") or f"reported-{len(found)}")
+                found.setdefault(call_id, self.display_name(str(denial.get("tool_name", ""))))
+        return tuple(found.values())
 
     def observe(self, message: Any) -> None:
         from claude_agent_sdk import (

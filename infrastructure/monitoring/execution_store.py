@@ -14,6 +14,11 @@ a restart or another process rebuilds it exactly.
 Each handle writes its rows tagged with its own ``writer`` id, which is how it reads back only
 the rows *other* handles wrote (:meth:`ExecutionStore.read_foreign`): its own were counted when
 they were recorded.
+
+A row whose ``source`` is not one of ``SOURCES`` (written by another version, say) is skipped by
+both readers, :meth:`ExecutionStore.load` and :meth:`ExecutionStore.read_foreign`: it may be a
+run kept apart on purpose, as verification runs are, and counting it as a normal run would let
+it feed detection and baselines. So a restart and a live refresh see the same runs.
 """
 
 from __future__ import annotations
@@ -122,6 +127,7 @@ class ExecutionStore:
         ``active_epoch(agent)`` is the epoch the caller holds active (None if none); every
         agent whose active epoch in the table differs gets its baseline rebuilt, from the rows
         ingested before this call (the returned rows then extend it), all in one snapshot.
+        Rows of an unknown source are skipped, as :meth:`load` skips them.
         """
         conn = self.store.connection()
         conn.execute("BEGIN")  # one snapshot for rows and epochs
@@ -141,12 +147,13 @@ class ExecutionStore:
         if rows:
             self.seen_id = max(self.seen_id, rows[-1][0])
         return [
-            (a, src if src in SOURCES else RUN, bool(ok), d, err, ti, to, c, ts, ex)
+            (a, src, bool(ok), d, err, ti, to, c, ts, ex)
             for _, a, src, ok, d, err, ti, to, c, ts, ex in rows
+            if src in SOURCES
         ], adopted
 
     def load(self, window: int, capacity: int) -> LoadedState:
-        """Rebuild a monitor's state from the tables (one read snapshot)."""
+        """Rebuild a monitor's state from the tables (one snapshot; unknown sources skipped)."""
         conn = self.store.connection()
         conn.execute("BEGIN")
         stats: dict[str, dict[str, AgentStats]] = {source: {} for source in SOURCES}

@@ -17,7 +17,9 @@ commits every ``flush_interval_s`` (default 0.2 s) and is woken early when ``flu
 (default 1000) runs are waiting, so a crash loses at most the runs recorded in the last
 ``flush_interval_s`` plus the time one write takes (longer only while another process holds
 the database lock, up to the store's busy timeout). ``flush()`` and ``close()`` (also run at
-interpreter exit; idempotent) make everything recorded so far durable.
+interpreter exit) make everything recorded so far durable; runs a failed ``close()`` could not
+write are kept and written by the next ``close()``, ``flush()`` or the exit hook, which logs
+how many runs are lost if its write fails too.
 
 Sources: ``record(..., source="verification")`` stores a run apart. Verification runs are
 persisted and have their own metrics (``get_metrics(source="verification")``) but never feed
@@ -465,22 +467,35 @@ class PerformanceMonitor:
             self._write_unwritten()
 
     def close(self) -> None:
-        """Flush, stop the flusher and refuse further runs. Idempotent; also run at exit.
+        """Flush, stop the flusher and refuse further runs. Also run at interpreter exit.
+
+        The monitor is closed even when the final write fails (``record`` refuses from then
+        on), but the runs it could not write are kept: a later ``close()`` (or ``flush()``, or
+        the exit hook) tries the write again, and the exit hook logs how many runs its last
+        try could not save. Once everything is written, close() is a no-op.
 
         A run recorded by another thread *while* close() runs may be refused
         (``MonitorClosed``) or, in a narrow race, dropped: close after the work is done.
+
+        Raises:
+            StoreError: the write failed; the runs stay unwritten, to be retried.
         """
         with self._write_lock:
-            if self._closed:
+            if not self._closed:
+                self._closed = True
+                with self._state_lock:
+                    self._drain()
+                    self._buffer = _ClosedBuffer()
+                self._wake.set()
+            elif not self._unwritten:
                 return
-            self._closed = True
-            with self._state_lock:
-                self._drain()
-                self._buffer = _ClosedBuffer()
-            self._wake.set()
             self._write_unwritten()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
+
+    def _unwritten_count(self) -> int:
+        with self._state_lock:
+            return len(self._unwritten) + len(self._buffer)
 
     def __enter__(self) -> PerformanceMonitor:
         return self
@@ -590,8 +605,10 @@ def _register_for_exit(monitor: PerformanceMonitor) -> None:
 
 
 def _close_all() -> None:
+    # The last chance to write: close() retries runs an earlier close() failed to write, and
+    # whatever still fails is lost with the process, so say how much.
     for monitor in list(_open_monitors):
         try:
             monitor.close()
         except Exception as exc:  # exit goes on for the others
-            log.error("close_monitor_failed", error=str(exc))
+            log.error("close_monitor_failed", error=str(exc), runs_lost=monitor._unwritten_count())
