@@ -14,9 +14,11 @@ An agent's ``permission_profile`` names how much of its tool surface it is trust
   Code rule with a specifier (``"Bash(git log:*)"``) grants part of a tool, which a set of tool
   names cannot say, so it grants nothing here: such calls are refused, never widened.
 
-Runtimes put the result in front of the model (the claude-agent-sdk runtime's ``allowed_tools``;
-every other tool reaches a callback that refuses it), and a gate can reuse the same function to
-ask whether a proposed profile change grants more than the old one (``grants_more_than``).
+Runtimes enforce the result on every call: the shared tool loop refuses a call outside it, and
+the claude-agent-sdk runtime pre-approves it in ``allowed_tools`` and refuses every other tool
+in a ``PreToolUse`` hook (which runs before the CLI's own approval of its read-only tools); each
+refusal is reported as a permission denial. A gate reuses the same function to ask whether a
+proposed profile change grants more than the old one (``grants_more_than``).
 Names are the names an agent definition uses: built-in tools (``Read``, ``Bash``) and agentmend
 tool names (``ask_agent``); mapping them to wire names is the runtime's business.
 """
