@@ -58,12 +58,16 @@ CycleStep = Literal[
     "verification_completed",
     "change_kept",
     "change_rolled_back",
+    "change_rollback_blocked",
     "cycle_finished",
 ]
 
 CycleStatus = Literal[
     "kept",  # a change was applied, verified and kept
     "rolled_back",  # a change was applied and undone (verification failed, or an error)
+    # a change was applied and not kept, but someone edited a file of it meanwhile: that agent's
+    # files are left as they are, its change is FAILED and needs attention; the rest is undone
+    "rollback_blocked",
     "no_action",  # the improver proposed nothing (transient fault, unknown cause)
     "not_reproduced",  # its suite (or else the sample query) passes before any change
     "refused",  # every proposed action was refused by a gate
@@ -121,7 +125,13 @@ class ActionOutcome(_Frozen):
 
 
 class CycleResult(_Frozen):
-    """Everything one cycle did, truthy when a change was kept (seed 003's ``bool``)."""
+    """Everything one cycle did, truthy when a change was kept (seed 003's ``bool``).
+
+    ``rolled_back`` says some of the applied change was undone; ``rollback_blocked`` names the
+    files that were not, because someone edited them after the change was applied (see
+    ``agents.change_pipeline``): they hold that person's edit on top of the unproven change,
+    which is FAILED in the history and needs a person to look at it.
+    """
 
     cycle_id: str
     issue: IssueReport
@@ -136,6 +146,7 @@ class CycleResult(_Frozen):
     verifications: dict[str, VerificationVerdict] = Field(default_factory=dict)
     rolled_back: bool = False
     rollback_reason: str | None = None
+    rollback_blocked: tuple[str, ...] = ()
     error: str | None = None
     model_calls: int = 0
     duration_ms: float = 0.0
@@ -182,6 +193,11 @@ class CycleResult(_Frozen):
             text += f": {self.error}"
         elif self.rollback_reason:
             text += f": {self.rollback_reason}"
+        if self.rollback_blocked:
+            text += (
+                f" (rollback blocked: {', '.join(self.rollback_blocked)} edited since the "
+                "change was applied and left as it is; needs attention)"
+            )
         return text
 
 
@@ -231,7 +247,8 @@ class CycleRecorder:
     """One cycle's events: logged under the step's name, stored, shown, kept for the fold.
 
     Each event is written to the store before it is shown, so a display that fails never
-    loses a step of the record. ``rolled_back`` tells the caller a rollback already happened.
+    loses a step of the record. ``rolled_back`` tells the caller a rollback already happened;
+    ``rollback_blocked`` that one left edited files (their paths) in place.
     """
 
     def __init__(self, store: Store, cycle_id: str, on_progress: OnProgress | None) -> None:
@@ -240,6 +257,7 @@ class CycleRecorder:
         self.on_progress = on_progress
         self.events: list[CycleEvent] = []
         self.rolled_back = False
+        self.rollback_blocked: list[str] = []
 
     async def emit(
         self, step: CycleStep, agent_name: str | None, message: str, /, **data: Any
@@ -315,6 +333,9 @@ def fold_events(events: list[CycleEvent]) -> CycleResult:
             verifications[str(data["agent"])] = VerificationVerdict.model_validate(data["verdict"])
         elif event.step == "change_rolled_back":
             state["rolled_back"] = True
+            state["rollback_reason"] = data.get("reason")
+        elif event.step == "change_rollback_blocked":
+            state["rollback_blocked"] = tuple(data.get("paths", ()))
             state["rollback_reason"] = data.get("reason")
         elif event.step == "cycle_finished":
             state["status"] = data["status"]

@@ -164,7 +164,13 @@ class ImprovementCycle:
             status, error = await body(recorder)
         except BaseException as exc:
             failure = exc
-            status = "rolled_back" if recorder.rolled_back else "error"
+            status = (
+                "rollback_blocked"
+                if recorder.rollback_blocked
+                else "rolled_back"
+                if recorder.rolled_back
+                else "error"
+            )
             error = f"{type(exc).__name__}: {exc}"
         if settle is not None:
             settle()

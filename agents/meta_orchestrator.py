@@ -35,11 +35,12 @@ from agents.self_improver import SelfImprover
 from agents.socratic_mediator import SocraticMediator
 from agents.supervisor import Supervisor
 from agents.team import AgentTeam
+from infrastructure.changes.change_log import ChangeLog, ChangeRow
 from infrastructure.changes.decisions import record_decision
-from infrastructure.changes.gates import default_gates
+from infrastructure.changes.gates import ConfidenceGate, default_gates
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate, Principal
-from infrastructure.errors import ChangeNotFound
+from infrastructure.errors import ChangeNotFound, RollbackConflict
 from infrastructure.llm.base import AgentRuntime, ToolSpec
 from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
 from infrastructure.monitoring.detection import IssueDetector
@@ -364,14 +365,24 @@ class MetaOrchestrator:
     ) -> ChangeRecord | None:
         """Undo a change (default: the most recent applied or kept one) and its whole group.
 
-        Restores the files byte for byte, reloads the team, and gives every agent whose
-        detection baseline the kept group restarted (each member's agent) the baseline it had
-        before. Returns the rolled-back record, or None when there is nothing to roll back.
+        Restores the files byte for byte and reloads the team. Every kept group the rollback
+        undoes (with ``cascade``, the later groups built on it too) gives back the detection
+        baseline it started, once for each agent it started one for, newest group first: each
+        agent is judged again against the baseline it had before the oldest group undone.
+        Returns the rolled-back record, or None when there is nothing to roll back.
+
+        An agent's baselines go back newest first, so a kept group can give its baseline back
+        only when no newer kept change that the rollback leaves in place (one on other files of
+        the agent, such as its docs, which ``cascade`` does not reach) started one for the same
+        agent since. Such a rollback is refused before anything changes, naming the newer
+        changes: roll those back first.
 
         Raises:
             ChangeNotFound: ``change_id`` is unknown.
             RollbackConflict: the files changed since, or later changes build on this one
-                (``force`` / ``cascade`` say to go ahead).
+                (``force`` / ``cascade`` say to go ahead), or a newer kept change left in
+                place started a detection baseline for one of its agents (its ids are the
+                conflict's ``dependents``).
         """
         if change_id is None:
             live = [
@@ -386,7 +397,10 @@ class MetaOrchestrator:
         if row is None:
             raise ChangeNotFound(change_id)
         record = row.record
-        members = [member.record for member in self.manager.changes.live_group(row)]
+        # what a cascade would undo, as the manager finds it (a rollback without cascade undoes
+        # just the group, or is refused when this holds more)
+        closure = _closure(self.manager.changes, row)
+        _refuse_out_of_order_baselines(self.manager.changes, change_id, closure)
         done = self.manager.rollback_by_id(
             change_id,
             reason=reason,
@@ -398,13 +412,24 @@ class MetaOrchestrator:
         if not done:
             return None
         self.team.reload()
-        for name in baseline_agents(members):
-            self.detector.on_change_rolled_back(name, self.monitor)
+        undone = [
+            member
+            for member in closure
+            if (now := self.manager.changes.get(member.change_id)) is not None
+            and now.status is ChangeStatus.ROLLED_BACK
+        ]
+        for group in _groups_newest_first(undone):
+            for name in baseline_agents([member.record for member in group]):
+                self.detector.on_change_rolled_back(name, self.monitor)
         record_decision(
             self.store,
             "change_rolled_back_on_request",
             agent_name=record.action.target_agent,
-            payload={"change_id": change_id, "reason": reason},
+            payload={
+                "change_id": change_id,
+                "reason": reason,
+                "undone": [member.change_id for member in undone],
+            },
         )
         return self.manager.get_change(change_id)
 
@@ -440,8 +465,25 @@ class MetaOrchestrator:
         shown to fix something), or when a gate refuses (``refused``). Like
         ``run_improvement_cycle``, failures are outcomes and an exception after the apply rolls
         the change back before it propagates.
+
+        The action's ``confidence_score`` is replaced by ``self_edit_confidence``: a self-edit
+        has no analysis behind it, so its confidence is not the agent's to set.
         """
+        action = action.model_copy(update={"confidence_score": self.self_edit_confidence})
         return await self.cycle.self_edit(action, available_agents=self.team.names)
+
+    @property
+    def self_edit_confidence(self) -> float:
+        """The fixed confidence of every self-edit: the confidence gate's own threshold.
+
+        Neutral on purpose. A self-edit has no root cause analysis whose confidence could be
+        measured, and an agent that rated its own edit could pass the confidence gate at will.
+        At the threshold, that gate neither refuses nor favours a self-edit; the role,
+        supervisor and human gates and the verification decide. ``settings.min_confidence``
+        with the default gates; the threshold of the first ``ConfidenceGate`` among custom ones.
+        """
+        gate = next((g for g in self.gates if isinstance(g, ConfidenceGate)), None)
+        return gate.min_confidence if gate is not None else self.settings.min_confidence
 
     def self_edit_tools(
         self, agent_name: str, *, authorize: Authorize | None = None
@@ -451,14 +493,18 @@ class MetaOrchestrator:
         Give them to the agent's runs (``team.run(name, prompt, tools=...)``): each call is
         planned, gated, applied, verified and kept or rolled back as ``apply_self_edit`` says.
         A kept edit answers the model with the change id and the verdict; anything else is a
-        tool error naming why (the refusing gate, the failed verification, ...).
+        tool error naming why (the refusing gate, the failed verification, ...). The tools
+        take no confidence from the agent; every edit carries ``self_edit_confidence``.
 
         Raises:
             UnknownAgent: ``agent_name`` is not in the team.
         """
         self.team.spec(agent_name)  # raises UnknownAgent, naming the agents there are
         return self_edit_tools(
-            agent_name, verified_apply(self.apply_self_edit), authorize=authorize
+            agent_name,
+            verified_apply(self.apply_self_edit),
+            authorize=authorize,
+            confidence=self.self_edit_confidence,
         )
 
     # -- the record --------------------------------------------------------------------------
@@ -466,6 +512,77 @@ class MetaOrchestrator:
     def replay(self, cycle_id: str) -> CycleResult:
         """A past cycle's result, rebuilt from the store."""
         return replay_cycle(self.store, cycle_id)
+
+
+def _closure(changes: ChangeLog, row: ChangeRow) -> list[ChangeRow]:
+    """``row``'s live group plus every live change built on its files, with their groups.
+
+    The set ``ImprovementManager.rollback_by_id(..., cascade=True)`` undoes, found the same way
+    (the manager's own is private), oldest first.
+    """
+    selected: dict[str, ChangeRow] = {}
+    frontier = changes.live_group(row)
+    while frontier:
+        for member in frontier:
+            selected[member.change_id] = member
+        found: dict[str, ChangeRow] = {}
+        for file in changes.files([member.change_id for member in frontier]):
+            for later in changes.live_changes_on(file.path, file.seq):
+                if later.change_id not in selected:
+                    found.update((m.change_id, m) for m in changes.live_group(later))
+        frontier = [member for cid, member in found.items() if cid not in selected]
+    return sorted(selected.values(), key=lambda member: member.seq)
+
+
+def _refuse_out_of_order_baselines(
+    changes: ChangeLog, change_id: str, closure: Sequence[ChangeRow]
+) -> None:
+    """Refuse a rollback whose baselines are not the newest of their agents (see ``rollback``).
+
+    Raises:
+        RollbackConflict: naming the newer kept changes, as ``dependents``.
+    """
+    oldest: dict[str, int] = {}  # per agent: the oldest undone group that started its baseline
+    for member in closure:
+        for name in baseline_agents([member.record]):
+            oldest[name] = min(oldest.get(name, member.seq), member.seq)
+    if not oldest:
+        return
+    inside = {member.change_id for member in closure}
+    newer: dict[str, list[str]] = {}
+    for later in _changes_after(changes, min(oldest.values())):
+        if later.change_id in inside:
+            continue
+        for name in baseline_agents([later.record]):
+            if name in oldest and later.seq > oldest[name]:
+                newer.setdefault(later.change_id, []).append(name)
+    if newer:
+        agents = ", ".join(sorted({name for names in newer.values() for name in names}))
+        ids = ", ".join(newer)
+        raise RollbackConflict(
+            change_id,
+            f"later kept change(s) {ids} started a newer detection baseline for {agents}, and "
+            "an agent's baselines go back newest first; roll those back first",
+            dependents=tuple(newer),
+        )
+
+
+def _changes_after(changes: ChangeLog, seq: int) -> list[ChangeRow]:
+    """Every change recorded after ``seq``, oldest first (the history read newest first)."""
+    limit = 256
+    while True:
+        rows = changes.history(None, limit)
+        if len(rows) < limit or rows[0].seq <= seq:
+            return [row for row in rows if row.seq > seq]
+        limit *= 4
+
+
+def _groups_newest_first(members: Sequence[ChangeRow]) -> list[list[ChangeRow]]:
+    """``members`` by group (a change without one is its own), the newest group first."""
+    groups: dict[str, list[ChangeRow]] = {}
+    for member in members:
+        groups.setdefault(member.record.group_id or member.change_id, []).append(member)
+    return sorted(groups.values(), key=lambda group: max(m.seq for m in group), reverse=True)
 
 
 def _default_models(runtime: AgentRuntime) -> Collection[str]:

@@ -18,6 +18,15 @@ agent's: an agent cannot escalate beyond the user it works for.
 report ``apply``'s answer or refusal. Whatever ``apply`` is given decides which gates run; one
 that skips them (a test double, say) skips them.
 
+The agent does not say how sure it is: the tools take no ``confidence``, and a ``confidence``
+argument is refused by the input schema (and ignored if a runtime passes raw arguments on). A
+self-edit has no analysis behind it, so there is nothing its confidence could honestly measure;
+it carries a fixed, neutral one, the confidence gate's own threshold
+(``settings.min_confidence`` with the default gates), set by whoever binds the tools
+(``MetaOrchestrator`` does, and ``apply_self_edit`` sets it again on any action it is given).
+The confidence gate therefore neither refuses nor favours a self-edit; the role, supervisor and
+human gates and the verification on the agent's eval suite are what decide.
+
 Each call has seed 002's permission action string (``tool:self_edit:system_prompt``,
 ``tool:self_edit:docs <path>``, ``tool:self_edit:permissions <profile>``,
 ``tool:self_edit:model <model>``), computed from its arguments by ``permission_action_for``;
@@ -38,6 +47,7 @@ from agents.cycle import CycleResult
 from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.llm.base import ToolError, ToolSpec
 from infrastructure.models import ChangeType, ImprovementAction
+from infrastructure.settings import Settings
 
 __all__ = [
     "SELF_EDIT_TOOL_NAMES",
@@ -74,19 +84,15 @@ SELF_EDIT_TOOL_NAMES = (
 
 _PREFIX = "tool:self_edit:"
 _DOCS = "docs/"
-DEFAULT_CONFIDENCE = 0.9
+NEUTRAL_CONFIDENCE: float = Settings.model_fields["min_confidence"].default
+"""A self-edit's confidence when the caller sets none: the default ``min_confidence``."""
 
 
 class _SelfEditInput(BaseModel):
+    # no confidence field: a self-edit's confidence is not the agent's to set (module docstring)
     model_config = ConfigDict(extra="forbid")
 
     rationale: str = Field(default="", description="Why you make this change (kept in history).")
-    confidence: float = Field(
-        default=DEFAULT_CONFIDENCE,
-        ge=0.0,
-        le=1.0,
-        description="How sure you are that the change helps, from 0 to 1.",
-    )
 
 
 class SelfEditSystemPromptInput(_SelfEditInput):
@@ -149,6 +155,11 @@ class SelfEditNotKept(AgentmendError):
             message = f"refused by the {refusal.gate} gate: {refusal.reason}"
         elif result.status == "rolled_back":
             message = f"applied, then rolled back: {result.rollback_reason or result.error}"
+        elif result.status == "rollback_blocked":
+            message = (
+                f"applied, then not kept ({result.rollback_reason or result.error}); the "
+                f"rollback left {', '.join(result.rollback_blocked)} as edited since"
+            )
         else:
             message = f"self-edit not applied ({result.status}): {result.error}"
         super().__init__(message)
@@ -198,7 +209,11 @@ def permission_action_for(tool_name: str, arguments: Mapping[str, Any]) -> str:
 
 
 def self_edit_tools(
-    agent_name: str, apply: ApplyAction, *, authorize: Authorize | None = None
+    agent_name: str,
+    apply: ApplyAction,
+    *,
+    authorize: Authorize | None = None,
+    confidence: float = NEUTRAL_CONFIDENCE,
 ) -> list[ToolSpec]:
     """The four self-edit tools for ``agent_name``, in ``SELF_EDIT_TOOL_NAMES`` order.
 
@@ -207,9 +222,14 @@ def self_edit_tools(
         apply: makes an action; see ``ApplyAction`` (``MetaOrchestrator.self_edit_tools``
             passes the gated and verified path).
         authorize: checks each call's permission action string first; a False refuses it.
+        confidence: the confidence every action carries, whatever the agent sends: the
+            confidence gate's threshold, so that gate neither refuses nor favours a self-edit
+            (see the module docstring).
     """
     if not agent_name:
         raise ConfigurationError("self_edit_tools needs the agent's name")
+    if not 0.0 <= confidence <= 1.0:
+        raise ConfigurationError(f"confidence must be in [0, 1], got {confidence}")
 
     def action(
         arguments: Mapping[str, Any], kind: ChangeType, field: str, value: Any
@@ -220,7 +240,7 @@ def self_edit_tools(
             target_field=field,
             new_value=value,
             rationale=str(arguments.get("rationale") or "self-edit requested by the agent"),
-            confidence_score=float(arguments.get("confidence", DEFAULT_CONFIDENCE)),
+            confidence_score=confidence,  # never the agent's: see the module docstring
         )
 
     build: dict[str, Callable[[Mapping[str, Any]], ImprovementAction]] = {

@@ -16,10 +16,11 @@ from agents.playbooks import offline_policies
 from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction
 from agents.team import AgentTeam
 from infrastructure.changes.decisions import list_decisions
+from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.llm.base import AgentResult
 from infrastructure.llm.offline import OfflineRuntime
 from infrastructure.llm.testing import ScriptedRuntime, Step
-from infrastructure.models import ChangeStatus, ChangeType, IssueReport
+from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, IssueReport
 from infrastructure.monitoring.performance_monitor import VERIFICATION
 from infrastructure.settings import Settings
 from infrastructure.simulation import FaultKind, SimulatedRuntime, copy_team
@@ -599,3 +600,256 @@ async def test_cancelling_a_cycle_after_apply_rolls_the_change_back(build: Build
         e.step for e in cycle_events(orchestrator.store, list_cycle_ids(orchestrator.store)[-1])
     ]
     assert "change_rolled_back" in steps
+
+
+# -- a file edited while the change is being verified ------------------------------------------
+
+
+class _EditedDuringVerification(SimulatedRuntime):
+    """The simulated team, except that research-agent's owner edits its definition file while
+    the changed definition is being verified; the run then raises (``outage``) or goes on."""
+
+    NOTE = b"\n<!-- a note the owner added -->\n"
+
+    def __init__(self, seed: int, *, outage: bool) -> None:
+        super().__init__(seed)
+        self.outage = outage
+        self.original: AgentSpec | None = None
+        self.left: bytes | None = None  # the file as the owner left it
+
+    async def run(self, spec: AgentSpec, prompt: str, **kwargs: Any) -> AgentResult[Any]:
+        if spec.name == "research-agent" and self.left is None and spec != self.original:
+            assert spec.source_path is not None
+            self.left = spec.source_path.read_bytes() + self.NOTE
+            spec.source_path.write_bytes(self.left)
+            if self.outage:
+                raise RuntimeError("provider outage")
+        return await super().run(spec, prompt, **kwargs)
+
+
+def _edited_during_verification(build: Build, *, outage: bool, **options: Any) -> Any:
+    runtime = _EditedDuringVerification(seed=3, outage=outage)
+    orchestrator = build(runtime=runtime, **options)
+    runtime.original = orchestrator.team.spec("research-agent")
+    return orchestrator, runtime
+
+
+def _assert_left_for_attention(
+    orchestrator: MetaOrchestrator, runtime: _EditedDuringVerification, cycle_id: str
+) -> CycleEvent:
+    """research-agent.md is as its owner left it, its change FAILED with the conflict recorded
+    (and audited), and the cycle says so."""
+    path = orchestrator.team.directory / "research-agent.md"
+    assert path.read_bytes() == runtime.left  # the owner's edit is not overwritten
+    (record,) = orchestrator.manager.get_history(agent_name="research-agent")
+    assert record.status is ChangeStatus.FAILED
+    info = record.rollback_info
+    assert info is not None
+    assert info["needs_attention"] is True
+    assert info["left_unchanged"] == [str(path.resolve())]
+    assert "changed since it was applied" in info["conflict"]
+    rows = orchestrator.manager.audit.entries(agent_name="research-agent")
+    assert [row.edit_type for row in rows][-1] == "rollback_blocked"
+    assert orchestrator.manager.verify_audit_chain()
+    events = cycle_events(orchestrator.store, cycle_id)
+    (blocked,) = [event for event in events if event.step == "change_rollback_blocked"]
+    assert blocked.data["paths"] == [str(path.resolve())]
+    assert blocked.data["change_ids"] == [record.change_id]
+    assert "research-agent.md" in blocked.message
+    replayed = replay_cycle(orchestrator.store, cycle_id)
+    assert replayed.status == "rollback_blocked"
+    assert replayed.rollback_blocked == (str(path.resolve()),)
+    assert "rollback blocked" in replayed.summary()
+    return blocked
+
+
+async def test_an_error_after_an_edit_during_verification_leaves_the_edit_and_says_so(
+    build: Build,
+) -> None:
+    orchestrator, runtime = _edited_during_verification(build, outage=True)
+    issue = await faulty_issue(orchestrator)
+    with pytest.raises(RuntimeError, match="provider outage") as caught:  # the original error
+        await orchestrator.run_improvement_cycle(issue)
+    notes = " ".join(getattr(caught.value, "__notes__", []))
+    assert "research-agent.md" in notes
+    assert "edited since" in notes
+    (cycle_id,) = list_cycle_ids(orchestrator.store)
+    _assert_left_for_attention(orchestrator, runtime, cycle_id)
+    replayed = replay_cycle(orchestrator.store, cycle_id)
+    assert replayed.error == "RuntimeError: provider outage"
+    assert not replayed.rolled_back  # nothing of the group was restored
+    assert orchestrator.team.spec("research-agent").system_prompt.endswith(
+        "<!-- a note the owner added -->"
+    )
+
+
+async def test_a_failed_verification_after_an_edit_during_it_leaves_the_edit_and_says_so(
+    build: Build,
+) -> None:
+    orchestrator, runtime = _edited_during_verification(
+        build, outage=False, roles_runtime=ScriptedImprover()
+    )
+    cycle = await orchestrator.run_improvement_cycle(await faulty_issue(orchestrator))
+    assert cycle.status == "rollback_blocked"
+    verdict = cycle.verification
+    assert verdict is not None
+    assert not verdict.accepted  # a normal verification failure
+    blocked = _assert_left_for_attention(orchestrator, runtime, cycle.cycle_id)
+    assert "verification failed" in blocked.data["reason"]
+    assert cycle.rollback_blocked == tuple(blocked.data["paths"])
+
+
+async def test_an_edit_during_verification_of_a_group_rolls_back_the_untouched_agents(
+    build: Build,
+) -> None:
+    orchestrator, runtime = _edited_during_verification(
+        build, outage=True, roles_runtime=TwoAgentImprover()
+    )
+    sim(orchestrator).inject("knowledge-builder", FaultKind.TRUNCATION)
+    before = definitions(orchestrator)
+    issue = await faulty_issue(orchestrator)
+    with pytest.raises(RuntimeError, match="provider outage"):
+        await orchestrator.run_improvement_cycle(issue)
+    after = definitions(orchestrator)
+    assert after["knowledge-builder.md"] == before["knowledge-builder.md"]  # rolled back
+    assert {name for name in before if after[name] != before[name]} == {"research-agent.md"}
+    statuses = {r.action.target_agent: r.status for r in orchestrator.manager.get_history()}
+    assert statuses == {
+        "research-agent": ChangeStatus.FAILED,
+        "knowledge-builder": ChangeStatus.ROLLED_BACK,
+    }
+    (cycle_id,) = list_cycle_ids(orchestrator.store)
+    _assert_left_for_attention(orchestrator, runtime, cycle_id)
+    replayed = replay_cycle(orchestrator.store, cycle_id)
+    assert replayed.rolled_back  # knowledge-builder's part was undone
+    assert orchestrator.team.spec("knowledge-builder").max_tokens != 16384
+
+
+# -- detection baselines after a rollback --------------------------------------------------------
+
+
+async def _two_kept_fixes(orchestrator: MetaOrchestrator) -> tuple[str, str]:
+    """A kept max_tokens fix, then a kept model fix, both on research-agent."""
+    first = await orchestrator.run_improvement_cycle(await faulty_issue(orchestrator))
+    assert first.status == "kept", first.summary()
+    second = await orchestrator.run_improvement_cycle(
+        await faulty_issue(orchestrator, fault=FaultKind.MODEL_RETIRED)
+    )
+    assert second.status == "kept", second.summary()
+    return first.change_ids[0], second.change_ids[0]
+
+
+async def test_a_cascade_rollback_restores_the_baseline_of_every_group_it_undoes(
+    build: Build,
+) -> None:
+    orchestrator = build()
+    await orchestrator.execute_task("a healthy task")
+    original, files = baseline_epoch(orchestrator), definitions(orchestrator)
+    first, _ = await _two_kept_fixes(orchestrator)
+    assert baseline_epoch(orchestrator) != original
+
+    orchestrator.rollback(first, cascade=True, reason="undo the first fix")
+
+    assert [r.status for r in orchestrator.manager.get_history()] == [ChangeStatus.ROLLED_BACK] * 2
+    assert definitions(orchestrator) == files
+    assert baseline_epoch(orchestrator) == original
+
+
+async def test_a_rollback_that_would_undo_a_newer_baseline_is_refused(build: Build) -> None:
+    from infrastructure.changes.effectors import group_entries, plan_change
+    from infrastructure.errors import RollbackConflict
+
+    orchestrator = build()
+    await orchestrator.execute_task("a healthy task")
+    original = baseline_epoch(orchestrator)
+    first = await orchestrator.run_improvement_cycle(await faulty_issue(orchestrator))
+    assert first.status == "kept"
+    after_first = baseline_epoch(orchestrator)
+    # a later kept change to research-agent in another file (its docs): it restarted the
+    # baseline too, and no file of the first change is one of its files
+    docs = ImprovementAction(
+        target_agent="research-agent",
+        action_type=ChangeType.DOCS_EDIT,
+        target_field="docs/sources.md",
+        new_value="Cite two sources.\n",
+        confidence_score=0.9,
+    )
+    change = plan_change(
+        docs,
+        root=orchestrator.team.directory,
+        specs=orchestrator.team.reload(),
+        available_models=orchestrator.available_models,
+    )
+    (later,) = orchestrator.manager.apply_group(group_entries(change), root=change.root)
+    orchestrator.manager.mark_kept(later.change_id, {"new_baseline": ["research-agent"]})
+    orchestrator.detector.on_change_kept("research-agent", orchestrator.monitor)
+    newest = baseline_epoch(orchestrator)
+    files = definitions(orchestrator)
+
+    for cascade in (False, True):  # the docs change does not build on the first one's file
+        with pytest.raises(RollbackConflict, match=later.change_id) as caught:
+            orchestrator.rollback(first.change_ids[0], cascade=cascade)
+        assert "newer detection baseline for research-agent" in str(caught.value)
+        assert caught.value.dependents == (later.change_id,)
+        assert baseline_epoch(orchestrator) == newest  # nothing was changed
+        assert definitions(orchestrator) == files
+        assert [r.status for r in orchestrator.manager.get_history()] == [ChangeStatus.KEPT] * 2
+
+    # newest first, each rollback gives back the baseline its change replaced
+    orchestrator.rollback(later.change_id)
+    assert baseline_epoch(orchestrator) == after_first
+    orchestrator.rollback(first.change_ids[0])
+    assert baseline_epoch(orchestrator) == original
+
+
+class _EditedJustBeforeRollback(ImprovementManager):
+    """A manager whose first rollback finds ``victim`` edited after the caller checked it."""
+
+    def __init__(self, *args: Any, victim: Path, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.victim: Path | None = victim
+
+    def rollback_by_id(self, change_id: str, **kwargs: Any) -> bool:
+        if self.victim is not None:
+            victim, self.victim = self.victim, None
+            victim.write_bytes(victim.read_bytes() + b"a late edit\n")
+        return super().rollback_by_id(change_id, **kwargs)
+
+
+def test_a_file_edited_between_the_check_and_the_rollback_is_left_too(tmp_path: Path) -> None:
+    from agents.change_pipeline import undo_unproven
+
+    root = tmp_path / "team"
+    root.mkdir()
+    originals = {name: f"{name} before\n".encode() for name in ("a.md", "b.md")}
+    for name, data in originals.items():
+        (root / name).write_bytes(data)
+    with _EditedJustBeforeRollback(tmp_path / "h.db", victim=root / "b.md") as manager:
+        entries = [
+            (
+                ImprovementAction(
+                    target_agent=name.removesuffix(".md"),
+                    action_type=ChangeType.PROMPT_MODIFICATION,
+                    confidence_score=0.9,
+                ),
+                name,
+                f"{name} after\n",
+            )
+            for name in originals
+        ]
+        records = manager.apply_group(entries, root=root)
+
+        undone = undo_unproven(manager, records[0].change_id, "verification failed")
+
+        assert (root / "a.md").read_bytes() == originals["a.md"]
+        assert (root / "b.md").read_bytes() == b"b.md after\na late edit\n"
+        assert undone.rolled_back == (records[0].change_id,)
+        assert undone.blocked == (records[1].change_id,)
+        assert undone.paths == undone.edited == (str((root / "b.md").resolve()),)
+        assert undone.conflict is not None
+        assert "files changed since it was applied" in undone.conflict
+        assert [(r.change_id, r.status) for r in manager.get_history()] == [
+            (records[0].change_id, ChangeStatus.ROLLED_BACK),
+            (records[1].change_id, ChangeStatus.FAILED),
+        ]
+        assert manager.verify_audit_chain()
