@@ -35,6 +35,7 @@ _STEP_MARKS: Mapping[str, tuple[str, str]] = {
     "verification_completed": ("●", "blue"),
     "change_kept": ("✓", "green"),
     "change_rolled_back": ("↺", "red"),
+    "change_rollback_blocked": ("⚠", "bold red"),
     "cycle_finished": ("■", "bold"),
 }
 
@@ -160,5 +161,9 @@ def cycle_event_line(event: CycleEvent) -> Text:
 
 
 def cycle_summary_line(result: CycleResult) -> Text:
-    style = "green" if result else ("red" if result.rolled_back else "yellow")
+    style = (
+        "green"
+        if result
+        else ("red" if result.rolled_back or result.rollback_blocked else "yellow")
+    )
     return Text(result.summary(), style=style)

@@ -289,6 +289,7 @@ def last_cycle(store: Store) -> dict[str, Any] | None:
         "summary": cycle.summary(),
         "change_ids": list(cycle.change_ids),
         "rolled_back": cycle.rolled_back,
+        "rollback_blocked": list(cycle.rollback_blocked),
         "started_at": cycle.started_at.isoformat() if cycle.started_at else None,
         "finished_at": cycle.finished_at.isoformat() if cycle.finished_at else None,
     }
