@@ -24,7 +24,9 @@ Rolling back an unproven change
 -------------------------------
 Someone may edit a file of the group while it is being verified (a person, or an agent with a
 Write tool). Such an edit is never overwritten, and it never stops the rest of the group from
-being undone. Agent by agent (an agent's files stay together, so no agent is left half-undone):
+being undone. ``ImprovementManager.rollback_unproven`` undoes the group under the root's lock,
+agent by agent (an agent's files stay together, so no agent is left half-undone), and the
+pipeline records what it did:
 
 - an agent whose changed files all still hold exactly what the change wrote gets its old bytes
   back: its changes are ROLLED_BACK (``change_rolled_back``);
@@ -43,7 +45,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -59,20 +60,17 @@ from agents.cycle_verification import (
 )
 from agents.self_improver import GatedAction, InvalidProposal, SelfImprover
 from agents.team import AgentTeam
-from infrastructure.changes.change_log import ChangeRow
-from infrastructure.changes.change_protocol import LIVE_STATUSES
-from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.improvement_manager import ImprovementManager, PartialRollback
 from infrastructure.changes.safety import Gate, GateVerdict, ProposedChange
-from infrastructure.errors import AgentmendError, RollbackConflict
+from infrastructure.errors import AgentmendError
 from infrastructure.evaluation.evals import EvalSuite
 from infrastructure.evaluation.verification import VerificationVerdict
-from infrastructure.files import read_if_exists, sha256_bytes
-from infrastructure.models import ChangeStatus, ImprovementAction, utc_now
+from infrastructure.models import ImprovementAction
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.spec import AgentSpec
 
-__all__ = ["ChangePipeline", "Outcome", "Undone", "record_invalid", "undo_unproven"]
+__all__ = ["ChangePipeline", "Outcome", "record_invalid"]
 
 log = structlog.get_logger(__name__)
 
@@ -218,7 +216,7 @@ class ChangePipeline:
                 )
             else:
                 if undone.blocked:
-                    exc.add_note(undone.describe(self.team.directory))
+                    exc.add_note(_blocked_note(undone, self.team.directory))
             raise
         if rejected:
             reason = "verification failed: " + "; ".join(
@@ -320,9 +318,9 @@ class ChangePipeline:
         reason: str,
         targets: dict[str, AgentSpec | None],
         verdicts: dict[str, VerificationVerdict] | None = None,
-    ) -> Undone:
+    ) -> PartialRollback:
         """Undo the unproven group (see "Rolling back an unproven change") and record it."""
-        undone = undo_unproven(self.manager, change_ids[0], reason)
+        undone = self.manager.rollback_unproven(change_ids[0], reason=reason)
         self.team.reload()
         scores = {
             name: {"before": v.before_score, "after": v.after_score}
@@ -332,20 +330,20 @@ class ChangePipeline:
             rec.rolled_back = True
             await rec.emit(
                 "change_rolled_back",
-                undone.agents[0] if undone.blocked else next(iter(targets), None),
+                undone.rolled_back_agents[0] if undone.blocked else next(iter(targets), None),
                 reason,
                 change_ids=list(undone.rolled_back) if undone.blocked else change_ids,
                 reason=reason,
                 scores=scores,
             )
         if undone.blocked:
-            rec.rollback_blocked = list(undone.paths)
+            rec.rollback_blocked = list(undone.left)
             await rec.emit(
                 "change_rollback_blocked",
                 undone.blocked_agents[0],
-                undone.describe(self.team.directory),
+                _blocked_note(undone, self.team.directory),
                 change_ids=list(undone.blocked),
-                paths=list(undone.paths),
+                paths=list(undone.left),
                 edited=list(undone.edited),
                 reason=reason,
                 conflict=undone.conflict,
@@ -385,160 +383,19 @@ def _refusals(gated: Sequence[GatedAction]) -> str:
 # -- rolling back an unproven change ---------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Undone:
-    """What :func:`undo_unproven` did to a group.
-
-    Attributes:
-        rolled_back: the changes whose files got their old bytes back (ROLLED_BACK).
-        blocked: the changes left in place because a file of their agent was edited since
-            the apply (FAILED, needing attention).
-        paths: every file of ``blocked``, left as it is now.
-        edited: those of ``paths`` someone edited since the apply.
-        agents: the agents of ``rolled_back``; ``blocked_agents``: those of ``blocked``.
-        conflict: why the rollback could not restore ``paths``.
-    """
-
-    rolled_back: tuple[str, ...] = ()
-    blocked: tuple[str, ...] = ()
-    paths: tuple[str, ...] = ()
-    edited: tuple[str, ...] = ()
-    agents: tuple[str, ...] = ()
-    blocked_agents: tuple[str, ...] = ()
-    conflict: str | None = None
-
-    def describe(self, root: Path) -> str:
-        """One sentence for the cycle's record and the re-raised error's note."""
-        edited = ", ".join(_shown(path, root) for path in self.edited) or "a file"
-        others = [_shown(path, root) for path in self.paths if path not in self.edited]
-        also = f", nor the rest of that agent's change ({', '.join(others)})" if others else ""
-        undone = f"; the rest was rolled back ({', '.join(self.agents)})" if self.agents else ""
-        return (
-            f"rollback blocked: {edited} edited since the change was applied; not overwritten"
-            f"{also}. Change(s) {', '.join(self.blocked)} of {', '.join(self.blocked_agents)} "
-            "marked failed, needs attention (the change history keeps what the files held "
-            f"before, and .agent/backups/ a copy){undone}"
-        )
-
-
-def undo_unproven(manager: ImprovementManager, change_id: str, reason: str) -> Undone:
-    """Roll back the live group of ``change_id`` except what someone edited since the apply.
-
-    The rule is in the module docstring ("Rolling back an unproven change"). A file edited
-    between the check and the rollback makes the manager refuse (``RollbackConflict``): the
-    agents whose files changed are then left too and the rest is tried again, so every round
-    either finishes or leaves at least one more agent, and the loop ends.
-
-    Raises:
-        AgentmendError: the store or a file failed (not a conflict); what was marked or
-            restored before it stays so, and what the manager left unfinished it completes on
-            its next open.
-    """
-    row = manager.changes.get(change_id)
-    if row is None or row.status not in LIVE_STATUSES:
-        return Undone()
-    members = manager.changes.live_group(row)
-    edited = {path for member in members for path in _edited_since_apply(member)}
-    left = {_agent(m) for m in members if any(f.path in edited for f in m.record.files)}
-    conflict: str | None = None
-    while True:
-        blocked = [m for m in members if _agent(m) in left]
-        if blocked:
-            _mark_blocked(manager, blocked, reason, edited, conflict)
-        rest = [m for m in members if _agent(m) not in left]
-        if not rest:
-            break
-        try:
-            manager.rollback_by_id(rest[0].change_id, reason=reason)
-            break
-        except RollbackConflict as exc:
-            conflict = str(exc)
-            edited |= {path for member in rest for path in _edited_since_apply(member)}
-            newly = {_agent(m) for m in rest if any(f.path in edited for f in m.record.files)}
-            # a conflict the hashes do not explain (later changes built on a file) leaves them all
-            left |= newly or {_agent(m) for m in rest}
-    now = {m.change_id: manager.changes.get(m.change_id) for m in members}
-    rolled = [m for m in members if _status(now[m.change_id]) is ChangeStatus.ROLLED_BACK]
-    failed = [m for m in members if _agent(m) in left]
-    return Undone(
-        rolled_back=tuple(m.change_id for m in rolled),
-        blocked=tuple(m.change_id for m in failed),
-        paths=tuple(f.path for m in failed for f in m.record.files),
-        edited=tuple(sorted(edited)),
-        agents=tuple(dict.fromkeys(_agent(m) for m in rolled)),
-        blocked_agents=tuple(dict.fromkeys(_agent(m) for m in failed)),
-        conflict=(conflict or _conflict(edited)) if failed else None,
+def _blocked_note(undone: PartialRollback, root: Path) -> str:
+    """One sentence on a blocked rollback, for the cycle's record and the re-raised error."""
+    edited = ", ".join(_shown(path, root) for path in undone.edited) or "a file"
+    others = [_shown(path, root) for path in undone.left if path not in undone.edited]
+    also = f", nor the rest of that agent's change ({', '.join(others)})" if others else ""
+    rest = undone.rolled_back_agents
+    undone_rest = f"; the rest was rolled back ({', '.join(rest)})" if rest else ""
+    return (
+        f"rollback blocked: {edited} edited since the change was applied; not overwritten"
+        f"{also}. Change(s) {', '.join(undone.blocked)} of {', '.join(undone.blocked_agents)} "
+        "marked failed, needs attention (the change history keeps what the files held "
+        f"before, and .agent/backups/ a copy){undone_rest}"
     )
-
-
-def _mark_blocked(
-    manager: ImprovementManager,
-    members: Sequence[ChangeRow],
-    reason: str,
-    edited: set[str],
-    conflict: str | None,
-) -> None:
-    """Live ``members`` -> FAILED with the conflict recorded, and an audit row each.
-
-    FAILED, not left APPLIED: the change was not kept and must not look like one that is still
-    being verified, or be picked by a later "roll back the last change"; the audit row says the
-    rollback was blocked, so the trail shows the change was never undone.
-    """
-    stamp = utc_now().isoformat()
-    with manager.audit.transaction() as txn:
-        for member in members:
-            fresh = manager.changes.get(member.change_id)
-            if fresh is None or fresh.status not in LIVE_STATUSES:
-                continue  # marked in an earlier round (or settled elsewhere)
-            paths = [f.path for f in member.record.files]
-            info = {
-                "reason": reason,
-                "rollback_time": stamp,
-                "restored": [],
-                "needs_attention": True,
-                "left_unchanged": paths,
-                "edited_since_apply": [path for path in paths if path in edited],
-                "conflict": conflict or _conflict(edited),
-                "note": "a file of this agent was edited after the change was applied; the "
-                "rollback left its files as they are rather than overwrite that edit",
-            }
-            manager.changes.set_status(
-                txn.conn, [member.change_id], ChangeStatus.FAILED, rollback_info=info
-            )
-            action = member.record.action
-            txn.append(
-                agent_name=action.target_agent,
-                edit_type="rollback_blocked",
-                old_value=action.new_value,
-                new_value=f"(left as edited since the change: {', '.join(paths)})",
-                user_id=member.record.applied_by,
-                change_id=member.change_id,
-            )
-
-
-def _edited_since_apply(member: ChangeRow) -> list[str]:
-    """The member's files that no longer hold what the change wrote."""
-    return [
-        file.path
-        for file in member.record.files
-        if _sha(read_if_exists(Path(file.path))) != file.new_sha256
-    ]
-
-
-def _sha(data: bytes | None) -> str | None:
-    return None if data is None else sha256_bytes(data)
-
-
-def _agent(member: ChangeRow) -> str:
-    return member.record.action.target_agent
-
-
-def _status(row: ChangeRow | None) -> ChangeStatus | None:
-    return row.status if row is not None else None
-
-
-def _conflict(edited: set[str]) -> str:
-    return f"{', '.join(sorted(edited))} changed since it was applied"
 
 
 def _shown(path: str, root: Path) -> str:

@@ -393,13 +393,12 @@ class MetaOrchestrator:
             if not live:
                 return None
             change_id = live[-1].change_id
-        row = self.manager.changes.get(change_id)
-        if row is None:
+        record = self.manager.get_change(change_id)
+        if record is None:
             raise ChangeNotFound(change_id)
-        record = row.record
-        # what a cascade would undo, as the manager finds it (a rollback without cascade undoes
-        # just the group, or is refused when this holds more)
-        closure = _closure(self.manager.changes, row)
+        # what a cascade would undo (a rollback without cascade undoes just the group, or is
+        # refused when this holds more), oldest first as the history reads
+        closure = self.manager.rollback_closure(change_id)[::-1]
         _refuse_out_of_order_baselines(self.manager.changes, change_id, closure)
         done = self.manager.rollback_by_id(
             change_id,
@@ -512,26 +511,6 @@ class MetaOrchestrator:
     def replay(self, cycle_id: str) -> CycleResult:
         """A past cycle's result, rebuilt from the store."""
         return replay_cycle(self.store, cycle_id)
-
-
-def _closure(changes: ChangeLog, row: ChangeRow) -> list[ChangeRow]:
-    """``row``'s live group plus every live change built on its files, with their groups.
-
-    The set ``ImprovementManager.rollback_by_id(..., cascade=True)`` undoes, found the same way
-    (the manager's own is private), oldest first.
-    """
-    selected: dict[str, ChangeRow] = {}
-    frontier = changes.live_group(row)
-    while frontier:
-        for member in frontier:
-            selected[member.change_id] = member
-        found: dict[str, ChangeRow] = {}
-        for file in changes.files([member.change_id for member in frontier]):
-            for later in changes.live_changes_on(file.path, file.seq):
-                if later.change_id not in selected:
-                    found.update((m.change_id, m) for m in changes.live_group(later))
-        frontier = [member for cid, member in found.items() if cid not in selected]
-    return sorted(selected.values(), key=lambda member: member.seq)
 
 
 def _refuse_out_of_order_baselines(

@@ -28,10 +28,12 @@ from infrastructure.changes.decisions import (
     update_plan,
 )
 from infrastructure.changes.improvement_manager import (
+    ChangeRecord,
     ChangeStatus,
     ChangeType,
     ImprovementAction,
     ImprovementManager,
+    PartialRollback,
 )
 from infrastructure.errors import (
     ChangeNotFound,
@@ -517,6 +519,173 @@ def test_a_cascade_takes_the_dependents_whole_group(
     assert set(info.value.dependents) == {g.change_id for g in group}
     assert manager.rollback_by_id(first.change_id, cascade=True)
     assert _tree(root) == before
+
+
+def test_the_rollback_closure_is_what_a_cascade_undoes_newest_first(
+    manager: ImprovementManager, root: Path
+) -> None:
+    first = manager.apply(_action(), path="agents/writer.md", new_content="v2", root=root)
+    group = manager.apply_group(
+        [(_action(), "agents/writer.md", "v3"), (_action(), "agents/extra.md", "e")], root=root
+    )
+    on_extra = manager.apply(_action(), path="agents/extra.md", new_content="e2", root=root)
+    apart = manager.apply(_action(), path="agents/apart.md", new_content="a", root=root)
+
+    closure = [row.change_id for row in manager.rollback_closure(first.change_id)]
+
+    assert closure == [on_extra.change_id, group[1].change_id, group[0].change_id, first.change_id]
+    assert [r.change_id for r in manager.rollback_closure(group[1].change_id)] == closure[:3]
+    assert [r.change_id for r in manager.rollback_closure(apart.change_id)] == [apart.change_id]
+    assert manager.rollback_by_id(first.change_id, cascade=True)
+    undone = {r.change_id for r in manager.get_history() if r.status is ChangeStatus.ROLLED_BACK}
+    assert undone == set(closure)
+    assert manager.rollback_closure(first.change_id) == []  # nothing live is left to undo
+    with pytest.raises(ChangeNotFound):
+        manager.rollback_closure("nope")
+
+
+# -- rolling back an unproven group ---------------------------------------------------------
+
+
+def _unproven_group(manager: ImprovementManager, root: Path) -> list[ChangeRecord]:
+    """writer (its prompt and a doc), reviewer and editor changed as one group."""
+    return manager.apply_group(
+        [
+            (_action("writer"), "agents/writer.md", "writer after\n"),
+            (_action("writer"), "agents/docs/style.md", "a doc the change created\n"),
+            (_action("reviewer"), "agents/reviewer.md", "reviewer after\n"),
+            (_action("editor"), "agents/editor.md", None),  # deleted (if there was one)
+        ],
+        root=root,
+    )
+
+
+def test_an_unproven_group_leaves_an_agent_edited_since_and_restores_the_rest(
+    manager: ImprovementManager, root: Path
+) -> None:
+    (root / "agents" / "editor.md").write_bytes(b"editor before\n")
+    (root / "agents" / "reviewer.md").write_bytes(b"reviewer before\n")
+    before = _tree(root)
+    writer, doc, reviewer, editor = _unproven_group(manager, root)
+    edited = root / "agents" / "docs" / "style.md"
+    edited.write_bytes(b"a doc the change created\nand an owner's note\n")
+    expected = {**before, "agents/writer.md": b"writer after\n"}
+    expected["agents/docs/style.md"] = edited.read_bytes()
+
+    undone = manager.rollback_unproven(writer.change_id, reason="verification failed")
+
+    assert _tree(root) == expected  # writer's files as they are, the others byte for byte
+    resolved = root.resolve() / "agents"
+    assert undone.rolled_back == (reviewer.change_id, editor.change_id)
+    assert undone.rolled_back_agents == ("reviewer", "editor")
+    assert undone.blocked == (writer.change_id, doc.change_id)
+    assert undone.blocked_agents == ("writer",)
+    assert undone.left == (str(resolved / "writer.md"), str(resolved / "docs/style.md"))
+    assert undone.edited == (str(resolved / "docs/style.md"),)
+    assert undone.conflict == f"{resolved / 'docs/style.md'} changed since it was applied"
+    for record, agent_file in ((writer, "writer.md"), (doc, "docs/style.md")):
+        now = manager.get_change(record.change_id)
+        assert now is not None
+        assert now.status is ChangeStatus.FAILED
+        info = now.rollback_info
+        assert info is not None
+        assert info["needs_attention"] is True
+        assert info["left_unchanged"] == [str(resolved / agent_file)]
+        assert info["edited_since_apply"] == (
+            [str(resolved / agent_file)] if agent_file == "docs/style.md" else []
+        )
+        assert info["conflict"] == undone.conflict
+        assert info["reason"] == "verification failed"
+    for record in (reviewer, editor):
+        now = manager.get_change(record.change_id)
+        assert now is not None
+        assert now.status is ChangeStatus.ROLLED_BACK
+        assert now.rollback_info is not None
+        assert now.rollback_info["cascade"] is False
+    rows = manager.audit.entries(agent_name="writer")
+    assert [r.edit_type for r in rows][-2:] == ["rollback_blocked", "rollback_blocked"]
+    assert [r.edit_type for r in manager.audit.entries(agent_name="reviewer")][-1] == "rollback"
+    assert manager.verify_audit_chain()
+    # settled: nothing is live, so neither a second call nor "the last change" touches it
+    assert manager.rollback_unproven(writer.change_id, reason="again") == PartialRollback()
+    assert manager.rollback_last() is None
+    assert _tree(root) == expected
+
+
+def test_an_unproven_group_nobody_edited_is_rolled_back_whole(
+    manager: ImprovementManager, root: Path
+) -> None:
+    (root / "agents" / "reviewer.md").write_bytes(b"reviewer before\n")
+    before = _tree(root)
+    records = _unproven_group(manager, root)
+
+    undone = manager.rollback_unproven(records[2].change_id, reason="verification failed")
+
+    assert _tree(root) == before
+    assert undone.rolled_back == tuple(r.change_id for r in records)
+    assert undone.blocked == undone.left == undone.edited == ()
+    assert undone.conflict is None
+    statuses = {r.status for r in manager.get_history()}
+    assert statuses == {ChangeStatus.ROLLED_BACK}
+    assert manager.verify_audit_chain()
+
+
+def test_an_unproven_change_others_built_on_is_left_whole(
+    manager: ImprovementManager, root: Path
+) -> None:
+    """A later change the hashes cannot show (it wrote the same bytes) leaves every agent."""
+    records = _unproven_group(manager, root)
+    later = manager.apply(
+        _action("reviewer"), path="agents/reviewer.md", new_content="reviewer after\n", root=root
+    )
+    files = _tree(root)
+
+    undone = manager.rollback_unproven(records[0].change_id, reason="verification failed")
+
+    assert _tree(root) == files
+    assert undone.rolled_back == ()
+    assert undone.blocked == tuple(r.change_id for r in records)
+    assert undone.edited == ()
+    assert undone.conflict is not None
+    assert later.change_id in undone.conflict
+    now = manager.get_change(later.change_id)
+    assert now is not None
+    assert now.status is ChangeStatus.APPLIED  # not part of the group: untouched
+    assert manager.verify_audit_chain()
+
+
+def test_an_unproven_rollback_waits_for_the_root_lock(
+    manager: ImprovementManager, root: Path
+) -> None:
+    records = _unproven_group(manager, root)
+    lock = root.resolve() / ".agent" / "agentmend.lock"
+    done: list[PartialRollback] = []
+    with locked_file(lock):
+        worker = threading.Thread(
+            target=lambda: done.append(
+                manager.rollback_unproven(records[0].change_id, reason="verification failed")
+            )
+        )
+        worker.start()
+        worker.join(0.3)
+        assert worker.is_alive()  # blocked on the root lock, nothing decided yet
+        # an edit made while the lock is held is seen by the check that follows it
+        (root / "agents" / "reviewer.md").write_bytes(b"edited while waiting\n")
+    worker.join(10)
+    assert not worker.is_alive()
+    (undone,) = done
+    assert undone.blocked_agents == ("reviewer",)
+    assert (root / "agents" / "reviewer.md").read_bytes() == b"edited while waiting\n"
+
+
+def test_an_unproven_logged_change_or_an_unknown_id(manager: ImprovementManager) -> None:
+    change_id = manager.log_change(_action())
+    undone = manager.rollback_unproven(change_id, reason="verification failed")
+    assert undone == PartialRollback(rolled_back=(change_id,), rolled_back_agents=("writer",))
+    now = manager.get_change(change_id)
+    assert now is not None
+    assert now.status is ChangeStatus.ROLLED_BACK
+    assert manager.rollback_unproven("nope", reason="r") == PartialRollback()
 
 
 def test_a_failed_write_puts_back_the_group_and_records_why(

@@ -16,7 +16,6 @@ from agents.playbooks import offline_policies
 from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction
 from agents.team import AgentTeam
 from infrastructure.changes.decisions import list_decisions
-from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.llm.base import AgentResult
 from infrastructure.llm.offline import OfflineRuntime
 from infrastructure.llm.testing import ScriptedRuntime, Step
@@ -800,56 +799,3 @@ async def test_a_rollback_that_would_undo_a_newer_baseline_is_refused(build: Bui
     assert baseline_epoch(orchestrator) == after_first
     orchestrator.rollback(first.change_ids[0])
     assert baseline_epoch(orchestrator) == original
-
-
-class _EditedJustBeforeRollback(ImprovementManager):
-    """A manager whose first rollback finds ``victim`` edited after the caller checked it."""
-
-    def __init__(self, *args: Any, victim: Path, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.victim: Path | None = victim
-
-    def rollback_by_id(self, change_id: str, **kwargs: Any) -> bool:
-        if self.victim is not None:
-            victim, self.victim = self.victim, None
-            victim.write_bytes(victim.read_bytes() + b"a late edit\n")
-        return super().rollback_by_id(change_id, **kwargs)
-
-
-def test_a_file_edited_between_the_check_and_the_rollback_is_left_too(tmp_path: Path) -> None:
-    from agents.change_pipeline import undo_unproven
-
-    root = tmp_path / "team"
-    root.mkdir()
-    originals = {name: f"{name} before\n".encode() for name in ("a.md", "b.md")}
-    for name, data in originals.items():
-        (root / name).write_bytes(data)
-    with _EditedJustBeforeRollback(tmp_path / "h.db", victim=root / "b.md") as manager:
-        entries = [
-            (
-                ImprovementAction(
-                    target_agent=name.removesuffix(".md"),
-                    action_type=ChangeType.PROMPT_MODIFICATION,
-                    confidence_score=0.9,
-                ),
-                name,
-                f"{name} after\n",
-            )
-            for name in originals
-        ]
-        records = manager.apply_group(entries, root=root)
-
-        undone = undo_unproven(manager, records[0].change_id, "verification failed")
-
-        assert (root / "a.md").read_bytes() == originals["a.md"]
-        assert (root / "b.md").read_bytes() == b"b.md after\na late edit\n"
-        assert undone.rolled_back == (records[0].change_id,)
-        assert undone.blocked == (records[1].change_id,)
-        assert undone.paths == undone.edited == (str((root / "b.md").resolve()),)
-        assert undone.conflict is not None
-        assert "files changed since it was applied" in undone.conflict
-        assert [(r.change_id, r.status) for r in manager.get_history()] == [
-            (records[0].change_id, ChangeStatus.ROLLED_BACK),
-            (records[1].change_id, ChangeStatus.FAILED),
-        ]
-        assert manager.verify_audit_chain()

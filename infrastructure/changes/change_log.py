@@ -324,6 +324,26 @@ class ChangeLog:
         marks = ",".join("?" * len(ids))
         return self._rows(f"WHERE change_id IN ({marks})", ids, "ORDER BY seq")
 
+    def live_closure(self, members: Sequence[ChangeRow]) -> list[ChangeRow]:
+        """``members`` plus every live change built on their files, with its group, oldest first.
+
+        What a cascade rollback of ``members`` (a live group) undoes: each later APPLIED or KEPT
+        change to one of their files, and, since a group rolls back whole, the rest of its
+        group, and so on until nothing more is found.
+        """
+        selected: dict[str, ChangeRow] = {}
+        frontier = list(members)
+        while frontier:
+            for member in frontier:
+                selected[member.change_id] = member
+            found: dict[str, ChangeRow] = {}
+            for file in self.files([member.change_id for member in frontier]):
+                for later in self.live_changes_on(file.path, file.seq):
+                    if later.change_id not in selected:
+                        found.update((m.change_id, m) for m in self.live_group(later))
+            frontier = [member for cid, member in found.items() if cid not in selected]
+        return sorted(selected.values(), key=lambda member: member.seq)
+
     def live_by(self, target_agent: str, applied_by: str) -> list[ChangeRow]:
         """The APPLIED or KEPT changes of ``target_agent`` attributed to ``applied_by``.
 

@@ -18,6 +18,18 @@ An apply returns only after step 6, so an acknowledged change is APPLIED on disk
 lost. A rollback follows the same pattern: check, record the rollback intent, restore, mark
 ROLLED_BACK with audit rows.
 
+Rolling back an unproven change
+-------------------------------
+A group whose verification failed is undone agent by agent (``rollback_unproven``), under the
+root's lock from the hash check to the last status: someone may have edited one of its files
+while it was being verified, and that edit is never overwritten. An agent whose files all still
+hold what the change wrote gets its old bytes back (ROLLED_BACK, as a rollback); an agent with a
+file edited since keeps all its files as they are, and its changes become FAILED with
+``rollback_info`` saying so (``needs_attention``, ``left_unchanged``, ``edited_since_apply``,
+``conflict``) and a ``rollback_blocked`` audit row. Both outcomes, and the rollback's intent,
+commit in one transaction before any file is restored, so recovery finishes what a crash
+interrupts.
+
 Recovery
 --------
 On open (and before any apply or rollback on a root) unfinished work whose owner is gone is
@@ -40,13 +52,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from infrastructure.changes.audit import AuditLog
+from infrastructure.changes.audit import AuditLog, AuditTransaction
 from infrastructure.changes.change_log import ChangeLog, ChangeRow, StoredFile
 from infrastructure.errors import PathNotAllowed, RollbackConflict
 from infrastructure.files import (
@@ -61,7 +74,7 @@ from infrastructure.files import (
 from infrastructure.models import ChangeRecord, ChangeStatus, FileChange, ImprovementAction, utc_now
 from infrastructure.store import Store
 
-__all__ = ["LIVE_STATUSES", "ChangeProtocol", "Content", "FileEntry"]
+__all__ = ["LIVE_STATUSES", "ChangeProtocol", "Content", "FileEntry", "PartialRollback"]
 
 log = structlog.get_logger(__name__)
 
@@ -75,6 +88,29 @@ FileEntry = tuple[ImprovementAction, str | Path, Content]
 """One file of an apply: the action it carries out, its path under the root, its new content."""
 
 _AGENT_DIR = ".agent"
+
+
+@dataclass(frozen=True)
+class PartialRollback:
+    """What a rollback of an unproven group did (see the module docstring).
+
+    Attributes:
+        rolled_back: the changes whose files got their old bytes back (ROLLED_BACK).
+        blocked: the changes left in place because a file of their agent was edited since the
+            apply, or the rollback could not restore them (FAILED, needing attention).
+        left: every file of ``blocked``, left as it is now.
+        edited: the files of the group someone edited since the apply.
+        rolled_back_agents: the agents of ``rolled_back``; ``blocked_agents``: of ``blocked``.
+        conflict: why ``left`` could not be restored (None when nothing was blocked).
+    """
+
+    rolled_back: tuple[str, ...] = ()
+    blocked: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()
+    edited: tuple[str, ...] = ()
+    rolled_back_agents: tuple[str, ...] = ()
+    blocked_agents: tuple[str, ...] = ()
+    conflict: str | None = None
 
 
 class _PreparedFile:
@@ -239,8 +275,9 @@ class ChangeProtocol:
             fresh = self.changes.get(row.change_id)
             if fresh is None or fresh.status not in LIVE_STATUSES:
                 return False
-            selected = self._closure(fresh)
-            own = {m.change_id for m in self.changes.live_group(fresh)}
+            group = self.changes.live_group(fresh)
+            selected = {m.change_id: m for m in self.changes.live_closure(group)}
+            own = {m.change_id for m in group}
             dependents = tuple(c for c in selected if c not in own)
             files = self.changes.files(list(selected))
             if dependents and not cascade:
@@ -278,6 +315,138 @@ class ChangeProtocol:
         log.info("rolled_back_change", change_id=row.change_id, cascade=list(dependents))
         return True
 
+    def rollback_unproven(
+        self, row: ChangeRow, reason: str, *, user_id: str | None, user_name: str | None
+    ) -> PartialRollback:
+        """Undo ``row``'s live group except the agents with a file edited since the apply.
+
+        An empty result when the change is no longer live (settled meanwhile).
+
+        Raises:
+            AgentmendError: the store or a file failed; what committed stays so, and recovery
+                completes the restore on the next open (or apply or rollback on the root).
+        """
+        assert row.root is not None, "a change without files rolls back as a status change"
+        root = Path(row.root)
+        with locked_file(_lock_path(root)):
+            self._recover_root(root)
+            fresh = self.changes.get(row.change_id)
+            if fresh is None or fresh.status not in LIVE_STATUSES:
+                return PartialRollback()
+            members = self.changes.live_group(fresh)
+            edited = {
+                f.path
+                for f in self.changes.files([m.change_id for m in members])
+                if _sha(read_if_exists(Path(f.path))) != f.new_sha256
+            }
+            left = {_agent(m) for m in members if any(f.path in edited for f in m.record.files)}
+            rest = [m for m in members if _agent(m) not in left]
+            conflict = _edited_conflict(edited) if edited else None
+            files: list[StoredFile] = []
+            if rest:
+                try:
+                    files = self._restorable(rest, {m.change_id for m in members})
+                except RollbackConflict as exc:  # not explained by the hashes: leave them all
+                    conflict, rest = str(exc), []
+                    left = {_agent(m) for m in members}
+            blocked = [m for m in members if _agent(m) in left]
+            request = {
+                "reason": reason,
+                "requested": rest[0].change_id if rest else row.change_id,
+                "forced": False,
+                "user_id": user_id,
+                "user_name": user_name,
+            }
+            with self.audit.transaction() as txn:
+                self._mark_blocked(txn, blocked, reason, edited, conflict, user_id, user_name)
+                self.changes.mark_rolling_back(txn.conn, [m.change_id for m in rest], request)
+            if rest:
+                try:
+                    self._finish_rollback(root, rest, files, request)
+                except Exception as exc:
+                    if not self._settle_rollback_after_error(root, rest[0].change_id, exc):
+                        raise
+        log.info(
+            "rolled_back_unproven_change",
+            change_id=row.change_id,
+            rolled_back=[m.change_id for m in rest],
+            blocked=[m.change_id for m in blocked],
+        )
+        return PartialRollback(
+            rolled_back=tuple(m.change_id for m in rest),
+            blocked=tuple(m.change_id for m in blocked),
+            left=tuple(f.path for m in blocked for f in m.record.files),
+            edited=tuple(sorted(edited)),
+            rolled_back_agents=tuple(dict.fromkeys(map(_agent, rest))),
+            blocked_agents=tuple(dict.fromkeys(map(_agent, blocked))),
+            conflict=conflict if blocked else None,
+        )
+
+    def _restorable(self, rest: list[ChangeRow], group: set[str]) -> list[StoredFile]:
+        """The files that restore ``rest``, checked as a rollback checks them.
+
+        Raises:
+            RollbackConflict: later live changes build on them, or their stored old bytes
+                fail their hash.
+        """
+        dependents = tuple(
+            m.change_id for m in self.changes.live_closure(rest) if m.change_id not in group
+        )
+        files = self.changes.files([m.change_id for m in rest])
+        if dependents:
+            raise RollbackConflict(
+                rest[0].change_id,
+                f"later changes build on it ({', '.join(dependents)})",
+                paths=tuple(sorted({f.path for f in files})),
+                dependents=dependents,
+            )
+        _targets(files)
+        return files
+
+    def _mark_blocked(
+        self,
+        txn: AuditTransaction,
+        members: list[ChangeRow],
+        reason: str,
+        edited: set[str],
+        conflict: str | None,
+        user_id: str | None,
+        user_name: str | None,
+    ) -> None:
+        """Live ``members`` -> FAILED with the conflict recorded, and an audit row each.
+
+        FAILED, not left APPLIED: the change was not kept and must not look like one still
+        being verified, or be picked by a later "roll back the last change"; the audit row says
+        the rollback was blocked, so the trail shows the change was never undone.
+        """
+        stamp = utc_now().isoformat()
+        for member in members:
+            paths = [f.path for f in member.record.files]
+            info = {
+                "reason": reason,
+                "rollback_time": stamp,
+                "restored": [],
+                "needs_attention": True,
+                "left_unchanged": paths,
+                "edited_since_apply": [path for path in paths if path in edited],
+                "conflict": conflict,
+                "note": "a file of this agent was edited after the change was applied; the "
+                "rollback left its files as they are rather than overwrite that edit",
+            }
+            self.changes.set_status(
+                txn.conn, [member.change_id], ChangeStatus.FAILED, rollback_info=info
+            )
+            action = member.record.action
+            txn.append(
+                agent_name=action.target_agent,
+                edit_type="rollback_blocked",
+                old_value=action.new_value,
+                new_value=f"(left as edited since the change: {', '.join(paths)})",
+                user_id=user_id or member.record.applied_by,
+                user_name=user_name,
+                change_id=member.change_id,
+            )
+
     def _settle_rollback_after_error(self, root: Path, change_id: str, error: Exception) -> bool:
         """Finish a rollback whose files may be restored but whose status did not commit.
 
@@ -298,22 +467,6 @@ class ChangeProtocol:
             return False
         fresh = self.changes.get(change_id)
         return fresh is not None and fresh.status is ChangeStatus.ROLLED_BACK
-
-    def _closure(self, row: ChangeRow) -> dict[str, ChangeRow]:
-        """``row``'s live group plus every live change built on it, with their groups."""
-        selected: dict[str, ChangeRow] = {}
-        frontier = self.changes.live_group(row)
-        while frontier:
-            for member in frontier:
-                selected[member.change_id] = member
-            found: list[ChangeRow] = []
-            for file in self.changes.files([m.change_id for m in frontier]):
-                for later in self.changes.live_changes_on(file.path, file.seq):
-                    if later.change_id not in selected:
-                        found.extend(self.changes.live_group(later))
-            frontier = [f for f in {f.change_id: f for f in found}.values()
-                        if f.change_id not in selected]  # fmt: skip
-        return dict(sorted(selected.items(), key=lambda kv: kv[1].seq))
 
     def _finish_rollback(
         self,
@@ -443,6 +596,14 @@ class ChangeProtocol:
                 self.changes.set_status(
                     conn, [row.change_id], ChangeStatus.FAILED, rollback_info=info
                 )
+
+
+def _agent(row: ChangeRow) -> str:
+    return row.record.action.target_agent
+
+
+def _edited_conflict(edited: set[str]) -> str:
+    return f"{', '.join(sorted(edited))} changed since it was applied"
 
 
 def _lock_path(root: Path) -> Path:

@@ -30,7 +30,13 @@ from uuid import uuid4
 
 from infrastructure.changes.audit import AuditLog, ChainVerification
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
-from infrastructure.changes.change_protocol import LIVE_STATUSES, ChangeProtocol, Content, FileEntry
+from infrastructure.changes.change_protocol import (
+    LIVE_STATUSES,
+    ChangeProtocol,
+    Content,
+    FileEntry,
+    PartialRollback,
+)
 from infrastructure.errors import ChangeNotFound, ChangeStateError, ConfigurationError
 from infrastructure.models import (
     ChangeRecord,
@@ -48,6 +54,7 @@ __all__ = [
     "ChangeType",
     "ImprovementAction",
     "ImprovementManager",
+    "PartialRollback",
 ]
 
 DEFAULT_HISTORY_FILE = Path(".agent") / "agentmend.db"
@@ -194,6 +201,56 @@ class ImprovementManager:
         """
         row = self.changes.get(change_id)
         return row is not None and self._rollback(row, reason, force, cascade, user_id, user_name)
+
+    def rollback_unproven(
+        self,
+        change_id: str,
+        *,
+        reason: str,
+        user_id: str | None = None,
+        user_name: str | None = None,
+    ) -> PartialRollback:
+        """Undo a group that was not proven, except what someone edited since the apply.
+
+        Agent by agent (an agent's files stay together): an agent whose files still hold what
+        the change wrote gets its old bytes back (ROLLED_BACK); an agent with a file edited
+        since keeps its files as they are, its changes become FAILED with ``rollback_info``
+        saying why (``needs_attention``, ``left_unchanged``, ``edited_since_apply``,
+        ``conflict``) and a ``rollback_blocked`` audit row. All of it under the root's lock;
+        see ``infrastructure.changes.change_protocol``. Nothing happens when ``change_id`` is
+        unknown or no longer APPLIED or KEPT (an empty result).
+
+        Raises:
+            AgentmendError: the store or a file failed; what committed stays so, and the next
+                open completes an interrupted restore.
+        """
+        row = self.changes.get(change_id)
+        if row is None or row.status not in LIVE_STATUSES:
+            return PartialRollback()
+        if row.root is None:  # logged only: nothing on disk that someone could have edited
+            done = self._rollback_logged(row, reason, user_id, user_name)
+            agent = row.record.action.target_agent
+            return (
+                PartialRollback((change_id,), rolled_back_agents=(agent,))
+                if done
+                else PartialRollback()
+            )
+        return self.protocol.rollback_unproven(row, reason, user_id=user_id, user_name=user_name)
+
+    def rollback_closure(self, change_id: str) -> list[ChangeRow]:
+        """The changes a cascade rollback of ``change_id`` would undo now, newest first.
+
+        Its live group plus every live change built on its files (with their groups), in the
+        order a cascade undoes them; empty when the change is no longer APPLIED or KEPT. A
+        rollback without ``cascade`` undoes just the group, or is refused when this holds more.
+
+        Raises:
+            ChangeNotFound: ``change_id`` is unknown.
+        """
+        row = self._require(change_id)
+        if row.status not in LIVE_STATUSES:
+            return []
+        return self.changes.live_closure(self.changes.live_group(row))[::-1]
 
     def get_history(self, agent_name: str | None = None, limit: int = 50) -> list[ChangeRecord]:
         """The newest ``limit`` changes of the durable history, oldest first."""
