@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,7 +65,7 @@ class Store:
                     check_same_thread=False,
                 )
                 conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-                conn.execute("PRAGMA journal_mode=WAL")
+                _use_wal(conn)
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("PRAGMA foreign_keys=ON")
             except sqlite3.DatabaseError as exc:
@@ -198,6 +199,29 @@ class Store:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Switch the database to WAL, waiting out other first openers.
+
+    The mode is stored in the file, so only a brand-new database needs the switch; but the
+    switch takes an exclusive lock and SQLite does not wait for it through the busy timeout,
+    so several processes opening a new store at once would fail with ``database is locked``.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            if not busy or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
 
 def _split_sql(script: str) -> list[str]:

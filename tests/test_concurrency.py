@@ -37,7 +37,11 @@ def test_four_processes_record_and_apply_at_once_and_lose_nothing(tmp_path: Path
     ]
     for proc in procs:
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "READY"
+        if proc.stdout.readline().strip() != "READY":
+            for other in procs:
+                other.kill()
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"a worker died while opening the store:\n{err[-3000:]}")
     for proc in procs:  # all four are open; let them go together
         assert proc.stdin is not None
         proc.stdin.write("go\n")

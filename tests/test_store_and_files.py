@@ -138,7 +138,7 @@ def test_a_begin_that_cannot_get_the_lock_is_a_store_error_naming_the_database(
     with Store(db) as store:
         store.migrate("things", [V1])
         store.connection().execute("PRAGMA busy_timeout=50")
-        other = sqlite3.connect(db, isolation_level=None)
+        other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
         try:
             other.execute("BEGIN IMMEDIATE")
             with (
@@ -335,3 +335,20 @@ def test_locked_file_makes_other_threads_wait_and_is_released_on_error(tmp_path:
     assert not waiter.is_alive()
     assert order == ["holder", "other"]
     assert not _held_elsewhere(lock)
+
+
+def test_opening_a_new_store_waits_for_another_first_opener(tmp_path: Path) -> None:
+    # another process is still creating the database (rollback journal, exclusive lock): the
+    # switch to WAL must wait for it, not fail with "database is locked"
+    db = tmp_path / "new.db"
+    other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN EXCLUSIVE")
+    other.execute("CREATE TABLE first_opener (x INTEGER)")
+    timer = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+    timer.start()
+    try:
+        with Store(db) as store:
+            assert store.connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        timer.join()
+        other.close()
