@@ -40,8 +40,8 @@ def test_four_processes_record_and_apply_at_once_and_lose_nothing(tmp_path: Path
         if proc.stdout.readline().strip() != "READY":
             for other in procs:
                 other.kill()
-            _, err = proc.communicate(timeout=30)
-            pytest.fail(f"a worker died while opening the store:\n{err[-3000:]}")
+            errors = [other.communicate(timeout=30)[1] for other in procs]  # closes the pipes
+            pytest.fail(f"a worker died while opening the store:\n{errors[procs.index(proc)]}")
     for proc in procs:  # all four are open; let them go together
         assert proc.stdin is not None
         proc.stdin.write("go\n")
