@@ -1002,7 +1002,7 @@ def test_plans_round_trip_and_update(tmp_path: Path) -> None:
         assert [p.plan_id for p in list_plans(store)] == [plan.plan_id, "p2"]
         assert [p.plan_id for p in list_plans(store, status="done")] == [plan.plan_id]
         assert get_plan(store, "missing") is None
-        with pytest.raises(KeyError):
+        with pytest.raises(KeyError, match=r"no plan with id .missing."):
             update_plan(store, "missing", status="x")
 
 

@@ -43,7 +43,7 @@ def test_the_team_is_a_private_copy(agentmend_team, agentmend_team_dir, tmp_path
 def test_inject_fault_refuses_parameters_with_a_fault(inject_fault):
     from infrastructure.simulation import Fault
 
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="not with a Fault"):
         inject_fault("research-agent", Fault(FaultKind.SLOW), calls=3)
 """
 
