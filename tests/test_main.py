@@ -196,22 +196,35 @@ class _Interactive:
                 stream.close()
 
 
-def test_the_anthropic_provider_runs_your_own_agents_for_real(
-    tmp_path: Path, fake_api: FakeMessagesAPI
-) -> None:
+def _run_own_agent(
+    provider: str, front_matter: str, stdin: str, tmp_path: Path, fake_api: FakeMessagesAPI
+) -> subprocess.CompletedProcess[str]:
+    """main.py on ``provider`` with one agent definition of the user's, against the fake API."""
     agents_dir = tmp_path / "my-agents"
     agents_dir.mkdir()
     (agents_dir / "arithmetic.md").write_text(
         "---\nname: arithmetic\ndescription: Adds numbers.\nmodel: claude-haiku-4-5\n"
-        "agentmend:\n  max_tokens: 256\n---\nYou add numbers and answer with the sum only.\n"
+        f"{front_matter}---\nYou add numbers and answer with the sum only.\n"
     )
-    fake_api.enqueue(Reply.text("2 + 2 = 4, the sum asked for."))
-    done = _run(
-        ["--provider", "anthropic", "--agents", str(agents_dir), "--workspace", "ws"],
-        "What is 2+2?\n/status\n/quit\n",
+    return _run(
+        ["--provider", provider, "--agents", str(agents_dir), "--workspace", "ws"],
+        stdin,
         tmp_path,
         ANTHROPIC_API_KEY="test-key",
         ANTHROPIC_BASE_URL=fake_api.base_url,
+    )
+
+
+def test_the_anthropic_provider_runs_your_own_agents_for_real(
+    tmp_path: Path, fake_api: FakeMessagesAPI
+) -> None:
+    fake_api.enqueue(Reply.text("2 + 2 = 4, the sum asked for."))
+    done = _run_own_agent(
+        "anthropic",
+        "agentmend:\n  max_tokens: 256\n",
+        "What is 2+2?\n/status\n/quit\n",
+        tmp_path,
+        fake_api,
     )
     assert done.returncode == 0, done.stderr
     assert "provider anthropic" in " ".join(done.stdout.split())
@@ -238,19 +251,9 @@ def test_a_late_yes_is_not_sent_to_the_team_as_a_question(tmp_path: Path) -> Non
 def test_the_claude_agent_sdk_provider_runs_your_agents_through_the_cli(
     tmp_path: Path, fake_api: FakeMessagesAPI
 ) -> None:
-    agents_dir = tmp_path / "my-agents"
-    agents_dir.mkdir()
-    (agents_dir / "arithmetic.md").write_text(
-        "---\nname: arithmetic\ndescription: Adds numbers.\nmodel: claude-haiku-4-5\n"
-        "tools: []\n---\nYou add numbers and answer with the sum only.\n"
-    )
     fake_api.set_fallback(Reply.text("2 + 2 = 4, said the CLI."))
-    done = _run(
-        ["--provider", "claude-agent-sdk", "--agents", str(agents_dir), "--workspace", "ws"],
-        "What is 2+2?\n/quit\n",
-        tmp_path,
-        ANTHROPIC_API_KEY="test-key",
-        ANTHROPIC_BASE_URL=fake_api.base_url,
+    done = _run_own_agent(
+        "claude-agent-sdk", "tools: []\n", "What is 2+2?\n/quit\n", tmp_path, fake_api
     )
     assert done.returncode == 0, done.stderr
     out = " ".join(done.stdout.split())

@@ -281,7 +281,7 @@ async def test_without_a_suite_a_fix_is_judged_against_the_sample_query_before_i
 async def test_without_a_suite_an_issue_the_sample_query_does_not_show_changes_nothing(
     build: Build,
 ) -> None:
-    orchestrator = build(roles_runtime=ScriptedImprover())
+    orchestrator = build(roles_runtime=cooler_research_agent())
     await orchestrator.execute_task("a healthy task")
     (orchestrator.team.directory / "research-agent.evals.yaml").unlink()
     issue = IssueReport(
@@ -304,7 +304,7 @@ async def test_without_a_suite_an_issue_the_sample_query_does_not_show_changes_n
 
 
 async def test_without_a_suite_a_fix_that_does_not_help_is_rolled_back(build: Build) -> None:
-    orchestrator = build(roles_runtime=ScriptedImprover())
+    orchestrator = build(roles_runtime=cooler_research_agent())
     (orchestrator.team.directory / "research-agent.evals.yaml").unlink()
     issue = await faulty_issue(orchestrator)
     before = definitions(orchestrator)
@@ -406,19 +406,11 @@ async def test_a_store_is_made_in_the_workspace_and_closed(tmp_path: Path) -> No
 
 
 class ScriptedImprover:
-    """The offline roles, with an improver that always proposes a cooler temperature."""
+    """The offline roles, except an improver that proposes exactly ``actions``."""
 
-    def __init__(self) -> None:
+    def __init__(self, actions: list[ProposedAction]) -> None:
         self.offline = OfflineRuntime(offline_policies())
-        action = ProposedAction(
-            action_type=ChangeType.PARAMETER_ADJUSTMENT,
-            target_agent="research-agent",
-            target_field="temperature",
-            new_value=0.1,
-            rationale="calmer answers",
-            confidence=0.9,
-        )
-        self.improver = ScriptedRuntime([Step.output(ImprovementPlan(actions=[action]))])
+        self.improver = ScriptedRuntime([Step.output(ImprovementPlan(actions=actions))])
 
     async def run(
         self, spec: AgentSpec, prompt: str, *, tools: Any = (), output_type: Any = None
@@ -430,9 +422,42 @@ class ScriptedImprover:
         return result
 
 
+def cooler_research_agent() -> ScriptedImprover:
+    """An improver that always proposes a cooler temperature for research-agent."""
+    return ScriptedImprover(
+        [
+            ProposedAction(
+                action_type=ChangeType.PARAMETER_ADJUSTMENT,
+                target_agent="research-agent",
+                target_field="temperature",
+                new_value=0.1,
+                rationale="calmer answers",
+                confidence=0.9,
+            )
+        ]
+    )
+
+
+def two_agent_max_tokens() -> ScriptedImprover:
+    """An improver that raises max_tokens of two agents at once (one change group)."""
+    return ScriptedImprover(
+        [
+            ProposedAction(
+                action_type=ChangeType.PARAMETER_ADJUSTMENT,
+                target_agent=name,
+                target_field="max_tokens",
+                new_value=16384,
+                rationale="answers are cut off",
+                confidence=0.9,
+            )
+            for name in ("research-agent", "knowledge-builder")
+        ]
+    )
+
+
 async def test_an_issue_the_eval_suite_does_not_reproduce_changes_nothing(build: Build) -> None:
     shown: list[CycleEvent] = []
-    orchestrator = build(roles_runtime=ScriptedImprover(), on_progress=shown.append)
+    orchestrator = build(roles_runtime=cooler_research_agent(), on_progress=shown.append)
     await orchestrator.execute_task("a healthy task")
     metrics = orchestrator.monitor.get_agent_metrics("research-agent")
     assert metrics is not None
@@ -506,36 +531,8 @@ async def test_rollback_on_request_restores_bytes_and_the_old_baseline(build: Bu
     assert orchestrator.rollback() is None  # nothing applied or kept is left
 
 
-class TwoAgentImprover:
-    """The offline roles, with an improver that raises max_tokens of two agents at once."""
-
-    def __init__(self) -> None:
-        self.offline = OfflineRuntime(offline_policies())
-        actions = [
-            ProposedAction(
-                action_type=ChangeType.PARAMETER_ADJUSTMENT,
-                target_agent=name,
-                target_field="max_tokens",
-                new_value=16384,
-                rationale="answers are cut off",
-                confidence=0.9,
-            )
-            for name in ("research-agent", "knowledge-builder")
-        ]
-        self.improver = ScriptedRuntime([Step.output(ImprovementPlan(actions=actions))])
-
-    async def run(
-        self, spec: AgentSpec, prompt: str, *, tools: Any = (), output_type: Any = None
-    ) -> AgentResult[Any]:
-        runtime: Any = self.improver if spec.name == "self-improver" else self.offline
-        result: AgentResult[Any] = await runtime.run(
-            spec, prompt, tools=tools, output_type=output_type
-        )
-        return result
-
-
 async def test_rollback_of_a_kept_group_restores_every_members_baseline(build: Build) -> None:
-    orchestrator = build(roles_runtime=TwoAgentImprover())
+    orchestrator = build(roles_runtime=two_agent_max_tokens())
     await orchestrator.execute_task("a healthy task")
     agents = ("research-agent", "knowledge-builder")
     old = {name: baseline_epoch(orchestrator, name) for name in agents}
@@ -686,7 +683,7 @@ async def test_a_failed_verification_after_an_edit_during_it_leaves_the_edit_and
     build: Build,
 ) -> None:
     orchestrator, runtime = _edited_during_verification(
-        build, outage=False, roles_runtime=ScriptedImprover()
+        build, outage=False, roles_runtime=cooler_research_agent()
     )
     cycle = await orchestrator.run_improvement_cycle(await faulty_issue(orchestrator))
     assert cycle.status == "rollback_blocked"
@@ -702,7 +699,7 @@ async def test_an_edit_during_verification_of_a_group_rolls_back_the_untouched_a
     build: Build,
 ) -> None:
     orchestrator, runtime = _edited_during_verification(
-        build, outage=True, roles_runtime=TwoAgentImprover()
+        build, outage=True, roles_runtime=two_agent_max_tokens()
     )
     sim(orchestrator).inject("knowledge-builder", FaultKind.TRUNCATION)
     before = definitions(orchestrator)
