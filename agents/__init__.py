@@ -13,28 +13,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agents.ask_agent_tool import (
-        AskAgentTool,
-        create_ask_agent_tool,
-    )
-    from agents.cycle import (
+    from agents.faces.workspace import Workspace
+    from agents.loop.cycle import (
         CycleResult,
         TaskResult,
         replay_cycle,
     )
-    from agents.meta_orchestrator import MetaOrchestrator
-    from agents.self_improver import SelfImprover
-    from agents.socratic_mediator import SocraticMediator
-    from agents.supervisor import Supervisor
-    from agents.team import AgentTeam
-    from agents.workspace import Workspace
+    from agents.loop.meta_orchestrator import MetaOrchestrator
+    from agents.roles.ask_agent_tool import (
+        AskAgentTool,
+        create_ask_agent_tool,
+    )
+    from agents.roles.self_improver import SelfImprover
+    from agents.roles.socratic_mediator import SocraticMediator
+    from agents.roles.supervisor import Supervisor
+    from agents.roles.team import AgentTeam
     from infrastructure.changes.audit import verify_audit_chain
     from infrastructure.changes.improvement_manager import ImprovementManager
-    from infrastructure.changes.safety import (
-        GateVerdict,
-        Principal,
-        ProposedChange,
-    )
+    from infrastructure.changes.safety import GateVerdict, ProposedChange
     from infrastructure.errors import (
         AgentmendError,
         AgentRunError,
@@ -71,6 +67,7 @@ if TYPE_CHECKING:
     )
     from infrastructure.monitoring.detection import IssueDetector
     from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+    from infrastructure.principal import Principal
     from infrastructure.settings import Settings
     from infrastructure.simulation import SimulatedRuntime
     from infrastructure.spec import (
@@ -79,6 +76,8 @@ if TYPE_CHECKING:
         load_agent_specs,
     )
     from infrastructure.store import Store
+
+__version__ = "0.1.0"
 
 __all__ = [
     "AgentMetrics",
@@ -152,7 +151,7 @@ _EXPORTS: dict[str, str] = {
     "Store": "infrastructure.store",
     "Settings": "infrastructure.settings",
     "GateVerdict": "infrastructure.changes.safety",
-    "Principal": "infrastructure.changes.safety",
+    "Principal": "infrastructure.principal",
     "ProposedChange": "infrastructure.changes.safety",
     "VerificationVerdict": "infrastructure.evaluation.verification",
     "AgentResult": "infrastructure.llm.base",
@@ -173,17 +172,17 @@ _EXPORTS: dict[str, str] = {
     "PathNotAllowed": "infrastructure.errors",
     "RollbackConflict": "infrastructure.errors",
     "SpecError": "infrastructure.errors",
-    "AskAgentTool": "agents.ask_agent_tool",
-    "create_ask_agent_tool": "agents.ask_agent_tool",
-    "AgentTeam": "agents.team",
-    "SocraticMediator": "agents.socratic_mediator",
-    "SelfImprover": "agents.self_improver",
-    "Supervisor": "agents.supervisor",
-    "MetaOrchestrator": "agents.meta_orchestrator",
-    "CycleResult": "agents.cycle",
-    "TaskResult": "agents.cycle",
-    "replay_cycle": "agents.cycle",
-    "Workspace": "agents.workspace",
+    "AskAgentTool": "agents.roles.ask_agent_tool",
+    "create_ask_agent_tool": "agents.roles.ask_agent_tool",
+    "AgentTeam": "agents.roles.team",
+    "SocraticMediator": "agents.roles.socratic_mediator",
+    "SelfImprover": "agents.roles.self_improver",
+    "Supervisor": "agents.roles.supervisor",
+    "MetaOrchestrator": "agents.loop.meta_orchestrator",
+    "CycleResult": "agents.loop.cycle",
+    "TaskResult": "agents.loop.cycle",
+    "replay_cycle": "agents.loop.cycle",
+    "Workspace": "agents.faces.workspace",
 }
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.cycle import CycleEvent, CycleResult
-from agents.meta_orchestrator import MetaOrchestrator
+from agents.loop.cycle import CycleEvent, CycleResult
+from agents.loop.meta_orchestrator import MetaOrchestrator
 from infrastructure.permissions import SHELL_AND_WRITE_TOOLS
 from infrastructure.settings import Settings
 from infrastructure.simulation import (

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from infrastructure.changes.safety import ADMIN, Principal
+from infrastructure.principal import ADMIN, Principal
 
 __all__ = ["Provider", "Settings"]
 

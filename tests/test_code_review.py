@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tiny_project import CALC, CALC_EXTENDED, TEST_CALC, make_project
 
-from agents.code_review import (
+from agents.loop.code_review import (
     CodeAnalyst,
     CodeFinding,
     CodeReviewer,
@@ -16,8 +16,8 @@ from agents.code_review import (
     ModelRequired,
     review_code_change,
 )
-from agents.playbooks import offline_policies
-from agents.schemas import SupervisorReview
+from agents.roles.playbooks import offline_policies
+from agents.roles.schemas import SupervisorReview
 from infrastructure.changes.safety import ProposedChange
 from infrastructure.code_update.code_plans import CodeUpdateError, PlannedFile, proposed_change
 from infrastructure.errors import PathNotAllowed

@@ -25,7 +25,7 @@ from tiny_project import (
     snapshot,
 )
 
-from agents.code_review import CodeReviewer
+from agents.loop.code_review import CodeReviewer
 from infrastructure.changes.change_protocol import FileEntry
 from infrastructure.changes.decisions import list_decisions, list_plans, save_plan, update_plan
 from infrastructure.changes.improvement_manager import ImprovementManager
@@ -501,7 +501,7 @@ async def test_an_unexpected_apply_error_fails_the_plan_records_why_and_propagat
 _CRASH_CHILD = """
 import asyncio, json, sys
 from pathlib import Path
-from agents.code_review import CodeReviewer
+from agents.loop.code_review import CodeReviewer
 from infrastructure.code_update.updater import CodeUpdater, FileOperation
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.settings import Settings

@@ -31,12 +31,12 @@ from pathlib import Path
 import pytest
 from fake_messages_api import STRUCTURED_OUTPUT_TOOL, FakeMessagesAPI, RecordedRequest, Reply
 
-from agents.cycle import CycleResult, replay_cycle
-from agents.meta_orchestrator import MetaOrchestrator
-from agents.prompt_blocks import extract_block
-from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction, SupervisorReview
-from agents.supervisor import Supervisor
-from agents.team import load_role_spec
+from agents.loop.cycle import CycleResult, replay_cycle
+from agents.loop.meta_orchestrator import MetaOrchestrator
+from agents.roles.prompt_blocks import extract_block
+from agents.roles.schemas import ImprovementPlan, MediatorReport, ProposedAction, SupervisorReview
+from agents.roles.supervisor import Supervisor
+from agents.roles.team import load_role_spec
 from infrastructure.changes.safety import ProposedChange
 from infrastructure.llm.anthropic_runtime import AnthropicRuntime
 from infrastructure.llm.retry import RetryPolicy

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from agents.cycle import CycleResult, replay_cycle
-from agents.meta_orchestrator import MetaOrchestrator
-from agents.playbooks import offline_policies
-from agents.prompt_blocks import extract_block
-from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction, SupervisorReview
+from agents.loop.cycle import CycleResult, replay_cycle
+from agents.loop.meta_orchestrator import MetaOrchestrator
+from agents.roles.playbooks import offline_policies
+from agents.roles.prompt_blocks import extract_block
+from agents.roles.schemas import ImprovementPlan, MediatorReport, ProposedAction, SupervisorReview
 from infrastructure.changes.decisions import list_decisions
 from infrastructure.changes.safety import ProposedChange
 from infrastructure.llm.base import AgentResult, ToolSpec

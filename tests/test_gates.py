@@ -24,16 +24,10 @@ from infrastructure.changes.gates import (
     require_passed,
 )
 from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.safety import (
-    ADMIN,
-    FileEdit,
-    GateVerdict,
-    Principal,
-    ProposedChange,
-    run_gates,
-)
+from infrastructure.changes.safety import FileEdit, GateVerdict, ProposedChange, run_gates
 from infrastructure.errors import ConfigurationError
 from infrastructure.models import ChangeType, ImprovementAction
+from infrastructure.principal import ADMIN, Principal
 from infrastructure.settings import Settings
 from infrastructure.spec import AgentSpec, load_agent_specs
 

@@ -18,9 +18,9 @@ from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult
 from tiny_project import CALC, CALC_BROKEN, CALC_EXTENDED, PYTEST, make_project, snapshot
 
-from agents.mcp_server import build_server
-from agents.mcp_tools import AgentmendTools, BadRequest
-from agents.workspace import Workspace
+from agents.faces.mcp_server import build_server
+from agents.faces.mcp_tools import AgentmendTools, BadRequest
+from agents.faces.workspace import Workspace
 from infrastructure.llm.anthropic_runtime import AnthropicRuntime
 from infrastructure.monitoring.performance_monitor import VERIFICATION
 from infrastructure.settings import Settings

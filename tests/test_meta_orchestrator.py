@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from agents.cycle import CycleEvent, cycle_events, list_cycle_ids, replay_cycle
-from agents.meta_orchestrator import MetaOrchestrator
-from agents.playbooks import offline_policies
-from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction
-from agents.team import AgentTeam
+from agents.loop.cycle import CycleEvent, cycle_events, list_cycle_ids, replay_cycle
+from agents.loop.meta_orchestrator import MetaOrchestrator
+from agents.roles.playbooks import offline_policies
+from agents.roles.schemas import ImprovementPlan, MediatorReport, ProposedAction
+from agents.roles.team import AgentTeam
 from infrastructure.changes.decisions import list_decisions
 from infrastructure.llm.base import AgentResult
 from infrastructure.llm.offline import OfflineRuntime

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from agents.ask_agent_tool import AskAgentInput, AskAgentTool
-from agents.playbooks import offline_policies, plan_for, review_change
-from agents.playbooks.mediator import MAX_QUESTIONS, answer_text
-from agents.playbooks.signatures import classify, denied_tools, missing_models
-from agents.prompt_blocks import render_block
-from agents.schemas import ImprovementPlan, MediatorReport, ProposedAction, SupervisorReview
+from agents.roles.ask_agent_tool import AskAgentInput, AskAgentTool
+from agents.roles.playbooks import offline_policies, plan_for, review_change
+from agents.roles.playbooks.mediator import MAX_QUESTIONS, answer_text
+from agents.roles.playbooks.signatures import classify, denied_tools, missing_models
+from agents.roles.prompt_blocks import render_block
+from agents.roles.schemas import ImprovementPlan, MediatorReport, ProposedAction, SupervisorReview
 from infrastructure.errors import ErrorKind
 from infrastructure.llm.base import ToolError, ToolSpec
 from infrastructure.llm.offline import OfflineRuntime

@@ -54,15 +54,17 @@ def test_users_can_write_failure_cycle_tests_with_the_fixtures(pytester: pytest.
     )
     pytester.makepyfile(test_user_team=USER_TESTS)
     # the entry point may or may not be installed here; load the module explicitly either way
-    result = pytester.runpytest_inprocess("-p", "no:agentmend", "-p", "agents.pytest_plugin", "-q")
+    result = pytester.runpytest_inprocess(
+        "-p", "no:agentmend", "-p", "agents.faces.pytest_plugin", "-q"
+    )
     result.assert_outcomes(passed=3)
 
 
 def test_importing_the_plugin_imports_no_sdk_and_no_team(tmp_path: Path) -> None:
     probe = (
         "import json, sys\n"
-        "import agents.pytest_plugin\n"
-        "heavy = ('anthropic', 'claude_agent_sdk', 'mcp', 'agents.meta_orchestrator',"
+        "import agents.faces.pytest_plugin\n"
+        "heavy = ('anthropic', 'claude_agent_sdk', 'mcp', 'agents.loop.meta_orchestrator',"
         " 'infrastructure.simulation')\n"
         "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.report_parsing import (
+from agents.roles.report_parsing import (
     ReportParseError,
     parse_analysis_report,
     parse_improvement_actions,

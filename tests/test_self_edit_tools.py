@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agents.cycle import CycleEvent, CycleResult, list_cycle_ids, replay_cycle
-from agents.meta_orchestrator import MetaOrchestrator
-from agents.self_edit_tools import (
+from agents.loop.cycle import CycleEvent, CycleResult, list_cycle_ids, replay_cycle
+from agents.loop.meta_orchestrator import MetaOrchestrator
+from agents.loop.self_edit_tools import (
     SELF_EDIT_TOOL_NAMES,
     Authorize,
     permission_action_for,
@@ -31,11 +31,12 @@ from infrastructure.changes.audit import VALUE_LIMIT
 from infrastructure.changes.effectors import group_entries, plan_change
 from infrastructure.changes.gates import default_gates, require_passed
 from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.safety import ADMIN, GateVerdict, Principal, ProposedChange, run_gates
+from infrastructure.changes.safety import GateVerdict, ProposedChange, run_gates
 from infrastructure.errors import ConfigurationError
 from infrastructure.llm.base import ToolError, ToolSpec
 from infrastructure.llm.testing import ScriptedRuntime, Step
 from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
+from infrastructure.principal import ADMIN, Principal
 from infrastructure.settings import Settings
 from infrastructure.simulation import AVAILABLE_MODELS, FaultKind, SimulatedRuntime
 from infrastructure.spec import AgentSpec, PermissionProfile, load_agent_specs
@@ -723,7 +724,7 @@ async def test_a_self_edit_cannot_be_made_from_inside_another_change(
 
 
 def test_a_self_edit_whose_rollback_was_blocked_says_which_file_was_left() -> None:
-    from agents.self_edit_tools import SelfEditNotKept
+    from agents.loop.self_edit_tools import SelfEditNotKept
     from infrastructure.models import IssueReport
 
     result = CycleResult(

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from agents.playbooks import offline_policies
-from agents.prompt_blocks import extract_block
-from agents.schemas import ImprovementPlan, ProposedAction, SupervisorReview
-from agents.self_improver import InvalidProposal, SelfImprover
-from agents.supervisor import Supervisor
+from agents.roles.playbooks import offline_policies
+from agents.roles.prompt_blocks import extract_block
+from agents.roles.schemas import ImprovementPlan, ProposedAction, SupervisorReview
+from agents.roles.self_improver import InvalidProposal, SelfImprover
+from agents.roles.supervisor import Supervisor
 from infrastructure.changes.effectors import plan_change
 from infrastructure.changes.gates import default_gates
 from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.safety import GateVerdict, Principal, ProposedChange
+from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.errors import ErrorKind
 from infrastructure.llm.base import Usage
 from infrastructure.llm.offline import OfflineRuntime
@@ -30,6 +30,7 @@ from infrastructure.models import (
     IssueReport,
     RootCauseAnalysis,
 )
+from infrastructure.principal import Principal
 from infrastructure.simulation import AVAILABLE_MODELS, copy_team
 from infrastructure.spec import load_agent_specs
 from infrastructure.store import Store

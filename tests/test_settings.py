@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from infrastructure.changes.safety import ADMIN
+from infrastructure.principal import ADMIN
 from infrastructure.settings import Settings
 
 

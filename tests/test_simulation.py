@@ -11,7 +11,7 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from agents.ask_agent_tool import AskAgentTool
+from agents.roles.ask_agent_tool import AskAgentTool
 from infrastructure.errors import ConfigurationError, ErrorKind
 from infrastructure.evaluation.evals import find_eval_suite
 from infrastructure.llm.base import AgentResult, AgentRuntime

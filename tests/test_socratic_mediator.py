@@ -6,19 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from agents.ask_agent_tool import AskAgentTool
-from agents.cycle import QuestionAnswer
-from agents.playbooks import offline_policies
-from agents.prompt_blocks import extract_block
-from agents.schemas import MediatorReport
-from agents.socratic_mediator import (
+from agents.roles.ask_agent_tool import AskAgentTool
+from agents.roles.outcomes import QuestionAnswer
+from agents.roles.playbooks import offline_policies
+from agents.roles.prompt_blocks import extract_block
+from agents.roles.schemas import MediatorReport
+from agents.roles.socratic_mediator import (
     BUDGET_MESSAGE,
     NO_EVIDENCE_CAP,
     SocraticMediator,
     check_evidence,
     is_failed,
 )
-from agents.team import AgentTeam
+from agents.roles.team import AgentTeam
 from infrastructure.llm.offline import OfflineRuntime
 from infrastructure.llm.testing import ScriptedRuntime, Step
 from infrastructure.models import IssueReport

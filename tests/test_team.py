@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agents.team import AgentTeam, UnknownAgent, load_role_spec
+from agents.roles.team import AgentTeam, UnknownAgent, load_role_spec
 from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
 from infrastructure.llm.base import AgentResult, OutputT, ToolSpec
 from infrastructure.llm.testing import ScriptedRuntime, Step

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.workspace import (
+from agents.faces.workspace import (
     DB_NAME,
     TEAM_DIR_NAME,
     TeamDirError,

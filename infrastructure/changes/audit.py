@@ -51,13 +51,13 @@ import os
 import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from infrastructure.changes.audit_entry import AuditEntry
 from infrastructure.changes.audit_head import clear_head, read_head, write_head
 from infrastructure.changes.audit_head_events import head_event_findings, record_head_event
 from infrastructure.changes.audit_verification import (
@@ -132,25 +132,6 @@ def audit_key_from_env(environ: Mapping[str, str] | None = None) -> bytes | None
     """The HMAC key from ``AGENTMEND_AUDIT_HMAC_KEY``, for callers that wire settings."""
     value = (os.environ if environ is None else environ).get(AUDIT_HMAC_KEY_ENV)
     return value.encode("utf-8") if value else None
-
-
-@dataclass(frozen=True, slots=True)
-class AuditEntry:
-    """One audit row as stored."""
-
-    id: int
-    timestamp: datetime
-    agent_name: str
-    edit_type: str
-    old_value: str | None
-    new_value: str | None
-    user_id: str
-    user_name: str | None
-    change_id: str | None
-    prev_hash: str
-    row_hash: str
-    keyed: bool
-    batch: int  # id of the first row committed in the same transaction
 
 
 def _clip(value: Any) -> str | None:

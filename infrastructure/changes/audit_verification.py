@@ -13,13 +13,10 @@ import hmac
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from infrastructure.changes.audit_entry import AuditEntry
 from infrastructure.changes.audit_head import read_head
 from infrastructure.errors import AuditChainError
-
-if TYPE_CHECKING:
-    from infrastructure.changes.audit import AuditEntry
 
 __all__ = ["GENESIS_HASH", "ChainProblem", "ChainVerification", "check_head", "check_rows"]
 

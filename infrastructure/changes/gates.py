@@ -52,7 +52,6 @@ from infrastructure.changes.safety import (
     ChangeReviewer,
     Gate,
     GateVerdict,
-    Principal,
     ProposedChange,
 )
 from infrastructure.errors import AgentmendError, ConfigurationError, PathNotAllowed
@@ -64,6 +63,7 @@ from infrastructure.permissions import (
     allowed_tools,
     describe_profile,
 )
+from infrastructure.principal import Principal
 
 if TYPE_CHECKING:
     from infrastructure.settings import Settings

@@ -22,32 +22,14 @@ if TYPE_CHECKING:
     from infrastructure.spec import AgentSpec
 
 __all__ = [
-    "ADMIN",
     "ApprovalCallback",
     "ChangeReviewer",
     "FileEdit",
     "Gate",
     "GateVerdict",
-    "Principal",
     "ProposedChange",
     "run_gates",
 ]
-
-ADMIN = "admin"
-"""The permission that may grant ``open`` or custom profiles (seed 002's Manage Server)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who invokes a change: the gates never let a change grant more than this principal could."""
-
-    user_id: str
-    name: str
-    permissions: frozenset[str] = frozenset()
-
-    @property
-    def is_admin(self) -> bool:
-        return ADMIN in self.permissions
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """Timing one agent run into a monitor: a context manager (sync or async) and a decorator.
 
-Apart from :class:`~infrastructure.monitoring.performance_monitor.PerformanceMonitor` because it is
-a different concern (turning a block of code into one run) and needs nothing from the monitor but
-its ``record`` method; ``PerformanceMonitor.track`` is the way to get one.
+Apart from the ``PerformanceMonitor`` because it is a different concern (turning a block of code
+into one run) and needs nothing from the monitor but its ``record`` method, which is all it
+names (``Recorder``); ``PerformanceMonitor.track`` is the way to get one.
 """
 
 from __future__ import annotations
@@ -12,19 +12,34 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
-if TYPE_CHECKING:
-    from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-
-__all__ = ["Tracker"]
+__all__ = ["Recorder", "Tracker"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
+class Recorder(Protocol):
+    """What a tracker records into: the monitor's ``record`` with the run's fields."""
+
+    def record(
+        self,
+        agent_name: str,
+        *,
+        success: bool,
+        duration_ms: float,
+        error: str | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cost_usd: float = 0.0,
+        source: str = ...,
+        **extra: Any,
+    ) -> None: ...
+
+
 class Tracker:
-    """Times one run for :meth:`PerformanceMonitor.track`; see there.
+    """Times one run for ``PerformanceMonitor.track``; see there.
 
     Inside a ``with`` block, ``set_usage()`` adds token counts and cost and ``fail()`` marks
     the run failed without raising (for an agent that returns its failure as data).
@@ -43,7 +58,7 @@ class Tracker:
     )
 
     def __init__(
-        self, monitor: PerformanceMonitor, agent_name: str, source: str, extra: dict[str, Any]
+        self, monitor: Recorder, agent_name: str, source: str, extra: dict[str, Any]
     ) -> None:
         self._monitor = monitor
         self.agent_name = agent_name

@@ -17,7 +17,8 @@ Example::
 """
 
 from infrastructure.simulation.faults import Fault, FaultKind
-from infrastructure.simulation.runtime import AgentAnswerer, RunRecord, SimulatedRuntime
+from infrastructure.simulation.run_record import RunRecord
+from infrastructure.simulation.runtime import AgentAnswerer, SimulatedRuntime
 from infrastructure.simulation.team import (
     AVAILABLE_MODELS,
     DEFAULT_MAX_TOKENS,

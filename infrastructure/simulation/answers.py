@@ -27,7 +27,7 @@ from infrastructure.simulation.team import (
 )
 
 if TYPE_CHECKING:
-    from infrastructure.simulation.runtime import RunRecord
+    from infrastructure.simulation.run_record import RunRecord
     from infrastructure.spec import AgentSpec
 
 __all__ = ["RECENT_RUNS", "compose_answer"]

@@ -25,6 +25,7 @@ from infrastructure.simulation.answers import compose_answer
 from infrastructure.simulation.engine import Conditions, Outcome, draw, simulate
 from infrastructure.simulation.faults import Fault, FaultKind
 from infrastructure.simulation.outputs import CannotFill, fill_output
+from infrastructure.simulation.run_record import RunRecord
 from infrastructure.simulation.team import (
     AVAILABLE_MODELS,
     DEFAULT_MAX_TOKENS,
@@ -37,43 +38,12 @@ from infrastructure.simulation.team import (
 if TYPE_CHECKING:
     from infrastructure.spec import AgentSpec
 
-__all__ = ["AgentAnswerer", "RunRecord", "SimulatedRuntime"]
+__all__ = ["AgentAnswerer", "SimulatedRuntime"]
 
 log = structlog.get_logger(__name__)
 
 AgentAnswerer = Callable[[str], Awaitable[str]]
 """An async function answering one question (what ``AskAgentTool`` keeps per agent)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    """One run as the agent remembers it: what it tried, what happened, under which settings.
-
-    ``full_duration_ms`` is how long the run needed; it exceeds ``duration_ms`` only when the
-    timeout cut the run short. ``format_problem`` is ``"missing"`` (the prompt has no format
-    instruction), ``"ignored"`` (the reply left the format although the prompt states it),
-    ``"structured"`` (the structured output could not be produced) or None.
-    """
-
-    index: int
-    at_s: float
-    model: str
-    success: bool
-    error_kind: ErrorKind | None
-    error_message: str | None
-    status_code: int | None
-    stop_reason: str | None
-    tools_called: tuple[str, ...]
-    denied_tools: tuple[str, ...]
-    allowed_tools: tuple[str, ...] | None
-    duration_ms: float
-    full_duration_ms: float
-    output_tokens: int
-    needed_tokens: int
-    max_tokens: int
-    timeout_s: float
-    max_turns: int | None
-    format_problem: str | None = None
 
 
 @dataclass(slots=True)

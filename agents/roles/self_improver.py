@@ -34,18 +34,23 @@ from typing import Any
 
 import structlog
 
-from agents.cycle import ActionOutcome
-from agents.prompt_blocks import render_block
-from agents.report_parsing import PARAMETER_FIELDS, ReportParseError, parse_improvement_actions
-from agents.schemas import ImprovementPlan, ProposedAction
-from agents.supervisor import agent_config
-from agents.team import load_role_spec
+from agents.roles.outcomes import ActionOutcome
+from agents.roles.prompt_blocks import render_block
+from agents.roles.report_parsing import (
+    PARAMETER_FIELDS,
+    ReportParseError,
+    parse_improvement_actions,
+)
+from agents.roles.schemas import ImprovementPlan, ProposedAction
+from agents.roles.supervisor import agent_config
+from agents.roles.team import load_role_spec
 from infrastructure.changes.effectors import InvalidChange, group_entries, plan_change
 from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.safety import Gate, GateVerdict, Principal, ProposedChange, run_gates
+from infrastructure.changes.safety import Gate, GateVerdict, ProposedChange, run_gates
 from infrastructure.errors import AgentmendError
 from infrastructure.llm.base import AgentResult, AgentRuntime
 from infrastructure.models import ChangeRecord, ChangeType, ImprovementAction, RootCauseAnalysis
+from infrastructure.principal import Principal
 from infrastructure.spec import AgentSpec, load_agent_specs
 
 __all__ = [

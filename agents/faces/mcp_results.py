@@ -1,6 +1,6 @@
 """How the MCP tools answer: ``ToolOutput`` and the text and data of each kind of result.
 
-``agents.mcp_tools`` decides what a tool does; this module only shapes what it found into text
+``agents.faces.mcp_tools`` decides what a tool does; this module only shapes what it found into text
 a model reads and the same facts as structured data (camelCase keys for the code-plan results,
 as seed 000's clients expect). Nothing here reads or writes the workspace, except
 ``last_cycle``, which replays the latest cycle from the store.
@@ -13,8 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agents.code_review import CodeAnalysis, CodeProposal
-from agents.cycle import QuestionAnswer, list_cycle_ids, replay_cycle
+from agents.loop.code_review import CodeAnalysis, CodeProposal
+from agents.loop.cycle import list_cycle_ids, replay_cycle
+from agents.roles.outcomes import QuestionAnswer
 from infrastructure.code_update.code_plans import (
     CodePlan,
     ExecutionResult,

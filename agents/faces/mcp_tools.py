@@ -1,12 +1,12 @@
 """What the MCP tools do, independent of the protocol: ``AgentmendTools``.
 
-``agents.mcp_server`` exposes these methods as MCP tools; tests call them directly too. Each
+``agents.faces.mcp_server`` exposes these methods as MCP tools; tests call them directly too. Each
 returns a ``ToolOutput`` (text for a model to read, plus the same facts as structured data,
-shaped by ``agents.mcp_results``) or raises an ``AgentmendError`` whose message names what was
+shaped by ``agents.faces.mcp_results``) or raises an ``AgentmendError`` whose message names what was
 wrong (``BadRequest`` for a request that does not fit: a missing field, an unknown agent, ...);
 the server turns those into ``isError`` results. Nothing is written for a request that fails.
 
-Opening is lazy and retried: the first call opens the workspace (``agents.workspace``); if it
+Opening is lazy and retried: the first call opens the workspace (``agents.faces.workspace``); if it
 cannot be opened, that call and every later one fail with the problem, until it can. The tools
 that only read (``status``, ``memory``, marked ``readOnlyHint``) open an existing workspace and
 never create one: on a missing folder or store they fail naming it, and write nothing. The
@@ -26,10 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 from pydantic import BaseModel, Field
 
-from agents.ask_agent_tool import AskAgentTool
-from agents.code_review import CodeAnalyst, CodeReviewer
-from agents.cycle import QuestionAnswer
-from agents.mcp_results import (
+from agents.faces.mcp_results import (
     ToolOutput,
     agent_analysis_output,
     code_smell_output,
@@ -43,8 +40,11 @@ from agents.mcp_results import (
     rollback_output,
     status_text,
 )
-from agents.team import UnknownAgent
-from agents.workspace import DB_NAME, Workspace
+from agents.faces.workspace import DB_NAME, Workspace
+from agents.loop.code_review import CodeAnalyst, CodeReviewer
+from agents.roles.ask_agent_tool import AskAgentTool
+from agents.roles.outcomes import QuestionAnswer
+from agents.roles.team import UnknownAgent
 from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.code_update.updater import CodeUpdater, FileOperation
@@ -54,7 +54,7 @@ from infrastructure.settings import Settings
 from infrastructure.spec import load_agent_specs
 
 if TYPE_CHECKING:
-    from agents.meta_orchestrator import MetaOrchestrator
+    from agents.loop.meta_orchestrator import MetaOrchestrator
 
 __all__ = ["AgentmendTools", "BadRequest", "FileArg"]
 
@@ -447,7 +447,7 @@ class AgentmendTools:
 
 
 def _config(workspace: Workspace, root: Path, agent: str | None) -> dict[str, Any]:
-    from agents.supervisor import agent_config
+    from agents.roles.supervisor import agent_config
 
     settings = workspace.settings.model_dump(mode="json")
     if settings.get("audit_hmac_key") is not None:

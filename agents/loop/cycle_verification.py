@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agents.team import AgentTeam
+from agents.roles.team import AgentTeam
 from infrastructure.evaluation.evals import EvalSuite, find_eval_suite
 from infrastructure.evaluation.verification import (
     SAMPLE_QUERY,

@@ -6,10 +6,10 @@ run recorded), asks the detector whether anything degraded, and for each issue r
 
 The loop itself, step by step, lives in two modules:
 
-- ``agents.improvement_cycle``: ``run_improvement_cycle`` = analyse (the mediator questions
+- ``agents.loop.improvement_cycle``: ``run_improvement_cycle`` = analyse (the mediator questions
   the agents) -> propose (the improver) -> the change; ``apply_self_edit`` = one action an
   agent asked for (seed 002's tools, bound by ``self_edit_tools``) -> the same change.
-- ``agents.change_pipeline``: the change = plan -> run before -> gate -> apply -> verify ->
+- ``agents.loop.change_pipeline``: the change = plan -> run before -> gate -> apply -> verify ->
   keep or roll back, one at a time.
 
 This module keeps the open issues, decides when a cycle runs, and undoes changes on request
@@ -26,25 +26,26 @@ from typing import Any
 
 import structlog
 
-from agents.ask_agent_tool import AskAgentTool
-from agents.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
-from agents.cycle_verification import CycleVerifier, baseline_agents
-from agents.improvement_cycle import SELF_EDIT, ImprovementCycle
-from agents.self_edit_tools import Authorize, self_edit_tools, verified_apply
-from agents.self_improver import SelfImprover
-from agents.socratic_mediator import SocraticMediator
-from agents.supervisor import Supervisor
-from agents.team import AgentTeam
+from agents.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
+from agents.loop.cycle_verification import CycleVerifier, baseline_agents
+from agents.loop.improvement_cycle import SELF_EDIT, ImprovementCycle
+from agents.loop.self_edit_tools import Authorize, self_edit_tools, verified_apply
+from agents.roles.ask_agent_tool import AskAgentTool
+from agents.roles.self_improver import SelfImprover
+from agents.roles.socratic_mediator import SocraticMediator
+from agents.roles.supervisor import Supervisor
+from agents.roles.team import AgentTeam
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
 from infrastructure.changes.decisions import record_decision
 from infrastructure.changes.gates import ConfidenceGate, default_gates
 from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate, Principal
+from infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate
 from infrastructure.errors import ChangeNotFound, RollbackConflict
 from infrastructure.llm.base import AgentRuntime, ToolSpec
 from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from infrastructure.principal import Principal
 from infrastructure.settings import Settings
 from infrastructure.simulation import SimulatedRuntime
 from infrastructure.store import Store
@@ -217,7 +218,7 @@ class MetaOrchestrator:
         ``approval_callback`` to be asked. The store defaults to
         ``<directory>/.agent/agentmend.db``; other keyword options go to the constructor.
         """
-        from agents.playbooks import offline_policies
+        from agents.roles.playbooks import offline_policies
         from infrastructure.llm.offline import OfflineRuntime
         from infrastructure.simulation import copy_team
 
@@ -432,10 +433,10 @@ class MetaOrchestrator:
         )
         return self.manager.get_change(change_id)
 
-    # -- the cycle (agents.improvement_cycle) ------------------------------------------------
+    # -- the cycle (agents.loop.improvement_cycle) ------------------------------------------------
 
     async def run_improvement_cycle(self, issue: IssueReport) -> CycleResult:
-        """Diagnose, fix, verify, and keep or roll back; see ``agents.improvement_cycle``.
+        """Diagnose, fix, verify, and keep or roll back; see ``agents.loop.improvement_cycle``.
 
         Returns a ``CycleResult`` that is truthy when a change was kept. Failures of the
         models are outcomes (``status``), never exceptions; an exception (a bug, an outage of

@@ -37,7 +37,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.playbooks.signatures import (
+from agents.roles.playbooks.signatures import (
     denied_tools,
     format_instruction,
     full_run_seconds,
@@ -47,8 +47,8 @@ from agents.playbooks.signatures import (
     round_up,
     served_models,
 )
-from agents.prompt_blocks import PromptBlockError, extract_block
-from agents.schemas import ImprovementPlan, ProposedAction
+from agents.roles.prompt_blocks import PromptBlockError, extract_block
+from agents.roles.schemas import ImprovementPlan, ProposedAction
 from infrastructure.errors import AgentRunError, ErrorKind
 from infrastructure.llm.offline import OfflineCall
 from infrastructure.models import ChangeType

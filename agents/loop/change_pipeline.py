@@ -9,9 +9,9 @@
       -> gates per action, every verdict recorded     all refused: done ("refused")
       -> apply the accepted changes as one group
       -> reload, the same run AFTER, compare (without a suite: the weaker check, see
-         ``agents.cycle_verification``)
+         ``agents.loop.cycle_verification``)
       -> keep (a new detection baseline, unless only the weaker check spoke for the change:
-         see ``agents.cycle_verification.fresh_baselines``)
+         see ``agents.loop.cycle_verification.fresh_baselines``)
          or  roll back the whole group (why, with the scores)
 
 Verification runs that fail transiently (rate limit, overload) are run again: the weather of
@@ -49,8 +49,8 @@ from pathlib import Path
 
 import structlog
 
-from agents.cycle import CycleRecorder, CycleStatus
-from agents.cycle_verification import (
+from agents.loop.cycle import CycleRecorder, CycleStatus
+from agents.loop.cycle_verification import (
     NEW_BASELINE,
     BeforeRun,
     CycleVerifier,
@@ -58,8 +58,8 @@ from agents.cycle_verification import (
     not_reproduced_reason,
     passes_everything,
 )
-from agents.self_improver import GatedAction, InvalidProposal, SelfImprover
-from agents.team import AgentTeam
+from agents.roles.self_improver import GatedAction, InvalidProposal, SelfImprover
+from agents.roles.team import AgentTeam
 from infrastructure.changes.improvement_manager import ImprovementManager, PartialRollback
 from infrastructure.changes.safety import Gate, GateVerdict, ProposedChange
 from infrastructure.errors import AgentmendError

@@ -46,12 +46,12 @@ from typing import Any
 
 import structlog
 
-from agents.ask_agent_tool import AskAgentInput, AskAgentTool
-from agents.cycle import QuestionAnswer
-from agents.prompt_blocks import render_block
-from agents.report_parsing import ReportParseError, parse_analysis_report
-from agents.schemas import MediatorReport
-from agents.team import load_role_spec
+from agents.roles.ask_agent_tool import AskAgentInput, AskAgentTool
+from agents.roles.outcomes import QuestionAnswer
+from agents.roles.prompt_blocks import render_block
+from agents.roles.report_parsing import ReportParseError, parse_analysis_report
+from agents.roles.schemas import MediatorReport
+from agents.roles.team import load_role_spec
 from infrastructure.errors import AgentmendError
 from infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec
 from infrastructure.models import IssueReport, RootCauseAnalysis

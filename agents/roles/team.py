@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
-from agents.ask_agent_tool import AgentCallable
+from agents.roles.ask_agent_tool import AgentCallable
 from infrastructure.errors import AgentmendError, AgentRunError, ConfigurationError, ErrorKind
 from infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
 from infrastructure.monitoring.performance_monitor import RUN, PerformanceMonitor

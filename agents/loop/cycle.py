@@ -20,6 +20,7 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from agents.roles.outcomes import ActionOutcome, QuestionAnswer
 from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict
 from infrastructure.evaluation.verification import VerificationVerdict
@@ -29,14 +30,12 @@ from infrastructure.store import Store
 
 __all__ = [
     "DECISION_PREFIX",
-    "ActionOutcome",
     "CycleEvent",
     "CycleRecorder",
     "CycleResult",
     "CycleStatus",
     "CycleStep",
     "OnProgress",
-    "QuestionAnswer",
     "TaskResult",
     "cycle_events",
     "fold_events",
@@ -93,43 +92,12 @@ class CycleEvent(_Frozen):
     timestamp: datetime = Field(default_factory=utc_now)
 
 
-class QuestionAnswer(_Frozen):
-    """One ``ask_agent`` exchange (a failed one has an empty ``answer`` and an ``error``)."""
-
-    agent_name: str
-    question: str
-    answer: str = ""
-    error: str | None = None
-
-
-class ActionOutcome(_Frozen):
-    """One proposed action after planning and gating.
-
-    ``action`` carries ``old_value`` as the effector found it; ``verdicts`` are every gate's
-    verdicts in order (the gates stop at the first refusal); ``error`` says why it could not be
-    planned at all.
-    """
-
-    index: int
-    action: ImprovementAction
-    verdicts: tuple[GateVerdict, ...] = ()
-    accepted: bool = False
-    diff: str = ""
-    paths: tuple[str, ...] = ()
-    error: str | None = None
-
-    @property
-    def refused_by(self) -> GateVerdict | None:
-        """The verdict that refused the action, if one did."""
-        return next((v for v in self.verdicts if not v.passed), None)
-
-
 class CycleResult(_Frozen):
     """Everything one cycle did, truthy when a change was kept (seed 003's ``bool``).
 
     ``rolled_back`` says some of the applied change was undone; ``rollback_blocked`` names the
     files that were not, because someone edited them after the change was applied (see
-    ``agents.change_pipeline``): they hold that person's edit on top of the unproven change,
+    ``agents.loop.change_pipeline``): they hold that person's edit on top of the unproven change,
     which is FAILED in the history and needs a person to look at it.
     """
 

@@ -25,12 +25,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from agents.console_views import cycle_event_line
-from agents.cycle import CycleEvent, CycleResult
-from agents.meta_orchestrator import MetaOrchestrator
-from agents.prompt_blocks import extract_block
-from agents.schemas import ImprovementPlan, ProposedAction
-from agents.workspace import Workspace
+from agents.faces.console_views import cycle_event_line
+from agents.faces.workspace import Workspace
+from agents.loop.cycle import CycleEvent, CycleResult
+from agents.loop.meta_orchestrator import MetaOrchestrator
+from agents.roles.prompt_blocks import extract_block
+from agents.roles.schemas import ImprovementPlan, ProposedAction
 from infrastructure.llm.offline import OfflineCall, OfflineRuntime
 from infrastructure.models import ChangeType
 from infrastructure.settings import Settings

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agents.cycle import CycleResult
+from agents.loop.cycle import CycleResult
 from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.llm.base import ToolError, ToolSpec
 from infrastructure.models import ChangeType, ImprovementAction

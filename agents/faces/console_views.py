@@ -12,7 +12,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from agents.cycle import CycleEvent, CycleResult, TaskResult
+from agents.loop.cycle import CycleEvent, CycleResult, TaskResult
 from infrastructure.models import AgentMetrics, ChangeRecord, IssueReport
 
 __all__ = [

@@ -21,9 +21,9 @@ from typing import Any
 
 import structlog
 
-from agents.prompt_blocks import render_block
-from agents.schemas import SupervisorReview
-from agents.team import load_role_spec
+from agents.roles.prompt_blocks import render_block
+from agents.roles.schemas import SupervisorReview
+from agents.roles.team import load_role_spec
 from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.errors import AgentmendError
 from infrastructure.llm.base import AgentResult, AgentRuntime

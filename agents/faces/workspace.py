@@ -35,7 +35,7 @@ from infrastructure.settings import Provider, Settings
 from infrastructure.store import Store
 
 if TYPE_CHECKING:
-    from agents.meta_orchestrator import MetaOrchestrator
+    from agents.loop.meta_orchestrator import MetaOrchestrator
 
 __all__ = [
     "DB_NAME",
@@ -92,7 +92,7 @@ def build_runtimes(provider: Provider, *, seed: int = 0) -> tuple[AgentRuntime, 
         ConfigurationError: the provider cannot be used here (no key, no SDK), saying why.
     """
     if provider == "offline":
-        from agents.playbooks import offline_policies
+        from agents.roles.playbooks import offline_policies
         from infrastructure.llm.offline import OfflineRuntime
         from infrastructure.simulation import SimulatedRuntime
 
@@ -236,8 +236,8 @@ class Workspace:
         Raises:
             ConfigurationError: the provider cannot be used, or the team folder is invalid.
         """
-        from agents.meta_orchestrator import MetaOrchestrator
-        from agents.team import AgentTeam
+        from agents.loop.meta_orchestrator import MetaOrchestrator
+        from agents.roles.team import AgentTeam
 
         if team_runtime is None or roles_runtime is None:
             default_team, default_roles = self.runtimes(seed=seed)

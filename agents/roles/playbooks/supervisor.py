@@ -29,9 +29,9 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.playbooks.signatures import contains_injection
-from agents.prompt_blocks import PromptBlockError, extract_block
-from agents.schemas import SupervisorReview
+from agents.roles.playbooks.signatures import contains_injection
+from agents.roles.prompt_blocks import PromptBlockError, extract_block
+from agents.roles.schemas import SupervisorReview
 from infrastructure.llm.offline import OfflineCall
 from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.permissions import PROFILE_NAMES, SHELL_AND_WRITE_TOOLS

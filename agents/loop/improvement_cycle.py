@@ -5,14 +5,14 @@
     analysis (mediator questions the agents)        unusable: done ("analysis_failed")
       -> proposal (improver)                         none: done ("no_action")
       -> the change: plan, run before, gate, apply, verify, keep or roll back
-         (``agents.change_pipeline``)
+         (``agents.loop.change_pipeline``)
 
 ``self_edit`` takes one action an agent asked for (seed 002's self-edit tools) through the same
 change, recorded the same way.
 
 Every step is a ``CycleEvent``: logged with structlog under the step's name, written to the
 store's ``decisions`` table (kind ``cycle.<step>``, the cycle id in the payload), and passed to
-``on_progress``. The ``CycleResult`` is the fold of those events (``agents.cycle.fold_events``),
+``on_progress``. The ``CycleResult`` is the fold of those events (``cycle.fold_events``),
 so ``replay_cycle(store, cycle_id)`` rebuilds it from the store alone.
 """
 
@@ -24,20 +24,20 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
-from agents.ask_agent_tool import AskAgentTool
-from agents.change_pipeline import ChangePipeline, Outcome, record_invalid
-from agents.cycle import (
+from agents.loop.change_pipeline import ChangePipeline, Outcome, record_invalid
+from agents.loop.cycle import (
     CycleRecorder,
     CycleResult,
     CycleStatus,
     OnProgress,
-    QuestionAnswer,
     fold_events,
 )
-from agents.cycle_verification import CycleVerifier
-from agents.self_improver import InvalidProposal, SelfImprover
-from agents.socratic_mediator import SocraticMediator, is_failed
-from agents.team import AgentTeam
+from agents.loop.cycle_verification import CycleVerifier
+from agents.roles.ask_agent_tool import AskAgentTool
+from agents.roles.outcomes import QuestionAnswer
+from agents.roles.self_improver import InvalidProposal, SelfImprover
+from agents.roles.socratic_mediator import SocraticMediator, is_failed
+from agents.roles.team import AgentTeam
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.changes.safety import ChangeReviewer, Gate
 from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis

@@ -45,7 +45,7 @@ import json
 import re
 from typing import Any, get_args
 
-from agents.schemas import CauseCategory, ProposedAction
+from agents.roles.schemas import CauseCategory, ProposedAction
 from infrastructure.errors import AgentmendError
 from infrastructure.models import ChangeType, IssueReport, RootCauseAnalysis
 

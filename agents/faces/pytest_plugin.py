@@ -1,6 +1,6 @@
 """pytest fixtures for failure-cycle tests of a team: ``pip install agentmend`` and write them.
 
-Registered through the ``pytest11`` entry point (``agentmend = "agents.pytest_plugin"``), so
+Registered through the ``pytest11`` entry point (``agentmend = "agents.faces.pytest_plugin"``), so
 every fixture below is available in any test run once agentmend is installed. Importing this
 module imports nothing but pytest: the team, runtimes and roles are imported when a fixture is
 first used, so a test run that uses none of them pays nothing.
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from agents.meta_orchestrator import MetaOrchestrator
-    from agents.team import AgentTeam
+    from agents.loop.meta_orchestrator import MetaOrchestrator
+    from agents.roles.team import AgentTeam
     from infrastructure.settings import Settings
     from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
     from infrastructure.store import Store
@@ -100,7 +100,7 @@ def agentmend_team(
     agentmend_settings: Settings,
 ) -> Iterator[AgentTeam]:
     """The team in ``agentmend_team_dir`` on ``agentmend_runtime``, every run recorded."""
-    from agents.team import AgentTeam
+    from agents.roles.team import AgentTeam
     from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 
     monitor = PerformanceMonitor(agentmend_store, baseline_n=agentmend_settings.baseline_n)
@@ -116,8 +116,8 @@ def agentmend_orchestrator(
 ) -> Iterator[MetaOrchestrator]:
     """An orchestrator on ``agentmend_team`` with the offline playbooks as its roles, running
     a cycle for every detected issue (``auto_improve``)."""
-    from agents.meta_orchestrator import MetaOrchestrator
-    from agents.playbooks import offline_policies
+    from agents.loop.meta_orchestrator import MetaOrchestrator
+    from agents.roles.playbooks import offline_policies
     from infrastructure.llm.offline import OfflineRuntime
 
     with MetaOrchestrator(

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import structlog
 from pydantic import ValidationError
 
-from agents.playbooks.signatures import (
+from agents.roles.playbooks.signatures import (
     Finding,
     classify,
     contains_injection,
@@ -35,8 +35,8 @@ from agents.playbooks.signatures import (
     needed_tokens,
     split_sentences,
 )
-from agents.prompt_blocks import PromptBlockError, extract_block
-from agents.schemas import CauseCategory, MediatorReport
+from agents.roles.prompt_blocks import PromptBlockError, extract_block
+from agents.roles.schemas import CauseCategory, MediatorReport
 from infrastructure.errors import AgentRunError, ErrorKind
 from infrastructure.llm.offline import OfflineCall
 from infrastructure.models import IssueReport

@@ -23,8 +23,8 @@ from typing import Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.playbooks.signatures import contains_injection
-from agents.schemas import SupervisorReview
+from agents.roles.playbooks.signatures import contains_injection
+from agents.roles.schemas import SupervisorReview
 from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.code_update.code_plans import (
     CODE_SUFFIXES,

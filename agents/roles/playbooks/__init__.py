@@ -2,7 +2,7 @@
 
 On the offline runtime (``infrastructure.llm.offline.OfflineRuntime``) each role's definition
 runs one of these policies instead of a model. They use the same tools (``ask_agent``) and
-return the same structured outputs (``agents.schemas``), read only their prompt's tagged JSON
+return the same structured outputs (``agents.roles.schemas``), read only their prompt's tagged JSON
 blocks and the tools' answers, and fix known failure signatures with no model spend; an unknown
 signature gets a low-confidence analysis and no change, to be escalated to a model.
 
@@ -15,9 +15,9 @@ Example::
 
 from __future__ import annotations
 
-from agents.playbooks.improver import improver_policy, plan_for
-from agents.playbooks.mediator import mediator_policy
-from agents.playbooks.supervisor import review_change, supervisor_policy
+from agents.roles.playbooks.improver import improver_policy, plan_for
+from agents.roles.playbooks.mediator import mediator_policy
+from agents.roles.playbooks.supervisor import review_change, supervisor_policy
 from infrastructure.llm.offline import OfflinePolicy
 
 __all__ = [

@@ -1,0 +1,8 @@
+"""``python -m agents``: the interactive session, as ``agentmend session`` starts it."""
+
+import sys
+
+from agents.faces.session import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""The ``agentmend`` command: one console script, a subcommand per face.
+
+    agentmend session                 the interactive session (as ``python main.py``)
+    agentmend history --json          the changes made to the agents, as data
+    agentmend audit verify            does the audit chain verify? (exit 1 if not)
+
+Subcommands are ``Subcommand`` values listed in the modules named by ``SUBCOMMAND_MODULES``;
+adding one is adding a value to such a module (or a module to that tuple). Each subcommand gets
+``--workspace`` (default ``AGENTMEND_WORKSPACE``, else ``./.agentmend``) and, where its output
+is data, ``--json``. Its ``run`` imports what it needs, so ``agentmend --help`` stays quick.
+
+Exit codes: 0 ok, 1 a problem was found (the audit chain does not verify, a rollback was
+refused), 2 a usage error (bad arguments, an unknown change id, a bad setting), 3 the store or
+workspace is unavailable. Errors are one line on stderr: ``agentmend: <what to fix>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+__all__ = [
+    "EXIT_OK",
+    "EXIT_PROBLEM",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "SUBCOMMAND_MODULES",
+    "CommandError",
+    "Subcommand",
+    "build_parser",
+    "main",
+    "print_json",
+]
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+
+SUBCOMMAND_MODULES: tuple[str, ...] = ("agents.faces.cli_commands",)
+"""Modules whose ``SUBCOMMANDS`` (a sequence of ``Subcommand``) the command offers, in order."""
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One ``agentmend`` subcommand.
+
+    ``add_arguments`` declares its flags (``--workspace`` is added for it); ``run`` carries it
+    out and returns the exit code. ``path`` nests it (``("audit", "verify")`` is
+    ``agentmend audit verify``). ``example`` is shown at the end of its ``--help``.
+    """
+
+    path: tuple[str, ...]
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    example: str
+    add_arguments: Callable[[argparse.ArgumentParser], None] = field(default=lambda _: None)
+    json_output: bool = False
+    workspace: bool = True
+
+
+class CommandError(Exception):
+    """A subcommand's one-line failure, with the exit code it ends with."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the usage error in one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"agentmend: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+
+def _subcommands() -> list[Subcommand]:
+    found: list[Subcommand] = []
+    for name in SUBCOMMAND_MODULES:
+        found.extend(importlib.import_module(name).SUBCOMMANDS)
+    return found
+
+
+def build_parser(subcommands: Sequence[Subcommand] | None = None) -> argparse.ArgumentParser:
+    """The whole command line: every subcommand, nested by its path."""
+    parser = _Parser(
+        prog="agentmend",
+        description="Keep a team of LLM agents healthy: record, detect, question, fix, prove.",
+        epilog=_EPILOG,
+        formatter_class=_formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"agentmend {_version()}")
+    groups: dict[tuple[str, ...], argparse._SubParsersAction[Any]] = {}
+    parents: dict[tuple[str, ...], argparse.ArgumentParser] = {(): parser}
+    for command in subcommands if subcommands is not None else _subcommands():
+        for depth in range(1, len(command.path) + 1):
+            prefix, name = command.path[: depth - 1], command.path[depth - 1]
+            if command.path[:depth] in parents:
+                continue
+            if prefix not in groups:
+                groups[prefix] = parents[prefix].add_subparsers(
+                    title="commands", metavar="COMMAND", dest=f"command_{depth}"
+                )
+                groups[prefix].required = True
+            leaf = depth == len(command.path)
+            sub = groups[prefix].add_parser(
+                name,
+                help=command.help if leaf else f"{name} commands",
+                description=command.help if leaf else None,
+                epilog=f"example:\n  {command.example}" if leaf else None,
+                formatter_class=_formatter,
+            )
+            parents[command.path[:depth]] = sub
+            if leaf:
+                _common_arguments(sub, command)
+                command.add_arguments(sub)
+                sub.set_defaults(subcommand=command)
+    return parser
+
+
+_EPILOG = """\
+examples:
+  agentmend session                    talk to the simulated team, offline
+  agentmend audit verify --json        check the audit trail, as data
+
+exit codes: 0 ok, 1 a problem was found, 2 usage error, 3 store or workspace unavailable"""
+
+
+def _common_arguments(parser: argparse.ArgumentParser, command: Subcommand) -> None:
+    if command.workspace:
+        parser.add_argument(
+            "--workspace",
+            type=Path,
+            metavar="DIR",
+            default=None,
+            help="workspace folder (default: $AGENTMEND_WORKSPACE, else ./.agentmend)",
+        )
+    if command.json_output:
+        parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def workspace_path(args: argparse.Namespace) -> Path:
+    """The workspace a subcommand works on: ``--workspace``, else the environment, else default."""
+    given = getattr(args, "workspace", None)
+    if given is not None:
+        return Path(given)
+    return Path(os.environ.get("AGENTMEND_WORKSPACE") or ".agentmend")
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as indented JSON on stdout (what ``--json`` promises)."""
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agentmend")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``agentmend`` with ``argv`` (default ``sys.argv[1:]``); the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    command: Subcommand = args.subcommand
+    try:
+        return command.run(args)
+    except CommandError as exc:
+        sys.stderr.write(f"agentmend: {exc}\n")
+        return exc.code
+    except KeyboardInterrupt:
+        sys.stderr.write("agentmend: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # the reader went away (``agentmend history --json | head``): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,497 @@
+"""agentmend's interactive session: ask the team questions, watch it degrade, heal and prove it.
+
+    agentmend session                      the simulated six-agent team, offline (no key)
+    agentmend session --provider anthropic --agents .claude/agents
+    python main.py --demo                  a scripted scenario, non-interactive, exits 0
+
+``python main.py``, ``python -m agents`` and ``agentmend session`` all start it.
+
+Commands are read one line at a time from standard input, so the session can be scripted with a
+pipe. Ctrl-C during a cycle aborts the cycle; whatever it had applied is rolled back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import getpass
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.text import Text
+
+from agents.faces.console_views import (
+    cycle_event_line,
+    cycle_summary_line,
+    history_table,
+    issue_line,
+    status_table,
+    task_table,
+)
+from agents.faces.workspace import Workspace
+from agents.loop.cycle import CycleEvent, CycleResult
+from agents.loop.meta_orchestrator import MetaOrchestrator
+from agents.roles.team import UnknownAgent
+from infrastructure.changes.gates import HumanApprovalGate
+from infrastructure.changes.safety import ProposedChange
+from infrastructure.errors import AgentmendError, ConfigurationError
+from infrastructure.models import ChangeStatus, IssueReport
+from infrastructure.principal import Principal
+from infrastructure.settings import Settings
+from infrastructure.simulation import FaultKind, SimulatedRuntime
+from infrastructure.structured_logger import configure_logging
+
+T = TypeVar("T")
+
+HELP = """\
+Type a question to run it through the team. Commands:
+  /status                 per agent: runs, success rate, p95 latency, detector, recent runs
+  /inject AGENT FAULT     simulation only; FAULT is one of: {faults}
+  /heal [AGENT]           simulation only: clear injected faults
+  /traffic [N]            simulation only: run N generated questions (default 20)
+  /improve [AGENT]        run an improvement cycle (for AGENT, or the most urgent issue)
+  /history                changes made to the agents
+  /audit                  the audit trail, and whether its hash chain verifies
+  /rollback [ID] [force|cascade]   undo a change (default: the latest applied or kept)
+  /approve on|off         start a cycle on a detected issue without asking
+  /yolo on|off            skip the human approval of each change (the audit says so)
+  /help, /quit"""
+
+_KEY_PROVIDERS = {"anthropic", "claude-agent-sdk"}
+_YES_NO = {"y", "yes", "n", "no"}
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, workspace: bool = True) -> None:
+    """The session's flags, shared by ``main.py`` and ``agentmend session``."""
+    if workspace:
+        parser.add_argument("--workspace", type=Path, help="workspace folder (default .agentmend)")
+    parser.add_argument(
+        "--provider",
+        choices=["offline", "anthropic", "claude-agent-sdk"],
+        help="which runtime runs the agents and the roles (default offline)",
+    )
+    parser.add_argument("--agents", type=Path, help="a folder of agent definitions to run")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the simulated team")
+    parser.add_argument("--demo", action="store_true", help="run the scripted demo and exit")
+    parser.add_argument("--verbose", action="store_true", help="log every step to stderr")
+
+
+def parse_args(argv: list[str] | None, prog: str = "main.py") -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+class LineReader:
+    """Standard input as an async queue of lines, read by one daemon thread.
+
+    One reader for the whole session means a prompt inside a cycle (y/n) and the command
+    loop never race for the same line, and a prompt can time out without a stuck thread.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._loop = loop
+        threading.Thread(target=self._pump, name="stdin-reader", daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in sys.stdin:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, line.rstrip("\n"))
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+
+    async def read(self) -> str | None:
+        """The next line, or None at end of input."""
+        return await self._queue.get()
+
+
+class Session:
+    """The interactive loop: reads commands, runs the team and the cycle, shows each step."""
+
+    def __init__(
+        self, workspace: Workspace, console: Console, reader: LineReader, *, seed: int
+    ) -> None:
+        self.workspace = workspace
+        self.console = console
+        self.reader = reader
+        self.interactive = sys.stdin.isatty()
+        # the person at the keyboard invokes the changes, with the rights settings give
+        user = getpass.getuser()
+        principal = Principal(
+            user_id=user,
+            name=f"{user} (interactive session)",
+            permissions=workspace.settings.default_principal.permissions,
+        )
+        self.orchestrator: MetaOrchestrator = workspace.orchestrator(
+            seed=seed,
+            principal=principal,
+            confirm_cycle=self._confirm_cycle,
+            approval_callback=self._approve_change,
+            on_progress=self._show_event,
+        )
+        self._work: asyncio.Task[Any] | None = None
+        self._interrupted = False
+
+    # -- prompts -----------------------------------------------------------------------------
+
+    async def _ask_yes_no(self, question: str) -> bool:
+        self.console.print(Text(f"{question} (y/n) ", style="bold"), end="")
+        answer = await self.reader.read()
+        if not self.interactive:
+            self.console.print(answer or "")
+        return (answer or "").strip().lower() in ("y", "yes")
+
+    async def _ask_in_time(self, question: str) -> bool:
+        try:
+            return await self._ask_yes_no(question)
+        except asyncio.CancelledError:
+            if self._interrupted:
+                raise  # Ctrl-C, not the prompt's own time limit
+            self.console.print(Text("\nno answer in time: counted as no", style="yellow"))
+            raise
+
+    async def _confirm_cycle(self, issue: IssueReport) -> bool:
+        self.console.print(issue_line(issue))
+        timeout = self.orchestrator.settings.auto_decision_timeout
+        return await self._ask_in_time(
+            f"Run self-improvement cycle? (no answer in {timeout:g}s means no)"
+        )
+
+    async def _approve_change(self, change: ProposedChange) -> bool:
+        self.console.print(Syntax(change.diff or "(no diff)", "diff", word_wrap=True))
+        return await self._ask_in_time(f"Apply this change to {change.action.target_agent}?")
+
+    def _show_event(self, event: CycleEvent) -> None:
+        self.console.print(cycle_event_line(event))
+
+    # -- work that Ctrl-C can abort ----------------------------------------------------------
+
+    async def _abortable(self, work: Coroutine[Any, Any, T]) -> T | None:
+        task: asyncio.Task[T] = asyncio.ensure_future(work)
+        self._work = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the session itself is being cancelled
+            self.console.print(
+                Text("Interrupted: the cycle was aborted; anything it applied is rolled back.")
+            )
+            return None
+        finally:
+            self._work = None
+            self._interrupted = False
+
+    def interrupt(self) -> bool:
+        """Abort the running task; False when nothing is running (then Ctrl-C quits)."""
+        if self._work is None or self._work.done():
+            return False
+        self._interrupted = True
+        self._work.cancel()
+        return True
+
+    # -- commands ----------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        settings = self.workspace.settings
+        self.console.print(
+            Text(
+                f"agentmend: {_count(len(self.orchestrator.team.names), 'agent')} from "
+                f"{self.workspace.team_dir}, provider {settings.provider}, workspace "
+                f"{self.workspace.path}; detection starts after a baseline of "
+                f"{settings.baseline_n} runs per agent. Type /help for commands.",
+                style="bold",
+            )
+        )
+        while True:
+            if self.interactive:
+                self.console.print("agentmend> ", end="")
+            line = await self.reader.read()
+            if line is None:
+                return 0
+            line = line.strip()
+            if not line:
+                continue
+            if not self.interactive:
+                self.console.print(Text(f"agentmend> {line}", style="dim"))
+            if line in ("/quit", "/exit"):
+                return 0
+            if line.lower() in _YES_NO:
+                # an answer that came after its prompt timed out (which counted as no) must
+                # not go to the team as a question
+                self.console.print(
+                    "no question is waiting for a yes/no answer (no answer in time counts as no)"
+                )
+                continue
+            try:
+                await self.dispatch(line)
+            except AgentmendError as exc:
+                self.console.print(Text(f"error: {exc}", style="red"))
+
+    async def dispatch(self, line: str) -> None:
+        if not line.startswith("/"):
+            await self.ask(line)
+            return
+        command, *args = line.split()
+        handler: Callable[[list[str]], Awaitable[None]] | None = {
+            "/status": self.status,
+            "/inject": self.inject,
+            "/heal": self.heal,
+            "/traffic": self.traffic,
+            "/improve": self.improve,
+            "/history": self.history,
+            "/audit": self.audit,
+            "/rollback": self.rollback,
+            "/approve": self.approve,
+            "/yolo": self.yolo,
+            "/help": self.help,
+        }.get(command)
+        if handler is None:
+            self.console.print(Text(f"unknown command {command!r}; /help lists them", "red"))
+            return
+        await handler(args)
+
+    async def ask(self, question: str) -> None:
+        task = await self._abortable(self.orchestrator.execute_task(question))
+        if task is None:
+            return
+        self.console.print(task_table(task))
+        for cycle in task.cycles:
+            self.console.print(cycle_summary_line(cycle))
+        for issue in task.declined:
+            self.console.print(Text(f"cycle declined for {issue.agent_name}", style="yellow"))
+
+    async def status(self, _: list[str]) -> None:
+        orchestrator = self.orchestrator
+        metrics = orchestrator.monitor.get_metrics()
+        stats = {name: orchestrator.detector.statistics(name) for name in metrics}
+        self.console.print(status_table(metrics, stats, baseline_n=orchestrator.monitor.baseline_n))
+        if not metrics:
+            self.console.print("no executions yet: ask the team a question")
+
+    def _simulation(self) -> SimulatedRuntime | None:
+        runtime = self.orchestrator.team.runtime
+        if isinstance(runtime, SimulatedRuntime):
+            return runtime
+        self.console.print(Text("/inject and /heal work on the simulated team only", "red"))
+        return None
+
+    async def inject(self, args: list[str]) -> None:
+        runtime = self._simulation()
+        if runtime is None:
+            return
+        faults = ", ".join(kind.value for kind in FaultKind)
+        if len(args) != 2:
+            self.console.print(Text(f"usage: /inject AGENT FAULT (FAULT: {faults})", "red"))
+            return
+        agent, fault = args
+        self.orchestrator.team.spec(agent)  # UnknownAgent names the agents there are
+        try:
+            kind = FaultKind(fault)
+        except ValueError:
+            self.console.print(Text(f"unknown fault {fault!r}; one of: {faults}", "red"))
+            return
+        runtime.inject(agent, kind)
+        self.console.print(f"injected {kind.value} into {agent}")
+
+    async def heal(self, args: list[str]) -> None:
+        runtime = self._simulation()
+        if runtime is None:
+            return
+        agent = args[0] if args else None
+        if agent is not None:
+            self.orchestrator.team.spec(agent)
+        runtime.heal(agent)
+        self.console.print(f"healed {agent or 'every agent'}")
+
+    async def traffic(self, args: list[str]) -> None:
+        if self._simulation() is None:
+            return
+        try:
+            count = int(args[0]) if args else 20
+        except ValueError:
+            count = 0
+        if not 1 <= count <= 1000 or len(args) > 1:
+            self.console.print(Text("usage: /traffic [N], N from 1 to 1000", "red"))
+            return
+        failures: dict[str, int] = {}
+        for n in range(count):
+            task = await self._abortable(
+                self.orchestrator.execute_task(f"Simulated learner question {n + 1}")
+            )
+            if task is None:
+                return
+            for name in task.failed:
+                failures[name] = failures.get(name, 0) + 1
+            for cycle in task.cycles:
+                self.console.print(cycle_summary_line(cycle))
+        failed = ", ".join(f"{name} {k}" for name, k in sorted(failures.items())) or "none"
+        self.console.print(f"ran {count} question(s) through the team; failed runs: {failed}")
+
+    async def improve(self, args: list[str]) -> None:
+        orchestrator = self.orchestrator
+        issue = None
+        if args:
+            orchestrator.team.spec(args[0])  # UnknownAgent names the agents there are
+        else:
+            issue = orchestrator.check_performance_issues()
+            if issue is None:
+                self.console.print("no open issue; name an agent: /improve AGENT")
+                return
+
+        async def diagnose_and_fix(issue: IssueReport | None) -> CycleResult:
+            # reproducing on the eval suite can take minutes on a real provider: Ctrl-C
+            # aborts it like the cycle itself
+            if issue is None:
+                issue = await orchestrator.issue_for(
+                    args[0], requested_by="the interactive session"
+                )
+            return await orchestrator.run_improvement_cycle(issue)
+
+        result = await self._abortable(diagnose_and_fix(issue))
+        if result is not None:
+            self.console.print(cycle_summary_line(result))
+
+    async def history(self, _: list[str]) -> None:
+        records = self.orchestrator.manager.get_history(limit=30)
+        if not records:
+            self.console.print("no changes yet")
+            return
+        self.console.print(history_table(records))
+
+    async def audit(self, _: list[str]) -> None:
+        audit = self.orchestrator.manager.audit
+        for entry in audit.entries(limit=30):
+            self.console.print(
+                f"{entry.timestamp:%Y-%m-%d %H:%M:%S} {entry.agent_name} {entry.edit_type} "
+                f"by {entry.user_name or entry.user_id}: "
+                f"{str(entry.old_value)[:40]!r} -> {str(entry.new_value)[:40]!r}"
+            )
+        check = self.orchestrator.manager.verify_audit_chain()
+        if check:
+            self.console.print(Text("audit chain verified", style="green"))
+        else:
+            self.console.print(Text(f"audit chain does NOT verify: {check.problems}", "red"))
+
+    async def rollback(self, args: list[str]) -> None:
+        flags = {a for a in args if a in ("force", "cascade")}
+        ids = [a for a in args if a not in flags]
+        record = self.orchestrator.rollback(
+            ids[0] if ids else None,
+            reason="rolled back from the interactive session",
+            force="force" in flags,
+            cascade="cascade" in flags,
+        )
+        if record is None:
+            self.console.print("nothing to roll back")
+        elif record.status is ChangeStatus.ROLLED_BACK:
+            self.console.print(
+                Text(f"rolled back {record.change_id}: files restored byte for byte", "green")
+            )
+
+    async def approve(self, args: list[str]) -> None:
+        on = _on_off(args, "/approve", self.console)
+        if on is not None:
+            self.orchestrator.auto_improve = on
+            self.console.print(f"detected issues {'start a cycle' if on else 'ask first'}")
+
+    async def yolo(self, args: list[str]) -> None:
+        on = _on_off(args, "/yolo", self.console)
+        if on is None:
+            return
+        for gate in self.orchestrator.gates:
+            if isinstance(gate, HumanApprovalGate):
+                gate.yolo_mode = on
+        state = "skipped (recorded as yolo_mode)" if on else "asked"
+        self.console.print(f"human approval of each change: {state}")
+
+    async def help(self, _: list[str]) -> None:
+        self.console.print(HELP.format(faults=", ".join(k.value for k in FaultKind)))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _on_off(args: list[str], command: str, console: Console) -> bool | None:
+    if args in (["on"], ["off"]):
+        return args[0] == "on"
+    console.print(Text(f"usage: {command} on|off", "red"))
+    return None
+
+
+def _check_provider(settings: Settings) -> None:
+    if settings.provider in _KEY_PROVIDERS and not os.environ.get("ANTHROPIC_API_KEY"):
+        raise ConfigurationError(
+            f"--provider {settings.provider} needs ANTHROPIC_API_KEY in the environment "
+            "(or run offline: --provider offline)"
+        )
+
+
+SIMULATED_BASELINE_N = 30
+"""The simulated team's detection baseline, unless AGENTMEND_BASELINE_N says otherwise: 500
+runs per agent (the production default) would take an afternoon of typing to fill."""
+
+
+async def _session(args: argparse.Namespace, settings: Settings, console: Console) -> int:
+    simulated = settings.provider == "offline" and args.agents is None
+    if simulated and "AGENTMEND_BASELINE_N" not in os.environ:
+        settings = settings.model_copy(update={"baseline_n": SIMULATED_BASELINE_N})
+    with Workspace.open(args.workspace, settings=settings, team_dir=args.agents) as workspace:
+        session = Session(
+            workspace, console, LineReader(asyncio.get_running_loop()), seed=args.seed
+        )
+        loop = asyncio.get_running_loop()
+        main_task = asyncio.current_task()
+
+        def on_sigint() -> None:
+            if not session.interrupt() and main_task is not None:
+                main_task.cancel()
+
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            return await session.run()
+        except asyncio.CancelledError:
+            console.print("\nbye")
+            return 130
+        finally:
+            await workspace.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python main.py``: parse the session's flags and run it."""
+    return run(parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the session (or, with ``--demo``, the demo) for parsed flags; the exit code."""
+    configure_logging(logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    overrides: dict[str, Any] = {}
+    if args.provider:
+        overrides["provider"] = args.provider
+    try:
+        settings = Settings(**overrides)
+        _check_provider(settings)
+        if args.demo:
+            from agents.faces.demo import run_demo
+
+            return asyncio.run(run_demo(console, workspace=args.workspace, seed=args.seed))
+        return asyncio.run(_session(args, settings, console))
+    except (AgentmendError, UnknownAgent) as exc:
+        print(f"agentmend: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The loop that runs the roles: orchestrator, cycle, change pipeline, verification."""

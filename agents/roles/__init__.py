@@ -1,0 +1,1 @@
+"""The roles: mediator, improver, supervisor, ask_agent, their definitions and playbooks."""
