@@ -46,7 +46,7 @@ from infrastructure.changes.safety import ProposedChange
 from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.models import ChangeStatus, IssueReport
 from infrastructure.principal import Principal
-from infrastructure.settings import Settings
+from infrastructure.settings import Settings, load_settings
 from infrastructure.simulation import FaultKind, SimulatedRuntime
 from infrastructure.structured_logger import configure_logging
 
@@ -481,7 +481,7 @@ def run(args: argparse.Namespace) -> int:
     if args.provider:
         overrides["provider"] = args.provider
     try:
-        settings = Settings(**overrides)
+        settings = load_settings(**overrides)
         _check_provider(settings)
         if args.demo:
             from agents.faces.demo import run_demo

@@ -47,8 +47,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 
-import structlog
-
 from agents.loop.cycle import CycleRecorder, CycleStatus
 from agents.loop.cycle_verification import (
     NEW_BASELINE,
@@ -69,10 +67,11 @@ from infrastructure.models import ImprovementAction
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.spec import AgentSpec
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["ChangePipeline", "Outcome", "record_invalid"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Outcome = tuple[CycleStatus, str | None]
 """How a cycle's body ended: its status and, when it did not keep a change, why."""

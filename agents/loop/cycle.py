@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.roles.outcomes import ActionOutcome, QuestionAnswer
@@ -27,6 +26,7 @@ from infrastructure.evaluation.verification import VerificationVerdict
 from infrastructure.llm.base import AgentResult
 from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis, utc_now
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "DECISION_PREFIX",
@@ -205,7 +205,7 @@ class TaskResult:
 
 # -- recording, folding and replay -------------------------------------------------------
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 OnProgress = Callable[[CycleEvent], Awaitable[None] | None]
 """Shown every event as it happens (``main.py`` prints the steps live)."""

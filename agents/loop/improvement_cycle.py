@@ -22,8 +22,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
-import structlog
-
 from agents.loop.change_pipeline import ChangePipeline, Outcome, record_invalid
 from agents.loop.cycle import (
     CycleRecorder,
@@ -44,10 +42,11 @@ from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnaly
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["SELF_EDIT", "ImprovementCycle", "Outcome"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SELF_EDIT = "self_edit"
 """The ``error_type`` (and ``detector``) of the issue a self-edit is recorded under."""

@@ -24,8 +24,6 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from agents.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
 from agents.loop.cycle_verification import CycleVerifier, baseline_agents
 from agents.loop.improvement_cycle import SELF_EDIT, ImprovementCycle
@@ -46,13 +44,14 @@ from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction,
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.principal import Principal
-from infrastructure.settings import Settings
+from infrastructure.settings import Settings, load_settings
 from infrastructure.simulation import SimulatedRuntime
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["SELF_EDIT", "ConfirmCycle", "MetaOrchestrator", "OnProgress"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ConfirmCycle = Callable[[IssueReport], Awaitable[bool]]
 """Asks whether to run a cycle for an issue (the interactive y/n); True runs it."""
@@ -110,7 +109,7 @@ class MetaOrchestrator:
         concurrency: int = 4,
         task_timeout_s: float | None = None,
     ) -> None:
-        self.settings = settings if settings is not None else Settings()
+        self.settings = settings if settings is not None else load_settings()
         self._owned: list[Callable[[], None]] = []
         if store is None:
             base = Path(workspace) if workspace is not None else self.settings.workspace
@@ -225,7 +224,7 @@ class MetaOrchestrator:
         folder = Path(directory)
         if not any(folder.glob("*.md")):
             copy_team(folder)
-        settings = settings if settings is not None else Settings()
+        settings = settings if settings is not None else load_settings()
         if yolo_mode is not None:
             settings = settings.model_copy(update={"yolo_mode": yolo_mode})
         runtime = runtime if runtime is not None else SimulatedRuntime(seed)

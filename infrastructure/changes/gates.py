@@ -45,8 +45,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import structlog
-
 from infrastructure.changes.safety import (
     ApprovalCallback,
     ChangeReviewer,
@@ -64,6 +62,7 @@ from infrastructure.permissions import (
     describe_profile,
 )
 from infrastructure.principal import Principal
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from infrastructure.settings import Settings
@@ -85,7 +84,7 @@ __all__ = [
     "require_passed",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_ALLOWED_SUFFIXES: frozenset[str] = frozenset({".md", ".yaml", ".yml", ".json", ".txt"})
 EVAL_SUITE_SUFFIXES: tuple[str, ...] = (".evals.yaml", ".evals.yml")

@@ -17,8 +17,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import structlog
-
 from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
 from infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
 from infrastructure.simulation.answers import compose_answer
@@ -34,13 +32,14 @@ from infrastructure.simulation.team import (
     profile_for,
     resolve_model,
 )
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from infrastructure.spec import AgentSpec
 
 __all__ = ["AgentAnswerer", "SimulatedRuntime"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 AgentAnswerer = Callable[[str], Awaitable[str]]
 """An async function answering one question (what ``AskAgentTool`` keeps per agent)."""
