@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 
-from agents.loop.cycle import CycleRecorder, CycleStatus
+from agents.loop.cycle import CycleRecorder, CycleStatus, describe_failure
 from agents.loop.cycle_verification import (
     NEW_BASELINE,
     BeforeRun,
@@ -204,7 +204,7 @@ class ChangePipeline:
                     {"cycle_id": rec.cycle_id, "verdicts": summary, NEW_BASELINE: fresh},
                 )
         except BaseException as exc:  # nothing unproven stays applied, whatever went wrong
-            why = f"error after the change was applied: {type(exc).__name__}: {exc}"
+            why = f"error after the change was applied: {describe_failure(exc)}"
             try:
                 undone = await self._roll_back(rec, change_ids, why, targets)
             except BaseException as failure:  # the first error is the one the caller must see

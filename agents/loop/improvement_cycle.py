@@ -28,6 +28,7 @@ from agents.loop.cycle import (
     CycleResult,
     CycleStatus,
     OnProgress,
+    describe_failure,
     fold_events,
 )
 from agents.loop.cycle_verification import CycleVerifier
@@ -170,7 +171,7 @@ class ImprovementCycle:
                 if recorder.rolled_back
                 else "error"
             )
-            error = f"{type(exc).__name__}: {exc}"
+            error = describe_failure(exc)
         if settle is not None:
             settle()
         try:
