@@ -33,7 +33,7 @@ def console() -> Console:
 
     from rich.console import Console
 
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
 
 
 @contextlib.contextmanager

@@ -252,7 +252,8 @@ class Session:
             try:
                 await self.dispatch(line)
             except Exception as exc:  # the session outlives whatever a command meets
-                self.console.print(Text(f"error: {one_line_error(exc)}", style="red"))
+                error = Text(f"error: {one_line_error(exc)}", style="red")
+                self.console.print(error, soft_wrap=True)  # one line, whatever its length
                 log.info("command_failed", command=line, exc_info=True)  # --verbose shows it
 
     async def dispatch(self, line: str) -> None:
@@ -541,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run the session (or, with ``--demo``, the demo) for parsed flags; the exit code."""
     configure_logging(logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    # no markup: text such as "/rollback [ID]" or an agent's answer is shown as it is
+    console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
     overrides: dict[str, Any] = {}
     if args.provider:
         overrides["provider"] = args.provider

@@ -121,8 +121,20 @@ class SimulatedRuntime(RuntimeBase):
 
     # faults -------------------------------------------------------------------------------
 
-    def inject(self, agent: str, fault: Fault | FaultKind) -> Fault:
-        """Start ``fault`` for ``agent`` from its next run on; returns the fault with defaults."""
+    def inject(self, agent: str, fault: Fault | FaultKind | str) -> Fault:
+        """Start ``fault`` for ``agent`` from its next run on; returns the fault with defaults.
+
+        ``fault`` is a ``Fault``, a ``FaultKind`` or its value (``"truncation"``).
+
+        Raises:
+            ConfigurationError: ``fault`` names no fault kind (the message lists them).
+        """
+        if isinstance(fault, str) and not isinstance(fault, FaultKind):
+            try:
+                fault = FaultKind(fault)
+            except ValueError:
+                kinds = ", ".join(kind.value for kind in FaultKind)
+                raise ConfigurationError(f"unknown fault {fault!r}; one of: {kinds}") from None
         if isinstance(fault, FaultKind):
             fault = Fault(fault)
         active = _ActiveFault(fault, fault.model, fault.calls)
