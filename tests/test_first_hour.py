@@ -126,6 +126,29 @@ def test_ctrl_d_at_a_yes_no_prompt_answers_no_and_ends_the_session(
     assert _team_bytes(tmp_path / "W" / "agents") == before
 
 
+# -- 5. "no" holds until the issue changes or a cycle is asked for ----------------------------
+
+
+def test_a_declined_issue_is_not_offered_again_until_it_changes(
+    user_venv: UserVenv, tmp_path: Path
+) -> None:
+    script = (
+        "/traffic 35\n/inject research-agent truncation\n/traffic 40\nn\nn\nn\n/improve\ny\n/quit\n"
+    )
+    done = user_venv.run(
+        ["agentmend", "session", "--workspace", "W"], tmp_path, stdin=script, env=FAST
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    asked = out.count("Run self-improvement cycle?")
+    # offered once per kind (slow runs, failures) and once more when clearly worse; it was
+    # asked on almost every question of the 40
+    assert 1 <= asked <= 3, out
+    assert "ran 40 question(s) through the team" in out
+    assert "agentmend> /improve" in out  # the extra "n"s found no question, /improve ran
+    assert "on research-agent: kept" in out.split("agentmend> /improve", 1)[1]
+
+
 # -- 2. the whole loop applies a fix with a plain callback; nobody to approve is said at once --
 
 LOOP = """

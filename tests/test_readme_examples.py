@@ -60,8 +60,8 @@ def test_every_python_example_runs_as_printed(
 
 @pytest.mark.parametrize(
     "options",
-    [[], ["-p", "no:asyncio"], ["-o", "asyncio_mode=auto"]],
-    ids=["pytest-asyncio strict", "no async plugin", "asyncio_mode auto"],
+    [[], ["-p", "no:asyncio"]],  # asyncio_mode=auto: tests/test_pytest_plugin.py
+    ids=["pytest-asyncio strict", "no async plugin"],
 )
 def test_the_pytest_example_passes_with_only_the_documented_install(
     user_venv: UserVenv, tmp_path: Path, options: list[str]

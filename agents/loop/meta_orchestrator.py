@@ -84,8 +84,8 @@ class MetaOrchestrator:
         auto_improve: run a cycle for each detected issue without asking.
         confirm_cycle: otherwise, ask this whether to run one (no answer within
             ``settings.auto_decision_timeout`` is no). An issue declined is not offered
-            again until it is another kind or ``DECLINED_WORSE_BY`` more severe, or a cycle
-            is asked for (``run_improvement_cycle``).
+            again until it is a kind not declined yet for that agent, or ``DECLINED_WORSE_BY``
+            more severe, or a cycle is asked for (``run_improvement_cycle``).
 
     Raises:
         ConfigurationError: ``auto_improve`` while nobody can approve a change (no
@@ -167,7 +167,9 @@ class MetaOrchestrator:
         self.gates = list(gates)
         self._auto_improve = False
         self.auto_improve = auto_improve  # checks that someone can approve
-        self._declined: dict[str, IssueReport] = {}
+        # per agent, the issues declined, by kind: a kind already declined is offered again
+        # only when clearly worse
+        self._declined: dict[str, dict[str, IssueReport]] = {}
         self.mediator = SocraticMediator(
             roles_runtime,
             AskAgentTool(team.ask_agent_registry()),
@@ -320,7 +322,7 @@ class MetaOrchestrator:
             if not await self._wants_cycle(issue):
                 if self.confirm_cycle is not None:
                     task.declined.append(issue)
-                    self._declined[issue.agent_name] = issue
+                    self._declined.setdefault(issue.agent_name, {})[issue.error_type] = issue
                     self._pending.pop(issue.agent_name, None)
                     record_decision(
                         self.store,
@@ -333,16 +335,8 @@ class MetaOrchestrator:
         return task
 
     def _still_declined(self, issue: IssueReport) -> bool:
-        declined = self._declined.get(issue.agent_name)
-        if declined is None:
-            return False
-        changed = (
-            issue.error_type != declined.error_type
-            or issue.severity >= declined.severity + DECLINED_WORSE_BY
-        )
-        if changed:
-            del self._declined[issue.agent_name]
-        return not changed
+        declined = self._declined.get(issue.agent_name, {}).get(issue.error_type)
+        return declined is not None and issue.severity < declined.severity + DECLINED_WORSE_BY
 
     async def _wants_cycle(self, issue: IssueReport) -> bool:
         if self.auto_improve:
