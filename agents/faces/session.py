@@ -176,7 +176,10 @@ class Session:
             raise
 
     async def _confirm_cycle(self, issue: IssueReport) -> bool:
-        self.console.print(issue_line(issue))
+        line = issue_line(issue)
+        if self._simulated():
+            line.append(" (times are the simulation's)", style="dim")
+        self.console.print(line)
         timeout = self.orchestrator.settings.auto_decision_timeout
         return await self._ask_in_time(
             f"Run self-improvement cycle? (no answer in {timeout:g}s means no)"
