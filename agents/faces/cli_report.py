@@ -315,6 +315,7 @@ def render_workspace_report(opened: _OpenStore, *, full_cycles: int = 50) -> str
     """The report page of an open workspace, as HTML."""
     from agents.faces.report_data import collect_report
     from agents.faces.report_page import render_report
+    from infrastructure.monitoring.run_series import RAW_RUNS
 
     data = collect_report(
         opened.store,
@@ -322,10 +323,10 @@ def render_workspace_report(opened: _OpenStore, *, full_cycles: int = 50) -> str
         baseline_n=opened.settings.baseline_n,
         full_cycles=full_cycles,
     )
-    data.notes.append(
-        "Latency figures over time are read from a per-minute histogram "
-        "(within 19 % of the exact quantile)."
-    )
+    if sum(a.runs for a in data.agents) > RAW_RUNS:
+        data.notes.append(
+            "Latency over time is read from per-minute histograms (within 19 % of the exact p95)."
+        )
     return render_report(data, title=f"agentmend: {opened.folder}")
 
 

@@ -303,7 +303,11 @@ def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
     """The whole page as one HTML string."""
     points = [p.start_ts for series in data.series.values() for p in series]
     moments = points + [c.timestamp.timestamp() for c in data.changes]
-    span = (min(moments), max(moments) + 60.0) if moments else (0.0, 1.0)
+    if moments:
+        low, high = min(moments), max(moments)
+        span = (low, high + max(1.0, (high - low) * 0.02))  # room for the newest marker
+    else:
+        span = (0.0, 1.0)
     issues_by_agent: dict[str, list[tuple[datetime, str]]] = {}
     for cycle in [*data.cycles, *data.older_cycles]:
         issues_by_agent.setdefault(cycle.issue.agent_name, []).append(
@@ -336,6 +340,7 @@ def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        "<link rel='icon' href='data:,'>"  # no favicon request: nothing to fetch
         f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>"
         f"<header><h1>{_e(title)}</h1><div>generated {_e(_when(data.generated_at))} UTC"
         "</div></header><main>"

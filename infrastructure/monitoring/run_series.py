@@ -180,14 +180,27 @@ def duration_quantile(bins: Sequence[int], q: float) -> float:
     return _edge(DURATION_BINS - 1)
 
 
+RAW_RUNS = 20_000
+"""Up to this many runs in all, a series is drawn from the runs themselves: a short history
+(minutes) fits in a few per-minute buckets, which would draw as a dot."""
+
+
 def read_series(
-    store: Store, *, agents: Sequence[str] | None = None, max_points: int = 200
+    store: Store,
+    *,
+    agents: Sequence[str] | None = None,
+    max_points: int = 200,
+    raw_runs: int = RAW_RUNS,
 ) -> dict[str, list[SeriesPoint]]:
-    """Each agent's series, summed into at most about ``max_points`` equal steps over the span
-    of all stored buckets (so the agents' charts share one time axis)."""
+    """Each agent's series in at most about ``max_points`` steps: from the runs themselves
+    when there are at most ``raw_runs`` in all, else summed from the per-minute buckets over
+    the span of them all (so the agents' charts share one time axis)."""
     with store.transaction() as conn:
         if not _has_table(conn):
             return {}
+        total = conn.execute("SELECT COALESCE(SUM(runs), 0) FROM run_totals").fetchone()[0]
+        if int(total) <= raw_runs:
+            return _raw_series(conn, agents, max_points)
         span = conn.execute("SELECT MIN(bucket), MAX(bucket) FROM run_series").fetchone()
         if span[0] is None:
             return {}
@@ -215,6 +228,37 @@ def read_series(
                 p95_ms=duration_quantile([int(b) for b in bins], 0.95),
             )
         )
+    return series
+
+
+def _raw_series(
+    conn: sqlite3.Connection, agents: Sequence[str] | None, max_points: int
+) -> dict[str, list[SeriesPoint]]:
+    rows = conn.execute(
+        "SELECT agent, success, duration_ms, ts FROM executions WHERE source = ? ORDER BY id",
+        (RUN,),
+    ).fetchall()
+    by_agent: dict[str, list[tuple[bool, float, float]]] = {}
+    for agent, success, duration_ms, ts in rows:
+        if agents is None or agent in agents:
+            by_agent.setdefault(agent, []).append((bool(success), float(duration_ms), float(ts)))
+    series: dict[str, list[SeriesPoint]] = {}
+    for agent, runs in by_agent.items():
+        size = max(1, math.ceil(len(runs) / max_points))
+        points = []
+        for i in range(0, len(runs), size):
+            group = runs[i : i + size]
+            durations = sorted(d for _, d, _ in group)
+            points.append(
+                SeriesPoint(
+                    start_ts=group[0][2],
+                    runs=len(group),
+                    failures=sum(1 for ok, _, _ in group if not ok),
+                    mean_ms=sum(durations) / len(durations),
+                    p95_ms=durations[min(len(durations) - 1, int(0.95 * len(durations)))],
+                )
+            )
+        series[agent] = points
     return series
 
 
