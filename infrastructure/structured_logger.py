@@ -2,7 +2,10 @@
 
 Library modules log with ``get_logger(__name__)``: a structlog logger that hands each event
 to the standard ``logging`` module under ``agentmend.<module>`` (``agentmend.agents.loop.cycle``,
-``agentmend.infrastructure.store``, ...), its key/value pairs as the record's ``extra``. So an
+``agentmend.infrastructure.store``, ...). The record's message is the event and its key/value
+pairs (``close_monitor_failed runs_lost=5 error='...'``), so even stdlib's bare last resort
+shows what happened; the pairs are also the record's attributes (``record.event``,
+``record.runs_lost``) for handlers that format their own. So an
 application embedding agentmend decides what it sees, with the logging setup it already has:
 nothing below WARNING unless it asks, and warnings through stdlib's last resort (stderr) when
 it configured nothing. To see agentmend's steps::
@@ -39,6 +42,15 @@ def _clear_of_record_fields(_: Any, __: str, event_dict: Any) -> Any:
     return event_dict
 
 
+def _to_log_kwargs(logger: Any, method: str, event_dict: Any) -> Any:
+    """structlog's ``render_to_log_kwargs``, with the pairs in the message as well."""
+    kwargs = structlog.stdlib.render_to_log_kwargs(logger, method, event_dict)
+    extra, event = kwargs["extra"], kwargs["msg"]
+    kwargs["msg"] = " ".join([str(event), *(f"{key}={value!r}" for key, value in extra.items())])
+    extra["event"] = event
+    return kwargs
+
+
 def get_logger(name: str) -> Any:
     """A library logger for module ``name``: events go to stdlib ``agentmend.<name>``.
 
@@ -47,7 +59,7 @@ def get_logger(name: str) -> Any:
     return structlog.wrap_logger(
         logging.getLogger(f"{LOGGER_ROOT}.{name}"),
         wrapper_class=structlog.stdlib.BoundLogger,
-        processors=[_clear_of_record_fields, structlog.stdlib.render_to_log_kwargs],
+        processors=[_clear_of_record_fields, _to_log_kwargs],
     )
 
 
@@ -77,7 +89,7 @@ def configure_logging(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[
                 structlog.stdlib.add_log_level,
-                structlog.stdlib.ExtraAdder(),
+                structlog.stdlib.ExtraAdder(),  # the pairs, and ``event`` as the bare event
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
             ],
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],

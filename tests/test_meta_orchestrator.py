@@ -186,7 +186,9 @@ async def test_every_step_is_shown_logged_stored_and_replayable(build: Build) ->
     assert replay_cycle(orchestrator.store, cycle.cycle_id) == cycle
     assert orchestrator.replay(cycle.cycle_id) == cycle
     assert list_cycle_ids(orchestrator.store) == [cycle.cycle_id]
-    logged = {(record.msg, getattr(record, "cycle_id", None)) for record in records}
+    logged = {
+        (getattr(record, "event", None), getattr(record, "cycle_id", None)) for record in records
+    }
     for step in (
         "cycle_started",
         "question_asked",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import sysconfig
@@ -33,6 +34,7 @@ class UserVenv:
     """A venv with agentmend installed from a wheel, as ``pip install agentmend`` leaves it."""
 
     path: Path
+    wheel: Path
 
     @property
     def bin(self) -> Path:
@@ -80,20 +82,14 @@ class UserVenv:
         )
 
 
-def _copy_tree(destination: Path) -> None:
-    """The files of this checkout that a build would see (tracked, or new and not ignored)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
-    for raw in filter(None, listed):
-        source = ROOT / raw.decode()
-        if source.is_file():
-            target = destination / raw.decode()
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
+def _source_copy(target: Path) -> Path:
+    """What a source distribution holds, copied so the build writes nothing in the checkout."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("agents", "infrastructure"):
+        shutil.copytree(ROOT / name, target / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, target / name)
+    return target
 
 
 @pytest.fixture(scope="session")
@@ -101,7 +97,7 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> UserVenv:
     """One venv per test session with agentmend installed from a wheel of this tree."""
     base = tmp_path_factory.mktemp("user-install")
     source, wheels, venv = base / "source", base / "wheels", base / "venv"
-    _copy_tree(source)
+    _source_copy(source)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
     build = ["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(wheels)]
     subprocess.run(
@@ -119,15 +115,14 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> UserVenv:
         check=True,
     ).stdout.strip()
     # the dependencies this test run already has, without this checkout's editable install
-    (Path(purelib) / "_test_run_dependencies.pth").write_text(
-        sysconfig.get_paths()["purelib"] + "\n"
-    )
+    ours = sorted({sysconfig.get_paths()["purelib"], *site.getsitepackages()})
+    (Path(purelib) / "_test_run_dependencies.pth").write_text("\n".join(ours) + "\n")
     subprocess.run(
         [*pip, "--python", python, "install", "--no-deps", "--no-index", "-q", wheel],
         check=True,
         capture_output=True,
     )
-    return UserVenv(venv)
+    return UserVenv(venv, wheel)
 
 
 def make_unwritable(folder: Path) -> None:
