@@ -8,6 +8,11 @@ block and replace or delete just those. The editor understands only the plain bl
 layout people write by hand; on anything else it returns ``None`` so the caller can fall back to
 re-dumping the front matter. The caller re-parses every result either way, so a wrong edit is
 caught, never written.
+
+Parsing follows Claude Code (see ``infrastructure.frontmatter_compat``): YAML 1.2 scalars, and
+one retry on Claude Code's repaired copy when the front matter is not strict YAML. A changed
+value is written in its author's style (``infrastructure.frontmatter_style``) and, in a file
+that only loads through the repair, in a form that the repair leaves as it is.
 """
 
 from __future__ import annotations
@@ -21,15 +26,25 @@ from typing import Any
 import yaml
 
 from infrastructure.errors import AgentmendError
+from infrastructure.frontmatter_compat import (
+    CoreSchemaResolver,
+    construct_core_float,
+    construct_core_int,
+    extend_dumper_resolvers,
+    lenient_text,
+)
+from infrastructure.frontmatter_style import restyled
 
 __all__ = [
     "Document",
     "Edit",
     "FrontMatterError",
+    "ParsedFront",
     "apply_edits",
     "apply_edits_to_mapping",
     "dump_mapping",
     "load_mapping",
+    "parse_front",
     "render_document",
     "replace_body",
     "split_document",
@@ -40,7 +55,7 @@ __all__ = [
 _FIRST_LINE = 2
 
 _KEY_LINE = re.compile(
-    r"""(?P<indent> *)(?P<key>[A-Za-z0-9_][\w.-]*|"[^"\\\n]*"|'[^'\n]*')[ \t]*:(?=\s|$)"""
+    r"""(?P<indent>[ \t]*)(?P<key>[A-Za-z0-9_][\w.-]*|"[^"\\\n]*"|'[^'\n]*')[ \t]*:(?=\s|$)"""
 )
 _SEQUENCE_ITEM = re.compile(r"-(?:\s|$)")
 
@@ -84,6 +99,14 @@ def split_document(text: str) -> Document:
     if not lines or lines[0].lstrip("\ufeff").rstrip() != "---":
         raise FrontMatterError("no YAML front matter: the file must start with a '---' line")
     for index in range(1, len(lines)):
+        if "---" in lines[index] and lines[index].rstrip() != "---":
+            # Claude Code ends the front matter at the first '---' anywhere, even mid-line
+            key = _key_at(lines[1:index + 1], index - 1)
+            raise FrontMatterError(
+                f"'---' inside the front matter (line {index + 1}): Claude Code would end "
+                "the front matter there",
+                key,
+            )
         if lines[index].rstrip() == "---":
             body = "".join(lines[index + 1 :])
             return Document(lines[0], tuple(lines[1:index]), lines[index], body)
@@ -108,7 +131,9 @@ def render_document(mapping: dict[str, Any], body: str) -> str:
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe loading that refuses a repeated key: PyYAML would silently keep the last one."""
+    """Safe loading of YAML 1.2 scalars that refuses a repeated key (PyYAML keeps the last)."""
+
+    yaml_implicit_resolvers = CoreSchemaResolver.yaml_implicit_resolvers
 
 
 def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -125,6 +150,8 @@ def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+_Loader.add_constructor("tag:yaml.org,2002:int", construct_core_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", construct_core_float)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -134,10 +161,77 @@ class _Dumper(yaml.SafeDumper):
         super().increase_indent(flow, False)
 
 
-def load_mapping(front: Sequence[str]) -> dict[str, Any]:
-    """Parse front matter lines into a mapping with string keys."""
+extend_dumper_resolvers(_Dumper)
+
+
+class _QuotingDumper(_Dumper):
+    """Writes a string holding a YAML indicator double-quoted, on one line.
+
+    That is the form Claude Code's repair leaves as it is, for files that need the repair.
+    """
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = '"' if _NEEDS_QUOTES.search(value) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_NEEDS_QUOTES = re.compile(r"[{}\[\]*&#!|>%@`:\n\r]")
+_QuotingDumper.add_representer(str, _represent_str)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedFront:
+    """Front matter as Claude Code reads it; ``lenient`` when only its repaired copy parses."""
+
+    mapping: dict[str, Any]
+    lenient: bool
+
+
+def _parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
+
+
+def _parses_as_list(value: str) -> bool:
     try:
-        data = yaml.load("".join(front), Loader=_Loader)  # a SafeLoader subclass
+        return isinstance(_parse_yaml(value), list)
+    except (yaml.YAMLError, FrontMatterError):
+        return False
+
+
+def load_mapping(front: Sequence[str]) -> dict[str, Any]:
+    """Parse front matter lines into a mapping with string keys, as Claude Code does."""
+    return parse_front(front).mapping
+
+
+def parse_front(front: Sequence[str]) -> ParsedFront:
+    """Parse front matter lines as Claude Code does: strict YAML, else its repaired copy.
+
+    Raises:
+        FrontMatterError: neither parses (the error is the repaired copy's, as Claude Code
+            reports it, naming the key at its line), or the result is not a string-keyed mapping.
+    """
+    text = "".join(front)
+    lenient = False
+    try:
+        data = _parse_yaml(text)
+    except yaml.YAMLError:
+        lenient = True
+        data = _load_lenient(front, lenient_text(text, _parses_as_list))
+    if data is None:
+        return ParsedFront({}, lenient)
+    if not isinstance(data, dict):
+        raise FrontMatterError("the front matter must be a mapping of keys to values")
+    for key in data:
+        if not isinstance(key, str):
+            raise FrontMatterError(f"key {key!r} is not a string", str(key))
+    return ParsedFront(data, lenient)
+
+
+def _load_lenient(front: Sequence[str], text: str) -> Any:
+    """The repaired copy parsed; the repair keeps line numbers, so errors point at the file."""
+    try:
+        return _parse_yaml(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line if mark is not None else None
@@ -146,14 +240,6 @@ def load_mapping(front: Sequence[str]) -> dict[str, Any]:
         raise FrontMatterError(f"invalid YAML{where}: {problem}", _key_at(front, line)) from None
     except yaml.YAMLError as exc:
         raise FrontMatterError(f"invalid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise FrontMatterError("the front matter must be a mapping of keys to values")
-    for key in data:
-        if not isinstance(key, str):
-            raise FrontMatterError(f"key {key!r} is not a string", str(key))
-    return data
 
 
 def dump_mapping(mapping: dict[str, Any], newline: str) -> list[str]:
@@ -199,32 +285,74 @@ def apply_edits_to_mapping(mapping: dict[str, Any], edits: Sequence[Edit]) -> di
     return result
 
 
-def apply_edits(front: Sequence[str], edits: Sequence[Edit], newline: str) -> list[str] | None:
+def apply_edits(
+    front: Sequence[str], edits: Sequence[Edit], newline: str, *, lenient: bool = False
+) -> list[str] | None:
     """Front matter lines with ``edits`` applied to only their keys' lines.
 
+    Args:
+        front: the front matter lines as read.
+        edits: what to change.
+        newline: the file's line break, for added lines.
+        lenient: the front matter loads only through Claude Code's repair (``ParsedFront``);
+            changed lines are then written so that the repair leaves them as they are.
+
     Returns ``None`` when the layout is one this editor does not understand (flow mappings,
-    tabs, keys it cannot find reliably); the caller then re-dumps the mapping instead.
+    keys it cannot find reliably); the caller then re-dumps the mapping instead.
     """
     lines = list(front)
     for edit in edits:
-        if not _apply(lines, edit, newline):
+        if not _apply(lines, edit, _Writer(newline, lenient)):
             return None
     return lines
 
 
-def _apply(lines: list[str], edit: Edit, newline: str) -> bool:
+@dataclass(frozen=True, slots=True)
+class _Writer:
+    """How new lines are written in this file: its line break, and whether it is lenient."""
+
+    newline: str
+    lenient: bool
+
+    def dump(self, mapping: dict[str, Any], indent: int) -> list[str]:
+        lines = _dump(mapping, indent, self.newline)
+        if self.lenient and any(_rewritten_by_repair(line) for line in lines):
+            lines = _dump(mapping, indent, self.newline, quote_all=True)
+        return lines
+
+    def fits(self, lines: Sequence[str]) -> bool:
+        """Whether ``lines`` read the same strictly and through the repair (if it applies)."""
+        return not self.lenient or not any(_rewritten_by_repair(line) for line in lines)
+
+
+def _rewritten_by_repair(line: str) -> bool:
+    """Whether Claude Code's repair would change what this one line means."""
+    if line[:1] in " \t-#":
+        return False
+    text = line.rstrip("\r\n")
+    repaired = lenient_text(text, _parses_as_list)
+    if repaired == text:
+        return False
+    try:
+        return bool(_parse_yaml(text) != _parse_yaml(repaired))
+    except (yaml.YAMLError, FrontMatterError):
+        return True
+
+
+def _apply(lines: list[str], edit: Edit, writer: _Writer) -> bool:
+    newline = writer.newline
     top = _blocks(lines, 0, len(lines), 0)
     if top is None:
         return False
     head, *rest = edit.path
     if not rest:
-        _replace(lines, top.get(head), len(lines), head, edit, 0, newline)
+        _replace(lines, top.get(head), len(lines), head, edit, 0, writer)
         return True
     key = rest[0]
     span = top.get(head)
     if span is None:
         if not edit.delete:
-            lines.extend(_dump({head: {key: edit.value}}, 0, newline))
+            lines.extend(writer.dump({head: {key: edit.value}}, 0))
         return True
     first, last = span
     parsed = _key_of(lines[first])
@@ -238,7 +366,7 @@ def _apply(lines: list[str], edit: Edit, newline: str) -> bool:
         if current is not None and not isinstance(current, dict):
             return False
         updated = apply_edits_to_mapping({head: current or {}}, [edit])
-        lines[first:last] = _dump(updated, 0, newline) if updated.get(head) else []
+        lines[first:last] = writer.dump(updated, 0) if updated.get(head) else []
         return True
     children = [index for index in range(first + 1, last) if not _is_filler(lines[index])]
     indent = _indent_of(lines[children[0]]) if children else 2
@@ -250,7 +378,7 @@ def _apply(lines: list[str], edit: Edit, newline: str) -> bool:
     if edit.delete and set(kids) == {key}:
         del lines[first:last]  # the mapping would be left empty: drop it whole
         return True
-    _replace(lines, kids.get(key), last, key, edit, indent, newline)
+    _replace(lines, kids.get(key), last, key, edit, indent, writer)
     return True
 
 
@@ -261,38 +389,93 @@ def _replace(
     key: str,
     edit: Edit,
     indent: int,
-    newline: str,
+    writer: _Writer,
 ) -> None:
     if edit.delete:
         if span is not None:
             del lines[span[0] : span[1]]
         return
-    new = _dump({key: edit.value}, indent, newline)
     if span is None:
-        lines[insert_at:insert_at] = new
+        lines[insert_at:insert_at] = writer.dump({key: edit.value}, indent)
         return
     first, last = span
+    kept = _in_authors_style(lines[first:last], key, edit.value, writer)
+    if kept is not None:
+        lines[first:last] = kept
+        return
+    new = writer.dump({key: edit.value}, indent)
     if last - first == 1 and len(new) == 1:
         comment = _trailing_comment(lines[first], indent)
-        if comment:
-            new = [new[0][: -len(newline)] + comment + newline]
+        with_comment = [new[0][: -len(writer.newline)] + comment + writer.newline]
+        if comment and writer.fits(with_comment):
+            new = with_comment
     lines[first:last] = new
 
 
-def _dump(mapping: dict[str, Any], indent: int, newline: str) -> list[str]:
-    text = _dump_text(mapping, allow_unicode=True)
-    if yaml.load(text, Loader=_Loader) != mapping:  # a SafeLoader subclass
+def _in_authors_style(
+    block: list[str], key: str, value: Any, writer: _Writer
+) -> list[str] | None:
+    """The key's lines with ``value`` in the style of the old value, if that works out."""
+    match = _KEY_LINE.match(block[0])
+    if match is None:
+        return None
+    try:
+        old = _parse_yaml("".join(block))
+    except (yaml.YAMLError, FrontMatterError):
+        return None  # a line only the repair reads: written afresh, in a form both read
+    if not isinstance(old, dict) or key not in old:
+        return None
+    new = restyled(block, block[0][: match.end()], old[key], value, writer.newline, _token)
+    if new is None or not writer.fits(new):
+        return None
+    try:
+        parsed = _parse_yaml("".join(new))
+    except (yaml.YAMLError, FrontMatterError):
+        return None
+    return new if isinstance(parsed, dict) and _same_value(parsed.get(key), value) else None
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and bool(a == b)
+
+
+def _token(value: Any, style: str, flow: bool) -> str | None:
+    """One scalar written in ``style`` on one line (inside a flow list when ``flow``)."""
+    text = yaml.dump(
+        [value],
+        Dumper=_Dumper,
+        default_flow_style=flow,
+        default_style=style or None,
+        allow_unicode=True,
+        width=1 << 30,
+    )
+    text = text.rstrip("\n")
+    token = text[1:-1] if flow else text.removeprefix("- ")
+    if "\n" in token or not token:
+        return None
+    try:
+        back = _parse_yaml(f"[{token}]" if flow else f"- {token}")
+    except (yaml.YAMLError, FrontMatterError):
+        return None
+    return token if back == [value] else None
+
+
+def _dump(
+    mapping: dict[str, Any], indent: int, newline: str, *, quote_all: bool = False
+) -> list[str]:
+    text = _dump_text(mapping, allow_unicode=True, quote_all=quote_all)
+    if _parse_yaml(text) != mapping:
         # PyYAML mangles a raw NEL (and kin) it writes itself; escaped, it survives
-        text = _dump_text(mapping, allow_unicode=False)
+        text = _dump_text(mapping, allow_unicode=False, quote_all=quote_all)
     pad = " " * indent
     # blank lines can be part of a multi-line scalar: keep them, and keep them empty
     return [(pad + line if line else line) + newline for line in text.split("\n")[:-1]]
 
 
-def _dump_text(mapping: dict[str, Any], *, allow_unicode: bool) -> str:
+def _dump_text(mapping: dict[str, Any], *, allow_unicode: bool, quote_all: bool = False) -> str:
     return yaml.dump(
         mapping,
-        Dumper=_Dumper,
+        Dumper=_QuotingDumper if quote_all else _Dumper,
         default_flow_style=False,
         allow_unicode=allow_unicode,
         sort_keys=False,
@@ -328,7 +511,10 @@ def _is_filler(line: str) -> bool:
 
 
 def _indent_of(line: str) -> int:
-    return len(line) - len(line.lstrip(" "))
+    """The indentation as Claude Code sees it: its repair turns each leading tab into 2 spaces."""
+    spaces = len(line) - len(line.lstrip(" "))
+    tabs = len(line) - len(line.lstrip("\t"))
+    return spaces or 2 * tabs
 
 
 def _blocks(
@@ -346,7 +532,9 @@ def _blocks(
         if _is_filler(line):
             continue
         column = _indent_of(line)
-        if column > indent or (column == indent and _SEQUENCE_ITEM.match(line[column:])):
+        if column > indent or (
+            column == indent and _SEQUENCE_ITEM.match(line.lstrip(" \t"))
+        ):
             if not starts:
                 return None
             continue
@@ -373,13 +561,13 @@ def _trailing_comment(line: str, indent: int) -> str:
     """The ``  # ...`` comment ending a one-line ``key: value``, so an edit can keep it."""
     content = line.rstrip("\r\n")
     try:
-        whole = yaml.safe_load(content[indent:])
-    except yaml.YAMLError:
+        whole = _parse_yaml(content[indent:])
+    except (yaml.YAMLError, FrontMatterError):
         return ""
     for match in re.finditer(r"[ \t]+#", content):
         try:
-            head = yaml.safe_load(content[indent : match.start()])
-        except yaml.YAMLError:
+            head = _parse_yaml(content[indent : match.start()])
+        except (yaml.YAMLError, FrontMatterError):
             continue
         if head == whole:
             return content[match.start() :]
