@@ -417,22 +417,27 @@ def _in_authors_style(
 ) -> list[str] | None:
     """The key's lines with ``value`` in the style of the old value, if that works out."""
     match = _KEY_LINE.match(block[0])
-    if match is None:
-        return None
-    try:
-        old = _parse_yaml("".join(block))
-    except (yaml.YAMLError, FrontMatterError):
-        return None  # a line only the repair reads: written afresh, in a form both read
+    if match is None or (writer.lenient and _rewritten_by_repair(block[0])):
+        return None  # a line only the repair reads right: written afresh, in a form both read
+    old = _parse_either("".join(block))
     if not isinstance(old, dict) or key not in old:
         return None
     new = restyled(block, block[0][: match.end()], old[key], value, writer.newline, _token)
     if new is None or not writer.fits(new):
         return None
-    try:
-        parsed = _parse_yaml("".join(new))
-    except (yaml.YAMLError, FrontMatterError):
-        return None
+    parsed = _parse_either("".join(new))
     return new if isinstance(parsed, dict) and _same_value(parsed.get(key), value) else None
+
+
+def _parse_either(text: str) -> Any:
+    """``text`` parsed strictly, else as Claude Code's repair reads it (tab indentation)."""
+    try:
+        return _parse_yaml(text)
+    except (yaml.YAMLError, FrontMatterError):
+        try:
+            return _parse_yaml(lenient_text(text, _parses_as_list))
+        except (yaml.YAMLError, FrontMatterError):
+            return None
 
 
 def _same_value(a: Any, b: Any) -> bool:
