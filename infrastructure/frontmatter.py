@@ -101,7 +101,7 @@ def split_document(text: str) -> Document:
     for index in range(1, len(lines)):
         if "---" in lines[index] and lines[index].rstrip() != "---":
             # Claude Code ends the front matter at the first '---' anywhere, even mid-line
-            key = _key_at(lines[1:index + 1], index - 1)
+            key = _key_at(lines[1 : index + 1], index - 1)
             raise FrontMatterError(
                 f"'---' inside the front matter (line {index + 1}): Claude Code would end "
                 "the front matter there",
@@ -340,7 +340,6 @@ def _rewritten_by_repair(line: str) -> bool:
 
 
 def _apply(lines: list[str], edit: Edit, writer: _Writer) -> bool:
-    newline = writer.newline
     top = _blocks(lines, 0, len(lines), 0)
     if top is None:
         return False
@@ -412,9 +411,7 @@ def _replace(
     lines[first:last] = new
 
 
-def _in_authors_style(
-    block: list[str], key: str, value: Any, writer: _Writer
-) -> list[str] | None:
+def _in_authors_style(block: list[str], key: str, value: Any, writer: _Writer) -> list[str] | None:
     """The key's lines with ``value`` in the style of the old value, if that works out."""
     match = _KEY_LINE.match(block[0])
     if match is None or (writer.lenient and _rewritten_by_repair(block[0])):
@@ -537,9 +534,7 @@ def _blocks(
         if _is_filler(line):
             continue
         column = _indent_of(line)
-        if column > indent or (
-            column == indent and _SEQUENCE_ITEM.match(line.lstrip(" \t"))
-        ):
+        if column > indent or (column == indent and _SEQUENCE_ITEM.match(line.lstrip(" \t"))):
             if not starts:
                 return None
             continue

@@ -87,7 +87,8 @@ def lossy_in_lenient_parse(line: str) -> bool:
 class CoreSchemaResolver(yaml.resolver.Resolver):
     """Plain scalars typed as YAML 1.2's core schema, as Claude Code's parser types them."""
 
-    yaml_implicit_resolvers: dict[Any, Any] = {}
+    # PyYAML keeps resolvers in a class attribute; this class's own dict, not the base's
+    yaml_implicit_resolvers: dict[Any, Any] = {}  # noqa: RUF012
 
 
 _CORE_RESOLVERS: list[tuple[str, str, str]] = [
@@ -112,7 +113,7 @@ CoreSchemaResolver.add_implicit_resolver(
 )
 
 
-def construct_core_int(loader: yaml.constructor.SafeConstructor, node: yaml.Node) -> int:
+def construct_core_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
     """A YAML 1.2 integer: decimal (a leading 0 is not octal), ``0o`` octal, ``0x`` hex."""
     value = str(loader.construct_scalar(node))  # type: ignore[arg-type]
     if value.startswith("0o"):
@@ -122,7 +123,7 @@ def construct_core_int(loader: yaml.constructor.SafeConstructor, node: yaml.Node
     return int(value, 10)
 
 
-def construct_core_float(loader: yaml.constructor.SafeConstructor, node: yaml.Node) -> float:
+def construct_core_float(loader: yaml.SafeLoader, node: yaml.Node) -> float:
     """A YAML 1.2 float (``1e3`` included, which YAML 1.1 leaves a string)."""
     value = str(loader.construct_scalar(node)).lower()  # type: ignore[arg-type]
     if value.endswith(".inf"):

@@ -57,6 +57,10 @@ def reads(file_name: str) -> Reads:
 # -- load, save, AgentDefinition --------------------------------------------------------------
 
 
+def test_the_fixtures_are_the_files_the_table_lists() -> None:
+    assert {path.name for path in FIXTURES.glob("*.md")} == set(EXPECTED)
+
+
 @pytest.mark.parametrize("file_name", VALID)
 def test_each_form_loads_as_claude_code_reads_it(file_name: str) -> None:
     expected = reads(file_name)
@@ -231,9 +235,7 @@ def test_a_file_that_needs_the_repair_keeps_its_repaired_lines_when_others_chang
 
 def test_a_comment_that_the_repair_would_swallow_is_not_kept() -> None:
     # in a file only the repair reads, 'model: x  # note' would read as the model "x  # note"
-    text = (
-        "---\nname: swallow\ndescription: Use when: asked\nmodel: haiku  # cheap\n---\nHi.\n"
-    )
+    text = "---\nname: swallow\ndescription: Use when: asked\nmodel: haiku  # cheap\n---\nHi.\n"
     spec = load(text)
     assert spec.model == "haiku  # cheap"  # as Claude Code reads it
     changed = spec.with_changes(model="sonnet")
@@ -296,7 +298,8 @@ def test_changes_to_every_form_apply_and_roll_back_exactly(tmp_path: Path) -> No
             records = manager.apply_group(entries, root=root)
             after = load_agent_specs(root)
             for name, spec in after.items():
-                assert spec.tools is not None and spec.tools[-1] == "WebFetch", name
+                assert spec.tools is not None, name
+                assert spec.tools[-1] == "WebFetch", name
                 assert spec.docs == (("docs/notes.md", "Notes.\n"),), name
             assert (root / "重构助手" / "docs" / "notes.md").is_file()
             assert (root / "shell-5.1-expert" / "docs" / "notes.md").is_file()
@@ -327,7 +330,8 @@ def test_names_follow_claude_codes_rule(name: str, problem: str | None) -> None:
     if problem is None:
         assert found is None
     else:
-        assert found is not None and problem in found
+        assert found is not None
+        assert problem in found
 
 
 @pytest.mark.parametrize(
@@ -341,7 +345,8 @@ def test_a_safe_name_is_its_own_path_form(name: str) -> None:
 def test_an_unsafe_name_gets_a_distinct_safe_path_form(name: str) -> None:
     form = path_name(name)
     assert form != name
-    assert not any(char in form for char in '/\\?*<>|"\t') and not form.startswith(".")
+    assert not any(char in form for char in '/\\?*<>|"\t')
+    assert not form.startswith(".")
     assert form != path_name(name + "x")
     assert Path(form).name == form
 
