@@ -419,11 +419,40 @@ def _in_authors_style(block: list[str], key: str, value: Any, writer: _Writer) -
     old = _parse_either("".join(block))
     if not isinstance(old, dict) or key not in old:
         return None
-    new = restyled(block, block[0][: match.end()], old[key], value, writer.newline, _token)
+    if isinstance(old[key], dict) and isinstance(value, dict):
+        new = _mapping_in_authors_style(block, old[key], value, writer)
+    else:
+        new = restyled(block, block[0][: match.end()], old[key], value, writer.newline, _token)
     if new is None or not writer.fits(new):
         return None
     parsed = _parse_either("".join(new))
     return new if isinstance(parsed, dict) and _same_value(parsed.get(key), value) else None
+
+
+def _mapping_in_authors_style(
+    block: list[str], old: dict[str, Any], value: dict[str, Any], writer: _Writer
+) -> list[str] | None:
+    """A block mapping (``permission_profile:`` with ``allow``/``deny``) changed key by key."""
+    parsed = _key_of(block[0])
+    inline = parsed[2].strip() if parsed is not None else "?"
+    if set(old) != set(value) or (inline and not inline.startswith("#")):
+        return None
+    lines = list(block)
+    children = [index for index in range(1, len(lines)) if not _is_filler(lines[index])]
+    if not children:
+        return None
+    spans = _blocks(lines, 1, len(lines), _indent_of(lines[children[0]]))
+    if spans is None or set(spans) != set(old):
+        return None
+    # bottom-up, so the spans above an edited child stay where they are
+    for child, (first, last) in sorted(spans.items(), key=lambda item: -item[1][0]):
+        if _same_value(old[child], value[child]):
+            continue
+        changed = _in_authors_style(lines[first:last], child, value[child], writer)
+        if changed is None:
+            return None
+        lines[first:last] = changed
+    return lines
 
 
 def _parse_either(text: str) -> Any:

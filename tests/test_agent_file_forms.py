@@ -25,7 +25,7 @@ from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.errors import SpecError
 from infrastructure.frontmatter_compat import lenient_text
 from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.spec import AgentSpec, SpecWarning, load_agent_specs
+from infrastructure.spec import AgentSpec, PermissionProfile, SpecWarning, load_agent_specs
 
 NEW_DESCRIPTION = "Use this agent when: asked to check. Examples: a diff."
 
@@ -218,6 +218,40 @@ def test_a_prompt_change_leaves_the_front_matter_bytes(file_name: str) -> None:
     removed, added = changed_lines(text, new_text)
     assert len(removed) <= 1  # the last line, when the file has no final newline
     assert [line.rstrip("\r\n") for line in added][-2:] == ["", "Be brief."]
+    assert load(new_text) == changed
+
+
+def test_any_list_valued_key_keeps_its_style_even_inside_the_profile() -> None:
+    text = (
+        "---\n"
+        "name: lists\n"
+        "description: Lists everywhere.\n"
+        "disallowedTools: ['Bash']\n"
+        "agentmend:\n"
+        "  permission_profile:\n"
+        '    allow: ["Read", "Grep"]   # read only\n'
+        "    deny:\n"
+        "      - Bash\n"
+        "  max_tokens: 100\n"
+        "---\n"
+        "Hi.\n"
+    )
+    spec = load(text)
+    changed = spec.with_changes(
+        permission_profile=PermissionProfile(
+            allow=("Read", "Grep", "WebFetch"), deny=("Bash", "Write")
+        ),
+        extra={"disallowedTools": ["Bash", "Write"]},
+    )
+    new_text = changed.to_markdown()
+    assert changed_lines(text, new_text) == (
+        ["disallowedTools: ['Bash']\n", '    allow: ["Read", "Grep"]   # read only\n'],
+        [
+            "disallowedTools: ['Bash', 'Write']\n",
+            '    allow: ["Read", "Grep", "WebFetch"]   # read only\n',
+            "      - Write\n",
+        ],
+    )
     assert load(new_text) == changed
 
 
