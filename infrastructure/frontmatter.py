@@ -19,21 +19,24 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from infrastructure.errors import AgentmendError
-from infrastructure.frontmatter_compat import (
-    CoreSchemaResolver,
-    construct_core_float,
-    construct_core_int,
-    extend_dumper_resolvers,
-    lenient_text,
-)
+from infrastructure.frontmatter_compat import lenient_text
 from infrastructure.frontmatter_style import restyled
+from infrastructure.frontmatter_yaml import (
+    FIRST_LINE,
+    FrontMatterError,
+    dump_lines,
+    parse_either,
+    parse_yaml,
+    parses_as_list,
+    rewritten_by_repair,
+    scalar_token,
+)
 
 __all__ = [
     "Document",
@@ -51,22 +54,11 @@ __all__ = [
     "split_lines",
 ]
 
-# the first front matter line is line 2 of the file (line 1 is the opening '---')
-_FIRST_LINE = 2
 
 _KEY_LINE = re.compile(
     r"""(?P<indent>[ \t]*)(?P<key>[A-Za-z0-9_][\w.-]*|"[^"\\\n]*"|'[^'\n]*')[ \t]*:(?=\s|$)"""
 )
 _SEQUENCE_ITEM = re.compile(r"-(?:\s|$)")
-
-
-class FrontMatterError(AgentmendError):
-    """Text that is not Markdown with a YAML mapping as front matter; ``key`` is the culprit."""
-
-    def __init__(self, problem: str, key: str | None = None) -> None:
-        self.problem = problem
-        self.key = key
-        super().__init__(problem)
 
 
 def split_lines(text: str) -> list[str]:
@@ -130,73 +122,12 @@ def render_document(mapping: dict[str, Any], body: str) -> str:
     return f"---\n{front}---\n" + (f"\n{body}\n" if body else "")
 
 
-class _Loader(yaml.SafeLoader):
-    """Safe loading of YAML 1.2 scalars that refuses a repeated key (PyYAML keeps the last)."""
-
-    yaml_implicit_resolvers = CoreSchemaResolver.yaml_implicit_resolvers
-
-
-def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if isinstance(key, Hashable):
-            if key in seen:
-                line = key_node.start_mark.line + _FIRST_LINE
-                raise FrontMatterError(f"key {key!r} is given twice (line {line})", str(key))
-            seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
-_Loader.add_constructor("tag:yaml.org,2002:int", construct_core_int)
-_Loader.add_constructor("tag:yaml.org,2002:float", construct_core_float)
-
-
-class _Dumper(yaml.SafeDumper):
-    """Indents list items under their key, as people write them by hand."""
-
-    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-        super().increase_indent(flow, False)
-
-
-extend_dumper_resolvers(_Dumper)
-
-
-class _QuotingDumper(_Dumper):
-    """Writes a string holding a YAML indicator double-quoted, on one line.
-
-    That is the form Claude Code's repair leaves as it is, for files that need the repair.
-    """
-
-
-def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = '"' if _NEEDS_QUOTES.search(value) else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_NEEDS_QUOTES = re.compile(r"[{}\[\]*&#!|>%@`:\n\r]")
-_QuotingDumper.add_representer(str, _represent_str)
-
-
 @dataclass(frozen=True, slots=True)
 class ParsedFront:
     """Front matter as Claude Code reads it; ``lenient`` when only its repaired copy parses."""
 
     mapping: dict[str, Any]
     lenient: bool
-
-
-def _parse_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
-
-
-def _parses_as_list(value: str) -> bool:
-    try:
-        return isinstance(_parse_yaml(value), list)
-    except (yaml.YAMLError, FrontMatterError):
-        return False
 
 
 def load_mapping(front: Sequence[str]) -> dict[str, Any]:
@@ -214,10 +145,10 @@ def parse_front(front: Sequence[str]) -> ParsedFront:
     text = "".join(front)
     lenient = False
     try:
-        data = _parse_yaml(text)
+        data = parse_yaml(text)
     except yaml.YAMLError:
         lenient = True
-        data = _load_lenient(front, lenient_text(text, _parses_as_list))
+        data = _load_lenient(front, lenient_text(text, parses_as_list))
     if data is None:
         return ParsedFront({}, lenient)
     if not isinstance(data, dict):
@@ -231,11 +162,11 @@ def parse_front(front: Sequence[str]) -> ParsedFront:
 def _load_lenient(front: Sequence[str], text: str) -> Any:
     """The repaired copy parsed; the repair keeps line numbers, so errors point at the file."""
     try:
-        return _parse_yaml(text)
+        return parse_yaml(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line if mark is not None else None
-        where = f" at line {line + _FIRST_LINE}" if line is not None else ""
+        where = f" at line {line + FIRST_LINE}" if line is not None else ""
         problem = exc.problem or str(exc)
         raise FrontMatterError(f"invalid YAML{where}: {problem}", _key_at(front, line)) from None
     except yaml.YAMLError as exc:
@@ -244,7 +175,7 @@ def _load_lenient(front: Sequence[str], text: str) -> Any:
 
 def dump_mapping(mapping: dict[str, Any], newline: str) -> list[str]:
     """Render a whole mapping as front matter lines (the fallback when no surgical edit works)."""
-    return _dump(mapping, 0, newline)
+    return dump_lines(mapping, 0, newline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,28 +246,14 @@ class _Writer:
     lenient: bool
 
     def dump(self, mapping: dict[str, Any], indent: int) -> list[str]:
-        lines = _dump(mapping, indent, self.newline)
-        if self.lenient and any(_rewritten_by_repair(line) for line in lines):
-            lines = _dump(mapping, indent, self.newline, quote_all=True)
+        lines = dump_lines(mapping, indent, self.newline)
+        if self.lenient and any(rewritten_by_repair(line) for line in lines):
+            lines = dump_lines(mapping, indent, self.newline, quote_indicators=True)
         return lines
 
     def fits(self, lines: Sequence[str]) -> bool:
         """Whether ``lines`` read the same strictly and through the repair (if it applies)."""
-        return not self.lenient or not any(_rewritten_by_repair(line) for line in lines)
-
-
-def _rewritten_by_repair(line: str) -> bool:
-    """Whether Claude Code's repair would change what this one line means."""
-    if line[:1] in " \t-#":
-        return False
-    text = line.rstrip("\r\n")
-    repaired = lenient_text(text, _parses_as_list)
-    if repaired == text:
-        return False
-    try:
-        return bool(_parse_yaml(text) != _parse_yaml(repaired))
-    except (yaml.YAMLError, FrontMatterError):
-        return True
+        return not self.lenient or not any(rewritten_by_repair(line) for line in lines)
 
 
 def _apply(lines: list[str], edit: Edit, writer: _Writer) -> bool:
@@ -414,18 +331,20 @@ def _replace(
 def _in_authors_style(block: list[str], key: str, value: Any, writer: _Writer) -> list[str] | None:
     """The key's lines with ``value`` in the style of the old value, if that works out."""
     match = _KEY_LINE.match(block[0])
-    if match is None or (writer.lenient and _rewritten_by_repair(block[0])):
+    if match is None or (writer.lenient and rewritten_by_repair(block[0])):
         return None  # a line only the repair reads right: written afresh, in a form both read
-    old = _parse_either("".join(block))
+    old = parse_either("".join(block))
     if not isinstance(old, dict) or key not in old:
         return None
     if isinstance(old[key], dict) and isinstance(value, dict):
         new = _mapping_in_authors_style(block, old[key], value, writer)
     else:
-        new = restyled(block, block[0][: match.end()], old[key], value, writer.newline, _token)
+        new = restyled(
+            block, block[0][: match.end()], old[key], value, writer.newline, scalar_token
+        )
     if new is None or not writer.fits(new):
         return None
-    parsed = _parse_either("".join(new))
+    parsed = parse_either("".join(new))
     return new if isinstance(parsed, dict) and _same_value(parsed.get(key), value) else None
 
 
@@ -455,63 +374,8 @@ def _mapping_in_authors_style(
     return lines
 
 
-def _parse_either(text: str) -> Any:
-    """``text`` parsed strictly, else as Claude Code's repair reads it (tab indentation)."""
-    try:
-        return _parse_yaml(text)
-    except (yaml.YAMLError, FrontMatterError):
-        try:
-            return _parse_yaml(lenient_text(text, _parses_as_list))
-        except (yaml.YAMLError, FrontMatterError):
-            return None
-
-
 def _same_value(a: Any, b: Any) -> bool:
     return type(a) is type(b) and bool(a == b)
-
-
-def _token(value: Any, style: str, flow: bool) -> str | None:
-    """One scalar written in ``style`` on one line (inside a flow list when ``flow``)."""
-    text = yaml.dump(
-        [value],
-        Dumper=_Dumper,
-        default_flow_style=flow,
-        default_style=style or None,
-        allow_unicode=True,
-        width=1 << 30,
-    )
-    text = text.rstrip("\n")
-    token = text[1:-1] if flow else text.removeprefix("- ")
-    if "\n" in token or not token:
-        return None
-    try:
-        back = _parse_yaml(f"[{token}]" if flow else f"- {token}")
-    except (yaml.YAMLError, FrontMatterError):
-        return None
-    return token if back == [value] else None
-
-
-def _dump(
-    mapping: dict[str, Any], indent: int, newline: str, *, quote_all: bool = False
-) -> list[str]:
-    text = _dump_text(mapping, allow_unicode=True, quote_all=quote_all)
-    if _parse_yaml(text) != mapping:
-        # PyYAML mangles a raw NEL (and kin) it writes itself; escaped, it survives
-        text = _dump_text(mapping, allow_unicode=False, quote_all=quote_all)
-    pad = " " * indent
-    # blank lines can be part of a multi-line scalar: keep them, and keep them empty
-    return [(pad + line if line else line) + newline for line in text.split("\n")[:-1]]
-
-
-def _dump_text(mapping: dict[str, Any], *, allow_unicode: bool, quote_all: bool = False) -> str:
-    return yaml.dump(
-        mapping,
-        Dumper=_QuotingDumper if quote_all else _Dumper,
-        default_flow_style=False,
-        allow_unicode=allow_unicode,
-        sort_keys=False,
-        width=1 << 30,
-    )
 
 
 def _key_of(line: str) -> tuple[int, str, str] | None:
@@ -590,12 +454,12 @@ def _trailing_comment(line: str, indent: int) -> str:
     """The ``  # ...`` comment ending a one-line ``key: value``, so an edit can keep it."""
     content = line.rstrip("\r\n")
     try:
-        whole = _parse_yaml(content[indent:])
+        whole = parse_yaml(content[indent:])
     except (yaml.YAMLError, FrontMatterError):
         return ""
     for match in re.finditer(r"[ \t]+#", content):
         try:
-            head = _parse_yaml(content[indent : match.start()])
+            head = parse_yaml(content[indent : match.start()])
         except (yaml.YAMLError, FrontMatterError):
             continue
         if head == whole:

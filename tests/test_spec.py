@@ -688,7 +688,8 @@ _TEXT = st.text(st.characters(codec="utf-8"), max_size=40)
 _ANY_CHANGES = st.fixed_dictionaries(
     {},
     optional={
-        "name": st.from_regex(r"[a-z0-9][a-z0-9-]{0,20}", fullmatch=True),
+        "name": st.from_regex(r"[a-z0-9][a-z0-9-]{0,20}", fullmatch=True)
+        | st.sampled_from(["shell-5.1-expert", "重构助手", "Code Reviewer", "ops/deploy", "yes"]),
         "description": _TEXT.filter(str.strip),
         "tools": st.none()
         | st.lists(st.sampled_from(["Read", "Grep", "Bash(git diff:*)", "a, b", "mcp__s__t"])),
