@@ -11,9 +11,10 @@ and refuses the same files. Two consequences of the rule are kept on purpose bec
 Code has them too: a CRLF line is never repaired (its value cannot match up to the ``\\r``), and
 in a repaired file a ``# comment`` after such a value becomes part of the value.
 
-The resolvers here give YAML 1.2's core-schema scalars (``yes`` and ``2024-01-01`` are strings,
-``0o17`` and ``1e3`` are numbers), which is what Claude Code's parser gives; PyYAML's default is
-YAML 1.1.
+The resolvers here give YAML 1.2's core-schema scalars (``yes``, ``on``, ``1_000`` and
+``2024-01-01`` are strings; ``0o17``, ``0x1F`` and ``1e3`` are numbers; ``True`` is a boolean),
+which is what Claude Code's parser gives (checked through ``claude plugin validate``, which names
+the type of a ``name`` that is not a string); PyYAML's default is YAML 1.1.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ __all__ = [
     "construct_core_int",
     "extend_dumper_resolvers",
     "lenient_text",
-    "lossy_in_lenient_parse",
 ]
 
 # JavaScript's \s and its '.', which the CLI's regular expressions use
@@ -66,22 +66,6 @@ def lenient_text(text: str, parses_as_list: Callable[[str], bool]) -> str:
                 line = f'{key}: "{escaped}"'
         lines.append(line)
     return _LEADING_TABS.sub(lambda tabs: "  " * len(tabs.group()), "\n".join(lines))
-
-
-def lossy_in_lenient_parse(line: str) -> bool:
-    """Whether the repair would rewrite this (new) one-line ``key: value`` line.
-
-    A line agentmend writes into a file that only loads through the repair must read the same
-    either way; a plain value holding an indicator does not (its comment, for one, would join
-    the value), so such values are written quoted.
-    """
-    match = _REPAIRABLE.fullmatch(line.rstrip("\n"))
-    if match is None:
-        return False
-    value = match.group(2)
-    if value[:1] in "\"'[" and value[-1:] in "\"']":
-        return False
-    return _INDICATOR.search(value) is not None
 
 
 class CoreSchemaResolver(yaml.resolver.Resolver):
