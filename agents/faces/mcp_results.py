@@ -271,6 +271,15 @@ def status_text(
         f"Last execution: {last['planId']} ({last['status']})" if last else "Last execution: None"
     )
     lines.append(f"Last cycle: {cycle['summary']}" if cycle is not None else "Last cycle: None")
+    audit = data.get("audit")
+    if audit is not None:
+        problems = audit["problems"]
+        lines.append(
+            f"Audit chain: verified ({audit['rows_checked']} rows)"
+            if audit["ok"]
+            else f"Audit chain: DOES NOT VERIFY ({len(problems)} problem(s)): "
+            + "; ".join(problems)
+        )
     return "\n".join(lines)
 
 

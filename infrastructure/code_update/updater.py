@@ -253,7 +253,9 @@ class CodeUpdater:
 
         Raises:
             PlanNotFound, PlanStateError: unknown plan, or not ``planned``.
+            AuditChainBroken: the audit head and the database disagree.
         """
+        self.manager.audit.ensure_appendable()
         with self.store.transaction():
             plan = self.get(plan_id)
             if plan.status != "planned":
