@@ -24,11 +24,22 @@ if TYPE_CHECKING:
         AskAgentTool,
         create_ask_agent_tool,
     )
+    from agents.roles.role_names import (
+        ROLE_AGENT_NAMES,
+        RoleNameClash,
+        offline_role_runtime,
+    )
+    from agents.roles.schemas import (
+        ImprovementPlan,
+        MediatorReport,
+        ProposedAction,
+        SupervisorReview,
+    )
     from agents.roles.self_improver import SelfImprover
     from agents.roles.socratic_mediator import SocraticMediator
     from agents.roles.supervisor import Supervisor
     from agents.roles.team import AgentTeam
-    from infrastructure.changes.audit import verify_audit_chain
+    from infrastructure.changes.audit import AuditChainBroken, verify_audit_chain
     from infrastructure.changes.improvement_manager import ImprovementManager
     from infrastructure.changes.safety import GateVerdict, ProposedChange
     from infrastructure.errors import (
@@ -36,6 +47,7 @@ if TYPE_CHECKING:
         AgentRunError,
         ErrorKind,
         PathNotAllowed,
+        PermissionRequired,
         RollbackConflict,
         SpecError,
     )
@@ -69,7 +81,7 @@ if TYPE_CHECKING:
     from infrastructure.monitoring.performance_monitor import PerformanceMonitor
     from infrastructure.principal import Principal
     from infrastructure.settings import Settings
-    from infrastructure.simulation import SimulatedRuntime
+    from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
     from infrastructure.spec import (
         AgentSpec,
         PermissionProfile,
@@ -80,6 +92,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "ROLE_AGENT_NAMES",
     "AgentMetrics",
     "AgentResult",
     "AgentRunError",
@@ -89,6 +102,7 @@ __all__ = [
     "AgentmendError",
     "AnthropicRuntime",
     "AskAgentTool",
+    "AuditChainBroken",
     "ChangeRecord",
     "ChangeStatus",
     "ChangeType",
@@ -96,19 +110,26 @@ __all__ = [
     "CycleResult",
     "ErrorKind",
     "ExecutionRecord",
+    "Fault",
+    "FaultKind",
     "FunctionRuntime",
     "GateVerdict",
     "ImprovementAction",
     "ImprovementManager",
+    "ImprovementPlan",
     "IssueDetector",
     "IssueReport",
+    "MediatorReport",
     "MetaOrchestrator",
     "OfflineRuntime",
     "PathNotAllowed",
     "PerformanceMonitor",
     "PermissionProfile",
+    "PermissionRequired",
     "Principal",
+    "ProposedAction",
     "ProposedChange",
+    "RoleNameClash",
     "RollbackConflict",
     "RootCauseAnalysis",
     "ScriptedRuntime",
@@ -120,6 +141,7 @@ __all__ = [
     "Step",
     "Store",
     "Supervisor",
+    "SupervisorReview",
     "TaskResult",
     "ToolError",
     "ToolSpec",
@@ -128,6 +150,7 @@ __all__ = [
     "claude_sdk_hooks",
     "create_ask_agent_tool",
     "load_agent_specs",
+    "offline_role_runtime",
     "replay_cycle",
     "verify_audit_chain",
 ]
@@ -148,6 +171,7 @@ _EXPORTS: dict[str, str] = {
     "IssueDetector": "infrastructure.monitoring.detection",
     "ImprovementManager": "infrastructure.changes.improvement_manager",
     "verify_audit_chain": "infrastructure.changes.audit",
+    "AuditChainBroken": "infrastructure.changes.audit",
     "Store": "infrastructure.store",
     "Settings": "infrastructure.settings",
     "GateVerdict": "infrastructure.changes.safety",
@@ -166,15 +190,25 @@ _EXPORTS: dict[str, str] = {
     "ScriptedRuntime": "infrastructure.llm.testing",
     "Step": "infrastructure.llm.testing",
     "SimulatedRuntime": "infrastructure.simulation",
+    "Fault": "infrastructure.simulation",
+    "FaultKind": "infrastructure.simulation",
     "AgentRunError": "infrastructure.errors",
     "AgentmendError": "infrastructure.errors",
     "ErrorKind": "infrastructure.errors",
     "PathNotAllowed": "infrastructure.errors",
     "RollbackConflict": "infrastructure.errors",
     "SpecError": "infrastructure.errors",
+    "PermissionRequired": "infrastructure.errors",
     "AskAgentTool": "agents.roles.ask_agent_tool",
     "create_ask_agent_tool": "agents.roles.ask_agent_tool",
     "AgentTeam": "agents.roles.team",
+    "MediatorReport": "agents.roles.schemas",
+    "ImprovementPlan": "agents.roles.schemas",
+    "ProposedAction": "agents.roles.schemas",
+    "SupervisorReview": "agents.roles.schemas",
+    "ROLE_AGENT_NAMES": "agents.roles.role_names",
+    "RoleNameClash": "agents.roles.role_names",
+    "offline_role_runtime": "agents.roles.role_names",
     "SocraticMediator": "agents.roles.socratic_mediator",
     "SelfImprover": "agents.roles.self_improver",
     "Supervisor": "agents.roles.supervisor",
