@@ -71,10 +71,12 @@ def plan_created_output(plan: CodePlan) -> ToolOutput:
         f"- Status: {plan.status}\n\n"
         f'Use {{ action: "approve", planId: "{plan.plan_id}" }} to approve, then '
         f'{{ action: "execute", planId: "{plan.plan_id}" }} to apply changes.\n\n'
+        f"{_test_files_note(plan)}"
         f"Diff:\n{plan.diff}"
     )
     data = {
         "planId": plan.plan_id,
+        "testFiles": list(plan.test_files),
         "description": plan.description,
         "files": [{"path": f.path, "operation": f.operation} for f in plan.files],
         "status": plan.status,
@@ -83,9 +85,21 @@ def plan_created_output(plan: CodePlan) -> ToolOutput:
     return ToolOutput(text=text, data=data)
 
 
+def _test_files_note(plan: CodePlan) -> str:
+    """Why a plan that touches its tests will not execute on this channel's approval alone."""
+    if not plan.test_files or plan.tests_approved_by is not None:
+        return ""
+    return (
+        f"Flagged: it changes what configures or selects the tests "
+        f"({', '.join(plan.test_files)}). It executes only after a person approves that on a "
+        f"terminal: agentmend code approve-tests {plan.plan_id}\n\n"
+    )
+
+
 def plan_approved_output(plan: CodePlan) -> ToolOutput:
     text = (
         f"Plan {plan.plan_id} approved for execution.\n"
+        f"{_test_files_note(plan)}"
         f'Use {{ action: "execute", planId: "{plan.plan_id}" }} to apply changes.'
     )
     data = {"planId": plan.plan_id, "status": plan.status, "approvedBy": plan.approved_by}
