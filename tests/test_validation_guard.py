@@ -172,9 +172,9 @@ async def test_the_test_approval_is_given_at_a_terminal_and_refused_over_pipes(
 
 SKIPS_A_TEST = (
     "def add(a, b):\n"
-    "    if a == 2:  # the case the change breaks: hide it\n"
-    "        import pytest\n"
-    "        pytest.skip('flaky on CI')\n"
+    "    if a == 2:  # the case the change breaks: hide it (spelled past the reviewer's rules)\n"
+    "        import pytest as p\n"
+    "        p.skip('flaky on CI')\n"
     "    return a - b\n"
 )
 
@@ -265,3 +265,24 @@ async def test_tests_that_import_the_real_tree_fail_validation(
     assert any(entry.startswith("calc (") for entry in result.validation.real_tree_imports)
     assert "imported the real tree" in result.reason
     assert (project / "calc" / "__init__.py").read_text() == CALC
+
+
+def test_the_reviewer_flags_a_skip_added_in_a_new_test_or_the_code_under_test(
+    project: Path,
+) -> None:
+    from agents.loop.code_review import review_code_change
+    from infrastructure.changes.safety import FileEdit, ProposedChange
+    from infrastructure.models import ChangeType, ImprovementAction
+
+    for path, old in (("tests/test_new.py", None), ("calc/__init__.py", CALC.encode())):
+        skip = b"import pytest\n\ndef f():\n    pytest.skip('later')\n"
+        change = ProposedChange(
+            action=ImprovementAction(
+                target_agent="(code)", action_type=ChangeType.CODE_PATCH, confidence_score=1.0
+            ),
+            root=project,
+            edits=(FileEdit(path, old, skip),),
+        )
+        review = review_code_change(change)
+        assert not review.approved
+        assert f"{path}: skips or xfails tests" in review.concerns
