@@ -6,7 +6,7 @@ into them, under a project root, with a description. It lives in the store's ``p
 and moves through::
 
     planned --approve--> approved --execute--> completed --rollback--> rolled_back
-                                       |---> rolled_back   (validation failed: undone at once)
+                                       |---> rolled_back   (validation failed: never applied)
                                        |---> refused       (a gate said no; nothing written)
                                        '---> failed        (the apply failed; nothing left)
 
@@ -18,15 +18,18 @@ of the concrete diff) and ``HumanApprovalGate``, which passes only for a plan a 
 for admins) nor the budget gate: the caller is the person who approves them, and every change
 is proven by the project's own tests or undone.
 
-Executing applies the whole plan as ONE change group of ``ImprovementManager.apply_group``
+Executing first validates the plan in a throwaway copy of the project
+(``infrastructure.code_update.copy_validation``): every ``.py`` file written compiles, then
+``Settings.test_command`` passes within ``Settings.test_timeout_s``, the code under test came
+from the copy, and the test counts did not drop. A plan that changes what configures or selects
+the tests (``infrastructure.code_update.test_guard``) is refused unless its test changes were
+approved with ``approve_test_changes``, which the MCP server never calls. Only a plan that
+passes is applied to the real tree, as ONE change group of ``ImprovementManager.apply_group``
 (old bytes in the store, human-readable backups under ``<root>/.agent/backups/``, crash
 recovery that restores a group whole). The root's lock (``<root>/.agent/agentmend.lock``, the
-manager's own, re-entrant) is held from the hash check through the write and the validation,
-so no other update of that root interleaves. Validation
-(``infrastructure.code_update.code_validation``): every ``.py`` file written compiles, then
-``Settings.test_command`` passes within ``Settings.test_timeout_s``. On any failure the group
-is rolled back, every file byte for byte (created files removed, deleted files back), and the
-result says ``rollback_performed``.
+manager's own, re-entrant) is held from the hash check through the validation and the write,
+so no other update of that root interleaves. A plan that fails validation ends
+``rolled_back`` with the real tree never touched.
 
 A plan left ``executing`` by a process that died is settled the next time the root's lock is
 taken: its change group is rolled back and the plan marked failed.
