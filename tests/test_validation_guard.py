@@ -26,7 +26,7 @@ from agents.faces.mcp_tools import AgentmendTools, FileArg
 from agents.loop.code_review import CodeReviewer
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.code_update.sandbox import namespaces_available
-from infrastructure.code_update.test_guard import flagged_test_files
+from infrastructure.code_update.suite_guard import flagged_test_files
 from infrastructure.code_update.updater import CodeUpdater, FileOperation
 from infrastructure.settings import Settings
 from infrastructure.store import Store

@@ -194,8 +194,13 @@ def _format_execution(result: ExecutionResult) -> str:
         if result.restored_identical is not None:
             same = "byte-identical" if result.restored_identical else "NOT identical"
             lines.append(f"- Files restored: {same} to before")
-    lines.append(f"- Status: {result.status}: {result.reason}")
+    elif result.status == "rolled_back":
+        lines.append("- NOT APPLIED: validation failed in a copy; the project was never changed")
     validation = result.validation
+    if validation is not None and validation.sandbox:
+        where = {"namespace": "a copy, everything else read-only", "copy": "a copy"}
+        lines.append(f"- Validated in: {where.get(validation.sandbox, validation.sandbox)}")
+    lines.append(f"- Status: {result.status}: {result.reason}")
     if validation is not None:
         for error in validation.compile_errors:
             lines.append(f"- Compile error: {error}")

@@ -19,7 +19,7 @@ from infrastructure.code_update.code_validation import (
     compile_error,
 )
 from infrastructure.code_update.sandbox import project_copy, run_in_copy, tracked_files
-from infrastructure.code_update.test_guard import count_drop
+from infrastructure.code_update.suite_guard import count_drop
 
 __all__ = ["validate_in_copy"]
 

@@ -22,7 +22,7 @@ Executing first validates the plan in a throwaway copy of the project
 (``infrastructure.code_update.copy_validation``): every ``.py`` file written compiles, then
 ``Settings.test_command`` passes within ``Settings.test_timeout_s``, the code under test came
 from the copy, and the test counts did not drop. A plan that changes what configures or selects
-the tests (``infrastructure.code_update.test_guard``) is refused unless its test changes were
+the tests (``infrastructure.code_update.suite_guard``) is refused unless its test changes were
 approved with ``approve_test_changes``, which the MCP server never calls. Only a plan that
 passes is applied to the real tree, as ONE change group of ``ImprovementManager.apply_group``
 (old bytes in the store, human-readable backups under ``<root>/.agent/backups/``, crash
@@ -83,7 +83,7 @@ from infrastructure.code_update.code_plans import (
 )
 from infrastructure.code_update.code_validation import ValidationReport, failure_reason
 from infrastructure.code_update.copy_validation import validate_in_copy
-from infrastructure.code_update.test_guard import flagged_test_files
+from infrastructure.code_update.suite_guard import flagged_test_files
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
 from infrastructure.files import locked_file
 from infrastructure.models import ChangeType, ImprovementAction, utc_now
@@ -282,7 +282,7 @@ class CodeUpdater:
         return updated
 
     def approve_test_changes(self, plan_id: str, *, approved_by: str) -> CodePlan:
-        """Approve a plan's changes to its own tests (see ``code_update.test_guard``).
+        """Approve a plan's changes to its own tests (see ``code_update.suite_guard``).
 
         Only a channel the MCP client cannot drive calls this: ``agentmend code approve-tests``
         on a terminal or the interactive session. It also lets the test counts drop.
