@@ -5,15 +5,25 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from agents.faces.cli import main
 from agents.faces.mcp_tools import AgentmendTools
 from agents.faces.workspace import DB_NAME, Workspace
 from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
 from infrastructure.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """``main()`` configures logging onto the captured stderr, which closes after the test."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 def _broken_workspace(folder: Path) -> None:
@@ -49,6 +59,10 @@ def test_the_command_reports_a_break_until_an_administrator_acknowledges_it(
         code, report = _verify(folder, capsys)
         assert code == 1
         assert [p["kind"] for p in report["problems"]] == ["chain_break"]  # type: ignore[attr-defined]
+    assert main(["status", "--workspace", str(folder), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["audit"]["ok"] is False
+    assert [p["kind"] for p in status["audit"]["problems"]] == ["chain_break"]
     assert main(["audit", "acknowledge", "--workspace", str(folder)]) == 2
     assert "needs the 'admin' permission" in capsys.readouterr().err
     assert _verify(folder, capsys)[0] == 1
@@ -62,6 +76,8 @@ def test_the_command_reports_a_break_until_an_administrator_acknowledges_it(
     code, report = _verify(folder, capsys)
     assert code == 0
     assert any("acknowledged by" in n for n in report["notes"])  # type: ignore[attr-defined]
+    assert main(["status", "--workspace", str(folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["audit"]["ok"] is True
 
 
 async def test_the_mcp_status_reports_the_break(tmp_path: Path) -> None:

@@ -5,9 +5,7 @@ The MCP server offers neither, so an MCP client cannot drive them."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-from collections.abc import Iterator
 
 from agents.faces.cli import (
     EXIT_OK,
@@ -26,30 +24,7 @@ def _acknowledge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--note", help="why the break is acceptable (kept in the audit row)")
 
 
-@contextlib.contextmanager
-def _logs_to_stderr() -> Iterator[None]:
-    """Warnings to stderr while the command runs (stdout carries the answer), then as before."""
-    import logging
-    import sys
-
-    import structlog
-
-    from infrastructure.structured_logger import configure_logging
-
-    saved = structlog.get_config()
-    configure_logging(logging.WARNING, stream=sys.stderr)
-    try:
-        yield
-    finally:
-        structlog.configure(**saved)
-
-
 def _run_audit_acknowledge(args: argparse.Namespace) -> int:
-    with _logs_to_stderr():
-        return _acknowledge(args)
-
-
-def _acknowledge(args: argparse.Namespace) -> int:
     from infrastructure.errors import PermissionRequired
 
     with open_workspace(args) as workspace:
@@ -92,7 +67,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand(
         path=("audit", "acknowledge"),
         help="as an administrator, acknowledge the audit chain's breaks so applies resume",
-        example="AGENTMEND_PRINCIPAL_ADMIN=true agentmend audit acknowledge --note 'restored db'",
+        example="agentmend audit acknowledge --note 'restored from a backup' --workspace ./ws",
         add_arguments=_acknowledge_arguments,
         run=_run_audit_acknowledge,
         json_output=True,
@@ -109,11 +84,6 @@ def _approve_tests_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_code_approve_tests(args: argparse.Namespace) -> int:
-    with _logs_to_stderr():
-        return _approve_tests(args)
-
-
-def _approve_tests(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
