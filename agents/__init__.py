@@ -24,11 +24,22 @@ if TYPE_CHECKING:
         AskAgentTool,
         create_ask_agent_tool,
     )
+    from agents.roles.role_names import (
+        ROLE_AGENT_NAMES,
+        RoleNameClash,
+        offline_role_runtime,
+    )
+    from agents.roles.schemas import (
+        ImprovementPlan,
+        MediatorReport,
+        ProposedAction,
+        SupervisorReview,
+    )
     from agents.roles.self_improver import SelfImprover
     from agents.roles.socratic_mediator import SocraticMediator
     from agents.roles.supervisor import Supervisor
     from agents.roles.team import AgentTeam
-    from infrastructure.changes.audit import verify_audit_chain
+    from infrastructure.changes.audit import AuditChainBroken, verify_audit_chain
     from infrastructure.changes.improvement_manager import ImprovementManager
     from infrastructure.changes.safety import GateVerdict, ProposedChange
     from infrastructure.errors import (
@@ -36,6 +47,7 @@ if TYPE_CHECKING:
         AgentRunError,
         ErrorKind,
         PathNotAllowed,
+        PermissionRequired,
         RollbackConflict,
         SpecError,
     )
@@ -70,7 +82,7 @@ if TYPE_CHECKING:
     from infrastructure.monitoring.performance_monitor import PerformanceMonitor
     from infrastructure.principal import Principal
     from infrastructure.settings import Settings
-    from infrastructure.simulation import SimulatedRuntime
+    from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
     from infrastructure.spec import (
         AgentSpec,
         PermissionProfile,
@@ -81,6 +93,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "ROLE_AGENT_NAMES",
     "AgentMetrics",
     "AgentResult",
     "AgentRunError",
@@ -90,6 +103,7 @@ __all__ = [
     "AgentmendError",
     "AnthropicRuntime",
     "AskAgentTool",
+    "AuditChainBroken",
     "ChangeRecord",
     "ChangeStatus",
     "ChangeType",
@@ -97,19 +111,26 @@ __all__ = [
     "CycleResult",
     "ErrorKind",
     "ExecutionRecord",
+    "Fault",
+    "FaultKind",
     "FunctionRuntime",
     "GateVerdict",
     "ImprovementAction",
     "ImprovementManager",
+    "ImprovementPlan",
     "IssueDetector",
     "IssueReport",
+    "MediatorReport",
     "MetaOrchestrator",
     "OfflineRuntime",
     "PathNotAllowed",
     "PerformanceMonitor",
     "PermissionProfile",
+    "PermissionRequired",
     "Principal",
+    "ProposedAction",
     "ProposedChange",
+    "RoleNameClash",
     "RollbackConflict",
     "RootCauseAnalysis",
     "ScriptedRuntime",
@@ -121,6 +142,7 @@ __all__ = [
     "Step",
     "Store",
     "Supervisor",
+    "SupervisorReview",
     "TaskResult",
     "ToolError",
     "ToolSpec",
@@ -130,6 +152,7 @@ __all__ = [
     "claude_sdk_hooks",
     "create_ask_agent_tool",
     "load_agent_specs",
+    "offline_role_runtime",
     "replay_cycle",
     "verify_audit_chain",
 ]
@@ -150,6 +173,7 @@ _EXPORTS: dict[str, str] = {
     "IssueDetector": "infrastructure.monitoring.detection",
     "ImprovementManager": "infrastructure.changes.improvement_manager",
     "verify_audit_chain": "infrastructure.changes.audit",
+    "AuditChainBroken": "infrastructure.changes.audit",
     "Store": "infrastructure.store",
     "Settings": "infrastructure.settings",
     "GateVerdict": "infrastructure.changes.safety",
@@ -169,15 +193,25 @@ _EXPORTS: dict[str, str] = {
     "Step": "infrastructure.llm.testing",
     "TurnInfo": "infrastructure.llm.testing",
     "SimulatedRuntime": "infrastructure.simulation",
+    "Fault": "infrastructure.simulation",
+    "FaultKind": "infrastructure.simulation",
     "AgentRunError": "infrastructure.errors",
     "AgentmendError": "infrastructure.errors",
     "ErrorKind": "infrastructure.errors",
     "PathNotAllowed": "infrastructure.errors",
     "RollbackConflict": "infrastructure.errors",
     "SpecError": "infrastructure.errors",
+    "PermissionRequired": "infrastructure.errors",
     "AskAgentTool": "agents.roles.ask_agent_tool",
     "create_ask_agent_tool": "agents.roles.ask_agent_tool",
     "AgentTeam": "agents.roles.team",
+    "MediatorReport": "agents.roles.schemas",
+    "ImprovementPlan": "agents.roles.schemas",
+    "ProposedAction": "agents.roles.schemas",
+    "SupervisorReview": "agents.roles.schemas",
+    "ROLE_AGENT_NAMES": "agents.roles.role_names",
+    "RoleNameClash": "agents.roles.role_names",
+    "offline_role_runtime": "agents.roles.role_names",
     "SocraticMediator": "agents.roles.socratic_mediator",
     "SelfImprover": "agents.roles.self_improver",
     "Supervisor": "agents.roles.supervisor",

@@ -153,4 +153,17 @@ class ChangeStateError(AgentmendError):
         super().__init__(f"change {change_id} is {status}, cannot become {wanted}{detail}")
 
 
-__all__ += ["ChangeNotFound", "ChangeStateError"]
+class PermissionRequired(AgentmendError):
+    """The principal lacks a permission the action needs (acknowledging an audit break, ...)."""
+
+    def __init__(self, user_id: str, permission: str, action: str) -> None:
+        self.user_id = user_id
+        self.permission = permission
+        self.action = action
+        super().__init__(f"{user_id!r} needs the {permission!r} permission to {action}")
+
+    def __reduce__(self) -> tuple[type[PermissionRequired], tuple[str, str, str]]:
+        return (type(self), (self.user_id, self.permission, self.action))
+
+
+__all__ += ["ChangeNotFound", "ChangeStateError", "PermissionRequired"]

@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     principal_id: str = "agentmend"
     principal_name: str = "agentmend (automatic)"
     principal_admin: bool = False
+    # tools a ``standard`` profile may call although they are not known to be read-only
+    # (names or patterns, e.g. ``["mcp__docs__*"]``): Task/Agent, MCP and unknown tools are
+    # privileged unless listed here
+    read_only_tools: tuple[str, ...] = ()
 
     # the audit trail: an HMAC key kept outside the workspace makes the chain unforgeable
     audit_hmac_key: SecretStr | None = None

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from infrastructure.changes.audit import AuditLog, AuditTransaction
+from infrastructure.changes.audit import AuditChainBroken, AuditLog, AuditTransaction
 from infrastructure.changes.change_log import ChangeLog, StoredFile
 from infrastructure.changes.change_protocol import ChangeProtocol
 from infrastructure.changes.decisions import (
@@ -822,35 +822,30 @@ def test_an_interrupted_rollback_is_completed_on_open(tmp_path: Path, root: Path
     assert _tree(root) == before
 
 
-def test_a_damaged_audit_head_blocks_no_open_apply_rollback_or_log(
+def test_a_damaged_audit_head_blocks_no_open_or_rollback_and_refuses_applies(
     tmp_path: Path, root: Path
 ) -> None:
-    """The reviewer's case: a garbled head used to stop every write, even opening the store."""
+    """A garbled head is a break: safety work goes on and records it, applies wait."""
     before = _tree(root)
     db = tmp_path / "h.db"
     with ImprovementManager(db) as m:
-        m.apply(_action(), path="agents/writer.md", new_content="v1", root=root)
+        first = m.apply(_action(), path="agents/writer.md", new_content="v1", root=root)
+        second = m.apply(_action(), path="agents/writer.md", new_content="v2", root=root)
         head = m.audit.head_path
     head.write_bytes(b"garbage".ljust(256))
     with ImprovementManager(db) as m:  # opening recovers, which may write: no error
-        second = m.apply(_action(), path="agents/writer.md", new_content="v2", root=root)
+        with pytest.raises(AuditChainBroken, match="nothing readable"):
+            m.apply(_action(), path="agents/writer.md", new_content="v3", root=root)
+        with pytest.raises(AuditChainBroken):
+            m.log_change(_action(), ChangeStatus.APPLIED)
         assert (root / "agents/writer.md").read_text() == "v2"
-        m.log_change(_action(), ChangeStatus.APPLIED)
-        head.write_bytes(b"garbage".ljust(256))
-        rolled = m.rollback_by_id(second.change_id)
-        assert rolled
-        record = m.get_change(second.change_id)
-        assert record is not None
-        assert record.status is ChangeStatus.ROLLED_BACK
+        assert m.rollback_by_id(second.change_id)
         assert (root / "agents/writer.md").read_text() == "v1"
         found = m.verify_audit_chain()
-        assert [p.kind for p in found.problems] == ["head_was_unreadable"] * 2
-        assert all(str(head) in p.detail for p in found.problems)
-        after = m.verify_audit_chain()
-        assert after
-        assert len(after.notes) == 2
-        assert m.rollback_last() is not None  # the logged change; the first apply is next
-        assert m.rollback_last() is not None
+        assert [p.kind for p in found.problems] == ["chain_break"]
+        assert str(head) in found.problems[0].detail
+        assert m.rollback_by_id(first.change_id)
+        assert [p.kind for p in m.verify_audit_chain().problems] == ["chain_break"]
     assert _tree(root) == before
 
 
@@ -860,8 +855,8 @@ class _FailingCommitAudit(AuditLog):
     failures = 0
 
     @contextmanager
-    def transaction(self) -> Iterator[AuditTransaction]:
-        with super().transaction() as txn:
+    def transaction(self, *, safety: bool = False) -> Iterator[AuditTransaction]:
+        with super().transaction(safety=safety) as txn:
             yield txn
             if self.failures:
                 self.failures -= 1

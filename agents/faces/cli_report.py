@@ -107,9 +107,16 @@ def _run_status(args: argparse.Namespace) -> int:
         pending = sum(
             1 for r in opened.manager.get_history(limit=200) if r.status is ChangeStatus.APPLIED
         )
+        chain = opened.manager.verify_audit_chain(repair=False)
+    problems = [{"row_id": p.row_id, "kind": p.kind, "detail": p.detail} for p in chain.problems]
     if args.json:
-        print_json(_status_json(statuses, pending))
+        print_json(
+            {**_status_json(statuses, pending), "audit": {"ok": chain.ok, "problems": problems}}
+        )
         return EXIT_OK
+    for p in problems:  # a break stays on screen until an administrator acknowledges it
+        where = f"row {p['row_id']}: " if p["row_id"] is not None else ""
+        console().print(f"audit chain: {where}{p['kind']}: {p['detail']}", style="red")
     if not statuses:
         console().print("no runs recorded yet")
         return EXIT_OK

@@ -71,10 +71,12 @@ def plan_created_output(plan: CodePlan) -> ToolOutput:
         f"- Status: {plan.status}\n\n"
         f'Use {{ action: "approve", planId: "{plan.plan_id}" }} to approve, then '
         f'{{ action: "execute", planId: "{plan.plan_id}" }} to apply changes.\n\n'
+        f"{_test_files_note(plan)}"
         f"Diff:\n{plan.diff}"
     )
     data = {
         "planId": plan.plan_id,
+        "testFiles": list(plan.test_files),
         "description": plan.description,
         "files": [{"path": f.path, "operation": f.operation} for f in plan.files],
         "status": plan.status,
@@ -83,9 +85,21 @@ def plan_created_output(plan: CodePlan) -> ToolOutput:
     return ToolOutput(text=text, data=data)
 
 
+def _test_files_note(plan: CodePlan) -> str:
+    """Why a plan that touches its tests will not execute on this channel's approval alone."""
+    if not plan.test_files or plan.tests_approved_by is not None:
+        return ""
+    return (
+        f"Flagged: it changes what configures or selects the tests "
+        f"({', '.join(plan.test_files)}). It executes only after a person approves that on a "
+        f"terminal: agentmend code approve-tests {plan.plan_id}\n\n"
+    )
+
+
 def plan_approved_output(plan: CodePlan) -> ToolOutput:
     text = (
         f"Plan {plan.plan_id} approved for execution.\n"
+        f"{_test_files_note(plan)}"
         f'Use {{ action: "execute", planId: "{plan.plan_id}" }} to apply changes.'
     )
     data = {"planId": plan.plan_id, "status": plan.status, "approvedBy": plan.approved_by}
@@ -180,8 +194,13 @@ def _format_execution(result: ExecutionResult) -> str:
         if result.restored_identical is not None:
             same = "byte-identical" if result.restored_identical else "NOT identical"
             lines.append(f"- Files restored: {same} to before")
-    lines.append(f"- Status: {result.status}: {result.reason}")
+    elif result.status == "rolled_back":
+        lines.append("- NOT APPLIED: validation failed in a copy; the project was never changed")
     validation = result.validation
+    if validation is not None and validation.sandbox:
+        where = {"namespace": "a copy, everything else read-only", "copy": "a copy"}
+        lines.append(f"- Validated in: {where.get(validation.sandbox, validation.sandbox)}")
+    lines.append(f"- Status: {result.status}: {result.reason}")
     if validation is not None:
         for error in validation.compile_errors:
             lines.append(f"- Compile error: {error}")
@@ -271,6 +290,15 @@ def status_text(
         f"Last execution: {last['planId']} ({last['status']})" if last else "Last execution: None"
     )
     lines.append(f"Last cycle: {cycle['summary']}" if cycle is not None else "Last cycle: None")
+    audit = data.get("audit")
+    if audit is not None:
+        problems = audit["problems"]
+        lines.append(
+            f"Audit chain: verified ({audit['rows_checked']} rows)"
+            if audit["ok"]
+            else f"Audit chain: DOES NOT VERIFY ({len(problems)} problem(s)): "
+            + "; ".join(problems)
+        )
     return "\n".join(lines)
 
 

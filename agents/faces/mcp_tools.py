@@ -392,6 +392,7 @@ class AgentmendTools:
             agents.append(entry)
         code = (await self._code_status()).data
         cycle = last_cycle(workspace.store)
+        chain = workspace.manager.verify_audit_chain(repair=False)
         data = {
             "workspace": str(workspace.path),
             "provider": workspace.settings.provider,
@@ -400,6 +401,11 @@ class AgentmendTools:
             **code,
             "lastCycle": cycle,
             "changes": workspace.manager.get_statistics(),
+            "audit": {
+                "ok": chain.ok,
+                "rows_checked": chain.rows_checked,
+                "problems": [f"{p.row_id}: {p.kind}: {p.detail}" for p in chain.problems],
+            },
         }
         return ToolOutput(text=status_text(data, agents, cycle), data=data)
 

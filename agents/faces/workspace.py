@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.errors import AgentmendError, ConfigurationError
-from infrastructure.llm.base import AgentRuntime
+from infrastructure.llm.base import AgentRuntime, RuntimeBase
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.settings import Provider, Settings, load_settings
 from infrastructure.store import Store
@@ -215,6 +215,9 @@ class Workspace:
             ConfigurationError: the provider cannot be used (no key, ...).
         """
         team, roles = build_runtimes(self.settings.provider, seed=seed)
+        for runtime in (team, roles):  # the setting the role gate judges by, enforced alike
+            if isinstance(runtime, RuntimeBase):
+                runtime.read_only_tools = self.settings.read_only_tools
         self._runtimes.extend(r for r in {id(team): team, id(roles): roles}.values())
         return team, roles
 

@@ -177,11 +177,12 @@ def _file_concerns(path: str, old: str | None, new: str | None) -> list[str]:
                 concerns.append(f"{path}: {what}")
     if _SECRETS.search(text):
         concerns.append(f"{path}: adds what looks like a secret (key, token or password)")
-    if is_test and old is not None:
-        if _SKIPS.search(text):
-            concerns.append(f"{path}: skips or xfails tests")
-        if len(_ASSERTS.findall(new)) < len(_ASSERTS.findall(old)):
-            concerns.append(f"{path}: removes assertions from tests")
+    # A skip added anywhere (a new test file, a conftest, the code under test) hides a failure
+    # as well as one added to an existing test; the test-count check catches what this misses.
+    if (is_test or path.endswith(".py")) and _SKIPS.search(text):
+        concerns.append(f"{path}: skips or xfails tests")
+    if is_test and old is not None and len(_ASSERTS.findall(new)) < len(_ASSERTS.findall(old)):
+        concerns.append(f"{path}: removes assertions from tests")
     return concerns
 
 

@@ -30,6 +30,7 @@ from agents.loop.cycle_verification import CycleVerifier, baseline_agents
 from agents.loop.improvement_cycle import SELF_EDIT, ImprovementCycle
 from agents.loop.self_edit_tools import Authorize, self_edit_tools, verified_apply
 from agents.roles.ask_agent_tool import AskAgentTool
+from agents.roles.role_names import check_team_names
 from agents.roles.self_improver import SelfImprover
 from agents.roles.socratic_mediator import SocraticMediator
 from agents.roles.supervisor import Supervisor
@@ -99,6 +100,10 @@ class MetaOrchestrator:
         max_questions: the mediator's question budget per analysis.
         concurrency: agents run at once by ``execute_task``.
         task_timeout_s: a wall-clock limit per agent run in ``execute_task``.
+
+    Raises:
+        RoleNameClash: a team agent is named like a role (``socratic-mediator``,
+            ``self-improver``, ``supervisor``).
     """
 
     def __init__(
@@ -123,6 +128,7 @@ class MetaOrchestrator:
         concurrency: int = 4,
         task_timeout_s: float | None = None,
     ) -> None:
+        check_team_names(team.names)  # before anything is opened
         self.settings = settings if settings is not None else load_settings()
         self._owned: list[Callable[[], None]] = []
         if store is None:

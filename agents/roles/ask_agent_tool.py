@@ -5,11 +5,20 @@ dict, ``create_ask_agent_tool`` the same 2-tuple). Its ``tool_spec`` is the one 
 every runtime uses. An agent's answer is untrusted data: what reaches the mediator's model is
 length-capped and wrapped in a delimiter the answer cannot close, so an answer saying "ignore
 previous instructions" stays a quotation, not an instruction.
+
+The answer is escaped as XML text (``&`` and ``<``, and the characters that normalise to
+``<``: U+226E, U+FE64, U+FF1C, as character references), so no variant of either tag survives
+inside it: not another case or spacing, not an opening tag with attributes, not a tag spelled
+with entities (``&lt;/agent_answer&gt;`` arrives as ``&amp;lt;/agent_answer&amp;gt;``). The
+only ``<`` in what the mediator's model reads are the fence's own, and decoding the character
+references once gives back exactly what the agent said (:func:`fenced_answer`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -17,11 +26,37 @@ from pydantic import BaseModel, Field
 
 from infrastructure.llm.base import ToolError, ToolSpec
 
-__all__ = ["AgentCallable", "AskAgentInput", "AskAgentTool", "create_ask_agent_tool"]
+__all__ = [
+    "AgentCallable",
+    "AskAgentInput",
+    "AskAgentTool",
+    "create_ask_agent_tool",
+    "escape_answer",
+    "fenced_answer",
+]
 
 AgentCallable = Callable[[str], Awaitable[str]]
 
 _TAG = "agent_answer"
+_ESCAPES = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", "\u226e": "&#x226e;", "\ufe64": "&#xfe64;", "\uff1c": "&#xff1c;"}
+)
+_FENCE = re.compile(rf"^\s*<{_TAG}\b[^>]*>\n?(.*?)\n?</{_TAG}>\s*$", re.DOTALL)
+
+
+def escape_answer(text: str) -> str:
+    """``text`` as XML character data: no tag of any spelling can appear in it."""
+    return text.translate(_ESCAPES)
+
+
+def fenced_answer(tool_output: str) -> str:
+    """The body of an ``ask_agent`` result with its character references decoded.
+
+    What the agent said, exactly (plus the length-cap note when it was capped); a text that
+    is not a fenced answer is returned as it is.
+    """
+    match = _FENCE.match(tool_output)
+    return html.unescape(match.group(1)) if match else tool_output
 
 
 class AskAgentInput(BaseModel):
@@ -109,7 +144,7 @@ class AskAgentTool:
             note = f"\n[answer truncated: {len(text)} characters, showing {self.max_answer_chars}]"
             text = text[: self.max_answer_chars]
         # The answer must not be able to close the fence and speak outside it.
-        text = text.replace(f"</{_TAG}", f"&lt;/{_TAG}")
+        text = escape_answer(text)
         return f'<{_TAG} agent="{agent_name}" trust="untrusted-data">\n{text}{note}\n</{_TAG}>'
 
     async def _handle_tool_call(self, arguments: dict[str, Any]) -> str:

@@ -118,11 +118,14 @@ class ChangeProtocol:
             PathNotAllowed: a path leaves ``root``, is a directory, lies in ``.agent/`` or
                 appears twice, or ``root`` is not an existing directory; nothing is written
                 or recorded.
+            AuditChainBroken: the audit head and the database disagree (an administrator
+                acknowledges the break first); nothing is written or recorded.
         """
         items = prepare(entries, root)
         root = Path(root).resolve()
         with locked_file(lock_path(root)):
             self.recovery.recover_root(root)
+            self.audit.ensure_appendable()  # before any byte is written
             created = record_intent(
                 self.store,
                 self.changes,

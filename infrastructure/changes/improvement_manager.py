@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from infrastructure.changes.audit import AuditLog, ChainVerification
+from infrastructure.changes.audit import AuditEntry, AuditLog, ChainVerification
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
 from infrastructure.changes.change_protocol import (
     LIVE_STATUSES,
@@ -45,6 +45,7 @@ from infrastructure.models import (
     ImprovementAction,
     utc_now,
 )
+from infrastructure.principal import Principal
 from infrastructure.store import Store
 
 __all__ = [
@@ -139,7 +140,8 @@ class ImprovementManager:
         """
         change_id = ChangeLog.new_id()
         by = applied_by or self.applied_by
-        with self.audit.transaction() as txn:
+        # Only a change that counts as applied is refused over a broken audit head.
+        with self.audit.transaction(safety=status not in _COUNTS_AS_APPLIED) as txn:
             self.changes.insert(
                 txn.conn,
                 change_id=change_id,
@@ -290,6 +292,12 @@ class ImprovementManager:
     def verify_audit_chain(self, *, repair: bool = True) -> ChainVerification:
         return self.audit.verify_chain(repair=repair)
 
+    def acknowledge_audit_breaks(
+        self, principal: Principal, *, note: str | None = None
+    ) -> AuditEntry | None:
+        """An administrator acknowledges the audit chain's breaks; see ``AuditLog``."""
+        return self.audit.acknowledge_breaks(principal, note=note)
+
     # -- state changes without files -------------------------------------------------------
 
     def _require(self, change_id: str) -> ChangeRow:
@@ -301,14 +309,18 @@ class ImprovementManager:
     def mark_kept(
         self, change_id: str, verification_result: dict[str, Any] | None = None
     ) -> ChangeRecord:
-        """APPLIED -> KEPT (the whole group): verification showed the change helped."""
-        with self.store.transaction(durable=True) as conn:
+        """APPLIED -> KEPT (the whole group): verification showed the change helped.
+
+        Raises:
+            AuditChainBroken: the audit head and the database disagree; nothing changes.
+        """
+        with self.audit.transaction() as txn:  # refused over a broken audit head
             row = self._require(change_id)
             if row.status is not ChangeStatus.APPLIED:
                 raise ChangeStateError(change_id, row.status.value, "kept")
             members = [m.change_id for m in self.changes.live_group(row)]
             self.changes.set_status(
-                conn, members, ChangeStatus.KEPT, verification=verification_result
+                txn.conn, members, ChangeStatus.KEPT, verification=verification_result
             )
         return self._require(change_id).record
 
@@ -425,7 +437,7 @@ class ImprovementManager:
     def _rollback_logged(
         self, row: ChangeRow, reason: str, user_id: str | None, user_name: str | None
     ) -> bool:
-        with self.audit.transaction() as txn:
+        with self.audit.transaction(safety=True) as txn:
             fresh = self.changes.get(row.change_id)
             if fresh is None or fresh.status not in LIVE_STATUSES:
                 return False

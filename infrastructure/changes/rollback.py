@@ -164,7 +164,7 @@ class Rollbacks:
             "user_id": user_id,
             "user_name": user_name,
         }
-        with self.audit.transaction() as txn:
+        with self.audit.transaction(safety=True) as txn:
             self._mark_blocked(txn, blocked, reason, edited, conflict, user_id, user_name)
             self.changes.mark_rolling_back(txn.conn, [m.change_id for m in rest], request)
         outcome = PartialRollback(
@@ -276,7 +276,7 @@ class Rollbacks:
             by_change.setdefault(file.change_id, []).append(file)
         requested = request["requested"]
         own_group = _group_of(members, requested)
-        with self.audit.transaction() as txn:
+        with self.audit.transaction(safety=True) as txn:
             for member in reversed(members):  # newest first, as a cascade undoes them
                 action = member.record.action
                 mine = by_change.get(member.change_id, [])

@@ -152,6 +152,8 @@ class CodePlan(_Model):
     group_id: str | None = None
     result: dict[str, Any] | None = None
     rollback: dict[str, Any] | None = None
+    test_files: tuple[str, ...] = ()  # paths that configure, select or are tests (flagged)
+    tests_approved_by: str | None = None  # who approved the test changes, on a terminal
 
 
 class ExecutionResult(_Model):
@@ -205,6 +207,8 @@ def code_plan(plan: Plan) -> CodePlan:
         group_id=p.get("group_id"),
         result=p.get("result"),
         rollback=p.get("rollback"),
+        test_files=tuple(p.get("test_files", ())),
+        tests_approved_by=p.get("tests_approved_by"),
     )
 
 

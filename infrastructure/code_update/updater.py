@@ -6,7 +6,7 @@ into them, under a project root, with a description. It lives in the store's ``p
 and moves through::
 
     planned --approve--> approved --execute--> completed --rollback--> rolled_back
-                                       |---> rolled_back   (validation failed: undone at once)
+                                       |---> rolled_back   (validation failed: never applied)
                                        |---> refused       (a gate said no; nothing written)
                                        '---> failed        (the apply failed; nothing left)
 
@@ -18,15 +18,18 @@ of the concrete diff) and ``HumanApprovalGate``, which passes only for a plan a 
 for admins) nor the budget gate: the caller is the person who approves them, and every change
 is proven by the project's own tests or undone.
 
-Executing applies the whole plan as ONE change group of ``ImprovementManager.apply_group``
+Executing first validates the plan in a throwaway copy of the project
+(``infrastructure.code_update.copy_validation``): every ``.py`` file written compiles, then
+``Settings.test_command`` passes within ``Settings.test_timeout_s``, the code under test came
+from the copy, and the test counts did not drop. A plan that changes what configures or selects
+the tests (``infrastructure.code_update.suite_guard``) is refused unless its test changes were
+approved with ``approve_test_changes``, which the MCP server never calls. Only a plan that
+passes is applied to the real tree, as ONE change group of ``ImprovementManager.apply_group``
 (old bytes in the store, human-readable backups under ``<root>/.agent/backups/``, crash
 recovery that restores a group whole). The root's lock (``<root>/.agent/agentmend.lock``, the
-manager's own, re-entrant) is held from the hash check through the write and the validation,
-so no other update of that root interleaves. Validation
-(``infrastructure.code_update.code_validation``): every ``.py`` file written compiles, then
-``Settings.test_command`` passes within ``Settings.test_timeout_s``. On any failure the group
-is rolled back, every file byte for byte (created files removed, deleted files back), and the
-result says ``rollback_performed``.
+manager's own, re-entrant) is held from the hash check through the validation and the write,
+so no other update of that root interleaves. A plan that fails validation ends
+``rolled_back`` with the real tree never touched.
 
 A plan left ``executing`` by a process that died is settled the next time the root's lock is
 taken: its change group is rolled back and the plan marked failed.
@@ -76,11 +79,9 @@ from infrastructure.code_update.code_plans import (
     stale_reason,
     state_hint,
 )
-from infrastructure.code_update.code_validation import (
-    ValidationReport,
-    failure_reason,
-    validate_files,
-)
+from infrastructure.code_update.code_validation import ValidationReport, failure_reason
+from infrastructure.code_update.copy_validation import validate_in_copy
+from infrastructure.code_update.suite_guard import flagged_test_files
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
 from infrastructure.files import locked_file
 from infrastructure.models import ChangeType, ImprovementAction, utc_now
@@ -234,6 +235,7 @@ class CodeUpdater:
             "files": [p.model_dump() for p in planned],
             "diff": change.diff,
             "created_by": created_by,
+            "test_files": list(flagged_test_files(p.path for p in planned)),
         }
         stored = save_plan(
             self.store, description=text, payload=payload, status="planned", plan_id=plan_id
@@ -252,7 +254,10 @@ class CodeUpdater:
 
         Raises:
             PlanNotFound, PlanStateError: unknown plan, or not ``planned``.
+            AuditChainBroken: the audit head and the database disagree.
         """
+        if self.get(plan_id).status == "planned":  # the unknown and the settled fail below
+            self.manager.audit.ensure_appendable()
         with self.store.transaction():
             plan = self.get(plan_id)
             if plan.status != "planned":
@@ -272,6 +277,38 @@ class CodeUpdater:
             "code_update.approved",
             agent_name=CODE_TARGET,
             payload={"plan_id": plan_id, "by": approved_by},
+        )
+        return updated
+
+    def approve_test_changes(self, plan_id: str, *, approved_by: str) -> CodePlan:
+        """Approve a plan's changes to its own tests (see ``code_update.suite_guard``).
+
+        Only a channel the MCP client cannot drive calls this: ``agentmend code approve-tests``
+        on a terminal or the interactive session. It also lets the test counts drop.
+
+        Raises:
+            PlanNotFound, PlanStateError: unknown plan, or already executed.
+            AuditChainBroken: the audit head and the database disagree.
+        """
+        plan = self.get(plan_id)
+        if plan.status not in ("planned", "approved"):
+            raise PlanStateError(
+                plan_id, plan.status, "have its test changes approved", state_hint(plan.status)
+            )
+        self.manager.audit.append(
+            agent_name=CODE_TARGET,
+            edit_type="code_plan_tests_approved",
+            old_value=None,
+            new_value=f"{plan_id}: {', '.join(plan.test_files) or '(test counts may drop)'}",
+            user_id=approved_by,
+        )
+        with self.store.transaction():
+            updated = self._set(self.get(plan_id), plan.status, tests_approved_by=approved_by)
+        record_decision(
+            self.store,
+            "code_update.tests_approved",
+            agent_name=CODE_TARGET,
+            payload={"plan_id": plan_id, "by": approved_by, "paths": list(plan.test_files)},
         )
         return updated
 
@@ -361,6 +398,13 @@ class CodeUpdater:
             stale = stale_reason(plan, self.root)
             if stale:  # the files changed while the gates ran
                 return self._refuse(plan_id, stale, verdicts)
+            if plan.test_files and plan.tests_approved_by is None:
+                why = (
+                    f"the plan changes what configures or selects the tests "
+                    f"({', '.join(plan.test_files)}); that needs an approval on a terminal: "
+                    f"agentmend code approve-tests {plan_id}"
+                )
+                return self._refuse(plan_id, why, verdicts)
             if plan.approved_by is None:  # only reachable with yolo_mode
                 self.manager.audit.append(
                     agent_name=CODE_TARGET,
@@ -384,6 +428,36 @@ class CodeUpdater:
     def _apply_validate_locked(
         self, plan: CodePlan, verdicts: tuple[GateVerdict, ...]
     ) -> ExecutionResult:
+        """Validate in a throwaway copy; only a plan that passes is applied to the real tree."""
+        base = {"plan_id": plan.plan_id, "verdicts": verdicts}
+        changes = {f.path: None if f.content is None else f.content.encode("utf-8")
+                   for f in plan.files}  # fmt: skip
+        skip = [
+            folder.relative_to(self.root).as_posix()
+            for folder in self.paths.protected
+            if folder.is_relative_to(self.root) and folder != self.root
+        ]
+        try:
+            report = validate_in_copy(
+                self.root,
+                changes,
+                self.settings.test_command,
+                self.settings.test_timeout_s,
+                skip=skip,
+                tests_approved=plan.tests_approved_by is not None,
+            )
+        except BaseException as exc:
+            self._set(plan, "failed")
+            log.error("code_plan_validation_error", plan_id=plan.plan_id, error=str(exc))
+            raise
+        checked = {**base, "files_modified": 0, "tests_passed": report.tests_passed,
+                   "validation": report}  # fmt: skip
+        if not report.passed:
+            why = f"validation failed: {failure_reason(report)}"
+            return ExecutionResult(
+                **checked, success=False, status="rolled_back", reason=why,
+                restored_identical=not stale_reason(plan, self.root),
+            )  # fmt: skip
         actions = [
             (
                 ImprovementAction(
@@ -394,11 +468,10 @@ class CodeUpdater:
                     confidence_score=1.0,
                 ),
                 f.path,
-                None if f.content is None else f.content.encode("utf-8"),
+                changes[f.path],
             )
             for f in plan.files
         ]
-        base = {"plan_id": plan.plan_id, "verdicts": verdicts}
         try:
             records = self.manager.apply_group(
                 actions,
@@ -423,38 +496,20 @@ class CodeUpdater:
         plan = self._set(plan, "executing", change_ids=list(change_ids),
                          group_id=records[0].group_id)  # fmt: skip
         try:
-            report = validate_files(
-                self.root,
-                [f.path for f in plan.files if f.content is not None and f.path.endswith(".py")],
-                self.settings.test_command,
-                self.settings.test_timeout_s,
-            )
+            self.manager.mark_kept(change_ids[0], report.model_dump(mode="json"))
         except BaseException as exc:
-            self._undo(plan, f"error while validating: {type(exc).__name__}: {exc}")
+            self._undo(plan, f"could not keep: {type(exc).__name__}: {exc}")
             self._set(plan, "failed")
             raise
-        done = {**base, "files_modified": len(plan.files), "change_ids": change_ids,
-                "tests_passed": report.tests_passed, "validation": report}  # fmt: skip
-        if report.passed:
-            self.manager.mark_kept(change_ids[0], report.model_dump(mode="json"))
-            return ExecutionResult(
-                **done,
-                success=True,
-                status="completed",
-                reason="applied, compiled and tested"
-                if report.tests_run
-                else "applied, compiled (no test command configured)",
-                validation_passed=True,
-            )
-        why = f"validation failed: {failure_reason(report)}"
-        identical = self._undo(plan, why)
         return ExecutionResult(
-            **done,
-            success=False,
-            status="rolled_back",
-            reason=why,
-            rollback_performed=True,
-            restored_identical=identical,
+            **{**checked, "files_modified": len(plan.files)},
+            change_ids=change_ids,
+            success=True,
+            status="completed",
+            reason="validated in a copy, then applied"
+            if report.tests_run
+            else "compiled in a copy, then applied (no test command configured)",
+            validation_passed=True,
         )
 
     def _undo(self, plan: CodePlan, reason: str) -> bool:

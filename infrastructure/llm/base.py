@@ -173,6 +173,10 @@ class RuntimeBase(ABC):
     concrete class the same inferred result types as callers of the protocol.
     """
 
+    read_only_tools: tuple[str, ...] = ()
+    """The ``read_only_tools`` setting: tools ``standard`` lets the agent call although they
+    are not known to be read-only (see ``infrastructure.permissions``)."""
+
     @overload
     async def run(
         self,

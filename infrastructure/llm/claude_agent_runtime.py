@@ -277,7 +277,9 @@ class ClaudeAgentRuntime(RuntimeBase):
                 if bare not in index and not bare.startswith("mcp__"):
                     builtins.append(bare)
         offered = [*index, *builtins]
-        allowed = allowed_tools(spec.permission_profile, declared, offered)
+        allowed = allowed_tools(
+            spec.permission_profile, declared, offered, read_only_tools=self.read_only_tools
+        )
         wire = sorted(prefix + name if name in index else name for name in allowed)
         return _ToolPlan(
             sdk_tools=tuple(tools),

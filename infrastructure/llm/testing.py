@@ -208,6 +208,7 @@ class _FakeRuntime(RuntimeBase):
             model=spec.model or self.model,
             tools=tools,
             output_type=output_type,
+            read_only_tools=self.read_only_tools,
         )
         record.result = result
         return result

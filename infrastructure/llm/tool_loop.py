@@ -237,6 +237,7 @@ class _RunState:
     model: str | None = None
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     permission_denials: list[str] = field(default_factory=list)
+    read_only_tools: tuple[str, ...] = ()  # the setting, for the permission check
 
 
 async def run_agent_loop(
@@ -250,8 +251,11 @@ async def run_agent_loop(
     default_max_turns: int = DEFAULT_MAX_TURNS,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     cost: CostFunction | None = None,
+    read_only_tools: Sequence[str] = (),
 ) -> AgentResult[OutputT]:
     """Run one agent to completion over ``call_model``; failures come back in ``error``.
+
+    ``read_only_tools`` is the setting of that name (see ``infrastructure.permissions``).
 
     Raises:
         ConfigurationError: duplicate tool names, or a tool named like the output tool.
@@ -265,7 +269,7 @@ async def run_agent_loop(
         schema = output_type.model_json_schema()
         definitions.append(ToolDefinition(OUTPUT_TOOL_NAME, _OUTPUT_TOOL_DESCRIPTION, schema))
     max_turns = spec.max_turns or default_max_turns
-    state = _RunState(model=model)
+    state = _RunState(model=model, read_only_tools=tuple(read_only_tools))
     output: OutputT | None = None
     error: AgentRunError | None = None
     try:
@@ -385,7 +389,9 @@ async def _run_permitted(
     tool its profile does not allow; the refusal is an ``is_error`` result the model sees and
     a ``permission_denials`` entry the improvement loop sees, never hidden.
     """
-    allowed = allowed_tools(spec.permission_profile, spec.tools, tools)
+    allowed = allowed_tools(
+        spec.permission_profile, spec.tools, tools, read_only_tools=state.read_only_tools
+    )
     permitted = [c for c in calls if c.name in allowed or c.name not in tools]
     records = dict(
         zip((c.id for c in permitted), await run_tool_calls(tools, permitted), strict=True)
