@@ -113,6 +113,7 @@ class IssueReport(_Frozen):
     threshold: float | None = None
     baseline: dict[str, Any] = Field(default_factory=dict)
     severity: float = Field(default=1.0, ge=0)
+    issue_id: str | None = None  # the detector's issue row (None: a requested analysis, ...)
 
     def to_dict(self) -> dict[str, Any]:
         return {

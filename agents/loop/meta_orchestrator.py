@@ -44,6 +44,7 @@ from infrastructure.errors import ChangeNotFound, RollbackConflict
 from infrastructure.llm.base import AgentRuntime, ToolSpec
 from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
 from infrastructure.monitoring.detection import IssueDetector
+from infrastructure.monitoring.issue_ledger import IssueLedger
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.principal import Principal
 from infrastructure.settings import Settings
@@ -126,7 +127,9 @@ class MetaOrchestrator:
             self.settings.detection_mode,
             false_alarm_rate=self.settings.false_alarm_rate,
             baseline_n=min(self.settings.baseline_n, self.monitor.baseline_n),
+            min_baseline_n=self.settings.min_baseline_n,
             monitor=self.monitor,
+            ledger=IssueLedger(store),
         )
         if manager is None:
             key = self.settings.audit_hmac_key
@@ -281,6 +284,7 @@ class MetaOrchestrator:
                 if self.confirm_cycle is not None:
                     task.declined.append(issue)
                     self._pending.pop(issue.agent_name, None)
+                    self.detector.cycle_finished(issue, kept=False, outcome="declined")
                     record_decision(
                         self.store,
                         "issue_declined",
@@ -444,6 +448,12 @@ class MetaOrchestrator:
         """
         result = await self.cycle.improve(
             issue, settle=lambda: self._pending.pop(issue.agent_name, None)
+        )
+        self.detector.cycle_finished(
+            issue,
+            kept=bool(result),
+            outcome=result.status,
+            change_id=result.group_id or next(iter(result.change_ids), None),
         )
         if result.analysis is not None and result.analysis.responsible_agent is not None:
             self._pending.pop(result.analysis.responsible_agent, None)
