@@ -180,7 +180,7 @@ def bernoulli_arl(up: int, down: int, threshold: int, p: float) -> float:
     return x[0]
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=8192)
 def calibrate_bernoulli(
     failures: int, n: int, target_arl: float, relative_drop: float = 0.15
 ) -> BernoulliChart | None:
