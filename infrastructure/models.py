@@ -94,6 +94,11 @@ class AgentMetrics(_Frozen):
     cost_usd: float = 0.0
     last_error: str | None = None
     recent_errors: tuple[str, ...] = ()
+    """The latest errors since the agent's last kept change (up to 10, oldest first)."""
+    errors_before_change: tuple[str, ...] = ()
+    """History: the latest errors from before that change, which they preceded."""
+    errors_before_change_label: str | None = None
+    """The kept change ``errors_before_change`` preceded."""
     recent_outcomes: tuple[bool, ...] = ()
     """Success of each run in the window, oldest first (what ``/status`` draws)."""
 

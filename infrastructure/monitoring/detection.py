@@ -334,9 +334,16 @@ class IssueDetector:
         )
         return row
 
-    def on_change_kept(self, agent_name: str, monitor: PerformanceMonitor | None = None) -> None:
-        """A change to ``agent_name`` was kept: start its new baseline (see the monitor's)."""
-        self._bind(monitor).start_new_baseline(agent_name)
+    def on_change_kept(
+        self,
+        agent_name: str,
+        monitor: PerformanceMonitor | None = None,
+        *,
+        label: str | None = None,
+    ) -> None:
+        """A change to ``agent_name`` was kept: start its new baseline (see the monitor's);
+        ``label`` names the change, which the errors from before it are shown with."""
+        self._bind(monitor).start_new_baseline(agent_name, label=label)
 
     def on_change_rolled_back(
         self, agent_name: str, monitor: PerformanceMonitor | None = None

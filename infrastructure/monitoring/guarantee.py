@@ -52,6 +52,7 @@ DEFAULT_MIN_BASELINE_N = 30
 """Below this many baseline runs the charts do not run (the agent is warming up)."""
 
 _TAIL = 1e-9
+_NEVER = 1e9  # ARLs past this are beyond what the double-precision solve resolves: "never"
 
 
 def failure_chart(
@@ -104,24 +105,40 @@ def failure_alarm_rate(n: int, p: float, budget: float, relative_drop: float = 0
     for x, weight in support:
         chart = failure_chart(x, n, budget, relative_drop)
         if chart is not None:
-            total += weight / bernoulli_arl(chart.up, chart.down, chart.threshold, p)
+            total += weight / _arl(chart, p)
     return total
+
+
+def _arl(chart: BernoulliChart, p: float) -> float:
+    """The chart's ARL at ``p``, with astronomically long ones (whose elimination loses all
+    precision, even its sign) counted as ``_NEVER``: that errs towards more alarms."""
+    arl = bernoulli_arl(chart.up, chart.down, chart.threshold, p)
+    return arl if 1.0 <= arl <= _NEVER else _NEVER
 
 
 def failure_delay(
     n: int, p0: float, p1: float, budget: float, relative_drop: float = 0.15
-) -> float:
-    """Expected runs from a change ``p0 -> p1`` to the alarm, over the agent's baselines.
+) -> tuple[float, float]:
+    """``(median, mean)`` runs from a change ``p0 -> p1`` to the alarm, over the baselines.
 
-    The zero-state ARL at ``p1`` of each baseline's chart, weighted by its Binomial(n, p0)
-    probability (the change comes as the baseline fills); infinite if a likely baseline
-    (inside the support) leaves the chart off.
+    Each baseline's delay is its chart's zero-state ARL at ``p1`` (the change comes as the
+    baseline fills), weighted by its Binomial(n, p0) probability. The mean is infinite when a
+    baseline of probability above ``1e-6`` leaves the chart off or practically never alarming
+    (an ARL past ``1e9``), which small baselines do: the median says what a typical agent sees.
     """
-    support, left_out = binomial_support(n, p0)
-    total = 0.0
+    support, left_out = binomial_support(n, p0, 1e-6)
+    delays: list[tuple[float, float]] = []
     for x, weight in support:
         chart = failure_chart(x, n, budget, relative_drop)
-        if chart is None:
-            return math.inf
-        total += weight * bernoulli_arl(chart.up, chart.down, chart.threshold, p1)
-    return total / (1.0 - left_out)
+        arl = _arl(chart, p1) if chart is not None else _NEVER
+        delays.append((math.inf if arl >= _NEVER else arl, weight))
+    delays.sort()
+    mass = 1.0 - left_out
+    acc, median = 0.0, math.inf
+    for arl, weight in delays:
+        acc += weight
+        if acc >= mass / 2:
+            median = arl
+            break
+    mean = math.fsum(arl * weight for arl, weight in delays) / mass
+    return median, mean
