@@ -130,6 +130,10 @@ class MetaOrchestrator:
             min_baseline_n=self.settings.min_baseline_n,
             monitor=self.monitor,
             ledger=IssueLedger(store),
+            backoff_runs=self.settings.issue_backoff_runs,
+            backoff_max_runs=max(
+                self.settings.issue_backoff_runs, self.settings.issue_backoff_max_runs
+            ),
         )
         if manager is None:
             key = self.settings.audit_hmac_key
