@@ -3,12 +3,44 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 
+from infrastructure.evaluation.evals import EvalCase, EvalCheck, EvalSuite
 from infrastructure.evaluation.sequential import PairedTest, TwoSampleTest
 from infrastructure.evaluation.sequential_verification import judge_rounds, verify_sequentially
-from tests.test_verification import AFTER, BEFORE, FakeRuntime, suite_of
+from infrastructure.llm.base import AgentResult, OutputT, ToolSpec
+from infrastructure.spec import AgentSpec
+
+
+def _spec(version: str) -> AgentSpec:
+    return AgentSpec(
+        name="solver",
+        description="answers maths questions",
+        system_prompt=version,
+        model="claude-sonnet-4-6",
+        max_tokens=1024,
+    )
+
+
+class _Runtime:
+    """The version "before" answers wrongly, "after" rightly; every call is counted."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def run(
+        self,
+        spec: AgentSpec,
+        prompt: str,
+        *,
+        tools: Sequence[ToolSpec] = (),
+        output_type: type[OutputT] | None = None,
+    ) -> AgentResult[OutputT]:
+        self.calls += 1
+        text = "OK" if spec.system_prompt == "after" else "no idea"
+        return AgentResult(agent_name=spec.name, text=text, duration_ms=10.0)
 
 
 def _paired_run(rng: random.Random, p_fixed: float, p_broken: float, budget: int) -> str:
@@ -107,14 +139,14 @@ def test_the_regression_guard_rejects_whatever_the_test_says() -> None:
 
 async def test_verify_sequentially_runs_pairs_until_clear_and_counts_calls() -> None:
     cases = 12
-    runtime = FakeRuntime(
-        {
-            "before": {f"q{i}": "FFF" for i in range(cases)},
-            "after": {f"q{i}": "PPP" for i in range(cases)},
-        }
+    runtime = _Runtime()
+    check = EvalCheck(contains=("OK",))
+    suite = EvalSuite(
+        cases=tuple(EvalCase(id=f"c{i}", prompt=f"q{i}", check=check) for i in range(cases)),
+        repeats=3,
     )
-    verdict = await verify_sequentially(runtime, BEFORE, AFTER, suite_of(cases, 3))
+    verdict = await verify_sequentially(runtime, _spec("before"), _spec("after"), suite)
     assert verdict.accepted
     assert verdict.decision == "helps"
     assert verdict.rounds == 1  # twelve fixed cases in the first round are enough
-    assert verdict.model_calls == len(runtime.calls) == 2 * cases
+    assert verdict.model_calls == runtime.calls == 2 * cases
