@@ -196,3 +196,22 @@ def test_detector_state_survives_a_restart(tmp_path: Path) -> None:
         assert 0.0 < fail_after < fail_before
         # and the held condition raises nothing more in the new process
         assert _run(m, d, rng, 100, 0.3) == []
+
+
+def test_status_reads_open_issues_and_detector_state_from_the_store(tmp_path: Path) -> None:
+    from agents.faces.report_data import agent_statuses
+
+    rng = random.Random(7)
+    with Store(tmp_path / "s.db") as store, PerformanceMonitor(store, baseline_n=BASE_N) as m:
+        d = _detector(m, IssueLedger(store))
+        _feed(m, rng, BASE_N, 0.97)
+        d.check()
+        (issue,) = _run(m, d, rng, 45, 0.3)
+        m.flush()
+        (status,) = agent_statuses(store, baseline_n=BASE_N)
+        assert [i["issue_id"] for i in status.open_issues] == [issue.issue_id]
+        assert status.open_issues[0]["status"] == "open"
+        assert status.detector is not None
+        shown = d.statistics("a")
+        assert shown is not None
+        assert status.detector["cusum_failure_rate"] == shown["cusum_failure_rate"]

@@ -68,6 +68,7 @@ from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.monitoring.run_feed import EventCursor, RunChunk
 
 __all__ = [
+    "CHART_OF_KIND",
     "OUTSIDE_GUARANTEE",
     "DetectionMode",
     "DetectorState",
@@ -81,6 +82,9 @@ CUSUM_FAILURE = "cusum_failure_rate"
 CUSUM_DURATION = "cusum_log_duration"
 LOW_SUCCESS = "low_success_rate"  # the kinds of issue the charts raise
 SLOWDOWN = "performance_regression"
+
+CHART_OF_KIND = {LOW_SUCCESS: CUSUM_FAILURE, SLOWDOWN: CUSUM_DURATION}
+"""The chart that raises each kind of issue."""
 
 log = structlog.get_logger(__name__)
 
@@ -558,12 +562,21 @@ class IssueDetector:
         saved: list[SavedState] = []
         for agent in sorted(self._touched):
             st = self._states[agent]
-            if st.charts is None:
+            charts = st.charts
+            if charts is None:
                 continue
+            shown: dict[str, tuple[float, float]] = {}
+            if charts.failure is not None:
+                fc = charts.failure
+                shown[LOW_SUCCESS] = (fc.unit, fc.threshold * fc.unit)
+            if charts.duration is not None:
+                shown[SLOWDOWN] = (1.0, charts.duration.h)
             for kind, statistic, runs, total in (
                 (LOW_SUCCESS, float(st.s_fail), st.fail_n, float(st.fail_k)),
                 (SLOWDOWN, st.s_dur, st.dur_n, st.dur_sum),
             ):
+                if kind not in shown:
+                    continue
                 w = st.watches.get(kind)
                 saved.append(
                     SavedState(
@@ -576,6 +589,7 @@ class IssueDetector:
                         w.issue_id if w is not None else None,
                         w.runs_since if w is not None else 0,
                         w.quiet if w is not None else 0,
+                        *shown[kind],
                     )
                 )
         self._touched.clear()

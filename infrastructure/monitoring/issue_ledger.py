@@ -22,6 +22,7 @@ Without a store the same ledger lives in memory (one process).
 
 from __future__ import annotations
 
+import sqlite3
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -29,7 +30,15 @@ from typing import Literal
 
 from infrastructure.store import Store
 
-__all__ = ["ACTIVE", "IssueLedger", "IssueRow", "IssueStatus", "SavedState"]
+__all__ = [
+    "ACTIVE",
+    "IssueLedger",
+    "IssueRow",
+    "IssueStatus",
+    "SavedState",
+    "read_active_issues",
+    "read_detector_states",
+]
 
 IssueStatus = Literal["open", "held", "resolved", "cleared_without_change"]
 ACTIVE: tuple[IssueStatus, ...] = ("open", "held")
@@ -63,6 +72,8 @@ _MIGRATIONS = [
         issue_id TEXT,
         runs_since_hold INTEGER NOT NULL,
         quiet_runs INTEGER NOT NULL,
+        scale REAL NOT NULL,
+        threshold REAL NOT NULL,
         updated_ts REAL NOT NULL,
         PRIMARY KEY (agent, kind)
     )
@@ -73,7 +84,8 @@ _ISSUE_COLUMNS = (
     " outcome, change_id"
 )
 _STATE_COLUMNS = (
-    "agent, kind, epoch, statistic, runs, total, issue_id, runs_since_hold, quiet_runs, updated_ts"
+    "agent, kind, epoch, statistic, runs, total, issue_id, runs_since_hold, quiet_runs, scale,"
+    " threshold, updated_ts"
 )
 
 
@@ -108,6 +120,23 @@ class SavedState:
     issue_id: str | None
     runs_since_hold: int
     quiet_runs: int
+    scale: float  # statistic * scale is the statistic as shown (nats for the failure chart)
+    threshold: float  # as shown
+
+
+def read_active_issues(conn: sqlite3.Connection) -> list[IssueRow]:
+    """The open and held issues, oldest first (for readers that hold a connection)."""
+    rows = conn.execute(
+        f"SELECT {_ISSUE_COLUMNS} FROM monitoring_issues WHERE status IN ('open', 'held')"
+        " ORDER BY opened_ts"
+    ).fetchall()
+    return [_issue(row) for row in rows]
+
+
+def read_detector_states(conn: sqlite3.Connection) -> dict[tuple[str, str], SavedState]:
+    """Every saved detector state, by (agent, kind)."""
+    rows = conn.execute(f"SELECT {_STATE_COLUMNS} FROM monitoring_detector_state").fetchall()
+    return {(r[0], r[1]): SavedState(*r[:11]) for r in rows}
 
 
 class IssueLedger:
@@ -287,11 +316,12 @@ class IssueLedger:
         with self.store.transaction() as conn:
             conn.executemany(
                 f"INSERT INTO monitoring_detector_state ({_STATE_COLUMNS})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (agent, kind) DO UPDATE SET epoch = excluded.epoch,"
                 " statistic = excluded.statistic, runs = excluded.runs, total = excluded.total,"
                 " issue_id = excluded.issue_id, runs_since_hold = excluded.runs_since_hold,"
-                " quiet_runs = excluded.quiet_runs, updated_ts = excluded.updated_ts",
+                " quiet_runs = excluded.quiet_runs, scale = excluded.scale,"
+                " threshold = excluded.threshold, updated_ts = excluded.updated_ts",
                 [
                     (
                         s.agent,
@@ -303,6 +333,8 @@ class IssueLedger:
                         s.issue_id,
                         s.runs_since_hold,
                         s.quiet_runs,
+                        s.scale,
+                        s.threshold,
                         now,
                     )
                     for s in states
@@ -313,12 +345,7 @@ class IssueLedger:
         """Every saved detector state, by (agent, kind)."""
         if self.store is None:
             return dict(self._states)
-        rows = (
-            self.store.connection()
-            .execute(f"SELECT {_STATE_COLUMNS} FROM monitoring_detector_state")
-            .fetchall()
-        )
-        return {(r[0], r[1]): SavedState(*r[:9]) for r in rows}
+        return read_detector_states(self.store.connection())
 
 
 def _issue(row: tuple[object, ...]) -> IssueRow:
