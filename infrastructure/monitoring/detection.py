@@ -35,6 +35,14 @@ chart's threshold that room: about 1-2 % less delay on a failure-rate drop, for 
 ``baseline_n`` runs since its last kept change, held by the monitor) is full; after an alarm a
 statistic restarts at 0 against the same baseline.
 
+One alarm per condition (``infrastructure.monitoring.issue_ledger``): an alarm opens an issue
+in the ledger, and while that agent's issue of that kind is open or held, its chart's later
+crossings raise nothing. :meth:`IssueDetector.cycle_finished` records how the cycle ended: a
+kept change resolves the issue, anything else holds it for ``backoff_runs`` runs (doubling per
+repeat, at most ``backoff_max_runs``); an issue whose statistic stays at or below
+``clear_level`` of its threshold for ``clear_window`` runs closes as cleared without change. The
+suppression only removes alarms, so the false-alarm guarantee still bounds what is raised.
+
 ``rules`` reproduces seed 003's trigger set (3 consecutive failures; success below 80 % over
 the last 10 runs; mean duration of the last 10 above 1.5x the baseline mean; error rate above
 30 % over the monitor's window), evaluated after every run and reported on each rising edge (a
