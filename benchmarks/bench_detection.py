@@ -64,7 +64,7 @@ def exact_table(sizes: tuple[int, ...], rates: tuple[float, ...]) -> None:
     worst = 0.0
     print(
         f"Failure chart, exact: expected false alarms per 1,000 healthy runs (budget"
-        f" {budget * 1000:.2f}) and mean delay after a relative drop of the success rate"
+        f" {budget * 1000:.2f}) and the delay after a relative drop of the success rate"
     )
     print(
         f"(median and mean over the baselines, in runs; x: median over the optimal CUSUM"
