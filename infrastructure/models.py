@@ -94,6 +94,11 @@ class AgentMetrics(_Frozen):
     cost_usd: float = 0.0
     last_error: str | None = None
     recent_errors: tuple[str, ...] = ()
+    """The latest errors since the agent's last kept change (up to 10, oldest first)."""
+    errors_before_change: tuple[str, ...] = ()
+    """History: the latest errors from before that change, which they preceded."""
+    errors_before_change_label: str | None = None
+    """The kept change ``errors_before_change`` preceded."""
     recent_outcomes: tuple[bool, ...] = ()
     """Success of each run in the window, oldest first (what ``/status`` draws)."""
 
@@ -113,6 +118,7 @@ class IssueReport(_Frozen):
     threshold: float | None = None
     baseline: dict[str, Any] = Field(default_factory=dict)
     severity: float = Field(default=1.0, ge=0)
+    issue_id: str | None = None  # the detector's issue row (None: a requested analysis, ...)
 
     def to_dict(self) -> dict[str, Any]:
         return {

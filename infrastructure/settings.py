@@ -33,6 +33,12 @@ class Settings(BaseSettings):
     detection_mode: Literal["statistical", "rules"] = "statistical"
     false_alarm_rate: float = Field(default=0.001, gt=0, lt=1)
     baseline_n: int = Field(default=500, ge=10)
+    # the smallest baseline the false-alarm guarantee covers: below it, seed 003's rules stand in
+    min_baseline_n: int = Field(default=30, ge=10)
+    # an issue whose cycle ended with no change is held (not raised again) for this many runs
+    # of the agent, doubling at each repeat up to the ceiling, unless it clears first
+    issue_backoff_runs: int = Field(default=100, ge=1)
+    issue_backoff_max_runs: int = Field(default=6400, ge=1)
 
     # improvement budget and gates
     max_improvements_per_session: int = Field(default=5, ge=0)

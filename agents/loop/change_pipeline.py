@@ -293,8 +293,9 @@ class ChangePipeline:
         verdicts: dict[str, VerificationVerdict],
         fresh: list[str],
     ) -> None:
+        label = f"change {', '.join(change_ids)}"
         for name in fresh:
-            self.detector.on_change_kept(name, self.monitor)
+            self.detector.on_change_kept(name, self.monitor, label=label)
         kept_old = [name for name in targets if name not in fresh and name in self.team]
         note = (
             f" (weaker check only: {', '.join(kept_old)} keep(s) the detection baseline from "

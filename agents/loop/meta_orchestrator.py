@@ -44,6 +44,7 @@ from infrastructure.errors import ChangeNotFound, ConfigurationError, RollbackCo
 from infrastructure.llm.base import AgentRuntime, ToolSpec
 from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
 from infrastructure.monitoring.detection import IssueDetector
+from infrastructure.monitoring.issue_ledger import IssueLedger
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.principal import Principal
 from infrastructure.settings import Settings, load_settings
@@ -145,7 +146,13 @@ class MetaOrchestrator:
             self.settings.detection_mode,
             false_alarm_rate=self.settings.false_alarm_rate,
             baseline_n=min(self.settings.baseline_n, self.monitor.baseline_n),
+            min_baseline_n=self.settings.min_baseline_n,
             monitor=self.monitor,
+            ledger=IssueLedger(store),
+            backoff_runs=self.settings.issue_backoff_runs,
+            backoff_max_runs=max(
+                self.settings.issue_backoff_runs, self.settings.issue_backoff_max_runs
+            ),
         )
         if manager is None:
             key = self.settings.audit_hmac_key
@@ -330,6 +337,7 @@ class MetaOrchestrator:
                     task.declined.append(issue)
                     self._declined.setdefault(issue.agent_name, {})[issue.error_type] = issue
                     self._pending.pop(issue.agent_name, None)
+                    self.detector.cycle_finished(issue, kept=False, outcome="declined")
                     record_decision(
                         self.store,
                         "issue_declined",
@@ -501,6 +509,12 @@ class MetaOrchestrator:
         self._declined.pop(issue.agent_name, None)  # asked for: a past "no" is superseded
         result = await self.cycle.improve(
             issue, settle=lambda: self._pending.pop(issue.agent_name, None)
+        )
+        self.detector.cycle_finished(
+            issue,
+            kept=bool(result),
+            outcome=result.status,
+            change_id=result.group_id or next(iter(result.change_ids), None),
         )
         if result.analysis is not None and result.analysis.responsible_agent is not None:
             self._pending.pop(result.analysis.responsible_agent, None)

@@ -234,4 +234,11 @@ class AgentTeam:
         if errors:
             lines.append("Your latest errors were:")
             lines.extend(f"- {error}" for error in errors)
+        earlier = list(metrics.errors_before_change)[-_SUMMARY_ERRORS:]
+        if earlier:
+            lines.append(
+                f"History only, from before {metrics.errors_before_change_label} (already"
+                " addressed, not current):"
+            )
+            lines.extend(f"- {error}" for error in earlier)
         return "\n".join(lines)

@@ -38,6 +38,7 @@ __all__ = [
     "posterior_arl",
     "regularized_beta",
     "siegmund_arl",
+    "smallest_threshold",
 ]
 
 # Posterior strata for the failure-rate average: (probability mass, quantile at which the
@@ -179,7 +180,7 @@ def bernoulli_arl(up: int, down: int, threshold: int, p: float) -> float:
     return x[0]
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=8192)
 def calibrate_bernoulli(
     failures: int, n: int, target_arl: float, relative_drop: float = 0.15
 ) -> BernoulliChart | None:
@@ -217,23 +218,17 @@ def calibrate_bernoulli(
     nodes = _posterior_nodes(failures, n)
     budget = 1.0 / target_arl
 
-    def rate(threshold: int) -> float:
-        return sum(w / bernoulli_arl(up, down, threshold, p) for w, p in nodes)
+    rates: dict[int, float] = {}
 
-    # Bracket: start at the plug-in guess from Lorden's bound (ARL0 >= e^h for an LLR chart).
-    guess = max(1, math.ceil(math.log(target_arl) / unit / 2))
-    lo, hi = 0, guess
-    while rate(hi) > budget:
-        lo = hi
-        hi = math.ceil(hi * 1.5) + 1
-        if hi > _MAX_STATES:
-            return None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if rate(mid) <= budget:
-            hi = mid
-        else:
-            lo = mid
+    def rate(threshold: int) -> float:
+        if threshold not in rates:
+            rates[threshold] = sum(w / bernoulli_arl(up, down, threshold, p) for w, p in nodes)
+        return rates[threshold]
+
+    threshold = smallest_threshold(rate, budget, max(1, math.ceil(math.log(target_arl) / unit)))
+    if threshold is None:
+        return None
+    hi = threshold
     return BernoulliChart(
         up=up,
         down=down,
@@ -245,6 +240,49 @@ def calibrate_bernoulli(
         target_arl=target_arl,
         arl0=1.0 / rate(hi),
     )
+
+
+def smallest_threshold(
+    rate: Callable[[int], float], budget: float, guess: int, limit: int = _MAX_STATES
+) -> int | None:
+    """The smallest integer threshold ``t >= 1`` with ``rate(t) <= budget``, or None past ``limit``.
+
+    ``rate`` must decrease with ``t``. Each evaluation is a full exact ARL solve, so the search
+    interpolates on ``log(rate)``, which is close to linear in the threshold (the ARL of a CUSUM
+    grows about exponentially with it), then probes the neighbour of the guess so a good guess
+    settles the bracket in two evaluations; a poor one still halves the bracket every round.
+    """
+    lo, r_lo = 0, 1.0  # the chart at threshold 0 alarms on every run
+    hi = guess
+    r_hi = rate(hi)
+    while r_hi > budget:
+        lo, r_lo = hi, r_hi
+        hi = math.ceil(hi * 1.5) + 1
+        if hi > limit:
+            return None
+        r_hi = rate(hi)
+    log_budget = math.log(budget)
+    bisect = False
+    while hi - lo > 1:
+        if bisect or r_hi <= 0.0:
+            mid = (lo + hi) // 2
+        else:
+            frac = (math.log(r_lo) - log_budget) / (math.log(r_lo) - math.log(r_hi))
+            mid = min(hi - 1, max(lo + 1, lo + round(frac * (hi - lo))))
+        width = hi - lo
+        r = rate(mid)
+        if r <= budget:
+            hi, r_hi, probe = mid, r, mid - 1
+        else:
+            lo, r_lo, probe = mid, r, mid + 1
+        if lo < probe < hi:
+            r = rate(probe)
+            if r <= budget:
+                hi, r_hi = probe, r
+            else:
+                lo, r_lo = probe, r
+        bisect = (hi - lo) * 2 > width  # the guess did not halve the bracket: bisect next
+    return hi
 
 
 def _posterior_nodes(failures: int, n: int) -> list[tuple[float, float]]:

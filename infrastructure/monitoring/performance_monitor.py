@@ -353,11 +353,13 @@ class PerformanceMonitor:
 
     # ----------------------------------------------------------------- baselines
 
-    def start_new_baseline(self, agent_name: str) -> Baseline:
+    def start_new_baseline(self, agent_name: str, *, label: str | None = None) -> Baseline:
         """A change to the agent was kept: its next ``baseline_n`` runs become its baseline.
 
         Runs recorded before this call stay in the old baseline, which is kept (up to 32
-        deep) so :meth:`restore_baseline` can reinstate it.
+        deep) so :meth:`restore_baseline` can reinstate it. The agent's recent errors so far
+        become history (``errors_before_change``, labelled with ``label``, the kept change):
+        from now on ``recent_errors`` holds only errors from after the change.
         """
         with self._write_lock, self._state_lock:
             self._drain()
@@ -366,9 +368,12 @@ class PerformanceMonitor:
                 stack.append(Baseline(agent_name, self._epochs.get(agent_name, 0), self.baseline_n))
             if self._table is not None:
                 self._write_unwritten()
-                epoch = self._table.start_epoch(agent_name)
+                epoch = self._table.start_epoch(agent_name, label)
             else:
                 epoch = self._epochs.get(agent_name, 0) + 1
+            stats = self._stats[RUN].get(agent_name)
+            if stats is not None:
+                stats.new_period(label)
             self._epochs[agent_name] = epoch
             fresh = Baseline(agent_name, epoch, self.baseline_n)
             stack.append(fresh)
@@ -384,15 +389,20 @@ class PerformanceMonitor:
         with self._write_lock, self._state_lock:
             self._drain()
             stack = self._baselines.get(agent_name, [])
+            stats = self._stats[RUN].get(agent_name)
             if self._table is None:
                 if len(stack) < 2:
                     return None
                 stack.pop()
+                if stats is not None:
+                    stats.undo_period()
                 return stack[-1]
             self._write_unwritten()
             parent = self._table.restore_epoch(agent_name)
             if parent is None:
                 return None
+            if stats is not None:
+                stats.undo_period()
             if len(stack) >= 2 and stack[-2].epoch == parent:
                 stack.pop()
             else:
