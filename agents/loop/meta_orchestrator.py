@@ -376,9 +376,16 @@ class MetaOrchestrator:
         return sorted(self._pending.values(), key=lambda i: i.severity, reverse=True)
 
     def check_performance_issues(self) -> IssueReport | None:
-        """The most urgent open issue, or None (seed 003's API)."""
+        """The most urgent open issue, or None (seed 003's API).
+
+        An issue whose cycle was declined is still open: when nothing newer is pending, the
+        most severe declined one is returned, so asking for a cycle (``/improve``) finds it.
+        """
         issues = self.check_all_issues()
-        return issues[0] if issues else None
+        if issues:
+            return issues[0]
+        declined = [issue for kinds in self._declined.values() for issue in kinds.values()]
+        return max(declined, key=lambda issue: issue.severity) if declined else None
 
     async def issue_for(
         self, agent_name: str, *, requested_by: str = "a user", reproduce: bool = True
