@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from opentelemetry.trace import Span, TracerProvider
 
 from agents.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
 from agents.loop.cycle_verification import CycleVerifier, baseline_agents
@@ -49,6 +50,7 @@ from infrastructure.principal import Principal
 from infrastructure.settings import Settings
 from infrastructure.simulation import SimulatedRuntime
 from infrastructure.store import Store
+from infrastructure.telemetry.tracing import agentmend_tracer, set_outcome, work_span
 
 __all__ = ["SELF_EDIT", "ConfirmCycle", "MetaOrchestrator", "OnProgress"]
 
@@ -86,6 +88,8 @@ class MetaOrchestrator:
         max_questions: the mediator's question budget per analysis.
         concurrency: agents run at once by ``execute_task``.
         task_timeout_s: a wall-clock limit per agent run in ``execute_task``.
+        tracer_provider: where the cycle's spans go (the roles, each gate, verification,
+            rollback); default the globally registered provider, if any.
     """
 
     def __init__(
@@ -109,6 +113,7 @@ class MetaOrchestrator:
         max_questions: int = 10,
         concurrency: int = 4,
         task_timeout_s: float | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.settings = settings if settings is not None else Settings()
         self._owned: list[Callable[[], None]] = []
@@ -184,6 +189,10 @@ class MetaOrchestrator:
             gates=self.gates,
             on_progress=on_progress,
         )
+        self.tracer = agentmend_tracer(tracer_provider)
+        for part in (self.cycle, self.cycle.changes, self.improver, self.reviewer):
+            if hasattr(part, "tracer"):
+                part.tracer = self.tracer
 
     @property
     def on_progress(self) -> OnProgress | None:
@@ -401,14 +410,19 @@ class MetaOrchestrator:
         # refused when this holds more), oldest first as the history reads
         closure = self.manager.rollback_closure(change_id)[::-1]
         _refuse_out_of_order_baselines(self.manager.changes, change_id, closure)
-        done = self.manager.rollback_by_id(
-            change_id,
-            reason=reason,
-            force=force,
-            cascade=cascade,
-            user_id=self.principal.user_id,
-            user_name=self.principal.name,
-        )
+        with work_span(
+            self.tracer,
+            "agentmend.rollback",
+            **{"agentmend.change_id": change_id, "agentmend.rollback.reason": reason},
+        ):
+            done = self.manager.rollback_by_id(
+                change_id,
+                reason=reason,
+                force=force,
+                cascade=cascade,
+                user_id=self.principal.user_id,
+                user_name=self.principal.name,
+            )
         if not done:
             return None
         self.team.reload()
@@ -442,9 +456,15 @@ class MetaOrchestrator:
         models are outcomes (``status``), never exceptions; an exception (a bug, an outage of
         the store) is recorded and re-raised, after rolling back anything applied.
         """
-        result = await self.cycle.improve(
-            issue, settle=lambda: self._pending.pop(issue.agent_name, None)
-        )
+        with work_span(
+            self.tracer,
+            "agentmend.improvement_cycle",
+            **{"gen_ai.agent.name": issue.agent_name, "agentmend.issue": issue.error_type},
+        ) as span:
+            result = await self.cycle.improve(
+                issue, settle=lambda: self._pending.pop(issue.agent_name, None)
+            )
+            _end_cycle_span(span, result)
         if result.analysis is not None and result.analysis.responsible_agent is not None:
             self._pending.pop(result.analysis.responsible_agent, None)
         return result
@@ -470,7 +490,14 @@ class MetaOrchestrator:
         has no analysis behind it, so its confidence is not the agent's to set.
         """
         action = action.model_copy(update={"confidence_score": self.self_edit_confidence})
-        return await self.cycle.self_edit(action, available_agents=self.team.names)
+        with work_span(
+            self.tracer,
+            "agentmend.self_edit",
+            **{"gen_ai.agent.name": action.target_agent},
+        ) as span:
+            result = await self.cycle.self_edit(action, available_agents=self.team.names)
+            _end_cycle_span(span, result)
+        return result
 
     @property
     def self_edit_confidence(self) -> float:
@@ -545,6 +572,17 @@ def _refuse_out_of_order_baselines(
             "an agent's baselines go back newest first; roll those back first",
             dependents=tuple(newer),
         )
+
+
+def _end_cycle_span(span: Span, result: CycleResult) -> None:
+    span.set_attributes(
+        {
+            "agentmend.cycle_id": result.cycle_id,
+            "agentmend.cycle.status": result.status,
+            "agentmend.change_ids": tuple(result.change_ids),
+        }
+    )
+    set_outcome(span, result.status != "error", result.error)
 
 
 def _changes_after(changes: ChangeLog, seq: int) -> list[ChangeRow]:
