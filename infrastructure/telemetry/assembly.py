@@ -111,11 +111,15 @@ class TraceAssembler:
         self.dropped_queue_full = 0
         self.rejected = 0
 
-    def add(self, spans: Iterable[SpanData]) -> int:
-        """Buffer ``spans`` and record every execution they complete; how many were recorded."""
+    def add(self, spans: Iterable[SpanData], *, rejected: int = 0) -> int:
+        """Buffer ``spans`` and record every execution they complete; how many were recorded.
+
+        ``rejected`` counts the spans of the same request a decoder refused as malformed.
+        """
         now = self._clock()
         records: list[ExecutionRecord] = []
         with self._lock:
+            self.rejected += rejected
             touched: dict[bytes, _Trace] = {}
             for span in spans:
                 self._received += 1
