@@ -65,11 +65,13 @@ class TelemetryCounts:
 
 
 class _Trace:
-    __slots__ = ("agents", "last_seen", "root_seen", "spans")
+    __slots__ = ("agents", "last_seen", "own", "own_new", "root_seen", "spans")
 
     def __init__(self, now: float) -> None:
         self.spans: dict[bytes, SpanData] = {}
         self.agents: list[SpanData] = []
+        self.own: set[bytes] = set()
+        self.own_new: list[SpanData] = []
         self.root_seen = False
         self.last_seen = now
 
@@ -128,11 +130,16 @@ class TraceAssembler:
                     self._duplicates += 1
                     continue
                 self._remember(key)
-                if is_recorded_by_agentmend(span):
-                    self._own += 1
-                    continue
                 trace = touched.get(span.trace_id) or self._open(span.trace_id, now)
                 touched[span.trace_id] = trace
+                if is_recorded_by_agentmend(span) or span.parent_span_id in trace.own:
+                    # agentmend's own work and everything below it (a role's chat spans)
+                    self._own += 1
+                    trace.own.add(span.span_id)
+                    trace.own_new.append(span)
+                    if not span.parent_span_id or span.parent_is_remote:
+                        trace.root_seen = True
+                    continue
                 trace.spans[span.span_id] = span
                 if is_agent_span(span):
                     trace.agents.append(span)
@@ -196,6 +203,15 @@ class TraceAssembler:
         return trace
 
     def _assemble(self, trace_id: bytes, trace: _Trace, records: list[ExecutionRecord]) -> None:
+        if trace.own_new:
+            children = _children(trace.spans.values())
+            for own in trace.own_new:
+                for span in _subtree(own, children, trace.spans, into_agents=True):
+                    trace.spans.pop(span.span_id, None)
+                    trace.own.add(span.span_id)
+                    self._own += 1
+            trace.own_new.clear()
+            trace.agents = [a for a in trace.agents if a.span_id in trace.spans]
         if trace.agents:
             children = _children(trace.spans.values())
             # Innermost first: a nested agent run claims its own subtree before its parent.
@@ -250,14 +266,18 @@ def _children(spans: Iterable[SpanData]) -> dict[bytes, list[SpanData]]:
 
 
 def _subtree(
-    agent: SpanData, children: dict[bytes, list[SpanData]], spans: dict[bytes, SpanData]
+    agent: SpanData,
+    children: dict[bytes, list[SpanData]],
+    spans: dict[bytes, SpanData],
+    *,
+    into_agents: bool = False,
 ) -> list[SpanData]:
-    """The spans below ``agent`` that are still buffered, not descending into nested agents."""
+    """The spans below ``agent`` still buffered, not descending into nested agents unless told."""
     found: list[SpanData] = []
     stack = list(children.get(agent.span_id, ()))
     while stack:
         span = stack.pop()
-        if span.span_id not in spans or (is_agent_span(span) and span is not agent):
+        if span.span_id not in spans or (not into_agents and is_agent_span(span)):
             continue
         found.append(span)
         stack.extend(children.get(span.span_id, ()))

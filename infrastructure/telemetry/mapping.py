@@ -9,7 +9,8 @@ agent`` or Logfire's agent-run span (an ``agent_name`` attribute on a span with 
 - agent name: ``gen_ai.agent.name``, then ``gen_ai.agent.id``, then the dialects' own
   (``agent.name`` of Claude Code and OpenInference, ``traceloop.entity.name``, Logfire's
   ``agent_name``), then the user's rule, then a resource attribute (``service.name`` unless
-  configured otherwise). A span none of these name is unmappable and counted.
+  configured otherwise; the SDKs' ``unknown_service`` placeholder names nothing). A span none
+  of these name is unmappable and counted.
 - success: the span's status is not ERROR and it has no ``error.type``; a failed chat inside a
   successful agent run does not fail the run (the agent may have recovered).
 - error text: the status message, else the first exception event
@@ -120,8 +121,14 @@ class SpanMapping:
             named = self.agent_name_rule(span)
             if named:
                 return named
+        return self._resource_name(span)
+
+    def _resource_name(self, span: SpanData) -> str | None:
         value = span.resource.get(self.resource_attribute)
-        return value if isinstance(value, str) and value else None
+        # the SDKs' placeholder when the app set no service name names no agent
+        if isinstance(value, str) and value and not value.startswith("unknown_service"):
+            return value
+        return None
 
     def execution(self, agent: SpanData, chats: Sequence[SpanData]) -> ExecutionRecord | None:
         """The execution of an agent span and the chat spans of its subtree (None: unnamed)."""
@@ -143,8 +150,7 @@ class SpanMapping:
         if name is None and self.agent_name_rule is not None:
             name = self.agent_name_rule(chat)
         if name is None:
-            resource = chat.resource.get(self.resource_attribute)
-            name = resource if isinstance(resource, str) and resource else None
+            name = self._resource_name(chat)
         if name is None:
             return None
         input_tokens, output_tokens = _usage(chat)
