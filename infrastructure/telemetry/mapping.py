@@ -12,7 +12,9 @@ agent`` or Logfire's agent-run span (an ``agent_name`` attribute on a span with 
   configured otherwise; the SDKs' ``unknown_service`` placeholder names nothing). A span none
   of these name is unmappable and counted.
 - success: the span's status is not ERROR and it has no ``error.type``; a failed chat inside a
-  successful agent run does not fail the run (the agent may have recovered).
+  successful agent run does not fail the run (the agent may have recovered). Claude Code sets
+  no status on its interaction span, so there the run failed when its last
+  ``claude_code.llm_request`` has ``success = false`` (its ``error`` is the error text).
 - error text: the status message, else the first exception event
   (``exception.type: exception.message``), else ``error.type``.
 - duration: the agent span's own.
@@ -141,7 +143,15 @@ class SpanMapping:
                 chat_in, chat_out = _usage(chat)
                 input_tokens += chat_in
                 output_tokens += chat_out
-        return _record(name, agent, input_tokens, output_tokens, _model(chats), "agent")
+        return _record(
+            name,
+            agent,
+            input_tokens,
+            output_tokens,
+            _model(chats),
+            "agent",
+            _cli_error(agent, chats),
+        )
 
     def chat_execution(self, chat: SpanData) -> ExecutionRecord | None:
         """The execution of a chat span with no agent span above it (None: unnamed)."""
@@ -157,10 +167,26 @@ class SpanMapping:
         return _record(name, chat, input_tokens, output_tokens, _model((chat,)), "chat")
 
 
+def _cli_error(agent: SpanData, chats: Sequence[SpanData]) -> str | None:
+    """Claude Code sets no status on ``claude_code.interaction``: its last request tells."""
+    if agent.name != "claude_code.interaction" or not chats:
+        return None
+    last = max(chats, key=lambda chat: chat.end_ns)
+    if last.attributes.get("success") is not False:
+        return None
+    return str(last.attributes.get("error") or "the last model request failed")[:_MAX_ERROR_CHARS]
+
+
 def _record(
-    name: str, span: SpanData, input_tokens: int, output_tokens: int, model: str | None, kind: str
+    name: str,
+    span: SpanData,
+    input_tokens: int,
+    output_tokens: int,
+    model: str | None,
+    kind: str,
+    failure: str | None = None,
 ) -> ExecutionRecord:
-    error = _error(span)
+    error = _error(span) or failure
     extra: dict[str, Any] = {
         "source": "otel",
         "trace_id": span.trace_id.hex(),
