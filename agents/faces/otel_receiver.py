@@ -106,6 +106,7 @@ class OtlpReceiver:
         self._server = http.server.ThreadingHTTPServer((host, port), _handler_for(self))
         self._server.daemon_threads = True
         self._threads: list[threading.Thread] = []
+        self._serving = False
 
     @property
     def address(self) -> tuple[str, int]:
@@ -122,6 +123,7 @@ class OtlpReceiver:
 
     def start(self) -> OtlpReceiver:
         """Serve on background threads (tests, embedding); ``close()`` stops them."""
+        self._serving = True
         for target, name in (
             (self._server.serve_forever, "agentmend-otlp-server"),
             (self._expire_loop, "agentmend-otlp-expiry"),
@@ -136,6 +138,7 @@ class OtlpReceiver:
         expiry = threading.Thread(target=self._expire_loop, daemon=True)
         expiry.start()
         self._threads.append(expiry)
+        self._serving = True
         self._server.serve_forever()
 
     def close(self) -> None:
@@ -143,7 +146,8 @@ class OtlpReceiver:
         if self._stop.is_set():
             return
         self._stop.set()
-        self._server.shutdown()
+        if self._serving:  # shutdown() waits for serve_forever(), which must have started
+            self._server.shutdown()
         self._server.server_close()
         for thread in self._threads:
             thread.join(timeout=5)
