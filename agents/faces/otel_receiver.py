@@ -43,6 +43,7 @@ from infrastructure.telemetry.otlp_decode import (
     OtlpDecodeError,
     decode_json,
     decode_protobuf,
+    require_proto,
 )
 
 __all__ = [
@@ -345,6 +346,7 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
 
     configure_logging("INFO")
     try:
+        require_proto()
         path = _store_path(args)
     except ConfigurationError as exc:
         sys.stderr.write(f"agentmend: {exc}\n")

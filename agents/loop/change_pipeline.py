@@ -296,7 +296,14 @@ class ChangePipeline:
                         else {}
                     )
                 )
-                emit_evaluation(span, name, verdict)
+                emit_evaluation(
+                    span,
+                    name="agentmend.verification",
+                    agent=name,
+                    score=verdict.after_score,
+                    passed=verdict.accepted,
+                    explanation=verdict.reason,
+                )
             verdicts[name] = verdict
             await rec.emit(
                 "verification_completed",

@@ -17,7 +17,7 @@ from typing import Any
 from infrastructure.errors import AgentmendError
 from infrastructure.telemetry.span import OtelExtraMissing, SpanData, SpanEvent
 
-__all__ = ["DecodedBatch", "OtlpDecodeError", "decode_json", "decode_protobuf"]
+__all__ = ["DecodedBatch", "OtlpDecodeError", "decode_json", "decode_protobuf", "require_proto"]
 
 _TRACE_ID_BYTES = 16
 _SPAN_ID_BYTES = 8
@@ -46,6 +46,15 @@ class DecodedBatch:
         self.rejected += 1
         if len(self.reasons) < _MAX_REASONS and reason not in self.reasons:
             self.reasons.append(reason)
+
+
+def require_proto() -> None:
+    """Fail now, in one line naming the extra, if opentelemetry-proto is missing.
+
+    Raises:
+        OtelExtraMissing: it is not installed.
+    """
+    _request_type()
 
 
 def _request_type() -> Any:

@@ -18,16 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from infrastructure.telemetry.span import RECORDED_ATTRIBUTE
-
-if TYPE_CHECKING:
-    from infrastructure.evaluation.verification import VerificationVerdict
 
 __all__ = [
     "EVALUATION_EVENT",
@@ -87,16 +84,18 @@ def set_outcome(span: Span, ok: bool, message: str | None = None) -> None:
         span.set_status(Status(StatusCode.ERROR, message))
 
 
-def emit_evaluation(span: Span, agent: str, verdict: VerificationVerdict) -> None:
-    """The verdict as a ``gen_ai.evaluation.result`` event on ``span``."""
+def emit_evaluation(
+    span: Span, *, name: str, agent: str, score: float, passed: bool, explanation: str
+) -> None:
+    """A verdict as a ``gen_ai.evaluation.result`` event on ``span`` (label pass or fail)."""
     span.add_event(
         EVALUATION_EVENT,
         _attributes(
             {
-                "gen_ai.evaluation.name": "agentmend.verification",
-                "gen_ai.evaluation.score.value": verdict.after_score,
-                "gen_ai.evaluation.score.label": "pass" if verdict.accepted else "fail",
-                "gen_ai.evaluation.explanation": verdict.reason,
+                "gen_ai.evaluation.name": name,
+                "gen_ai.evaluation.score.value": score,
+                "gen_ai.evaluation.score.label": "pass" if passed else "fail",
+                "gen_ai.evaluation.explanation": explanation,
                 "gen_ai.agent.name": agent,
             }
         ),
