@@ -231,10 +231,15 @@ def _error(span: SpanData) -> str | None:
     return text[:_MAX_ERROR_CHARS]
 
 
+_NUMBERS = (int, float)  # a tuple: isinstance with ``int | float`` builds a union per call
+
+
 def _number(attributes: Mapping[str, Any], keys: Iterable[str]) -> int:
     for key in keys:
         value = attributes.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        if value is None or value is True or value is False:
+            continue
+        if isinstance(value, _NUMBERS) and value > 0:
             return int(value)
     return 0
 
@@ -266,6 +271,9 @@ def _model(chats: Sequence[SpanData]) -> str | None:
     return None
 
 
+_SCALARS = (bool, int, float)
+
+
 def _evidence(attributes: Mapping[str, Any]) -> dict[str, Any]:
     """A few scalar attributes kept for the mediator's evidence, values cut short."""
     kept: dict[str, Any] = {}
@@ -274,6 +282,6 @@ def _evidence(attributes: Mapping[str, Any]) -> dict[str, Any]:
             break
         if isinstance(value, str):
             kept[key] = value[:_EVIDENCE_VALUE_CHARS]
-        elif isinstance(value, bool | int | float):
+        elif isinstance(value, _SCALARS):
             kept[key] = value
     return kept
