@@ -385,3 +385,17 @@ def test_time_is_not_the_only_way_traces_finish(recorder: Recorder, spans: SpanF
     counts = assembler.counts()
     assert counts.open_traces == 10
     assert counts.orphans == 15
+
+
+def test_a_workspace_that_is_a_file_exits_3_in_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "ws"
+    blocker.write_text("not a folder")
+    command = [sys.executable, "-m", "agents.otel_receiver", "--port", "0"]
+    result = subprocess.run(
+        [*command, "--workspace", str(blocker)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 3
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1
+    assert lines[0].startswith("agentmend: cannot use the workspace")
+    assert blocker.read_text() == "not a folder"

@@ -351,6 +351,9 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
     except ConfigurationError as exc:
         sys.stderr.write(f"agentmend: {exc}\n")
         return 2
+    except OSError as exc:  # the workspace path is a file, or cannot be made
+        sys.stderr.write(f"agentmend: cannot use the workspace: {exc}\n")
+        return 3
     try:
         store = Store(path)
     except AgentmendError as exc:
