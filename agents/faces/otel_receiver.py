@@ -34,9 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from infrastructure.errors import AgentmendError, ConfigurationError
+from infrastructure.structured_logger import get_logger
 from infrastructure.telemetry.assembly import TraceAssembler
 from infrastructure.telemetry.otlp_decode import (
     DecodedBatch,
@@ -54,7 +53,7 @@ __all__ = [
     "run",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -237,7 +236,7 @@ def _handler_for(receiver: OtlpReceiver) -> type[http.server.BaseHTTPRequestHand
         server_version = "agentmend-otlp"
 
         def log_message(self, format: str, *args: Any) -> None:
-            return None  # structlog speaks for the receiver
+            return None  # the receiver logs through its own logger
 
         def do_POST(self) -> None:
             self._guarded(self._post)

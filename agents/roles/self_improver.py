@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
 from opentelemetry.trace import Tracer
 
 from agents.roles.outcomes import ActionOutcome
@@ -53,6 +52,7 @@ from infrastructure.llm.base import AgentResult, AgentRuntime
 from infrastructure.models import ChangeRecord, ChangeType, ImprovementAction, RootCauseAnalysis
 from infrastructure.principal import Principal
 from infrastructure.spec import AgentSpec, load_agent_specs
+from infrastructure.structured_logger import get_logger
 from infrastructure.telemetry.tracing import agentmend_tracer, work_span
 
 __all__ = [
@@ -64,7 +64,7 @@ __all__ = [
     "validate_actions",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 KNOWN_FIELDS: frozenset[str] = frozenset(
     {"system_prompt", "tools", "permission_profile", "model", *PARAMETER_FIELDS}

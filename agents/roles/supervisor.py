@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import structlog
 from opentelemetry.trace import Tracer
 
 from agents.roles.prompt_blocks import render_block
@@ -29,11 +28,12 @@ from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.errors import AgentmendError
 from infrastructure.llm.base import AgentResult, AgentRuntime
 from infrastructure.spec import AgentSpec, PermissionProfile
+from infrastructure.structured_logger import get_logger
 from infrastructure.telemetry.tracing import agentmend_tracer, role_span
 
 __all__ = ["Supervisor", "agent_config", "proposed_change_payload"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def agent_config(spec: AgentSpec | None) -> dict[str, Any] | None:

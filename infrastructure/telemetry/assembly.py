@@ -23,9 +23,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import structlog
-
 from infrastructure.models import ExecutionRecord
+from infrastructure.structured_logger import get_logger
 from infrastructure.telemetry.mapping import (
     SpanMapping,
     is_agent_span,
@@ -36,7 +35,7 @@ from infrastructure.telemetry.span import SpanData
 
 __all__ = ["TelemetryCounts", "TraceAssembler"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Record = Callable[[ExecutionRecord], None]
 

@@ -140,9 +140,9 @@ class AgentmendSpanProcessor(SpanProcessor):
                     batch.append(span_data(queue.popleft(), resources))
                 self.assembler.add(batch)
         except Exception:  # never let one bad span stop the worker
-            import structlog
+            from infrastructure.structured_logger import get_logger
 
-            structlog.get_logger(__name__).exception("otel_span_processor_failed")
+            get_logger(__name__).exception("otel_span_processor_failed")
         finally:
             with self._idle:
                 self._busy = False
