@@ -89,6 +89,7 @@ if TYPE_CHECKING:
         load_agent_specs,
     )
     from infrastructure.store import Store
+    from infrastructure.telemetry.span_processor import AgentmendSpanProcessor
 
 __version__ = "0.1.0"
 
@@ -101,6 +102,7 @@ __all__ = [
     "AgentSpec",
     "AgentTeam",
     "AgentmendError",
+    "AgentmendSpanProcessor",
     "AnthropicRuntime",
     "AskAgentTool",
     "AuditChainBroken",
@@ -220,6 +222,7 @@ _EXPORTS: dict[str, str] = {
     "TaskResult": "agents.loop.cycle",
     "replay_cycle": "agents.loop.cycle",
     "Workspace": "agents.faces.workspace",
+    "AgentmendSpanProcessor": "infrastructure.telemetry.span_processor",
 }
 
 

@@ -48,6 +48,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "agents.faces.cli_commands",
     "agents.faces.cli_report",
     "agents.faces.cli_safeguards",
+    "agents.faces.cli_otel",
 )
 """Modules whose ``SUBCOMMANDS`` (a sequence of ``Subcommand``) the command offers, in order."""
 

@@ -25,6 +25,8 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.trace import Span, TracerProvider
+
 from agents.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
 from agents.loop.cycle_verification import CycleVerifier, baseline_agents
 from agents.loop.improvement_cycle import SELF_EDIT, ImprovementCycle
@@ -51,6 +53,7 @@ from infrastructure.settings import Settings, load_settings
 from infrastructure.simulation import SimulatedRuntime
 from infrastructure.store import Store
 from infrastructure.structured_logger import get_logger
+from infrastructure.telemetry.tracing import agentmend_tracer, set_outcome, work_span
 
 __all__ = ["SELF_EDIT", "ConfirmCycle", "MetaOrchestrator", "OnProgress"]
 
@@ -101,6 +104,8 @@ class MetaOrchestrator:
         max_questions: the mediator's question budget per analysis.
         concurrency: agents run at once by ``execute_task``.
         task_timeout_s: a wall-clock limit per agent run in ``execute_task``.
+        tracer_provider: where the cycle's spans go (the roles, each gate, verification,
+            rollback); default the globally registered provider, if any.
 
     Raises:
         RoleNameClash: a team agent is named like a role (``socratic-mediator``,
@@ -128,6 +133,7 @@ class MetaOrchestrator:
         max_questions: int = 10,
         concurrency: int = 4,
         task_timeout_s: float | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         check_team_names(team.names)  # before anything is opened
         self.settings = settings if settings is not None else load_settings()
@@ -214,6 +220,10 @@ class MetaOrchestrator:
             gates=self.gates,
             on_progress=on_progress,
         )
+        self.tracer = agentmend_tracer(tracer_provider)
+        for part in (self.cycle, self.cycle.changes, self.improver, self.reviewer):
+            if hasattr(part, "tracer"):
+                part.tracer = self.tracer
 
     @property
     def auto_improve(self) -> bool:
@@ -472,14 +482,19 @@ class MetaOrchestrator:
         # refused when this holds more), oldest first as the history reads
         closure = self.manager.rollback_closure(change_id)[::-1]
         _refuse_out_of_order_baselines(self.manager.changes, change_id, closure)
-        done = self.manager.rollback_by_id(
-            change_id,
-            reason=reason,
-            force=force,
-            cascade=cascade,
-            user_id=self.principal.user_id,
-            user_name=self.principal.name,
-        )
+        with work_span(
+            self.tracer,
+            "agentmend.rollback",
+            **{"agentmend.change_id": change_id, "agentmend.rollback.reason": reason},
+        ):
+            done = self.manager.rollback_by_id(
+                change_id,
+                reason=reason,
+                force=force,
+                cascade=cascade,
+                user_id=self.principal.user_id,
+                user_name=self.principal.name,
+            )
         if not done:
             return None
         self.team.reload()
@@ -514,9 +529,15 @@ class MetaOrchestrator:
         the store) is recorded and re-raised, after rolling back anything applied.
         """
         self._declined.pop(issue.agent_name, None)  # asked for: a past "no" is superseded
-        result = await self.cycle.improve(
-            issue, settle=lambda: self._pending.pop(issue.agent_name, None)
-        )
+        with work_span(
+            self.tracer,
+            "agentmend.improvement_cycle",
+            **{"gen_ai.agent.name": issue.agent_name, "agentmend.issue": issue.error_type},
+        ) as span:
+            result = await self.cycle.improve(
+                issue, settle=lambda: self._pending.pop(issue.agent_name, None)
+            )
+            _end_cycle_span(span, result)
         self.detector.cycle_finished(
             issue,
             kept=bool(result),
@@ -548,7 +569,14 @@ class MetaOrchestrator:
         has no analysis behind it, so its confidence is not the agent's to set.
         """
         action = action.model_copy(update={"confidence_score": self.self_edit_confidence})
-        return await self.cycle.self_edit(action, available_agents=self.team.names)
+        with work_span(
+            self.tracer,
+            "agentmend.self_edit",
+            **{"gen_ai.agent.name": action.target_agent},
+        ) as span:
+            result = await self.cycle.self_edit(action, available_agents=self.team.names)
+            _end_cycle_span(span, result)
+        return result
 
     @property
     def self_edit_confidence(self) -> float:
@@ -623,6 +651,17 @@ def _refuse_out_of_order_baselines(
             "an agent's baselines go back newest first; roll those back first",
             dependents=tuple(newer),
         )
+
+
+def _end_cycle_span(span: Span, result: CycleResult) -> None:
+    span.set_attributes(
+        {
+            "agentmend.cycle_id": result.cycle_id,
+            "agentmend.cycle.status": result.status,
+            "agentmend.change_ids": tuple(result.change_ids),
+        }
+    )
+    set_outcome(span, result.status != "error", result.error)
 
 
 def _changes_after(changes: ChangeLog, seq: int) -> list[ChangeRow]:

@@ -198,8 +198,17 @@ class SocraticMediator:
 
     def build_prompt(self, issue: IssueReport) -> str:
         """The prompt contract: the context in words plus the ``<issue_report>`` block."""
+        unreachable = (
+            f"{issue.agent_name!r} cannot be questioned: agentmend only sees its recorded runs "
+            "(for example from OpenTelemetry spans), not the agent itself. Say so in your "
+            "report and reason from the recorded errors and metrics; question the agents you "
+            "can reach.\n\n"
+            if issue.agent_name not in self.ask_agent_tool.agent_registry
+            else ""
+        )
         return (
             "Analyze this performance issue:\n\n"
+            f"{unreachable}"
             f"{build_analysis_context(issue)}\n\n"
             f"{render_block('issue_report', issue.model_dump(mode='json'))}"
         )
