@@ -13,33 +13,51 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agents.faces.workspace import Workspace
+    from agents.faces.mcp_tools import BadRequest
+    from agents.faces.workspace import TeamDirError, Workspace, WorkspaceError
+    from agents.loop.code_review import ModelRequired
     from agents.loop.cycle import (
         CycleResult,
         TaskResult,
         replay_cycle,
     )
     from agents.loop.meta_orchestrator import MetaOrchestrator
+    from agents.loop.self_edit_tools import SelfEditNotKept
     from agents.roles.ask_agent_tool import (
         AskAgentTool,
         create_ask_agent_tool,
     )
-    from agents.roles.self_improver import SelfImprover
+    from agents.roles.prompt_blocks import PromptBlockError
+    from agents.roles.report_parsing import ReportParseError
+    from agents.roles.self_improver import InvalidProposal, SelfImprover
     from agents.roles.socratic_mediator import SocraticMediator
     from agents.roles.supervisor import Supervisor
-    from agents.roles.team import AgentTeam
+    from agents.roles.team import AgentTeam, UnknownAgent
     from infrastructure.changes.audit import verify_audit_chain
+    from infrastructure.changes.effectors import InvalidChange
+    from infrastructure.changes.gates import ChangeRefused
     from infrastructure.changes.improvement_manager import ImprovementManager
     from infrastructure.changes.safety import GateVerdict, ProposedChange
+    from infrastructure.code_update.code_plans import CodeUpdateError, PlanNotFound, PlanStateError
+    from infrastructure.code_update.unified_diff import DiffError
     from infrastructure.errors import (
         AgentmendError,
         AgentRunError,
+        AuditChainError,
+        ChangeNotFound,
+        ChangeStateError,
+        ConfigurationError,
         ErrorKind,
+        InvalidArgument,
+        NotFound,
         PathNotAllowed,
         RollbackConflict,
         SpecError,
+        StoreError,
+        WrongArgumentType,
     )
-    from infrastructure.evaluation.verification import VerificationVerdict
+    from infrastructure.evaluation.verification import SuiteMismatch, VerificationVerdict
+    from infrastructure.frontmatter import FrontMatterError
     from infrastructure.llm.anthropic_runtime import AnthropicRuntime
     from infrastructure.llm.base import (
         AgentResult,
@@ -49,11 +67,13 @@ if TYPE_CHECKING:
     )
     from infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
     from infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
+    from infrastructure.llm.network_guard import NetworkRefusedError
     from infrastructure.llm.offline import OfflineRuntime
     from infrastructure.llm.testing import (
         FunctionRuntime,
         ScriptedRuntime,
         Step,
+        UnexpectedModelCall,
     )
     from infrastructure.models import (
         AgentMetrics,
@@ -66,7 +86,11 @@ if TYPE_CHECKING:
         RootCauseAnalysis,
     )
     from infrastructure.monitoring.detection import IssueDetector
-    from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+    from infrastructure.monitoring.performance_monitor import (
+        InvalidExecution,
+        MonitorClosed,
+        PerformanceMonitor,
+    )
     from infrastructure.principal import Principal
     from infrastructure.settings import Settings
     from infrastructure.simulation import SimulatedRuntime
@@ -89,29 +113,51 @@ __all__ = [
     "AgentmendError",
     "AnthropicRuntime",
     "AskAgentTool",
+    "AuditChainError",
+    "BadRequest",
+    "ChangeNotFound",
     "ChangeRecord",
+    "ChangeRefused",
+    "ChangeStateError",
     "ChangeStatus",
     "ChangeType",
     "ClaudeAgentRuntime",
+    "CodeUpdateError",
+    "ConfigurationError",
     "CycleResult",
+    "DiffError",
     "ErrorKind",
     "ExecutionRecord",
+    "FrontMatterError",
     "FunctionRuntime",
     "GateVerdict",
     "ImprovementAction",
     "ImprovementManager",
+    "InvalidArgument",
+    "InvalidChange",
+    "InvalidExecution",
+    "InvalidProposal",
     "IssueDetector",
     "IssueReport",
     "MetaOrchestrator",
+    "ModelRequired",
+    "MonitorClosed",
+    "NetworkRefusedError",
+    "NotFound",
     "OfflineRuntime",
     "PathNotAllowed",
     "PerformanceMonitor",
     "PermissionProfile",
+    "PlanNotFound",
+    "PlanStateError",
     "Principal",
+    "PromptBlockError",
     "ProposedChange",
+    "ReportParseError",
     "RollbackConflict",
     "RootCauseAnalysis",
     "ScriptedRuntime",
+    "SelfEditNotKept",
     "SelfImprover",
     "Settings",
     "SimulatedRuntime",
@@ -119,12 +165,19 @@ __all__ = [
     "SpecError",
     "Step",
     "Store",
+    "StoreError",
+    "SuiteMismatch",
     "Supervisor",
     "TaskResult",
+    "TeamDirError",
     "ToolError",
     "ToolSpec",
+    "UnexpectedModelCall",
+    "UnknownAgent",
     "VerificationVerdict",
     "Workspace",
+    "WorkspaceError",
+    "WrongArgumentType",
     "claude_sdk_hooks",
     "create_ask_agent_tool",
     "load_agent_specs",
@@ -183,6 +236,35 @@ _EXPORTS: dict[str, str] = {
     "TaskResult": "agents.loop.cycle",
     "replay_cycle": "agents.loop.cycle",
     "Workspace": "agents.faces.workspace",
+    "BadRequest": "agents.faces.mcp_tools",
+    "TeamDirError": "agents.faces.workspace",
+    "WorkspaceError": "agents.faces.workspace",
+    "ModelRequired": "agents.loop.code_review",
+    "SelfEditNotKept": "agents.loop.self_edit_tools",
+    "PromptBlockError": "agents.roles.prompt_blocks",
+    "ReportParseError": "agents.roles.report_parsing",
+    "InvalidProposal": "agents.roles.self_improver",
+    "UnknownAgent": "agents.roles.team",
+    "InvalidChange": "infrastructure.changes.effectors",
+    "ChangeRefused": "infrastructure.changes.gates",
+    "CodeUpdateError": "infrastructure.code_update.code_plans",
+    "PlanNotFound": "infrastructure.code_update.code_plans",
+    "PlanStateError": "infrastructure.code_update.code_plans",
+    "DiffError": "infrastructure.code_update.unified_diff",
+    "AuditChainError": "infrastructure.errors",
+    "ChangeNotFound": "infrastructure.errors",
+    "ChangeStateError": "infrastructure.errors",
+    "ConfigurationError": "infrastructure.errors",
+    "InvalidArgument": "infrastructure.errors",
+    "NotFound": "infrastructure.errors",
+    "StoreError": "infrastructure.errors",
+    "WrongArgumentType": "infrastructure.errors",
+    "SuiteMismatch": "infrastructure.evaluation.verification",
+    "FrontMatterError": "infrastructure.frontmatter",
+    "NetworkRefusedError": "infrastructure.llm.network_guard",
+    "UnexpectedModelCall": "infrastructure.llm.testing",
+    "InvalidExecution": "infrastructure.monitoring.performance_monitor",
+    "MonitorClosed": "infrastructure.monitoring.performance_monitor",
 }
 
 

@@ -12,6 +12,8 @@ from typing import TextIO
 
 import structlog
 
+from infrastructure.errors import InvalidArgument
+
 __all__ = ["configure_logging"]
 
 
@@ -21,7 +23,7 @@ def configure_logging(
     """Route structlog to ``stream`` (stderr by default) at ``level``, as text or JSON lines."""
     numeric = logging.getLevelName(level) if isinstance(level, str) else level
     if not isinstance(numeric, int):
-        raise ValueError(f"unknown log level {level!r}")
+        raise InvalidArgument("level", level, "is not a log level")
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )

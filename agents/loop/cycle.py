@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agents.roles.outcomes import ActionOutcome, QuestionAnswer
 from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict
+from infrastructure.errors import InvalidArgument, NotFound
 from infrastructure.evaluation.verification import VerificationVerdict
 from infrastructure.llm.base import AgentResult
 from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis, utc_now
@@ -259,10 +260,12 @@ def fold_events(events: list[CycleEvent]) -> CycleResult:
     """The ``CycleResult`` a sequence of events amounts to (live and replayed alike).
 
     Raises:
-        ValueError: the events do not start with ``cycle_started`` (not one whole cycle).
+        InvalidArgument: the events do not start with ``cycle_started`` (not one whole cycle).
     """
     if not events or events[0].step != "cycle_started":
-        raise ValueError("a cycle's events must start with cycle_started")
+        raise InvalidArgument(
+            "events", [e.step for e in events[:1]], "must start with cycle_started"
+        )
     first = events[0]
     state: dict[str, Any] = {
         "cycle_id": first.cycle_id,
@@ -355,11 +358,11 @@ def replay_cycle(store: Store, cycle_id: str) -> CycleResult:
     """Rebuild a cycle's result from the store alone.
 
     Raises:
-        KeyError: no cycle with this id was recorded.
+        NotFound: no cycle with this id was recorded (a ``KeyError`` too).
     """
     events = cycle_events(store, cycle_id)
     if not events:
-        raise KeyError(f"no cycle with id {cycle_id!r} in the store")
+        raise NotFound("cycle", cycle_id, "in the store")
     return fold_events(events)
 
 

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agents.roles.team import AgentTeam
+from infrastructure.errors import InvalidArgument
 from infrastructure.evaluation.evals import EvalSuite, find_eval_suite
 from infrastructure.evaluation.verification import (
     SAMPLE_QUERY,
@@ -73,7 +74,7 @@ class RetryTransient(RuntimeBase):
 
     def __init__(self, runtime: AgentRuntime, attempts: int = 3) -> None:
         if attempts < 1:
-            raise ValueError(f"attempts must be at least 1, got {attempts}")
+            raise InvalidArgument("attempts", attempts, "must be at least 1")
         self.runtime = runtime
         self.attempts = attempts
 

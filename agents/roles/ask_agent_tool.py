@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from infrastructure.errors import InvalidArgument
 from infrastructure.llm.base import ToolError, ToolSpec
 
 __all__ = ["AgentCallable", "AskAgentInput", "AskAgentTool", "create_ask_agent_tool"]
@@ -46,9 +47,9 @@ class AskAgentTool:
         max_answer_chars: int = 4000,
     ) -> None:
         if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+            raise InvalidArgument("timeout_s", timeout_s, "must be positive")
         if max_answer_chars < 1:
-            raise ValueError(f"max_answer_chars must be at least 1, got {max_answer_chars}")
+            raise InvalidArgument("max_answer_chars", max_answer_chars, "must be at least 1")
         self.agent_registry = agent_registry
         self.timeout_s = timeout_s
         self.max_answer_chars = max_answer_chars

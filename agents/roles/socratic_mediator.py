@@ -52,7 +52,7 @@ from agents.roles.prompt_blocks import render_block
 from agents.roles.report_parsing import ReportParseError, parse_analysis_report
 from agents.roles.schemas import MediatorReport
 from agents.roles.team import load_role_spec
-from infrastructure.errors import AgentmendError
+from infrastructure.errors import AgentmendError, InvalidArgument
 from infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec
 from infrastructure.models import IssueReport, RootCauseAnalysis
 from infrastructure.spec import AgentSpec
@@ -186,7 +186,7 @@ class SocraticMediator:
         on_question: OnQuestion | None = None,
     ) -> None:
         if max_questions < 1:
-            raise ValueError(f"max_questions must be at least 1, got {max_questions}")
+            raise InvalidArgument("max_questions", max_questions, "must be at least 1")
         self.runtime = runtime
         self.ask_agent_tool = ask_agent_tool
         self.spec = spec if spec is not None else load_role_spec("socratic-mediator")
