@@ -40,11 +40,11 @@ def test_seed_report_is_read_field_by_field() -> None:
     assert analysis.identified_cause == (
         "The agent's max_tokens of 2048 is too small for the answers it now has to write."
     )
-    assert analysis.evidence == [
+    assert analysis.evidence == (
         "3 runs stopped at my max_tokens limit of 2048",
         "truncated: response stopped at max_tokens=2048",
-    ]
-    assert analysis.recommendations == ["Raise max_tokens to 4096", "Keep answers shorter"]
+    )
+    assert analysis.recommendations == ("Raise max_tokens to 4096", "Keep answers shorter")
     assert analysis.cause_category is None
     assert analysis.full_report == SEED_REPORT
     assert analysis.issue == ISSUE

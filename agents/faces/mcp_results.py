@@ -9,6 +9,7 @@ as seed 000's clients expect). Nothing here reads or writes the workspace, excep
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -101,7 +102,7 @@ def code_status_output(status: UpdateStatus) -> ToolOutput:
     active = status.active_improvement
     last_text = "None"
     if last is not None:
-        outcome = (last.result or {}).get("reason", "")
+        outcome = last.result.get("reason", "") if last.result is not None else ""
         last_text = f"{last.plan_id} ({last.status}, {last.updated.isoformat()}): {outcome}"
     text = (
         "Self-improvement status:\n"
@@ -136,7 +137,7 @@ def rollback_output(result: RollbackResult) -> ToolOutput:
 
 
 def _plan_summary(plan: CodePlan) -> dict[str, Any]:
-    result = plan.result or {}
+    result: Mapping[str, Any] = plan.result or {}
     return {
         "planId": plan.plan_id,
         "description": plan.description,

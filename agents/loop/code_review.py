@@ -284,7 +284,7 @@ class CodeSmellReport(_Out):
     """The architect's findings on one file (seed 001's analyze_code_smell)."""
 
     summary: str
-    findings: list[CodeFinding] = Field(default_factory=list)
+    findings: tuple[CodeFinding, ...] = Field(default_factory=tuple)
 
 
 class CoreUpdateProposal(_Out):
@@ -293,7 +293,7 @@ class CoreUpdateProposal(_Out):
     summary: str
     diff: str = Field(description="A unified diff against the file as shown (a/ and b/ paths)")
     rationale: str
-    test_plan: list[str] = Field(default_factory=list)
+    test_plan: tuple[str, ...] = Field(default_factory=tuple)
 
 
 class CodeAnalysis(BaseModel):

@@ -25,6 +25,7 @@ from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict
 from infrastructure.errors import InvalidArgument, NotFound
 from infrastructure.evaluation.verification import VerificationVerdict
+from infrastructure.frozen import FrozenDict
 from infrastructure.llm.base import AgentResult
 from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis, utc_now
 from infrastructure.store import Store
@@ -89,7 +90,7 @@ class CycleEvent(_Frozen):
     step: CycleStep
     agent_name: str | None = None
     message: str = ""
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: FrozenDict[str, Any] = Field(default_factory=FrozenDict)
     timestamp: datetime = Field(default_factory=utc_now)
 
 
@@ -112,7 +113,7 @@ class CycleResult(_Frozen):
     outcomes: tuple[ActionOutcome, ...] = ()
     change_ids: tuple[str, ...] = ()
     group_id: str | None = None
-    verifications: dict[str, VerificationVerdict] = Field(default_factory=dict)
+    verifications: FrozenDict[str, VerificationVerdict] = Field(default_factory=FrozenDict)
     rolled_back: bool = False
     rollback_reason: str | None = None
     rollback_blocked: tuple[str, ...] = ()

@@ -255,10 +255,10 @@ def baseline_agents(members: Sequence[ChangeRecord]) -> list[str]:
     for member in members:
         if member.status is not ChangeStatus.KEPT:
             continue
-        result = member.verification_result or {}
+        result: Mapping[str, Any] = member.verification_result or {}
         started = result.get(NEW_BASELINE)
         # records kept before NEW_BASELINE was recorded started one for each target
-        chosen = started if isinstance(started, list) else [member.action.target_agent]
+        chosen = started if isinstance(started, list | tuple) else [member.action.target_agent]
         for name in map(str, chosen):
             if name not in names:
                 names.append(name)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infrastructure.frozen import FrozenDict
 from infrastructure.models import ImprovementAction
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class GateVerdict(BaseModel):
     gate: str
     passed: bool
     reason: str
-    details: dict[str, Any] = Field(default_factory=dict)
+    details: FrozenDict[str, Any] = Field(default_factory=FrozenDict)
 
 
 class Gate(Protocol):

@@ -27,6 +27,7 @@ from infrastructure.code_update.code_validation import ValidationReport
 from infrastructure.code_update.unified_diff import DiffError, apply_patch, parse_unified_diff
 from infrastructure.errors import AgentmendError, PathNotAllowed
 from infrastructure.files import resolve_inside, sha256_bytes
+from infrastructure.frozen import FrozenDict
 from infrastructure.models import ChangeType, ImprovementAction
 
 __all__ = [
@@ -150,8 +151,8 @@ class CodePlan(_Model):
     approved_at: str | None = None
     change_ids: tuple[str, ...] = ()
     group_id: str | None = None
-    result: dict[str, Any] | None = None
-    rollback: dict[str, Any] | None = None
+    result: FrozenDict[str, Any] | None = None
+    rollback: FrozenDict[str, Any] | None = None
 
 
 class ExecutionResult(_Model):
