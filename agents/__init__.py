@@ -70,10 +70,14 @@ if TYPE_CHECKING:
     from infrastructure.llm.network_guard import NetworkRefusedError
     from infrastructure.llm.offline import OfflineRuntime
     from infrastructure.llm.testing import (
+        ConformanceReport,
         FunctionRuntime,
+        RuntimeConformanceError,
+        Scenario,
         ScriptedRuntime,
         Step,
         UnexpectedModelCall,
+        run_runtime_conformance,
     )
     from infrastructure.models import (
         AgentMetrics,
@@ -124,6 +128,7 @@ __all__ = [
     "ClaudeAgentRuntime",
     "CodeUpdateError",
     "ConfigurationError",
+    "ConformanceReport",
     "CycleResult",
     "DiffError",
     "ErrorKind",
@@ -156,6 +161,8 @@ __all__ = [
     "ReportParseError",
     "RollbackConflict",
     "RootCauseAnalysis",
+    "RuntimeConformanceError",
+    "Scenario",
     "ScriptedRuntime",
     "SelfEditNotKept",
     "SelfImprover",
@@ -182,6 +189,7 @@ __all__ = [
     "create_ask_agent_tool",
     "load_agent_specs",
     "replay_cycle",
+    "run_runtime_conformance",
     "verify_audit_chain",
 ]
 
@@ -218,6 +226,10 @@ _EXPORTS: dict[str, str] = {
     "FunctionRuntime": "infrastructure.llm.testing",
     "ScriptedRuntime": "infrastructure.llm.testing",
     "Step": "infrastructure.llm.testing",
+    "ConformanceReport": "infrastructure.llm.testing",
+    "RuntimeConformanceError": "infrastructure.llm.testing",
+    "Scenario": "infrastructure.llm.testing",
+    "run_runtime_conformance": "infrastructure.llm.testing",
     "SimulatedRuntime": "infrastructure.simulation",
     "AgentRunError": "infrastructure.errors",
     "AgentmendError": "infrastructure.errors",

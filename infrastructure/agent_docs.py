@@ -1,6 +1,6 @@
 """An agent's reference docs: the ``<dir>/<name>/docs/`` folder beside its definition file.
 
-Seed 002 lets an agent carry documents (glossaries, house rules, examples) that are appended to
+An agent may carry documents (glossaries, house rules, examples) that are appended to
 its system prompt. They are read when the definition is loaded, as ``(docs/<relative path>,
 text)`` pairs in path order, so the prompt is the same on every machine. The folder is
 confined: a docs folder or file that resolves outside it (through a symlink) is skipped with a
@@ -55,7 +55,7 @@ def read_agent_docs(definition_dir: Path, name: str) -> tuple[tuple[str, str], .
 
 
 def with_agent_docs(system_prompt: str, docs: Sequence[tuple[str, str]]) -> str:
-    """``system_prompt`` with ``docs`` appended inside ``<agent_docs>`` (seed 002's layout)."""
+    """``system_prompt`` with ``docs`` appended inside ``<agent_docs>``, one block per file."""
     if not docs:
         return system_prompt
     sections = "\n\n".join(f"# {path}\n{text.rstrip()}" for path, text in docs)

@@ -1,6 +1,6 @@
 """The data that flows around the loop: executions, metrics, issues, analyses and changes.
 
-Names and fields follow the plan users know (seed 003); the models are pydantic v2 so every
+Names and fields are the ones users of the loop already know; the models are pydantic v2 so every
 step of the loop can be stored, compared and replayed. Records are frozen: a change of state is
 a new record, so an old one can never be mutated behind the store's back.
 """

@@ -198,7 +198,7 @@ class AgentSpec(BaseModel):
 
     @property
     def full_system_prompt(self) -> str:
-        """The system prompt with the agent's docs appended inside ``<agent_docs>`` (seed 002)."""
+        """The system prompt with the agent's docs appended inside ``<agent_docs>``."""
         return with_agent_docs(self.system_prompt, self.docs)
 
     @property

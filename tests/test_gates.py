@@ -363,7 +363,7 @@ async def test_role_rules(team: Path, action: ImprovementAction, allowed: bool) 
     if not allowed:
         assert user_verdict.reason.startswith("casey (u-1) lacks the admin permission needed to ")
         assert list(user_verdict.details["needs_admin"]) == admin_requirements(change)
-        assert admin_verdict.details["needs_admin"] == admin_requirements(change)
+        assert list(admin_verdict.details["needs_admin"]) == admin_requirements(change)
 
 
 async def test_role_refusal_names_what_needs_admin(team: Path) -> None:

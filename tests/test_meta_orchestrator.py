@@ -268,7 +268,7 @@ async def test_without_a_suite_a_fix_is_judged_against_the_sample_query_before_i
     kept = next(
         e for e in cycle_events(orchestrator.store, cycle.cycle_id) if e.step == "change_kept"
     )
-    assert kept.data["new_baseline"] == []
+    assert kept.data["new_baseline"] == ()
     assert "weaker check only" in kept.message
     (record,) = orchestrator.manager.get_history()
     assert record.verification_result is not None
@@ -642,7 +642,7 @@ def _assert_left_for_attention(
     info = record.rollback_info
     assert info is not None
     assert info["needs_attention"] is True
-    assert info["left_unchanged"] == [str(path.resolve())]
+    assert info["left_unchanged"] == (str(path.resolve()),)
     assert "changed since it was applied" in info["conflict"]
     rows = orchestrator.manager.audit.entries(agent_name="research-agent")
     assert [row.edit_type for row in rows][-1] == "rollback_blocked"

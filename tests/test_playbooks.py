@@ -229,7 +229,7 @@ async def test_rate_limit_storm_recommends_no_change(tmp_path: Path) -> None:
 async def test_healthy_agent_gives_a_low_confidence_unknown(tmp_path: Path) -> None:
     scene = await _scenario(tmp_path, "socratic-planner", None)
     issue = scene.issue.model_copy(
-        update={"error_type": "performance_regression", "error_logs": []}
+        update={"error_type": "performance_regression", "error_logs": ()}
     )
     report, _, _ = await _mediate(issue, scene.registry())
     assert report.cause_category == "unknown"
@@ -521,7 +521,7 @@ def test_tool_plan_adds_only_what_is_missing() -> None:
     quote = "Permission to use WebFetch has been denied."
     (action,) = plan_for(_analysis("tool_denied", [quote]), _cfg(), []).actions
     assert action.action_type is ChangeType.TOOL_PERMISSION_CHANGE
-    assert (action.target_field, action.new_value) == ("tools", {"add": ["WebFetch"]})
+    assert (action.target_field, action.new_value) == ("tools", {"add": ("WebFetch",)})
     assert plan_for(_analysis("tool_denied", [quote]), _cfg(tools=None), []).actions == ()
     allowed = _cfg(tools=["Read", "WebFetch"])
     assert plan_for(_analysis("tool_denied", [quote]), allowed, []).actions == ()

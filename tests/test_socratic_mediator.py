@@ -175,7 +175,7 @@ async def test_an_echo_of_the_mediators_leading_question_is_no_evidence() -> Non
     tool = AskAgentTool({"research-agent": echo})
     quote = "answers cut off at max_tokens=2048"
     runtime = ScriptedRuntime([question(leading), Step.output(report(evidence=[quote]))])
-    issue = ISSUE.model_copy(update={"error_logs": []})
+    issue = ISSUE.model_copy(update={"error_logs": ()})
     analysis = await SocraticMediator(runtime, tool).analyze_issue(issue)
     assert analysis.evidence == ()
     assert analysis.confidence_score == NO_EVIDENCE_CAP

@@ -2,7 +2,7 @@
 
 ``agents.faces.mcp_tools`` decides what a tool does; this module only shapes what it found into text
 a model reads and the same facts as structured data (camelCase keys for the code-plan results,
-as seed 000's clients expect). Nothing here reads or writes the workspace, except
+as existing MCP clients expect). Nothing here reads or writes the workspace, except
 ``last_cycle``, which replays the latest cycle from the store.
 """
 

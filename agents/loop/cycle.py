@@ -95,7 +95,7 @@ class CycleEvent(_Frozen):
 
 
 class CycleResult(_Frozen):
-    """Everything one cycle did, truthy when a change was kept (seed 003's ``bool``).
+    """Everything one cycle did, truthy when a change was kept (so ``if cycle:`` reads as success).
 
     ``rolled_back`` says some of the applied change was undone; ``rollback_blocked`` names the
     files that were not, because someone edited them after the change was applied (see
@@ -196,7 +196,7 @@ class TaskResult:
 
     @property
     def text(self) -> str:
-        """The successful answers, one section per agent (seed 003 returned a string)."""
+        """The successful answers, one ``### name`` section per agent, as one string."""
         return "\n\n".join(
             f"### {name}\n{result.text}" for name, result in self.results.items() if result.success
         )

@@ -5,7 +5,7 @@
 never pick its own exam), runs it before the change, and after the change runs the same cases
 again and compares (``infrastructure.evaluation.verification.compare``).
 
-An agent without a suite gets the weaker check, built the same way: seed 003's sample query
+An agent without a suite gets the weaker check, built the same way: one sample query
 runs on the definition *before* the change (``run_before``) and again after it, and the change
 is kept only if the query failed before and passes after
 (``infrastructure.evaluation.verification.judge_sample_query``). A sample query that passes

@@ -1,7 +1,7 @@
 """``ask_agent``: how the Socratic mediator questions the other agents.
 
-``AskAgentTool`` keeps seed 003's behaviour and return values (``ask_agent()`` returns the same
-dict, ``create_ask_agent_tool`` the same 2-tuple). Its ``tool_spec`` is the one ``ToolSpec``
+``AskAgentTool`` keeps the long-standing behaviour and return values (``ask_agent()`` returns a
+result dict, ``create_ask_agent_tool`` a 2-tuple). Its ``tool_spec`` is the one ``ToolSpec``
 every runtime uses. An agent's answer is untrusted data: what reaches the mediator's model is
 length-capped and wrapped in a delimiter the answer cannot close, so an answer saying "ignore
 previous instructions" stays a quotation, not an instruction.
@@ -68,7 +68,7 @@ class AskAgentTool:
         )
 
     async def ask_agent(self, agent_name: str, question: str) -> dict[str, Any]:
-        """Ask ``agent_name`` a question; returns seed 003's result dict, never raises."""
+        """Ask ``agent_name`` a question; returns a result dict (``success``, ...), never raises."""
         if agent_name not in self.agent_registry:
             return {
                 "agent": agent_name,
@@ -137,7 +137,7 @@ class AskAgentTool:
 def create_ask_agent_tool(
     agent_registry: Mapping[str, AgentCallable],
 ) -> tuple[Callable[[str, str], Awaitable[str]], AskAgentTool]:
-    """Seed 003's factory: ``(ask_agent_wrapper, tool)``; the wrapper returns plain text."""
+    """The factory: ``(ask_agent_wrapper, tool)``; the wrapper returns plain text."""
     tool = AskAgentTool(agent_registry)
 
     async def ask_agent_wrapper(agent_name: str, question: str) -> str:

@@ -2,7 +2,7 @@
 
 Every runtime returns these (the LLM runtimes through structured output, the offline playbooks
 directly), so the cycle never parses prose unless a model failed to give structure, in which
-case seed 003's text formats are the fallback.
+case the plain-text report and ACTION formats (``report_parsing``) are the fallback.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class _Schema(BaseModel):
 
 
 class MediatorReport(_Schema):
-    """The mediator's final report (seed 003's ROOT CAUSE ANALYSIS REPORT, structured)."""
+    """The mediator's final report: the ROOT CAUSE ANALYSIS REPORT, structured."""
 
     responsible_agent: str = Field(description="The agent whose configuration causes the issue")
     cause_category: CauseCategory
@@ -76,7 +76,7 @@ class ImprovementPlan(_Schema):
 
 
 class SupervisorReview(_Schema):
-    """The supervisor's verdict on one concrete change (seed 001's machine check)."""
+    """The supervisor's verdict on one concrete change: the automated review before a write."""
 
     approved: bool
     risk: Literal["low", "medium", "high"]

@@ -3,7 +3,7 @@
 The mediator's own definition (``agents/definitions/socratic-mediator.md``) runs on the roles'
 runtime with one tool, ``ask_agent``, limited to ``max_questions`` calls: the next call gets a
 tool error telling the model to give its final report now. The report comes back structured
-(``MediatorReport``); when a model fails to give structure, seed 003's text report in the
+(``MediatorReport``); when a model fails to give structure, the plain-text report in the
 run's text is parsed instead; when neither works the analysis says so with confidence 0.
 
 The evidence check (what it guarantees, and what it does not)
@@ -143,7 +143,7 @@ def _percent(value: Any) -> str:
 
 
 def build_analysis_context(issue: IssueReport) -> str:
-    """Seed 003's ``_build_analysis_context``: the issue in words, for a model to read."""
+    """The issue in words (agent, error type, metrics, recent errors), for a model to read."""
     metrics = issue.metrics
     duration = metrics.get("avg_duration_ms")
     errors = "\n".join(f"- {error}" for error in issue.error_logs[-5:]) or "- (none recorded)"
@@ -169,7 +169,7 @@ class SocraticMediator:
         runtime: the roles' runtime (offline playbooks, a model API, or a fake).
         ask_agent_tool: the team's ``AskAgentTool``.
         spec: the mediator's definition (default: the shipped one).
-        max_questions: ``ask_agent`` calls allowed per analysis (seed 003: 10).
+        max_questions: ``ask_agent`` calls allowed per analysis.
         known_agents: names a responsible agent may have (default: the ask tool's registry
             plus the issue's ``available_agents``).
         on_question: called after each question with the exchange (live progress).
@@ -317,7 +317,7 @@ class SocraticMediator:
         return analysis.model_copy(
             update={
                 "responsible_agent": responsible,
-                "evidence": supported,
+                "evidence": tuple(supported),
                 "confidence_score": confidence,
             }
         )

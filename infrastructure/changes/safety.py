@@ -1,6 +1,6 @@
 """Gates: what a concrete change must pass, in order, before a byte is written.
 
-Budget, confidence, scope, role, supervisor review, human approval (seeds 001-003). Each gate is
+Budget, confidence, scope, role, supervisor review, human approval. Each gate is
 a one-method policy returning a ``GateVerdict``; ``run_gates`` runs them in order, stops at the
 first refusal and returns every verdict so the cycle can record them. The supervisor and the
 human are protocols here and implemented above (agents/, main.py), since infrastructure never

@@ -156,7 +156,7 @@ class CodePlan(_Model):
 
 
 class ExecutionResult(_Model):
-    """The outcome of executing a plan (seed 000's fields, plus why and the gate verdicts)."""
+    """The outcome of executing a plan: what was written, validated, tested; why; the verdicts."""
 
     plan_id: str
     success: bool

@@ -24,7 +24,7 @@ runs into a ``VerificationVerdict``. The acceptance rule (each part is needed):
    faults. With no such run on either side the latency criterion cannot be judged and is not
    held against the change (the reason says so).
 
-Without a suite, the weaker check (marked ``weaker``) runs seed 003's single sample query
+Without a suite, the weaker check (marked ``weaker``) runs a single sample query
 before the change (``run_sample_query`` on the old definition) and after it, and accepts only
 when it failed before and passes after; latency is compared with the run before, and only when
 that run finished (``judge_sample_query``). Verification runs reach the caller through
@@ -458,7 +458,7 @@ async def run_sample_query(
     query: str = SAMPLE_QUERY,
     on_result: OnResult | None = None,
 ) -> SampleRun:
-    """Run ``query`` once on ``spec`` and judge the answer (seed 003's single-query check).
+    """Run ``query`` once on ``spec`` and judge the answer (the single-query check).
 
     It passes when the run finished without error and untruncated (a cut-off answer is the
     commonest fault a change fixes) and the answer has at least ``SAMPLE_MIN_CHARS``
@@ -568,7 +568,7 @@ async def sample_query_check(
     max_latency_ratio: float = 2.0,
     on_result: OnResult | None = None,
 ) -> VerificationVerdict:
-    """Seed 003's check for an agent without a suite, made a before/after comparison.
+    """The single-query check for an agent without a suite, made a before/after comparison.
 
     ``before`` is ``run_sample_query`` on the definition before the change; this runs the same
     query on ``spec`` (the definition after it) and judges the pair (``judge_sample_query``).

@@ -52,7 +52,7 @@ class ToolSpec:
 
     ``input_model`` (a pydantic model) or ``input_schema`` (a JSON schema) describes the
     arguments; with a model, arguments are validated before the handler runs.
-    ``permission_action`` is the action string a permission gate checks (seed 002's
+    ``permission_action`` is the action string a permission gate checks (such as
     ``tool:self_edit:model <model>`` and friends), if the tool needs one.
     """
 

@@ -1,6 +1,6 @@
-"""Turns the monitor's stream of runs into IssueReports: calibrated CUSUMs, or seed 003's rules.
+"""Turns the monitor's stream of runs into IssueReports: calibrated CUSUMs, or fixed rules.
 
-Why not just the seed's rules: fixed thresholds ("success below 80 % over the last 10 runs")
+Why not just fixed rules: thresholds ("success below 80 % over the last 10 runs")
 raise about 0.5 false alarms per 1,000 healthy runs for an agent that succeeds 99 % of the time
 but 3.6 for one at 95 % and 17 at 90 % (benchmarks/bench_detection.py), so a team of agents
 with different healthy rates drowns in false alarms or misses real drops. The ``statistical``
@@ -22,7 +22,7 @@ chart's threshold that room: about 1-2 % less delay on a failure-rate drop, for 
 ``baseline_n`` runs since its last kept change, held by the monitor) is full; after an alarm a
 statistic restarts at 0 against the same baseline.
 
-``rules`` reproduces seed 003's trigger set (3 consecutive failures; success below 80 % over
+``rules`` is the classic trigger set (3 consecutive failures; success below 80 % over
 the last 10 runs; mean duration of the last 10 above 1.5x the baseline mean; error rate above
 30 % over the monitor's window), evaluated after every run and reported on each rising edge (a
 condition that stays true is reported once).
@@ -65,7 +65,7 @@ CUSUM_DURATION = "cusum_log_duration"
 
 @dataclass(frozen=True, slots=True)
 class RuleThresholds:
-    """Seed 003's improvement thresholds (its defaults)."""
+    """The fixed rules' thresholds (defaults: the classic trigger set)."""
 
     max_consecutive_failures: int = 3
     min_success_rate: float = 0.8
@@ -137,7 +137,7 @@ class IssueDetector:
     """Finds degraded agents in a :class:`PerformanceMonitor`'s runs.
 
     Args:
-        mode: ``"statistical"`` (calibrated CUSUMs, the default) or ``"rules"`` (seed 003).
+        mode: ``"statistical"`` (calibrated CUSUMs, the default) or ``"rules"`` (fixed thresholds).
         false_alarm_rate: expected alarms per healthy run, both CUSUMs together.
         baseline_n: runs in the baseline the CUSUMs are calibrated on: the first
             ``baseline_n`` of the monitor's baseline, so at most the monitor's ``baseline_n``

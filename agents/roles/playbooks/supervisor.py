@@ -1,4 +1,4 @@
-"""The offline supervisor: a rule-based review of one concrete change (seed 001's machine check).
+"""The offline supervisor: a rule-based review of one concrete change, before it is written.
 
 It reads the ``<proposed_change>`` block (the action, the diff, the agent's configuration before
 and after, the paths written) and rejects the change when any rule below finds a concern:
