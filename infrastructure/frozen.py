@@ -45,14 +45,9 @@ class FrozenDict(dict[K, V]):
         return f"FrozenDict({dict.__repr__(self)})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # dict's default reduce refills an empty instance item by item, which this refuses.
+        # dict's default reduce refills an empty instance item by item, which this refuses;
+        # pickle, copy and deepcopy all rebuild it from a plain dict instead.
         return (type(self), (dict(self),))
-
-    def __copy__(self) -> FrozenDict[K, V]:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenDict[K, V]:
-        return self
 
     @classmethod
     def __get_pydantic_core_schema__(

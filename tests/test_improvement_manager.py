@@ -592,7 +592,7 @@ def test_an_unproven_group_leaves_an_agent_edited_since_and_restores_the_rest(
         assert info["needs_attention"] is True
         assert info["left_unchanged"] == (str(resolved / agent_file),)
         assert info["edited_since_apply"] == (
-            [str(resolved / agent_file)] if agent_file == "docs/style.md" else []
+            (str(resolved / agent_file),) if agent_file == "docs/style.md" else ()
         )
         assert info["conflict"] == undone.conflict
         assert info["reason"] == "verification failed"

@@ -272,7 +272,7 @@ async def test_without_a_suite_a_fix_is_judged_against_the_sample_query_before_i
     assert "weaker check only" in kept.message
     (record,) = orchestrator.manager.get_history()
     assert record.verification_result is not None
-    assert record.verification_result["new_baseline"] == []
+    assert record.verification_result["new_baseline"] == ()
     # so a rollback has no newer baseline to undo: the one from before the fault stays
     assert orchestrator.rollback(reason="undo") is not None
     assert baseline_epoch(orchestrator) == healthy
@@ -649,8 +649,8 @@ def _assert_left_for_attention(
     assert orchestrator.manager.verify_audit_chain()
     events = cycle_events(orchestrator.store, cycle_id)
     (blocked,) = [event for event in events if event.step == "change_rollback_blocked"]
-    assert blocked.data["paths"] == [str(path.resolve())]
-    assert blocked.data["change_ids"] == [record.change_id]
+    assert blocked.data["paths"] == (str(path.resolve()),)
+    assert blocked.data["change_ids"] == (record.change_id,)
     assert "research-agent.md" in blocked.message
     replayed = replay_cycle(orchestrator.store, cycle_id)
     assert replayed.status == "rollback_blocked"
