@@ -208,7 +208,5 @@ def test_an_injected_circle_is_caught(tmp_path: Path) -> None:
             "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
             "    from infrastructure.store import Store\n"
         )
-    with (root / "infrastructure/store.py").open("a", encoding="utf-8") as handle:
-        handle.write("\ndef _late() -> None:\n    from infrastructure.models import utc_now\n")
     cycles = import_cycles(import_graph(root))
     assert any({"infrastructure.errors", "infrastructure.store"} <= set(c) for c in cycles)
