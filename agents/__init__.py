@@ -76,6 +76,7 @@ if TYPE_CHECKING:
         Scenario,
         ScriptedRuntime,
         Step,
+        TurnInfo,
         UnexpectedModelCall,
         run_runtime_conformance,
     )
@@ -96,7 +97,7 @@ if TYPE_CHECKING:
         PerformanceMonitor,
     )
     from infrastructure.principal import Principal
-    from infrastructure.settings import Settings
+    from infrastructure.settings import InvalidSetting, Settings
     from infrastructure.simulation import SimulatedRuntime
     from infrastructure.spec import (
         AgentSpec,
@@ -142,6 +143,7 @@ __all__ = [
     "InvalidChange",
     "InvalidExecution",
     "InvalidProposal",
+    "InvalidSetting",
     "IssueDetector",
     "IssueReport",
     "MetaOrchestrator",
@@ -179,6 +181,7 @@ __all__ = [
     "TeamDirError",
     "ToolError",
     "ToolSpec",
+    "TurnInfo",
     "UnexpectedModelCall",
     "UnknownAgent",
     "VerificationVerdict",
@@ -211,6 +214,7 @@ _EXPORTS: dict[str, str] = {
     "verify_audit_chain": "infrastructure.changes.audit",
     "Store": "infrastructure.store",
     "Settings": "infrastructure.settings",
+    "InvalidSetting": "infrastructure.settings",
     "GateVerdict": "infrastructure.changes.safety",
     "Principal": "infrastructure.principal",
     "ProposedChange": "infrastructure.changes.safety",
@@ -226,6 +230,7 @@ _EXPORTS: dict[str, str] = {
     "FunctionRuntime": "infrastructure.llm.testing",
     "ScriptedRuntime": "infrastructure.llm.testing",
     "Step": "infrastructure.llm.testing",
+    "TurnInfo": "infrastructure.llm.testing",
     "ConformanceReport": "infrastructure.llm.testing",
     "RuntimeConformanceError": "infrastructure.llm.testing",
     "Scenario": "infrastructure.llm.testing",
@@ -290,4 +295,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    # the public surface only: not the names this module itself imports to work
+    return sorted({*__all__, "__version__"})

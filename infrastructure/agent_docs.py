@@ -13,14 +13,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import structlog
-
 from infrastructure.errors import PathNotAllowed
 from infrastructure.files import resolve_inside
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["read_agent_docs", "with_agent_docs"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def read_agent_docs(definition_dir: Path, name: str) -> tuple[tuple[str, str], ...]:

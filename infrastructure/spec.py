@@ -17,7 +17,6 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
@@ -37,6 +36,7 @@ from infrastructure.frontmatter import (
     split_document,
 )
 from infrastructure.frozen import FrozenDict, thaw
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from claude_agent_sdk import AgentDefinition
@@ -51,7 +51,7 @@ __all__ = [
     "load_agent_specs",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ProfileName = Literal["locked", "standard", "open"]
 

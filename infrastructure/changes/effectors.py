@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
 from pydantic import ValidationError
 
 from infrastructure.changes.safety import FileEdit, ProposedChange
@@ -46,6 +45,7 @@ from infrastructure.files import resolve_inside
 from infrastructure.frozen import freeze
 from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.spec import CLAUDE_CODE_KEYS, AgentSpec, PermissionProfile, SpecWarning
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "PARAMETER_FIELDS",
@@ -54,7 +54,7 @@ __all__ = [
     "plan_change",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 PARAMETER_FIELDS: Mapping[str, str] = {
     "temperature": "temperature",

@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import structlog
 from pydantic import ValidationError
 
 from agents.roles.playbooks.signatures import (
@@ -40,6 +39,7 @@ from agents.roles.schemas import CauseCategory, MediatorReport
 from infrastructure.errors import AgentRunError, ErrorKind
 from infrastructure.llm.offline import OfflineCall
 from infrastructure.models import IssueReport
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "BASE_QUESTIONS",
@@ -50,7 +50,7 @@ __all__ = [
     "mediator_policy",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAX_QUESTIONS = 10
 MAX_REFERENCED_AGENTS = 2
