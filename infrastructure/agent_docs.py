@@ -3,7 +3,7 @@
 ``<name>`` is the name's path form (``infrastructure.agent_names.path_name``): the name itself
 unless it holds a character no file name may hold.
 
-Seed 002 lets an agent carry documents (glossaries, house rules, examples) that are appended to
+An agent may carry documents (glossaries, house rules, examples) that are appended to
 its system prompt. They are read when the definition is loaded, as ``(docs/<relative path>,
 text)`` pairs in path order, so the prompt is the same on every machine. The folder is
 confined: a docs folder or file that resolves outside it (through a symlink) is skipped with a
@@ -58,7 +58,7 @@ def read_agent_docs(definition_dir: Path, name: str) -> tuple[tuple[str, str], .
 
 
 def with_agent_docs(system_prompt: str, docs: Sequence[tuple[str, str]]) -> str:
-    """``system_prompt`` with ``docs`` appended inside ``<agent_docs>`` (seed 002's layout)."""
+    """``system_prompt`` with ``docs`` appended inside ``<agent_docs>``, one block per file."""
     if not docs:
         return system_prompt
     sections = "\n\n".join(f"# {path}\n{text.rstrip()}" for path, text in docs)

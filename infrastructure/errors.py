@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "AgentRunError",
@@ -16,19 +17,71 @@ __all__ = [
     "AuditChainError",
     "ConfigurationError",
     "ErrorKind",
+    "InvalidArgument",
+    "NotFound",
     "PathNotAllowed",
     "RollbackConflict",
     "SpecError",
     "StoreError",
+    "WrongArgumentType",
 ]
 
 
+def _rebuild_error(cls: type[AgentmendError], args: tuple[Any, ...]) -> AgentmendError:
+    """An instance of ``cls`` with ``args``, made without calling its ``__init__``.
+
+    The fields come back from the pickled ``__dict__`` afterwards; calling ``__init__`` again
+    would need its original arguments, which the message in ``args`` no longer holds.
+    """
+    error = cls.__new__(cls, *args)
+    error.args = args
+    return error
+
+
 class AgentmendError(Exception):
-    """Root of every error agentmend raises."""
+    """Root of every error agentmend raises.
+
+    Every subclass survives ``pickle`` and ``copy.deepcopy`` with its fields, however its
+    ``__init__`` is shaped: errors cross process boundaries (multiprocessing, task queues).
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException's own reduce calls ``cls(*self.args)``, which fails for any subclass
+        # whose __init__ takes fields rather than the message.
+        return (_rebuild_error, (type(self), self.args), self.__dict__ or None)
 
 
 class ConfigurationError(AgentmendError):
     """Settings or arguments that cannot work (a missing key, an unknown provider, ...)."""
+
+
+class InvalidArgument(AgentmendError, ValueError):
+    """An argument a call cannot take; ``name`` says which, ``problem`` what is wrong with it.
+
+    Also a ``ValueError``, so code written to catch the built-in error keeps working.
+    """
+
+    def __init__(self, name: str, value: object, problem: str) -> None:
+        self.name = name
+        self.value = value
+        self.problem = problem
+        super().__init__(f"{name} {problem}, got {value!r}")
+
+
+class WrongArgumentType(InvalidArgument, TypeError):
+    """An argument of a kind the call does not take; also a ``TypeError`` for older callers."""
+
+
+class NotFound(AgentmendError, KeyError):
+    """No record with this key; ``what`` names the kind of record. Also a ``KeyError``."""
+
+    def __init__(self, what: str, key: str, where: str = "") -> None:
+        self.what = what
+        self.key = key
+        super().__init__(f"no {what} with id {key!r}" + (f" {where}" if where else ""))
+
+    def __str__(self) -> str:  # KeyError would show the repr of the message
+        return str(self.args[0])
 
 
 class StoreError(AgentmendError):

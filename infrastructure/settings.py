@@ -81,9 +81,6 @@ class InvalidSetting(ConfigurationError):
         self.value = value
         super().__init__(message)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.setting, self.value, str(self)))
-
 
 def load_settings(**overrides: Any) -> Settings:
     """``Settings(**overrides)``, read from ``AGENTMEND_*``, with a bad value as one clear error.

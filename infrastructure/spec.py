@@ -37,6 +37,7 @@ from infrastructure.frontmatter import (
     replace_body,
     split_document,
 )
+from infrastructure.frozen import FrozenDict, thaw
 from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ class AgentSpec(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     permission_profile: ProfileName | PermissionProfile = "standard"
     evals: str | None = Field(default=None, min_length=1)
-    extra: dict[str, Any] = Field(default_factory=dict)
+    extra: FrozenDict[str, Any] = Field(default_factory=FrozenDict)
     docs: tuple[tuple[str, str], ...] = ()
     source_path: Path | None = Field(default=None, strict=False)  # str or Path
 
@@ -178,11 +179,11 @@ class AgentSpec(BaseModel):
 
     @field_validator("extra")
     @classmethod
-    def _check_extra(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _check_extra(cls, value: FrozenDict[str, Any]) -> FrozenDict[str, Any]:
         clash = sorted(_RESERVED & set(value))
         if clash:
             raise ValueError(f"{clash[0]!r} is a typed field, not an extra key")
-        _ClaudeCodeKeys.model_validate(value)
+        _ClaudeCodeKeys.model_validate(thaw(value))
         return value
 
     @field_validator("docs", mode="before")
@@ -199,7 +200,7 @@ class AgentSpec(BaseModel):
 
     @property
     def full_system_prompt(self) -> str:
-        """The system prompt with the agent's docs appended inside ``<agent_docs>`` (seed 002)."""
+        """The system prompt with the agent's docs appended inside ``<agent_docs>``."""
         return with_agent_docs(self.system_prompt, self.docs)
 
     @property
@@ -296,7 +297,7 @@ class AgentSpec(BaseModel):
         for key, value in self.extra.items():
             if key in accepted and key in CLAUDE_CODE_KEYS:
                 comma_list = key in ("disallowedTools", "skills") and isinstance(value, str)
-                options[key] = list(_names(value)) if comma_list else value
+                options[key] = list(_names(value)) if comma_list else thaw(value)
         return AgentDefinition(
             description=self.description,
             prompt=self.full_system_prompt,
@@ -318,7 +319,7 @@ class AgentSpec(BaseModel):
         old, new = before["extra"], self.extra
         for key, value in new.items():
             if key not in old or not _same(old[key], value):
-                edits.append(Edit((key,), value))
+                edits.append(Edit((key,), thaw(value)))
         edits.extend(Edit((key,), delete=True) for key in old if key not in new)
         return edits
 
@@ -369,7 +370,7 @@ def _render_fresh(spec: AgentSpec) -> str:
     for field, key in _TOP_KEYS.items():
         if getattr(spec, field) is not None:
             mapping[key] = spec._raw(field, None)
-    mapping.update(spec.extra)
+    mapping.update(thaw(spec.extra))
     settings = {field: spec._raw(field, None) for field in AGENTMEND_KEYS}
     settings = {key: value for key, value in settings.items() if value is not None}
     if settings.get("permission_profile") == "standard":

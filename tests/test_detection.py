@@ -237,7 +237,7 @@ def test_detects_a_seeded_step_change_with_full_evidence(monitor: PerformanceMon
     assert r.metrics["executions"] == BASE_N + runs
     assert r.error_logs
     assert r.error_logs[-1] == "ToolError: search returned 503"
-    assert r.available_agents == ["helper", "solver"]
+    assert r.available_agents == ("helper", "solver")
     assert "failure rate rose" in r.context
     assert r.severity > 1.0
 

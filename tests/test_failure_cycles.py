@@ -358,7 +358,7 @@ async def test_an_injected_answer_cannot_escalate_even_when_the_roles_obey_it(
     cycle = await drive_until_cycle(orchestrator, "research-agent")
 
     assert cycle.analysis is not None
-    assert cycle.analysis.evidence == [INJECTION]  # the mediator was fooled ...
+    assert cycle.analysis.evidence == (INJECTION,)  # the mediator was fooled ...
     assert cycle.analysis.confidence_score == pytest.approx(0.95)
     assert cycle.status == "refused"  # ... and the gates held
     (outcome,) = cycle.outcomes

@@ -26,6 +26,7 @@ from infrastructure.changes.gates import (
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.changes.safety import FileEdit, GateVerdict, ProposedChange, run_gates
 from infrastructure.errors import ConfigurationError
+from infrastructure.frozen import FrozenDict
 from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.principal import ADMIN, Principal
 from infrastructure.settings import Settings
@@ -197,7 +198,7 @@ async def test_scope_gate_passes_a_planned_change(team: Path) -> None:
     change = plan(team, act(ChangeType.DOCS_EDIT, "docs/guides/a.md", "hello"))
     verdict = await ScopeGate().check(change)
     assert verdict.passed, verdict.reason
-    assert verdict.details["paths"] == ["alpha/docs/guides/a.md"]
+    assert verdict.details["paths"] == ("alpha/docs/guides/a.md",)
 
 
 @pytest.mark.parametrize(
@@ -361,8 +362,8 @@ async def test_role_rules(team: Path, action: ImprovementAction, allowed: bool) 
     assert (admin_requirements(change) == []) is allowed
     if not allowed:
         assert user_verdict.reason.startswith("casey (u-1) lacks the admin permission needed to ")
-        assert user_verdict.details["needs_admin"] == admin_requirements(change)
-        assert admin_verdict.details["needs_admin"] == admin_requirements(change)
+        assert list(user_verdict.details["needs_admin"]) == admin_requirements(change)
+        assert list(admin_verdict.details["needs_admin"]) == admin_requirements(change)
 
 
 async def test_role_refusal_names_what_needs_admin(team: Path) -> None:
@@ -394,7 +395,9 @@ async def test_dropping_the_tools_declaration_needs_admin(team: Path) -> None:
 
 
 async def test_removing_disallowed_tools_needs_admin(team: Path) -> None:
-    old = AgentSpec(name="d", description="d", tools=("Read",), extra={"disallowedTools": ["Bash"]})
+    old = AgentSpec(
+        name="d", description="d", tools=("Read",), extra=FrozenDict({"disallowedTools": ["Bash"]})
+    )
     narrower = old.with_changes(extra={"disallowedTools": ["Bash", "Write"]})
     wider = old.with_changes(extra={})
     for new, allowed in ((narrower, True), (wider, False)):

@@ -239,7 +239,7 @@ def test_rollback_of_a_logged_change_is_a_status_change(manager: ImprovementMana
     assert record is not None
     assert record.status is ChangeStatus.ROLLED_BACK
     assert record.rollback_info is not None
-    assert record.rollback_info["restored"] == []
+    assert record.rollback_info["restored"] == ()
     assert "logged only" in record.rollback_info["note"]
     assert manager.rollback_by_id(cid) is False  # only once
     assert manager.rollback_by_id("no-such-id") is False
@@ -385,7 +385,7 @@ def test_rollback_restores_exact_bytes(manager: ImprovementManager, root: Path) 
     assert rolled is not None
     assert rolled.status is ChangeStatus.ROLLED_BACK
     assert rolled.rollback_info is not None
-    assert rolled.rollback_info["restored"] == [str((root / "agents/writer.md").resolve())]
+    assert rolled.rollback_info["restored"] == (str((root / "agents/writer.md").resolve()),)
     assert rolled.rollback_info["cascade"] is False
 
 
@@ -590,9 +590,9 @@ def test_an_unproven_group_leaves_an_agent_edited_since_and_restores_the_rest(
         info = now.rollback_info
         assert info is not None
         assert info["needs_attention"] is True
-        assert info["left_unchanged"] == [str(resolved / agent_file)]
+        assert info["left_unchanged"] == (str(resolved / agent_file),)
         assert info["edited_since_apply"] == (
-            [str(resolved / agent_file)] if agent_file == "docs/style.md" else []
+            (str(resolved / agent_file),) if agent_file == "docs/style.md" else ()
         )
         assert info["conflict"] == undone.conflict
         assert info["reason"] == "verification failed"
@@ -793,9 +793,9 @@ def test_a_file_changed_outside_is_left_and_noted(tmp_path: Path, root: Path) ->
         assert record is not None
         assert record.status is ChangeStatus.FAILED
         assert record.rollback_info is not None
-        assert record.rollback_info["left_unchanged"] == [
-            str((root / "agents/writer.md").resolve())
-        ]
+        assert record.rollback_info["left_unchanged"] == (
+            str((root / "agents/writer.md").resolve()),
+        )
     assert (root / "agents/writer.md").read_bytes() == b"somebody else"
 
 

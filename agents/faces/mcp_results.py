@@ -2,13 +2,14 @@
 
 ``agents.faces.mcp_tools`` decides what a tool does; this module only shapes what it found into text
 a model reads and the same facts as structured data (camelCase keys for the code-plan results,
-as seed 000's clients expect). Nothing here reads or writes the workspace, except
+as existing MCP clients expect). Nothing here reads or writes the workspace, except
 ``last_cycle``, which replays the latest cycle from the store.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -115,7 +116,7 @@ def code_status_output(status: UpdateStatus) -> ToolOutput:
     active = status.active_improvement
     last_text = "None"
     if last is not None:
-        outcome = (last.result or {}).get("reason", "")
+        outcome = last.result.get("reason", "") if last.result is not None else ""
         last_text = f"{last.plan_id} ({last.status}, {last.updated.isoformat()}): {outcome}"
     text = (
         "Self-improvement status:\n"
@@ -150,7 +151,7 @@ def rollback_output(result: RollbackResult) -> ToolOutput:
 
 
 def _plan_summary(plan: CodePlan) -> dict[str, Any]:
-    result = plan.result or {}
+    result: Mapping[str, Any] = plan.result or {}
     return {
         "planId": plan.plan_id,
         "description": plan.description,

@@ -3,9 +3,9 @@
 Run ``python -m agents.mcp_server`` (or the ``agentmend-mcp`` console script) from the project
 an editor or agent works on. It opens the same workspace as the interactive session
 (``--workspace``, else ``AGENTMEND_WORKSPACE``, else ``./.agentmend``) and serves, following
-seed 004's lesson that fewer, orthogonal tools make more workflows possible:
+the rule that fewer, orthogonal tools make more workflows possible:
 
-- ``self_improve``: code-level updates of the project (seed 000's tool): ``action`` plan |
+- ``self_improve``: code-level updates of the project: ``action`` plan |
   approve | execute | status | rollback, with ``planId``, ``description``, ``files``
   (``path``, ``operation`` create | modify | delete, ``content``) or ``diff``, and ``reason``.
   ``approve`` IS the human approval: the person (or the agent acting for them) who calls it
@@ -13,7 +13,7 @@ seed 004's lesson that fewer, orthogonal tools make more workflows possible:
   group, compiles and runs the configured tests, and rolls everything back on failure.
 - ``analyze``: ``agent`` -> detection and the Socratic mediator's root-cause analysis, applying
   nothing (``reproduce``: run the agent's eval suite first); or ``path`` (and ``description``)
-  -> seed 001's code-smell analysis (or a proposed diff), which needs a model runtime. It is
+  -> a code-smell analysis (or a proposed diff), which needs a model runtime. It is
   not marked read-only: it changes no definition and no code, but it runs the agents (the
   mediator's questions are runs of the agent on a model provider, ``reproduce`` runs the eval
   suite, each with the agent's own tools) and records what it did. It is marked
@@ -98,7 +98,7 @@ def build_server(tools: AgentmendTools) -> "MCPServer":
     )
     async def self_improve(
         action: Annotated[Action, Field(description="The action to perform")],
-        planId: Annotated[  # seed 000's argument name
+        planId: Annotated[  # the name existing MCP clients send
             str | None, Field(description="ID of the plan (approve, execute; rollback: optional)")
         ] = None,
         description: Annotated[

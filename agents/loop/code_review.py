@@ -1,4 +1,4 @@
-"""Code review roles of seed 001: the code supervisor, the architect and the engineer.
+"""Code review roles: the code supervisor, the architect and the engineer.
 
 - ``CodeReviewer`` is the supervisor gate's reviewer for code plans (``ChangeReviewer``). On a
   model runtime a "strict code supervisor" reviews the concrete diff (security, correctness,
@@ -282,19 +282,19 @@ class CodeFinding(_Out):
 
 
 class CodeSmellReport(_Out):
-    """The architect's findings on one file (seed 001's analyze_code_smell)."""
+    """The architect's findings on one file (the code-smell analysis)."""
 
     summary: str
-    findings: list[CodeFinding] = Field(default_factory=list)
+    findings: tuple[CodeFinding, ...] = Field(default_factory=tuple)
 
 
 class CoreUpdateProposal(_Out):
-    """The engineer's patch for one improvement (seed 001's propose_core_update)."""
+    """The engineer's patch for one improvement, as a unified diff."""
 
     summary: str
     diff: str = Field(description="A unified diff against the file as shown (a/ and b/ paths)")
     rationale: str
-    test_plan: list[str] = Field(default_factory=list)
+    test_plan: tuple[str, ...] = Field(default_factory=tuple)
 
 
 class CodeAnalysis(BaseModel):
@@ -315,7 +315,7 @@ class CodeProposal(BaseModel):
 
 
 class CodeAnalyst:
-    """Seed 001's analyze and propose steps on a model runtime, confined to ``root``.
+    """The analyze and propose steps of code review on a model runtime, confined to ``root``.
 
     Args:
         runtime: a model runtime (the offline runtime makes every call raise ``ModelRequired``).

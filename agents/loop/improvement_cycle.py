@@ -7,7 +7,7 @@
       -> the change: plan, run before, gate, apply, verify, keep or roll back
          (``agents.loop.change_pipeline``)
 
-``self_edit`` takes one action an agent asked for (seed 002's self-edit tools) through the same
+``self_edit`` takes one action an agent asked for (through its self-edit tools) through the same
 change, recorded the same way.
 
 Every step is a ``CycleEvent``: logged with structlog under the step's name, written to the

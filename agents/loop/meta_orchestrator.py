@@ -8,7 +8,7 @@ The loop itself, step by step, lives in two modules:
 
 - ``agents.loop.improvement_cycle``: ``run_improvement_cycle`` = analyse (the mediator questions
   the agents) -> propose (the improver) -> the change; ``apply_self_edit`` = one action an
-  agent asked for (seed 002's tools, bound by ``self_edit_tools``) -> the same change.
+  agent asked for (its self-edit tools, bound by ``self_edit_tools``) -> the same change.
 - ``agents.loop.change_pipeline``: the change = plan -> run before -> gate -> apply -> verify ->
   keep or roll back, one at a time.
 
@@ -386,7 +386,7 @@ class MetaOrchestrator:
         return sorted(self._pending.values(), key=lambda i: i.severity, reverse=True)
 
     def check_performance_issues(self) -> IssueReport | None:
-        """The most urgent open issue, or None (seed 003's API).
+        """The most urgent open issue, or None.
 
         An issue whose cycle was declined is still open: when nothing newer is pending, the
         most severe declined one is returned, so asking for a cycle (``/improve``) finds it.
@@ -549,7 +549,7 @@ class MetaOrchestrator:
         return result
 
     async def apply_self_edit(self, action: ImprovementAction) -> CycleResult:
-        """Make one self-edit (seed 002) through exactly the path a cycle's change takes.
+        """Make one self-edit through exactly the path a cycle's change takes.
 
         ``action`` (built by a self-edit tool for the agent that called it) is planned by the
         effector, run on the agent's eval suite (else the sample query) as it is now, judged by
@@ -594,7 +594,7 @@ class MetaOrchestrator:
     def self_edit_tools(
         self, agent_name: str, *, authorize: Authorize | None = None
     ) -> list[ToolSpec]:
-        """Seed 002's four self-edit tools for ``agent_name``, bound to ``apply_self_edit``.
+        """The four self-edit tools for ``agent_name``, bound to ``apply_self_edit``.
 
         Give them to the agent's runs (``team.run(name, prompt, tools=...)``): each call is
         planned, gated, applied, verified and kept or rolled back as ``apply_self_edit`` says.

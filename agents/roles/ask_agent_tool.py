@@ -1,7 +1,7 @@
 """``ask_agent``: how the Socratic mediator questions the other agents.
 
-``AskAgentTool`` keeps seed 003's behaviour and return values (``ask_agent()`` returns the same
-dict, ``create_ask_agent_tool`` the same 2-tuple). Its ``tool_spec`` is the one ``ToolSpec``
+``AskAgentTool`` keeps the long-standing behaviour and return values (``ask_agent()`` returns a
+result dict, ``create_ask_agent_tool`` a 2-tuple). Its ``tool_spec`` is the one ``ToolSpec``
 every runtime uses. An agent's answer is untrusted data: what reaches the mediator's model is
 length-capped and wrapped in a delimiter the answer cannot close, so an answer saying "ignore
 previous instructions" stays a quotation, not an instruction.
@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from infrastructure.errors import InvalidArgument
 from infrastructure.llm.base import ToolError, ToolSpec
 
 __all__ = [
@@ -81,9 +82,9 @@ class AskAgentTool:
         max_answer_chars: int = 4000,
     ) -> None:
         if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+            raise InvalidArgument("timeout_s", timeout_s, "must be positive")
         if max_answer_chars < 1:
-            raise ValueError(f"max_answer_chars must be at least 1, got {max_answer_chars}")
+            raise InvalidArgument("max_answer_chars", max_answer_chars, "must be at least 1")
         self.agent_registry = agent_registry
         self.timeout_s = timeout_s
         self.max_answer_chars = max_answer_chars
@@ -102,7 +103,7 @@ class AskAgentTool:
         )
 
     async def ask_agent(self, agent_name: str, question: str) -> dict[str, Any]:
-        """Ask ``agent_name`` a question; returns seed 003's result dict, never raises."""
+        """Ask ``agent_name`` a question; returns a result dict (``success``, ...), never raises."""
         if agent_name not in self.agent_registry:
             return {
                 "agent": agent_name,
@@ -171,7 +172,7 @@ class AskAgentTool:
 def create_ask_agent_tool(
     agent_registry: Mapping[str, AgentCallable],
 ) -> tuple[Callable[[str, str], Awaitable[str]], AskAgentTool]:
-    """Seed 003's factory: ``(ask_agent_wrapper, tool)``; the wrapper returns plain text."""
+    """The factory: ``(ask_agent_wrapper, tool)``; the wrapper returns plain text."""
     tool = AskAgentTool(agent_registry)
 
     async def ask_agent_wrapper(agent_name: str, question: str) -> str:

@@ -2,7 +2,7 @@
 
 The improver's definition runs on the roles' runtime with the analysis, the responsible agent's
 current configuration and the available models as tagged blocks, and answers with an
-``ImprovementPlan`` (seed 003's ACTION text is parsed when a model gives prose). Then, action
+``ImprovementPlan`` (ACTION blocks in its text are parsed when a model gives prose). Then, action
 by action, in order:
 
 1. **validate**: the target agent must exist (except for a creation) and the field must be one
@@ -415,7 +415,7 @@ class SelfImprover:
         return records
 
     async def apply_improvements(self, analysis: RootCauseAnalysis) -> list[ImprovementAction]:
-        """Seed 003's API: propose, plan, gate and apply; returns the applied actions.
+        """Propose, plan, gate and apply; returns the applied actions.
 
         No verification happens here (``MetaOrchestrator.run_improvement_cycle`` verifies and
         keeps or rolls back); the changes stay APPLIED.

@@ -1,4 +1,4 @@
-"""``Supervisor``: a separate review of one concrete change before it is applied (seed 001).
+"""``Supervisor``: a separate review of one concrete change before it is applied.
 
 It implements ``infrastructure.changes.safety.ChangeReviewer`` so the ``SupervisorGate`` can call
 it: the supervisor's definition runs on the roles' runtime with the ``<proposed_change>`` block (the

@@ -1,6 +1,6 @@
 """The audit log: who changed which agent, how, and when, in a chain that shows tampering.
 
-Seed 002's audit table (agent name, edit type, old and new value truncated to 500 characters,
+The audit table (agent name, edit type, old and new value truncated to 500 characters,
 user id, user name, timestamp) lives in the one store. Each row also carries the hash of the
 row before it and its own hash over its content and that link, so editing, deleting or
 reordering a row breaks the chain at a row id that :meth:`AuditLog.verify_chain` names. The

@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from infrastructure.changes.safety import FileEdit, ProposedChange
 from infrastructure.errors import AgentmendError, PathNotAllowed, SpecError
 from infrastructure.files import resolve_inside
+from infrastructure.frozen import freeze
 from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.spec import CLAUDE_CODE_KEYS, AgentSpec, PermissionProfile, SpecWarning
 from infrastructure.structured_logger import get_logger
@@ -214,7 +215,7 @@ def _proposed(
     old_spec: AgentSpec | None,
     new_spec: AgentSpec | None,
 ) -> ProposedChange:
-    action = ctx.action.model_copy(update={"old_value": old_value})
+    action = ctx.action.model_copy(update={"old_value": freeze(old_value)})
     return ProposedChange(
         action=action,
         root=ctx.root,

@@ -1,11 +1,11 @@
 """The six gates every concrete change passes, in order, before a byte is written.
 
-1. ``BudgetGate``: the improvement manager's session budget and rollback brake (seed 003).
+1. ``BudgetGate``: the improvement manager's session budget and rollback brake.
 2. ``ConfidenceGate``: an action less sure than ``min_confidence`` is not applied.
 3. ``ScopeGate``: every file inside the team directory, with an allowed extension; never an
    eval suite, never the ``evals`` key (a change must not make its own exam easier).
-4. ``RoleGate``: no change grants more than the invoking principal could (seed 002).
-5. ``SupervisorGate``: a separate review of the concrete change (seed 001).
+4. ``RoleGate``: no change grants more than the invoking principal could.
+5. ``SupervisorGate``: a separate review of the concrete change.
 6. ``HumanApprovalGate``: a person says yes within the timeout, or ``yolo_mode`` skips it and
    the verdict says so.
 

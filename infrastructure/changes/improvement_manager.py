@@ -1,8 +1,8 @@
 """Change history with real rollback: apply a change to agent files, log it, undo it exactly.
 
-Seed 003's ``ImprovementManager`` API on top of the one store. Where the seed only flipped a
-status, a rollback here restores the old bytes of every file the change touched and checks
-their hash; where the seed rewrote a JSON file on every change, logging is one INSERT.
+The long-standing ``ImprovementManager`` API on top of the one store. Where a rollback could
+just flip a status, a rollback here restores the old bytes of every file the change touched and
+checks their hash; where a JSON history would be rewritten on every change, logging is one INSERT.
 
 Sessions and history
 --------------------
@@ -66,12 +66,12 @@ class ImprovementManager:
     """Tracks, applies and rolls back changes to agent files; see the module docstring.
 
     Args:
-        history_file: the SQLite store to open, whatever its suffix (seed 003 passes
+        history_file: the SQLite store to open, whatever its suffix (older callers pass
             ``*.json`` paths). Defaults to ``.agent/agentmend.db``.
         store: an open store to use instead (not closed by :meth:`close`).
         audit_hmac_key: key for HMAC-keyed audit rows (the caller reads
             ``AGENTMEND_AUDIT_HMAC_KEY``; see ``infrastructure.changes.audit``).
-        max_improvements_per_session: the session budget seed 003 calls the same.
+        max_improvements_per_session: the session budget (changes per session).
         applied_by: who the changes are attributed to by default.
         recover: settle work that crashed processes left unfinished, on open.
     """
@@ -116,7 +116,7 @@ class ImprovementManager:
         with self._count_lock:
             self.session_improvement_count += n
 
-    # -- seed 003's API --------------------------------------------------------------------
+    # -- the long-standing API ---------------------------------------------------------------
 
     @property
     def history(self) -> list[ChangeRecord]:

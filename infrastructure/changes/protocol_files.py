@@ -37,7 +37,7 @@ def sha(data: bytes | None) -> str | None:
 def backup(
     root: Path, rel: str, change_id: str, data: bytes, when: datetime, tag: str = ""
 ) -> None:
-    """Seed 001's human backup of the bytes about to be replaced.
+    """A human-readable backup of the bytes about to be replaced.
 
     The path and change id are in the name, so two files or two changes in one second never
     collide. The backup is a hard link to the file, which the caller then replaces with

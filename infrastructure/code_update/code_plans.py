@@ -27,6 +27,7 @@ from infrastructure.code_update.code_validation import ValidationReport
 from infrastructure.code_update.unified_diff import DiffError, apply_patch, parse_unified_diff
 from infrastructure.errors import AgentmendError, PathNotAllowed
 from infrastructure.files import resolve_inside, sha256_bytes
+from infrastructure.frozen import FrozenDict
 from infrastructure.models import ChangeType, ImprovementAction
 
 __all__ = [
@@ -150,14 +151,14 @@ class CodePlan(_Model):
     approved_at: str | None = None
     change_ids: tuple[str, ...] = ()
     group_id: str | None = None
-    result: dict[str, Any] | None = None
-    rollback: dict[str, Any] | None = None
+    result: FrozenDict[str, Any] | None = None
+    rollback: FrozenDict[str, Any] | None = None
     test_files: tuple[str, ...] = ()  # paths that configure, select or are tests (flagged)
     tests_approved_by: str | None = None  # who approved the test changes, on a terminal
 
 
 class ExecutionResult(_Model):
-    """The outcome of executing a plan (seed 000's fields, plus why and the gate verdicts)."""
+    """The outcome of executing a plan: what was written, validated, tested; why; the verdicts."""
 
     plan_id: str
     success: bool

@@ -1,4 +1,4 @@
-"""Code-level updates (seeds 000 and 001): plan, approve, execute with validation, roll back.
+"""Code-level updates: plan, approve, execute with validation, roll back.
 
 A plan (``infrastructure.code_update.code_plans``) is a set of file operations, or a unified diff
 turned

@@ -60,6 +60,8 @@ __all__ = [
     "ToolDefinition",
     "ToolResultBlock",
     "ToolUseBlock",
+    "denied_call",
+    "is_denied",
     "run_agent_loop",
     "run_tool_call",
     "run_tool_calls",
@@ -396,21 +398,30 @@ async def _run_permitted(
     records = dict(
         zip((c.id for c in permitted), await run_tool_calls(tools, permitted), strict=True)
     )
-    profile = describe_profile(spec.permission_profile)
     for call in calls:
         if call.id not in records:
             state.permission_denials.append(call.name)
-            records[call.id] = ToolCallRecord(
-                id=call.id,
-                name=call.name,
-                input=dict(call.input),
-                output=(
-                    f"Permission denied: tool {call.name!r} is not allowed for agent "
-                    f"{spec.name!r} (permission profile: {profile})."
-                ),
-                is_error=True,
-            )
+            records[call.id] = denied_call(spec, call)
     return [records[c.id] for c in calls]
+
+
+def is_denied(spec: AgentSpec, tools: Mapping[str, ToolSpec], name: str) -> bool:
+    """Whether a call of ``name`` (one of ``tools``) is refused by the spec's permission profile."""
+    return name in tools and name not in allowed_tools(spec.permission_profile, spec.tools, tools)
+
+
+def denied_call(spec: AgentSpec, call: ToolUseBlock) -> ToolCallRecord:
+    """The ``is_error`` result of a call the permission profile refused, naming the profile."""
+    return ToolCallRecord(
+        id=call.id,
+        name=call.name,
+        input=dict(call.input),
+        output=(
+            f"Permission denied: tool {call.name!r} is not allowed for agent "
+            f"{spec.name!r} (permission profile: {describe_profile(spec.permission_profile)})."
+        ),
+        is_error=True,
+    )
 
 
 def _check_turns_left(state: _RunState, max_turns: int, purpose: str) -> None:

@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from infrastructure.errors import InvalidArgument
+
 __all__ = [
     "BernoulliChart",
     "NormalChart",
@@ -120,7 +122,7 @@ def integer_weights(gain: float, loss: float, max_unit: float = _MAX_UNIT_NATS) 
     nats (default 0.05); that keeps the exact threshold within about 5 % of any ARL0 target.
     """
     if gain <= 0 or loss <= 0:
-        raise ValueError(f"log-likelihood weights must be positive, got {gain}, {loss}")
+        raise InvalidArgument("log-likelihood weights", (gain, loss), "must be positive")
     ratio = gain / loss
     down = max(1, math.ceil(loss / max_unit))
     while True:
@@ -202,9 +204,9 @@ def calibrate_bernoulli(
     than 90 % of the time (no meaningful further degradation to detect) or is too uncertain.
     """
     if not 0 <= failures <= n or n <= 0:
-        raise ValueError(f"need 0 <= failures <= n, got failures={failures}, n={n}")
+        raise InvalidArgument("(failures, n)", (failures, n), "need 0 <= failures <= n, n > 0")
     if target_arl <= 1:
-        raise ValueError(f"target ARL must exceed 1, got {target_arl}")
+        raise InvalidArgument("target_arl", target_arl, "must exceed 1")
     a_post = failures + 0.5
     b_post = n - failures + 0.5
     p0 = a_post / (a_post + b_post)
@@ -321,7 +323,7 @@ def _solve_threshold(f: Callable[[float], float], target: float) -> float:
     while f(hi) < target:
         hi *= 2.0
         if hi > 1e6:
-            raise ValueError("threshold search diverged")
+            raise InvalidArgument("target", target, "is out of the threshold search's reach")
     lo = 0.0
     for _ in range(60):
         mid = (lo + hi) / 2.0
@@ -380,9 +382,11 @@ def calibrate_normal(
     """
     n = len(values)
     if n < 2:
-        raise ValueError(f"need at least 2 baseline values, got {n}")
+        raise InvalidArgument("baseline values", n, "need at least 2")
     if target_arl <= 1 or shift <= 0:
-        raise ValueError(f"need target_arl > 1 and shift > 0, got {target_arl}, {shift}")
+        raise InvalidArgument(
+            "(target_arl, shift)", (target_arl, shift), "need target_arl > 1, shift > 0"
+        )
     ordered = sorted(values)
     median = _median(ordered)
     mad_sd = 1.4826 * _median(sorted(abs(v - median) for v in ordered))

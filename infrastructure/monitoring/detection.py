@@ -1,6 +1,6 @@
-"""Turns the monitor's stream of runs into IssueReports: calibrated CUSUMs, or seed 003's rules.
+"""Turns the monitor's stream of runs into IssueReports: calibrated CUSUMs, or fixed rules.
 
-Why not just the seed's rules: fixed thresholds ("success below 80 % over the last 10 runs")
+Why not just fixed rules: thresholds ("success below 80 % over the last 10 runs")
 raise about 0.5 false alarms per 1,000 healthy runs for an agent that succeeds 99 % of the time
 but 3.6 for one at 95 % and 17 at 90 % (benchmarks/bench_detection.py), so a team of agents
 with different healthy rates drowns in false alarms or misses real drops. The ``statistical``
@@ -43,7 +43,7 @@ repeat, at most ``backoff_max_runs``); an issue whose statistic stays at or belo
 ``clear_level`` of its threshold for ``clear_window`` runs closes as cleared without change. The
 suppression only removes alarms, so the false-alarm guarantee still bounds what is raised.
 
-``rules`` reproduces seed 003's trigger set (3 consecutive failures; success below 80 % over
+``rules`` is the classic trigger set (3 consecutive failures; success below 80 % over
 the last 10 runs; mean duration of the last 10 above 1.5x the baseline mean; error rate above
 30 % over the monitor's window), evaluated after every run and reported on each rising edge (a
 condition that stays true is reported once).
@@ -106,7 +106,7 @@ OUTSIDE_GUARANTEE = "outside the false-alarm guarantee"
 
 @dataclass(frozen=True, slots=True)
 class RuleThresholds:
-    """Seed 003's improvement thresholds (its defaults)."""
+    """The fixed rules' thresholds (defaults: the classic trigger set)."""
 
     max_consecutive_failures: int = 3
     min_success_rate: float = 0.8
@@ -194,7 +194,7 @@ class IssueDetector:
     """Finds degraded agents in a :class:`PerformanceMonitor`'s runs.
 
     Args:
-        mode: ``"statistical"`` (calibrated CUSUMs, the default) or ``"rules"`` (seed 003).
+        mode: ``"statistical"`` (calibrated CUSUMs, the default) or ``"rules"`` (fixed thresholds).
         false_alarm_rate: expected alarms per healthy run, both CUSUMs together.
         baseline_n: runs in the baseline the CUSUMs are calibrated on: the first
             ``baseline_n`` of the monitor's baseline, so at most the monitor's ``baseline_n``

@@ -1,4 +1,4 @@
-"""The simulated team: seed 003's six agents, the models they can run on, and their definitions.
+"""The simulated team: six agents, the models they can run on, and their definitions.
 
 The numbers here are the ground truth the simulated runtime behaves by: how many tokens each
 agent's answers need, which tools its work calls, which tool a changed task would need, how fast
@@ -95,7 +95,7 @@ AVAILABLE_MODELS: Mapping[str, ModelProfile] = MappingProxyType(
         )
     }
 )
-"""The models a model change is validated against (seed 002's ``available_models.json``)."""
+"""The models a model change is validated against (what ``available_models.json`` lists)."""
 
 RETIRED_MODELS: frozenset[str] = frozenset(
     {"claude-2.1", "claude-2.0", "claude-instant-1.2", "claude-3-sonnet-20240229"}
