@@ -33,7 +33,7 @@ class Settings(BaseSettings):
     detection_mode: Literal["statistical", "rules"] = "statistical"
     false_alarm_rate: float = Field(default=0.001, gt=0, lt=1)
     baseline_n: int = Field(default=500, ge=10)
-    # the smallest baseline the false-alarm guarantee covers: below it, seed 003's rules stand in
+    # the smallest baseline the false-alarm guarantee covers: below it, the fixed rules stand in
     min_baseline_n: int = Field(default=30, ge=10)
     # an issue whose cycle ended with no change is held (not raised again) for this many runs
     # of the agent, doubling at each repeat up to the ceiling, unless it clears first

@@ -25,7 +25,7 @@ The budget ``false_alarm_rate`` is split 95 % to failures and 5 % to durations
 
 Below ``min_baseline_n`` the charts do not run: an agent whose baseline is still filling is
 *warming up* (``state`` in :meth:`IssueDetector.statistics`), and a detector configured with a
-``baseline_n`` below the minimum runs seed 003's rules instead, every alarm labelled as outside
+``baseline_n`` below the minimum runs the fixed rules instead, every alarm labelled as outside
 the guarantee. Failures are what loses work, and durations
 are the less trustworthy distributionally (heavy tails), so a smaller share there also buys
 robustness. The duration chart's calibration is conservative (it raised 0.03 false alarms per 1,000
@@ -98,7 +98,7 @@ log = structlog.get_logger(__name__)
 
 DetectorState = Literal["warming_up", "watching", "outside_guarantee"]
 """``warming_up``: the baseline is still filling, nothing is tested yet; ``watching``: the
-calibrated charts run, under the guarantee; ``outside_guarantee``: seed 003's rules run (rules
+calibrated charts run, under the guarantee; ``outside_guarantee``: the fixed rules run (rules
 mode, or a baseline below ``min_baseline_n``), with no promise on false alarms."""
 
 OUTSIDE_GUARANTEE = "outside the false-alarm guarantee"
@@ -200,7 +200,7 @@ class IssueDetector:
             ``baseline_n`` of the monitor's baseline, so at most the monitor's ``baseline_n``
             (default 500), which None (the default) means.
         min_baseline_n: the smallest baseline the guarantee covers (default 30); with a
-            smaller ``baseline_n`` the statistical mode runs seed 003's rules, labelled
+            smaller ``baseline_n`` the statistical mode runs the fixed rules, labelled
             ``OUTSIDE_GUARANTEE``.
         failure_share: the part of the false-alarm budget given to the failure CUSUM.
         relative_drop: the success-rate drop (relative) the failure CUSUM is tuned for.
@@ -843,7 +843,7 @@ def _rising(st: _AgentState, rule: str, firing: bool) -> bool:
 def _rule_alarm(
     st: _AgentState, rule: str, statistic: float, threshold: float, severity: float, context: str
 ) -> _Alarm:
-    context = f"{context} (seed 003's rules: {OUTSIDE_GUARANTEE})"
+    context = f"{context} (the fixed rules: {OUTSIDE_GUARANTEE})"
     return _Alarm(
         agent=st.baseline.agent,
         detector=f"rules:{rule}",
