@@ -183,7 +183,7 @@ def _unknown_agent(ctx: _Context) -> InvalidChange:
 
 def _definition_path(ctx: _Context, spec: AgentSpec) -> str:
     if spec.source_path is None:
-        return f"{spec.name}.md"
+        return f"{spec.path_name}.md"
     try:
         target = resolve_inside(ctx.root, Path(spec.source_path).absolute(), allow_absolute=True)
     except PathNotAllowed as exc:
@@ -387,7 +387,7 @@ def _plan_docs(ctx: _Context) -> ProposedChange:
         raise ctx.fail(field or None, "docs_edit needs target_field 'docs/<relative path>'")
     relative = field[len(_DOCS_PREFIX) :]
     current = _current(ctx)
-    name = current.spec.name
+    name = current.spec.path_name
     definition_dir = (ctx.root / current.rel).parent
     docs_dir = definition_dir / name / "docs"
     try:
@@ -465,7 +465,7 @@ def _plan_creation(ctx: _Context) -> ProposedChange:
         raise ctx.fail("name", "an agent of that name already exists")
     if spec.model is not None:
         _check_model(ctx, "model", spec.model)
-    rel = f"{spec.name}.md"
+    rel = f"{spec.path_name}.md"
     try:
         target = resolve_inside(ctx.root, rel)
     except PathNotAllowed as exc:
