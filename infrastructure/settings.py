@@ -41,7 +41,10 @@ class Settings(BaseSettings):
     issue_backoff_max_runs: int = Field(default=6400, ge=1)
 
     # improvement budget and gates
-    max_improvements_per_session: int = Field(default=5, ge=0)
+    max_improvements_per_session: int = Field(default=5, ge=0)  # the interactive session
+    # long-running processes (library use, the MCP server): a rolling budget per team
+    max_improvements_per_window: int = Field(default=5, ge=0)
+    improvement_window_s: float = Field(default=3600.0, gt=0)
     min_confidence: float = Field(default=0.7, ge=0, le=1)
     auto_decision_timeout: float = Field(default=30.0, gt=0)
     yolo_mode: bool = False

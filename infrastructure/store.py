@@ -10,9 +10,11 @@ survive a process crash; a ``durable`` transaction's also survive a power cut.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +45,7 @@ class Store:
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._migrated: set[str] = set()
+        _live_stores.add(self)
         conn = self.connection()
         try:
             conn.execute(
@@ -193,11 +196,38 @@ class Store:
             self._connections.clear()
         self._local = threading.local()
 
+    def _reinit_after_fork(self) -> None:
+        """In a forked child: forget the parent's connections and open fresh ones on demand.
+
+        A SQLite connection must not cross a fork (the child would share the parent's file
+        locks and WAL state). Closing an inherited one in the child could checkpoint or remove
+        the parent's WAL, so they are parked, unclosed, for the child's lifetime instead.
+        """
+        _inherited_at_fork.extend(self._connections)
+        self._connections = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+# Fork safety, as OpenTelemetry's SDK does it: weak references to the live stores, re-initialised
+# in the child by one hook registered at import.
+_live_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+_inherited_at_fork: list[sqlite3.Connection] = []  # kept referenced so they are never closed
+
+
+def _reinit_stores_in_child() -> None:
+    for store in list(_live_stores):
+        store._reinit_after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # absent on Windows, which has no fork
+    os.register_at_fork(after_in_child=_reinit_stores_in_child)
 
 
 def _use_wal(conn: sqlite3.Connection) -> None:

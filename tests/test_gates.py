@@ -170,6 +170,26 @@ async def test_budget_gate_on_a_real_manager_stops_at_the_session_budget(
     assert verdict.details == {"applied_this_session": 1, "session_budget": 1}
 
 
+async def test_budget_gate_on_a_rolling_budget_says_when_it_frees_up(
+    team: Path, tmp_path: Path
+) -> None:
+    change = plan(team, act(ChangeType.MODEL_CHANGE, "model", "claude-haiku-4-5"))
+    with ImprovementManager(
+        tmp_path / "h.db", improvement_window_s=3600, max_improvements_per_window=1
+    ) as manager:
+        gate = BudgetGate(manager)
+        assert (await gate.check(change)).passed
+        manager.apply(change.action, path="alpha.md", new_content=change.edits[0].new_content,
+                      root=team)  # fmt: skip
+        verdict = await gate.check(change)
+        frees_up_at = manager.budget_frees_up_at()
+    assert not verdict.passed
+    assert frees_up_at is not None
+    assert "Max improvements (1 per hour) reached; the budget frees up at" in verdict.reason
+    assert f"{frees_up_at:%Y-%m-%d %H:%M:%S} UTC" in verdict.reason
+    assert verdict.details["budget_frees_up_at"] == frees_up_at.isoformat()
+
+
 # -- confidence ------------------------------------------------------------------------------
 
 

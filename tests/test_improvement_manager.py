@@ -1228,3 +1228,65 @@ def test_any_sequence_of_applies_and_rollbacks_restores_exact_bytes(
         with ImprovementManager(db) as reopened:  # nothing is left for recovery to do
             assert reopened.recover() == []
         assert _tree(root) == model.tree
+
+
+class _Clock:
+    """Stands in for the manager's wall clock, so an hour passes at once."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_a_rolling_budget_refuses_while_full_and_frees_up_as_changes_age_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import infrastructure.changes.improvement_manager as improvement_manager
+
+    clock = _Clock()
+    monkeypatch.setattr(improvement_manager, "time", clock)
+    with ImprovementManager(
+        tmp_path / "h.db", improvement_window_s=3600, max_improvements_per_window=2
+    ) as manager:
+        first = clock.now
+        manager.log_change(_action())
+        clock.now += 600
+        manager.log_change(_action())
+        assert manager.improvements_left() == 0
+        allowed, reason = manager.can_make_improvement()
+        assert not allowed
+        frees_up_at = manager.budget_frees_up_at()
+        assert frees_up_at is not None
+        assert frees_up_at.timestamp() == first + 3600  # when the first change ages out
+        assert reason.endswith(f"the budget frees up at {frees_up_at:%Y-%m-%d %H:%M:%S} UTC")
+        clock.now = first + 3600  # the first change leaves the window
+        assert manager.can_make_improvement() == (True, "OK")
+        assert manager.improvements_left() == 1
+        assert manager.budget_frees_up_at() is None
+        manager.log_change(_action())
+        assert not manager.can_make_improvement()[0]
+        clock.now += 10 * 3600  # weeks later in a long-running process: improving resumes
+        assert manager.can_make_improvement() == (True, "OK")
+        assert manager.improvements_left() == 2
+        assert manager.session_improvement_count == 3  # the session count is still kept
+
+
+def test_the_session_budget_never_frees_up_in_its_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import infrastructure.changes.improvement_manager as improvement_manager
+
+    clock = _Clock()
+    monkeypatch.setattr(improvement_manager, "time", clock)
+    with ImprovementManager(tmp_path / "h.db", max_improvements_per_session=1) as manager:
+        manager.log_change(_action())
+        clock.now += 10 * 3600
+        assert manager.can_make_improvement() == (False, "Max improvements (1) reached")
+        assert manager.budget_frees_up_at() is None
+
+
+def test_a_rolling_window_that_is_not_positive_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="improvement_window_s must be > 0"):
+        ImprovementManager(tmp_path / "h.db", improvement_window_s=0)

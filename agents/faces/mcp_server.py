@@ -31,7 +31,9 @@ stdout: logging goes to stderr, configured before anything logs.
 import argparse
 import asyncio
 import os
+import select
 import sys
+import threading
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -219,14 +221,64 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# After the client closes stdin: how long the server may take to finish on its own, and then
+# how long closing the workspace may take before the process ends regardless.
+_EXIT_GRACE_S = 0.4
+_CLOSE_GRACE_S = 0.4
+
+
+def _watch_for_hangup(fd: int, on_hangup: threading.Event) -> None:
+    """Set ``on_hangup`` once the client's end of stdin is closed (a daemon thread).
+
+    Polls a duplicate of stdin for the hang-up alone, never reading it, so requests still in
+    the pipe stay the SDK's to read. A pipe reports POLLHUP when its last writer closes (even
+    with data unread); a socket reports POLLRDHUP. A regular file never hangs up: then the SDK
+    reading EOF ends the server the usual way.
+    """
+    poller = select.poll()
+    poller.register(fd, getattr(select, "POLLRDHUP", 0))
+    try:
+        while True:
+            events = poller.poll()
+            if any(ev & ~select.POLLIN for _, ev in events):
+                on_hangup.set()
+                return
+    finally:
+        os.close(fd)
+
+
 async def _serve(tools: AgentmendTools) -> None:
     server = build_server(tools)
     try:
         tools.workspace()  # open now, so a problem shows in the log at once
     except BadRequest as exc:
         log.error("workspace_unavailable", problem=str(exc))
+    hangup = threading.Event()
     try:
-        await server.run_stdio_async()
+        watched = os.dup(0) if hasattr(select, "poll") else -1
+    except OSError:  # no stdin at all: nothing to watch, the SDK sees EOF at once
+        watched = -1
+    if watched >= 0 and hasattr(select, "poll"):  # no poll() on Windows
+        threading.Thread(
+            target=_watch_for_hangup, args=(watched, hangup), name="mcp-stdin-hangup", daemon=True
+        ).start()
+    serving = asyncio.ensure_future(server.run_stdio_async())
+    try:
+        while not serving.done() and not hangup.is_set():
+            await asyncio.wait({serving}, timeout=0.05)
+        if not serving.done():
+            await asyncio.wait({serving}, timeout=_EXIT_GRACE_S)
+        if serving.done():
+            serving.result()
+            return
+        # Stuck after the client left: replies nobody reads fill stdout and the SDK's writer
+        # blocks in a thread for good, so the process would never end. Save the workspace
+        # and end the process without waiting for that thread.
+        log.warning("mcp_client_gone_with_calls_in_flight")
+        serving.cancel()
+        await asyncio.wait({asyncio.ensure_future(tools.aclose())}, timeout=_CLOSE_GRACE_S)
+        sys.stderr.flush()
+        os._exit(0)
     finally:
         await tools.aclose()
 

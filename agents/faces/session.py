@@ -516,7 +516,9 @@ async def _session(args: argparse.Namespace, settings: Settings, console: Consol
     if settings.provider == "offline" and "AGENTMEND_BASELINE_N" not in os.environ:
         settings = settings.model_copy(update={"baseline_n": SIMULATED_BASELINE_N})
     with (
-        Workspace.open(args.workspace, settings=settings, team_dir=args.agents) as workspace,
+        Workspace.open(
+            args.workspace, settings=settings, team_dir=args.agents, interactive=True
+        ) as workspace,
         SessionLock(workspace.path) as lock,
     ):
         if lock.held_by is not None:

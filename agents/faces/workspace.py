@@ -149,6 +149,7 @@ class Workspace:
         settings: Settings | None = None,
         create: bool = True,
         team_dir: str | Path | None = None,
+        interactive: bool = False,
     ) -> Workspace:
         """Open (and with ``create``, make) the workspace at ``path``.
 
@@ -160,6 +161,8 @@ class Workspace:
             create: make the folder, the store and the simulated team when missing.
             team_dir: the team's definitions to use instead of ``<workspace>/agents``
                 (nothing is copied there).
+            interactive: the interactive session's workspace: the improvement budget is per
+                session (``max_improvements_per_session``) rather than a rolling window.
 
         Raises:
             TeamDirError: ``team_dir`` is missing, a file, or holds no definitions (checked
@@ -193,6 +196,10 @@ class Workspace:
             manager = ImprovementManager(
                 store=store,
                 max_improvements_per_session=settings.max_improvements_per_session,
+                # the interactive session keeps a budget per session; a process that
+                # runs for days (the MCP server, library use) gets the rolling one
+                improvement_window_s=None if interactive else settings.improvement_window_s,
+                max_improvements_per_window=settings.max_improvements_per_window,
                 audit_hmac_key=key.get_secret_value() if key is not None else None,
             )
             monitor = PerformanceMonitor(store, baseline_n=settings.baseline_n)

@@ -165,6 +165,8 @@ class MetaOrchestrator:
             manager = ImprovementManager(
                 store=store,
                 max_improvements_per_session=self.settings.max_improvements_per_session,
+                improvement_window_s=self.settings.improvement_window_s,  # a long-lived process
+                max_improvements_per_window=self.settings.max_improvements_per_window,
                 audit_hmac_key=key.get_secret_value() if key is not None else None,
             )
         self.manager = manager

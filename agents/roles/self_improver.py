@@ -386,8 +386,7 @@ class SelfImprover:
         return list(planned)
 
     def _budget_left(self) -> int:
-        manager = self.manager
-        return manager.max_improvements_per_session - manager.session_improvement_count
+        return self.manager.improvements_left()
 
     # -- apply -----------------------------------------------------------------------------
 

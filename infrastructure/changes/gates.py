@@ -156,8 +156,12 @@ class BudgetGate:
             )
             if hasattr(self.manager, attribute)
         }
+        frees_up_at = getattr(self.manager, "budget_frees_up_at", None)
+        when = frees_up_at() if frees_up_at is not None else None
+        if when is not None:  # a rolling budget: say when improving can resume
+            details["budget_frees_up_at"] = when.isoformat()
         if allowed:
-            return _pass(self.name, "within the session budget", **details)
+            return _pass(self.name, "within the improvement budget", **details)
         return _refuse(self.name, reason, **details)
 
 

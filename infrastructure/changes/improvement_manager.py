@@ -23,7 +23,10 @@ logged with ``log_change`` has no file behind it and rolls back as a status chan
 from __future__ import annotations
 
 import threading
+import time
+from collections import deque
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -71,7 +74,12 @@ class ImprovementManager:
         store: an open store to use instead (not closed by :meth:`close`).
         audit_hmac_key: key for HMAC-keyed audit rows (the caller reads
             ``AGENTMEND_AUDIT_HMAC_KEY``; see ``infrastructure.changes.audit``).
-        max_improvements_per_session: the session budget (changes per session).
+        max_improvements_per_session: the session budget (changes per session); it applies
+            when ``improvement_window_s`` is None (the interactive session).
+        improvement_window_s: for a process that runs for days (a library user's service,
+            the MCP server), a rolling budget instead: at most ``max_improvements_per_window``
+            changes applied in any such window, so improving resumes as old changes age out.
+        max_improvements_per_window: the rolling budget's size.
         applied_by: who the changes are attributed to by default.
         recover: settle work that crashed processes left unfinished, on open.
     """
@@ -83,11 +91,17 @@ class ImprovementManager:
         store: Store | None = None,
         audit_hmac_key: bytes | str | None = None,
         max_improvements_per_session: int = 5,
+        improvement_window_s: float | None = None,
+        max_improvements_per_window: int = 5,
         applied_by: str = "self-improver",
         recover: bool = True,
     ) -> None:
         if store is not None and history_file is not None:
             raise ConfigurationError("give history_file or store, not both")
+        if improvement_window_s is not None and not improvement_window_s > 0:
+            raise ConfigurationError(
+                f"improvement_window_s must be > 0 or None, got {improvement_window_s}"
+            )
         self._owns_store = store is None
         self.store = store if store is not None else Store(history_file or DEFAULT_HISTORY_FILE)
         self.history_file = self.store.path
@@ -97,6 +111,9 @@ class ImprovementManager:
         self.session_id = uuid4().hex
         self.max_improvements_per_session = max_improvements_per_session
         self.session_improvement_count = 0
+        self.improvement_window_s = improvement_window_s
+        self.max_improvements_per_window = max_improvements_per_window
+        self._applied_at: deque[float] = deque()  # wall-clock times of applied changes
         self.applied_by = applied_by
         self._count_lock = threading.Lock()
         if recover:
@@ -113,8 +130,37 @@ class ImprovementManager:
         self.close()
 
     def _count(self, n: int) -> None:
+        now = time.time()
         with self._count_lock:
             self.session_improvement_count += n
+            self._applied_at.extend([now] * n)
+
+    def _in_window(self, now: float) -> int:
+        """Changes applied in the rolling window ending at ``now`` (drops older ones)."""
+        assert self.improvement_window_s is not None
+        with self._count_lock:
+            while self._applied_at and self._applied_at[0] <= now - self.improvement_window_s:
+                self._applied_at.popleft()
+            return len(self._applied_at)
+
+    def improvements_left(self) -> int:
+        """How many more changes the budget allows now (session or rolling window)."""
+        if self.improvement_window_s is None:
+            return self.max_improvements_per_session - self.session_improvement_count
+        return self.max_improvements_per_window - self._in_window(time.time())
+
+    def budget_frees_up_at(self) -> datetime | None:
+        """When the rolling budget allows another change; None when it allows one now.
+
+        Always None for the session budget, which never frees up within the session.
+        """
+        if self.improvement_window_s is None or self.improvements_left() > 0:
+            return None
+        with self._count_lock:
+            # the oldest change that must age out for one more to fit
+            index = len(self._applied_at) - self.max_improvements_per_window
+            oldest = self._applied_at[max(index, 0)] if self._applied_at else time.time()
+        return datetime.fromtimestamp(oldest + self.improvement_window_s, UTC)
 
     # -- the long-standing API ---------------------------------------------------------------
 
@@ -264,8 +310,17 @@ class ImprovementManager:
 
     def can_make_improvement(self) -> tuple[bool, str]:
         """(allowed, reason): the session budget, then recent rollbacks in the durable history."""
-        if self.session_improvement_count >= self.max_improvements_per_session:
-            return False, f"Max improvements ({self.max_improvements_per_session}) reached"
+        if self.improvement_window_s is None:
+            if self.session_improvement_count >= self.max_improvements_per_session:
+                return False, f"Max improvements ({self.max_improvements_per_session}) reached"
+        else:
+            frees_up_at = self.budget_frees_up_at()
+            if frees_up_at is not None:
+                return False, (
+                    f"Max improvements ({self.max_improvements_per_window} per "
+                    f"{_duration(self.improvement_window_s)}) reached; the budget frees up at "
+                    f"{frees_up_at:%Y-%m-%d %H:%M:%S} UTC"
+                )
         recent = self.changes.recent_statuses(5)
         if sum(1 for s in recent if s is ChangeStatus.ROLLED_BACK) >= 3:
             return False, "Too many recent rollbacks (3+ in last 5 changes)"
@@ -467,3 +522,12 @@ class ImprovementManager:
     def recover(self) -> list[ChangeRecord]:
         """Settle the work crashed processes left unfinished; returns the changes settled."""
         return self.protocol.recover()
+
+
+def _duration(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        hours = int(seconds // 3600)
+        return "hour" if hours == 1 else f"{hours} hours"
+    if seconds % 60 == 0:
+        return f"{int(seconds // 60)} min"
+    return f"{seconds:g} s"

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import threading
 import time
 import uuid
@@ -164,16 +165,35 @@ class PerformanceMonitor:
             for agent, base in loaded.baselines.items():
                 self._epochs[agent] = base.epoch
                 self._baselines[agent] = [base]
+        self._start_flusher()
+        _register_for_exit(self)
+
+    def _start_flusher(self) -> None:
         self._wake = threading.Event()
         self._waking = False
         self._thread = threading.Thread(
             target=_flusher_loop,
-            args=(weakref.ref(self), self._wake, flush_interval_s),
+            args=(weakref.ref(self), self._wake, self.flush_interval_s),
             name="agentmend-monitor-flusher",
             daemon=True,
         )
         self._thread.start()
-        _register_for_exit(self)
+
+    def _reinit_after_fork(self) -> None:
+        """In a forked child: new locks, no unwritten runs, and a flusher of its own.
+
+        The parent keeps (and writes, once) every run recorded before the fork; the child
+        starts with an empty buffer. Its per-agent state is the parent's at the fork. The
+        parent's flusher does not exist in the child and may have held a lock at the fork, so
+        the locks are new ones.
+        """
+        self._state_lock = threading.RLock()
+        self._write_lock = threading.Lock()
+        self._unwritten = []
+        if self._closed:
+            return
+        self._buffer = deque()
+        self._start_flusher()
 
     # ----------------------------------------------------------------- the hot path
 
@@ -611,6 +631,19 @@ def _register_for_exit(monitor: PerformanceMonitor) -> None:
         if not _exit_hook:
             atexit.register(_close_all)
             _exit_hook.append(True)
+
+
+def _reinit_monitors_in_child() -> None:
+    # As OpenTelemetry's SDK does: the live monitors (weakly held) are re-initialised in a
+    # forked child, so buffered runs are not written twice and the child's runs get a flusher.
+    global _exit_lock
+    _exit_lock = threading.Lock()
+    for monitor in list(_open_monitors):
+        monitor._reinit_after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # absent on Windows, which has no fork
+    os.register_at_fork(after_in_child=_reinit_monitors_in_child)
 
 
 def _close_all() -> None:
