@@ -117,6 +117,8 @@ if TYPE_CHECKING:
         load_agent_specs,
     )
     from infrastructure.store import Store
+    from infrastructure.telemetry.otlp_decode import OtlpDecodeError
+    from infrastructure.telemetry.span import OtelExtraMissing
     from infrastructure.telemetry.span_processor import AgentmendSpanProcessor
 
 __version__ = "0.1.0"
@@ -172,6 +174,8 @@ __all__ = [
     "NetworkRefusedError",
     "NotFound",
     "OfflineRuntime",
+    "OtelExtraMissing",
+    "OtlpDecodeError",
     "PathNotAllowed",
     "PerformanceMonitor",
     "PermissionProfile",
@@ -290,6 +294,8 @@ _EXPORTS: dict[str, str] = {
     "replay_cycle": "agents.loop.cycle",
     "Workspace": "agents.faces.workspace",
     "AgentmendSpanProcessor": "infrastructure.telemetry.span_processor",
+    "OtelExtraMissing": "infrastructure.telemetry.span",
+    "OtlpDecodeError": "infrastructure.telemetry.otlp_decode",
     "BadRequest": "agents.faces.mcp_tools",
     "TeamDirError": "agents.faces.workspace",
     "WorkspaceError": "agents.faces.workspace",

@@ -215,8 +215,5 @@ class PermissionRequired(AgentmendError):
         self.action = action
         super().__init__(f"{user_id!r} needs the {permission!r} permission to {action}")
 
-    def __reduce__(self) -> tuple[type[PermissionRequired], tuple[str, str, str]]:
-        return (type(self), (self.user_id, self.permission, self.action))
-
 
 __all__ += ["ChangeNotFound", "ChangeStateError", "PermissionRequired"]

@@ -32,9 +32,6 @@ class RoleNameClash(ConfigurationError):
             "front-matter key and the file)"
         )
 
-    def __reduce__(self) -> tuple[type[RoleNameClash], tuple[tuple[str, ...]]]:
-        return (type(self), (self.names,))
-
 
 def check_team_names(names: Iterable[str]) -> None:
     """Refuse a team that reuses a role's name.

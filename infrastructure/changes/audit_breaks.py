@@ -80,9 +80,6 @@ class AuditChainBroken(AuditChainError):
             "(agentmend audit acknowledge)"
         )
 
-    def __reduce__(self) -> tuple[type[AuditChainBroken], tuple[str, str]]:
-        return (type(self), (self.expected, self.found))
-
 
 def _row(row: AuditEntry) -> str:
     return f"row {row.id} ({row.row_hash[:16]})"
