@@ -51,6 +51,7 @@ from infrastructure.changes.decisions import (
 )
 from infrastructure.changes.gates import HumanApprovalGate, ScopeGate, SupervisorGate
 from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.protocol_files import root_lock
 from infrastructure.changes.safety import (
     ChangeReviewer,
     Gate,
@@ -84,7 +85,6 @@ from infrastructure.code_update.code_validation import (
     validate_files,
 )
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
-from infrastructure.files import locked_file
 from infrastructure.models import ChangeType, ImprovementAction, utc_now
 from infrastructure.settings import Settings
 
@@ -339,7 +339,7 @@ class CodeUpdater:
         result = ExecutionResult(
             plan_id=plan_id, success=False, status="refused", reason=reason, verdicts=verdicts
         )
-        with locked_file(self._lock_path()):
+        with root_lock(self.root):  # the manager's root lock (re-entrant)
             plan = self.get(plan_id)
             self._check_executable(plan)  # not executed by someone else meanwhile
             self._set(plan, "refused", result=result)
@@ -355,7 +355,7 @@ class CodeUpdater:
     def _apply_and_validate(
         self, plan_id: str, verdicts: tuple[GateVerdict, ...]
     ) -> ExecutionResult:
-        with locked_file(self._lock_path()):
+        with root_lock(self.root):  # the manager's root lock (re-entrant)
             self._recover_interrupted()
             plan = self.get(plan_id)
             self._check_executable(plan)
@@ -496,7 +496,7 @@ class CodeUpdater:
         """
         if not reason or not reason.strip():
             raise CodeUpdateError("reason is required to roll back", field="reason")
-        with locked_file(self._lock_path()):
+        with root_lock(self.root):  # the manager's root lock (re-entrant)
             self._recover_interrupted()
             if plan_id is None:
                 done = self._with_status("completed")
@@ -543,7 +543,7 @@ class CodeUpdater:
         plan of this root (it holds the root's lock), so a live execution is never taken for
         a dead one.
         """
-        with locked_file(self._lock_path()):
+        with root_lock(self.root):  # the manager's root lock (re-entrant)
             return self._recover_interrupted()
 
     def _recover_interrupted(self) -> list[str]:
@@ -569,9 +569,6 @@ class CodeUpdater:
         return settled
 
     # -- helpers ---------------------------------------------------------------------------
-
-    def _lock_path(self) -> Path:
-        return self.root / ".agent" / "agentmend.lock"  # the manager's root lock (re-entrant)
 
     def _set(
         self, plan: CodePlan, status: str, *, result: ExecutionResult | None = None, **extra: Any
