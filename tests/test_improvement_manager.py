@@ -692,7 +692,7 @@ def test_a_failed_write_puts_back_the_group_and_records_why(
     manager: ImprovementManager, root: Path
 ) -> None:
     before = _tree(root)
-    with pytest.raises(PathNotAllowed, match="agents/x.*not a directory"):
+    with pytest.raises(PathNotAllowed, match=r"agents/x.*not a directory"):
         manager.apply_group(
             [
                 (_action(), "agents/writer.md", "written first"),
