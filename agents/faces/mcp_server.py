@@ -40,8 +40,10 @@ import structlog
 from pydantic import Field
 
 from agents.faces.mcp_results import ToolOutput
+from agents.faces.mcp_stdin import serve_stdio
 from agents.faces.mcp_tools import AgentmendTools, BadRequest, FileArg
 from infrastructure.errors import AgentmendError
+from infrastructure.settings import Settings
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -221,12 +223,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def _serve(tools: AgentmendTools) -> None:
     server = build_server(tools)
+    limits = Settings.model_construct()  # the documented defaults, if the workspace fails
     try:
-        tools.workspace()  # open now, so a problem shows in the log at once
+        limits = tools.workspace().settings  # open now, so a problem shows in the log at once
     except BadRequest as exc:
         log.error("workspace_unavailable", problem=str(exc))
     try:
-        await server.run_stdio_async()
+        await serve_stdio(
+            server, max_bytes=limits.max_request_bytes, max_depth=limits.max_request_depth
+        )
     finally:
         await tools.aclose()
 
