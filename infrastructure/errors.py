@@ -34,7 +34,25 @@ class ConfigurationError(AgentmendError):
 
 
 class StoreError(AgentmendError):
-    """The store cannot be opened or is not an agentmend database."""
+    """The store cannot be opened, is not an agentmend database, or a statement failed.
+
+    Attributes:
+        path: the database file, when known.
+        cause: SQLite's error name (``SQLITE_FULL``, ``SQLITE_BUSY``, ``SQLITE_IOERR``,
+            ``SQLITE_CORRUPT``, ...), when known.
+    """
+
+    def __init__(self, message: str, *, path: str | Path | None = None, cause: str | None = None):
+        self.path = str(path) if path is not None else None
+        self.cause = cause
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_store_error, (str(self), self.path, self.cause))
+
+
+def _store_error(message: str, path: str | None, cause: str | None) -> StoreError:
+    return StoreError(message, path=path, cause=cause)
 
 
 class SpecError(AgentmendError):

@@ -904,7 +904,7 @@ def test_a_rollback_whose_status_commit_keeps_failing_is_completed_on_the_next_o
     with ImprovementManager(db) as m:
         applied = m.apply(_action(), path="agents/writer.md", new_content="v2", root=root)
         _failing_audit(m, failures=10)
-        with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        with pytest.raises(StoreError, match="disk I/O error"):
             m.rollback_by_id(applied.change_id, reason="undo it")
         assert _tree(root) == before  # the files are restored ...
         row = m.changes.get(applied.change_id)

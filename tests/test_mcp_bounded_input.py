@@ -1,4 +1,4 @@
-"""Oversized and absurdly nested JSON-RPC over real stdio: answered with an error, server stays up."""
+"""Oversized and absurdly nested JSON-RPC over real stdio: an error answer, the server stays up."""
 
 from __future__ import annotations
 
