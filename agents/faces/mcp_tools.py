@@ -48,7 +48,7 @@ from agents.roles.team import UnknownAgent
 from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.code_update.updater import CodeUpdater, FileOperation
-from infrastructure.errors import AgentmendError
+from infrastructure.errors import AgentmendError, SpecError
 from infrastructure.llm.base import AgentRuntime
 from infrastructure.settings import Settings
 from infrastructure.spec import load_agent_specs
@@ -365,8 +365,9 @@ class AgentmendTools:
     async def status(self) -> ToolOutput:
         workspace = self.workspace(create=False)
         workspace.monitor.refresh()
+        broken: dict[str, SpecError] = {}
         try:
-            specs = sorted(load_agent_specs(workspace.team_dir))
+            specs = sorted(load_agent_specs(workspace.team_dir, broken=broken))
         except AgentmendError as exc:
             raise BadRequest(f"the team's definitions cannot be loaded: {exc}") from exc
         metrics = workspace.monitor.get_metrics()
@@ -390,6 +391,9 @@ class AgentmendTools:
             if stats is not None:
                 entry["detector"] = stats
             agents.append(entry)
+        for stem, error in sorted(broken.items()):
+            agents.append({"name": stem, "defined": False, "executions": 0, "broken": str(error)})
+        unwritten, write_error = workspace.monitor.write_backlog()
         code = (await self._code_status()).data
         cycle = last_cycle(workspace.store)
         data = {
@@ -400,6 +404,8 @@ class AgentmendTools:
             **code,
             "lastCycle": cycle,
             "changes": workspace.manager.get_statistics(),
+            "unwrittenRuns": unwritten,
+            "storeWriteError": write_error,
         }
         return ToolOutput(text=status_text(data, agents, cycle), data=data)
 
