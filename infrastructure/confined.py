@@ -173,8 +173,10 @@ def _refuse_kind(mode: int, root: str | Path, where: str) -> PathNotAllowed:
 def _open_root(root: str | Path) -> int:
     try:
         return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
+    except (FileNotFoundError, NotADirectoryError) as exc:
         raise PathNotAllowed(root, root, f"the root cannot be opened: {exc.strerror}") from None
+    except OSError as exc:
+        raise FileOperationError(root, "open the root", exc) from None
 
 
 @contextlib.contextmanager
