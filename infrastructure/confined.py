@@ -36,6 +36,7 @@ from infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllow
 __all__ = [
     "NAME_MAX",
     "PATH_MAX",
+    "PathArg",
     "check_path_text",
     "delete",
     "hold_flock",
@@ -51,6 +52,9 @@ __all__ = [
     "write",
     "write_or_delete",
 ]
+
+PathArg = str | Path | bytes
+"""A path under a root: relative, or absolute and spelled under the root; bytes must be UTF-8."""
 
 NAME_MAX = 255
 """Bytes in one path component, the limit of every common Linux file system."""
@@ -236,7 +240,7 @@ def _walk_failure(
 # -- reads ---------------------------------------------------------------------------------
 
 
-def read(root: str | Path, path: str | Path, *, max_bytes: int | None = None) -> bytes | None:
+def read(root: str | Path, path: PathArg, *, max_bytes: int | None = None) -> bytes | None:
     """The bytes of regular file ``path`` under ``root``, or None when there is none.
 
     Never opens anything but a regular file: the name is checked first, then the opened
@@ -292,7 +296,7 @@ def _read_all(fd: int, max_bytes: int | None, root: str | Path, where: str) -> b
     return b"".join(chunks)
 
 
-def is_directory(root: str | Path, path: str | Path) -> bool:
+def is_directory(root: str | Path, path: PathArg) -> bool:
     """True when ``path`` is a directory reached without symlinks (False when absent)."""
     parts = relative_parts(root, path)
     with _directory(root, parts[:-1], create=False, operation="inspect") as parent:
@@ -322,7 +326,7 @@ def list_names(root: str | Path, directory: str | Path) -> list[str]:
 # -- writes --------------------------------------------------------------------------------
 
 
-def write(root: str | Path, path: str | Path, data: bytes | str) -> None:
+def write(root: str | Path, path: PathArg, data: bytes | str) -> None:
     """Replace regular file ``path`` under ``root`` with ``data``; a crash leaves old or new.
 
     Missing directories on the way are created (without following symlinks). The file keeps
@@ -394,7 +398,7 @@ def _clip(name: str) -> str:
     return name.encode("utf-8")[:_TMP_NAME_BYTES].decode("utf-8", errors="ignore")
 
 
-def delete(root: str | Path, path: str | Path) -> None:
+def delete(root: str | Path, path: PathArg) -> None:
     """Remove ``path`` under ``root`` (if present) durably; a symlink there is removed itself.
 
     Raises:
@@ -415,7 +419,7 @@ def delete(root: str | Path, path: str | Path) -> None:
         _fsync_dir(parent, root, where)
 
 
-def write_or_delete(root: str | Path, path: str | Path, data: bytes | None) -> None:
+def write_or_delete(root: str | Path, path: PathArg, data: bytes | None) -> None:
     """Make ``path`` hold ``data``, or not exist when it is None; crash-safe either way."""
     if data is None:
         delete(root, path)
@@ -430,7 +434,7 @@ def make_dirs(root: str | Path, path: str | Path) -> None:
         pass
 
 
-def remove_leftovers(root: str | Path, path: str | Path) -> None:
+def remove_leftovers(root: str | Path, path: PathArg) -> None:
     """Remove the temporary files a writer killed inside :func:`write` left beside ``path``."""
     parts = relative_parts(root, path)
     prefix = f".{_clip(parts[-1])}."

@@ -16,6 +16,7 @@ from infrastructure.principal import ADMIN, Principal
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
+    "DEFAULT_MAX_PLAN_BYTES",
     "DEFAULT_MAX_PLAN_FILES",
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_MAX_REQUEST_DEPTH",
@@ -28,6 +29,7 @@ __all__ = [
 DEFAULT_MAX_TEXT_BYTES = 64 * 1024
 DEFAULT_MAX_PLAN_FILES = 100
 DEFAULT_MAX_FILE_BYTES = 1024 * 1024
+DEFAULT_MAX_PLAN_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_TOOL_ARGUMENT_BYTES = 1024 * 1024
 DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_REQUEST_DEPTH = 64
@@ -75,6 +77,8 @@ class Settings(BaseSettings):
     """Files in one code plan or change group."""
     max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, ge=1)
     """One file's content: written by a plan or a change, or read as an agent's doc."""
+    max_plan_bytes: int = Field(default=DEFAULT_MAX_PLAN_BYTES, ge=1)
+    """All the file contents of one code plan or change group together."""
     max_tool_argument_bytes: int = Field(default=DEFAULT_MAX_TOOL_ARGUMENT_BYTES, ge=1)
     """One argument of an MCP tool call, as JSON."""
     max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024)

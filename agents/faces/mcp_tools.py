@@ -49,6 +49,7 @@ from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.code_update.updater import CodeUpdater, FileOperation
 from infrastructure.errors import AgentmendError, SpecError
+from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime
 from infrastructure.settings import Settings
 from infrastructure.spec import load_agent_specs
@@ -217,6 +218,20 @@ class AgentmendTools:
 
     # -- self_improve ----------------------------------------------------------------------
 
+    def _check_arguments(self, **arguments: Any) -> None:
+        """Refuse any argument over ``Settings.max_tool_argument_bytes`` before any work.
+
+        Raises:
+            InputTooLarge: naming the argument, its size and the bound.
+        """
+        if self._workspace is not None:
+            settings = self._workspace.settings
+        else:  # the documented defaults until a workspace is open
+            settings = self._settings or Settings.model_construct()
+        limits = InputLimits.of(settings)
+        for name, value in arguments.items():
+            limits.tool_argument(name, value)
+
     async def self_improve(
         self,
         action: str,
@@ -226,6 +241,13 @@ class AgentmendTools:
         diff: str | None = None,
         reason: str | None = None,
     ) -> ToolOutput:
+        self._check_arguments(
+            planId=plan_id,
+            description=description,
+            files=[f.model_dump() for f in files] if files else None,
+            diff=diff,
+            reason=reason,
+        )
         handlers: dict[str, Callable[[], Awaitable[ToolOutput]]] = {
             "plan": lambda: self._plan(description, files, diff),
             "approve": lambda: self._approve(plan_id),
@@ -304,6 +326,7 @@ class AgentmendTools:
         it, the agent first runs its eval suite (else the sample query) as it is now: model
         calls and tool use by the agent, recorded apart from detection.
         """
+        self._check_arguments(agent=agent, path=path, description=description)
         if agent and path:
             raise BadRequest("give agent (an agent's name) or path (a project file), not both")
         if path:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.errors import AgentmendError, ConfigurationError
+from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.settings import Provider, Settings
@@ -194,6 +195,7 @@ class Workspace:
                 store=store,
                 max_improvements_per_session=settings.max_improvements_per_session,
                 audit_hmac_key=key.get_secret_value() if key is not None else None,
+                limits=InputLimits.of(settings),
             )
             monitor = PerformanceMonitor(store, baseline_n=settings.baseline_n)
         except WorkspaceError:

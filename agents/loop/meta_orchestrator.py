@@ -41,6 +41,7 @@ from infrastructure.changes.gates import ConfidenceGate, default_gates
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate
 from infrastructure.errors import ChangeNotFound, RollbackConflict
+from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime, ToolSpec
 from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
 from infrastructure.monitoring.detection import IssueDetector
@@ -134,6 +135,7 @@ class MetaOrchestrator:
                 store=store,
                 max_improvements_per_session=self.settings.max_improvements_per_session,
                 audit_hmac_key=key.get_secret_value() if key is not None else None,
+                limits=InputLimits.of(self.settings),
             )
         self.manager = manager
         self.roles_runtime = roles_runtime

@@ -85,6 +85,7 @@ from infrastructure.code_update.code_validation import (
     validate_files,
 )
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
+from infrastructure.limits import InputLimits
 from infrastructure.models import ChangeType, ImprovementAction, utc_now
 from infrastructure.settings import Settings
 
@@ -205,6 +206,12 @@ class CodeUpdater:
         """
         if not description or not description.strip():
             raise CodeUpdateError("description is required to make a plan", field="description")
+        limits = InputLimits.of(self.settings)
+        limits.text("description", description)
+        limits.file("diff", diff)
+        if files:
+            limits.files("plan", files)
+            limits.contents("plan", [_content(f) for f in files])
         has_files = bool(files)
         has_diff = diff is not None and bool(diff.strip())
         if has_files == has_diff:
@@ -580,3 +587,8 @@ class CodeUpdater:
         if result is not None:
             payload["result"] = result.model_dump(mode="json")
         return code_plan(update_plan(self.store, plan.plan_id, status=status, payload=payload))
+
+
+def _content(item: FileOperation | dict[str, Any]) -> str | None:
+    content = item.content if isinstance(item, FileOperation) else item.get("content")
+    return content if isinstance(content, str) else None
