@@ -24,8 +24,11 @@ seed 004's lesson that fewer, orthogonal tools make more workflows possible:
 Errors: a request that cannot be carried out (unknown action, missing ``planId``, unknown agent,
 path outside the project root, ...) is an ``isError`` result naming what was wrong, and writes
 nothing; a workspace that cannot be opened makes every call such an error, naming the problem,
-and the server keeps running (each call tries to open it again). Only the protocol writes to
-stdout: logging goes to stderr, configured before anything logs.
+and the server keeps running (each call tries to open it again). A request over
+``Settings.max_request_bytes`` or nested deeper than ``Settings.max_request_depth`` is answered
+with a JSON-RPC error by the pre-filter in front of the SDK's stdin reader
+(:mod:`agents.faces.mcp_stdin`) and never parsed. Only the protocol writes to stdout: logging goes
+to stderr, configured before anything logs.
 """
 
 import argparse
