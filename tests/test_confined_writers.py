@@ -31,6 +31,7 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
     "infrastructure/changes/audit_head.py": ({"os.pwrite("}, "the audit head file, in place"),
     "agents/faces/workspace.py": ({".mkdir("}, "the workspace folder"),
     "agents/faces/cli.py": ({"os.open("}, "/dev/null, for stdout after a broken pipe"),
+    "agents/faces/mcp_stdin.py": ({"os.open("}, "/dev/null, read-only, for fd 0 while serving"),
     "infrastructure/llm/claude_agent_runtime.py": (
         {"shutil.", "tempfile.mkdtemp"},
         "the CLI's temporary HOME",
