@@ -19,6 +19,7 @@ from tiny_project import make_project
 from agents.faces.mcp_server import build_server
 from agents.faces.mcp_tools import AgentmendTools
 from agents.loop.code_review import CodeReviewer
+from agents.roles.team import AgentTeam
 from infrastructure import confined
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.code_update.updater import CodeUpdater, FileOperation
@@ -32,6 +33,7 @@ from infrastructure.errors import (
 )
 from infrastructure.files import resolve_inside
 from infrastructure.limits import InputLimits
+from infrastructure.llm.testing import ScriptedRuntime
 from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.settings import Settings
 from infrastructure.spec import AgentSpec, load_agent_specs
@@ -252,3 +254,16 @@ def test_a_team_loads_past_bad_docs_and_fails_only_the_broken_agent(tmp_path: Pa
     assert "over the limit" in skipped["huge.md"]
     with pytest.raises(SpecError, match="FIFO"):
         AgentSpec.from_file(team / "fifo.md")
+
+
+def test_a_team_with_one_broken_definition_serves_the_others(tmp_path: Path) -> None:
+    team_dir = tmp_path / "team"
+    team_dir.mkdir()
+    (team_dir / "writer.md").write_text(WRITER)
+    (team_dir / "broken.md").write_text("---\nname: [unclosed\n---\n")
+    team = AgentTeam(team_dir, ScriptedRuntime())
+    assert team.names == ["writer"]
+    assert list(team.broken) == ["broken"]
+    with pytest.raises(SpecError, match=r"broken\.md"):
+        team.spec("broken")
+    assert team.spec("writer").name == "writer"

@@ -277,6 +277,17 @@ class Session:
         self.console.print(status_table(metrics, stats, baseline_n=orchestrator.monitor.baseline_n))
         if not metrics:
             self.console.print("no executions yet: ask the team a question")
+        unwritten, write_error = orchestrator.monitor.write_backlog()
+        if unwritten:
+            self.console.print(
+                Text(
+                    f"{unwritten} runs not yet written to the store (kept, retried): "
+                    f"{write_error or 'waiting for the writer'}",
+                    style="yellow",
+                )
+            )
+        for stem, error in orchestrator.team.broken.items():
+            self.console.print(Text(f"{stem}: definition broken: {error}", style="red"))
 
     def _simulation(self) -> SimulatedRuntime | None:
         runtime = self.orchestrator.team.runtime
