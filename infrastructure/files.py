@@ -1,10 +1,13 @@
 """Crash-safe file writes, file locks and path confinement, shared by every effector.
 
 A write either leaves the old bytes or the new ones on disk, never a mix: the data goes to a
-temporary file in the same directory, is fsynced, replaces the target with ``os.replace``, and
-the directory is fsynced so the rename itself survives a power cut. Writers that must not
-interleave (two processes changing one root, two appends to one audit chain) serialise on a
-:func:`locked_file`.
+temporary file in the same directory, is fsynced, is renamed over the target, and the directory
+is fsynced so the rename itself survives a power cut. The writes here are those of a single
+file whose folder the caller names (a saved definition, a workspace file); everything written
+under a root on an agent's behalf goes through :mod:`infrastructure.confined`, which these
+delegate to for the last component. Writers that must not interleave (two processes changing
+one root, two appends to one audit chain) serialise on a :func:`locked_file`.
+:func:`resolve_inside` is the check made when a path is planned, not when it is written.
 """
 
 from __future__ import annotations
