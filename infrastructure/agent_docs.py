@@ -1,5 +1,8 @@
 """An agent's reference docs: the ``<dir>/<name>/docs/`` folder beside its definition file.
 
+``<name>`` is the name's path form (``infrastructure.agent_names.path_name``): the name itself
+unless it holds a character no file name may hold.
+
 Seed 002 lets an agent carry documents (glossaries, house rules, examples) that are appended to
 its system prompt. They are read when the definition is loaded, as ``(docs/<relative path>,
 text)`` pairs in path order, so the prompt is the same on every machine. The folder is
@@ -16,16 +19,16 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import structlog
-
 from infrastructure import confined
+from infrastructure.agent_names import path_name
 from infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllowed
 from infrastructure.files import resolve_inside
 from infrastructure.settings import DEFAULT_MAX_FILE_BYTES
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["read_agent_docs", "with_agent_docs"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def read_agent_docs(
@@ -33,7 +36,7 @@ def read_agent_docs(
 ) -> tuple[tuple[str, str], ...]:
     """``(docs/<relative path>, text)`` of the agent's docs, sorted; bad files are skipped."""
     try:
-        docs_dir = resolve_inside(definition_dir, Path(name) / "docs")
+        docs_dir = resolve_inside(definition_dir, Path(path_name(name)) / "docs")
     except PathNotAllowed as exc:
         log.warning("ignored_agent_docs", agent=name, reason=f"docs folder: {exc.problem}")
         return ()

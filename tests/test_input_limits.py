@@ -4,6 +4,7 @@ MCP client sees that message."""
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import socket
@@ -12,7 +13,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from mcp import Client
 from tiny_project import make_project
 
@@ -226,7 +226,9 @@ WRITER = "---\nname: writer\ndescription: writes\n---\nYou write.\n"
 READER = "---\nname: reader\ndescription: reads\n---\nYou read.\n"
 
 
-def test_a_team_loads_past_bad_docs_and_fails_only_the_broken_agent(tmp_path: Path) -> None:
+def test_a_team_loads_past_bad_docs_and_fails_only_the_broken_agent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     team = tmp_path / "team"
     docs = team / "writer" / "docs"
     docs.mkdir(parents=True)
@@ -240,8 +242,9 @@ def test_a_team_loads_past_bad_docs_and_fails_only_the_broken_agent(tmp_path: Pa
     (docs / "binary.md").write_bytes(b"\x00\x01\x02")
     (docs / "huge.md").write_bytes(b"x" * (MIB + 1))
     broken: dict[str, SpecError] = {}
-    with structlog.testing.capture_logs() as logs:
+    with caplog.at_level(logging.WARNING, logger="agentmend"):
         specs = load_agent_specs(team, broken=broken)
+    logs = [vars(record) for record in caplog.records]
     assert sorted(specs) == ["reader", "writer"]
     assert specs["writer"].docs == (("docs/good.md", "Short sentences."),)
     assert sorted(broken) == ["broken", "fifo"]

@@ -28,14 +28,15 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import anyio
 import anyio.to_thread
-import structlog
+
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
 
 __all__ = ["INVALID_REQUEST", "BoundedLines", "nesting_exceeds", "refusal_reason", "serve_stdio"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 INVALID_REQUEST = -32600
 """JSON-RPC's code for a request the server will not take."""

@@ -62,8 +62,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import structlog
-
 from infrastructure.changes.apply import (
     Content,
     FileEntry,
@@ -84,10 +82,11 @@ from infrastructure.changes.rollback import (
 )
 from infrastructure.models import ChangeRecord
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["LIVE_STATUSES", "ChangeProtocol", "Content", "FileEntry", "PartialRollback"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class ChangeProtocol:

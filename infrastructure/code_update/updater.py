@@ -40,8 +40,6 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-import structlog
-
 from infrastructure.changes.decisions import (
     get_plan,
     list_plans,
@@ -87,7 +85,8 @@ from infrastructure.code_update.code_validation import (
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
 from infrastructure.limits import InputLimits
 from infrastructure.models import ChangeType, ImprovementAction, utc_now
-from infrastructure.settings import Settings
+from infrastructure.settings import Settings, load_settings
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "CODE_SUFFIXES",
@@ -104,7 +103,7 @@ __all__ = [
     "ValidationReport",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class CodeUpdater:
@@ -142,7 +141,7 @@ class CodeUpdater:
         self.manager = manager
         self.store = manager.store
         self.reviewer = reviewer
-        self.settings = settings if settings is not None else Settings()
+        self.settings = settings if settings is not None else load_settings()
         self._scope = ScopeGate(self.paths.allowed_suffixes)
         list_plans(self.store, limit=0)  # the plans table exists before any transaction
 
