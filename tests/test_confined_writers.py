@@ -31,6 +31,10 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
     "infrastructure/changes/audit_head.py": ({"os.pwrite("}, "the audit head file, in place"),
     "agents/faces/workspace.py": ({".mkdir("}, "the workspace folder"),
     "agents/faces/cli.py": ({"os.open("}, "/dev/null, for stdout after a broken pipe"),
+    "agents/faces/session_lock.py": (
+        {"os.open(", "os.ftruncate(", "os.write("},
+        "the session's lock file in the workspace (its pid), not a team or project file",
+    ),
     "agents/faces/mcp_stdin.py": ({"os.open("}, "/dev/null, read-only, for fd 0 while serving"),
     "infrastructure/llm/claude_agent_runtime.py": (
         {"shutil.", "tempfile.mkdtemp"},
