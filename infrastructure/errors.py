@@ -7,6 +7,8 @@ runtime returns inside an ``AgentResult`` as data and which the monitor records.
 
 from __future__ import annotations
 
+import errno as errno_module
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -85,7 +87,25 @@ class NotFound(AgentmendError, KeyError):
 
 
 class StoreError(AgentmendError):
-    """The store cannot be opened or is not an agentmend database."""
+    """The store cannot be opened, is not an agentmend database, or a statement failed.
+
+    Attributes:
+        path: the database file, when known.
+        cause: SQLite's error name (``SQLITE_FULL``, ``SQLITE_BUSY``, ``SQLITE_IOERR``,
+            ``SQLITE_CORRUPT``, ...), when known.
+    """
+
+    def __init__(self, message: str, *, path: str | Path | None = None, cause: str | None = None):
+        self.path = str(path) if path is not None else None
+        self.cause = cause
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_store_error, (str(self), self.path, self.cause))
+
+
+def _store_error(message: str, path: str | None, cause: str | None) -> StoreError:
+    return StoreError(message, path=path, cause=cause)
 
 
 class SpecError(AgentmendError):
@@ -107,8 +127,12 @@ class PathNotAllowed(AgentmendError):
     def __init__(self, path: str | Path, root: str | Path, problem: str = "") -> None:
         self.path = str(path)
         self.root = str(root)
+        self.problem = problem
         detail = f" ({problem})" if problem else ""
         super().__init__(f"path {self.path!r} is not allowed under {self.root}{detail}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.path, self.root, self.problem))
 
 
 class RollbackConflict(AgentmendError):
@@ -217,3 +241,74 @@ class PermissionRequired(AgentmendError):
 
 
 __all__ += ["ChangeNotFound", "ChangeStateError", "PermissionRequired"]
+
+
+class FileOperationError(AgentmendError):
+    """The file system refused an operation on a file: full, read-only, denied, I/O error.
+
+    Attributes:
+        path: the file the operation was on.
+        operation: what was being done (``write``, ``read``, ``delete``, ...).
+        cause: the errno name (``ENOSPC``, ``EROFS``, ``EACCES``, ...).
+        errno: the errno number.
+    """
+
+    def __init__(self, path: str | Path, operation: str, error: OSError | None = None) -> None:
+        self.path = str(path)
+        self.operation = operation
+        self.errno = error.errno if error is not None else None
+        self.cause = errno_name(self.errno)
+        why = (error.strerror if error is not None else None) or "failed"
+        self._error = error
+        super().__init__(f"cannot {operation} {self.path}: {why} ({self.cause})")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        error = OSError(self.errno, os.strerror(self.errno)) if self.errno else None
+        return (type(self), (self.path, self.operation, error))
+
+
+class FileTooLarge(AgentmendError):
+    """A file over the size agentmend reads (``Settings.max_file_bytes``); nothing was read."""
+
+    def __init__(self, path: str | Path, size: int, limit: int) -> None:
+        self.path = str(path)
+        self.size = size
+        self.limit = limit
+        super().__init__(f"{self.path} is {size} bytes, over the limit of {limit} bytes")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.path, self.size, self.limit))
+
+
+class InputTooLarge(AgentmendError, ValueError):
+    """An input over a configured bound (a description, a plan, a request); nothing was stored.
+
+    Attributes:
+        what: the input, as the caller named it (``description``, ``plan files``, ...).
+        size: its size (bytes or items, as ``unit`` says).
+        limit: the bound, and ``setting`` the ``Settings`` field that sets it.
+    """
+
+    def __init__(self, what: str, size: int, limit: int, setting: str, unit: str = "bytes"):
+        self.what = what
+        self.size = size
+        self.limit = limit
+        self.setting = setting
+        self.unit = unit
+        super().__init__(
+            f"{what} is {size} {unit}, over the limit of {limit} {unit} "
+            f"(Settings.{setting}, AGENTMEND_{setting.upper()})"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.what, self.size, self.limit, self.setting, self.unit))
+
+
+def errno_name(number: int | None) -> str:
+    """``ENOSPC`` for 28: the name a person can search for; ``unknown`` when there is none."""
+    if number is None:
+        return "unknown"
+    return errno_module.errorcode.get(number, f"errno {number}")
+
+
+__all__ += ["FileOperationError", "FileTooLarge", "InputTooLarge", "errno_name"]

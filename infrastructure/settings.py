@@ -16,7 +16,27 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from infrastructure.errors import ConfigurationError
 from infrastructure.principal import ADMIN, Principal
 
-__all__ = ["InvalidSetting", "Provider", "Settings", "load_settings"]
+__all__ = [
+    "DEFAULT_MAX_FILE_BYTES",
+    "DEFAULT_MAX_PLAN_BYTES",
+    "DEFAULT_MAX_PLAN_FILES",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "DEFAULT_MAX_REQUEST_DEPTH",
+    "DEFAULT_MAX_TEXT_BYTES",
+    "DEFAULT_MAX_TOOL_ARGUMENT_BYTES",
+    "InvalidSetting",
+    "Provider",
+    "Settings",
+    "load_settings",
+]
+
+DEFAULT_MAX_TEXT_BYTES = 64 * 1024
+DEFAULT_MAX_PLAN_FILES = 100
+DEFAULT_MAX_FILE_BYTES = 1024 * 1024
+DEFAULT_MAX_PLAN_BYTES = 10 * 1024 * 1024
+DEFAULT_MAX_TOOL_ARGUMENT_BYTES = 1024 * 1024
+DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
+DEFAULT_MAX_REQUEST_DEPTH = 64
 
 Provider = Literal["offline", "anthropic", "claude-agent-sdk"]
 
@@ -65,6 +85,23 @@ class Settings(BaseSettings):
     # code-level updates: the command that validates a change (never taken from tool input)
     test_command: tuple[str, ...] = ("pytest", "-x", "-q")
     test_timeout_s: float = Field(default=600.0, gt=0)
+
+    # bounds on every input a caller or a model controls: over one is an InputTooLarge (or,
+    # on the MCP server's stdin, a JSON-RPC error) within a second, and nothing is stored
+    max_text_bytes: int = Field(default=DEFAULT_MAX_TEXT_BYTES, ge=1)
+    """A description, a rationale or a reason, in UTF-8 bytes."""
+    max_plan_files: int = Field(default=DEFAULT_MAX_PLAN_FILES, ge=1)
+    """Files in one code plan or change group."""
+    max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, ge=1)
+    """One file's content: written by a plan or a change, or read as an agent's doc."""
+    max_plan_bytes: int = Field(default=DEFAULT_MAX_PLAN_BYTES, ge=1)
+    """All the file contents of one code plan or change group together."""
+    max_tool_argument_bytes: int = Field(default=DEFAULT_MAX_TOOL_ARGUMENT_BYTES, ge=1)
+    """One argument of an MCP tool call, as JSON."""
+    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024)
+    """One JSON-RPC message on the MCP server's stdin."""
+    max_request_depth: int = Field(default=DEFAULT_MAX_REQUEST_DEPTH, ge=4)
+    """Nesting of arrays and objects in one JSON-RPC message."""
 
     @property
     def default_principal(self) -> Principal:

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from infrastructure import confined
 from infrastructure.agent_docs import read_agent_docs, with_agent_docs
 from infrastructure.agent_names import name_problem, path_name
-from infrastructure.errors import SpecError
+from infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllowed, SpecError
 from infrastructure.files import atomic_write
 from infrastructure.frontmatter import (
     Document,
@@ -38,6 +39,7 @@ from infrastructure.frontmatter import (
     split_document,
 )
 from infrastructure.frozen import FrozenDict, thaw
+from infrastructure.settings import DEFAULT_MAX_FILE_BYTES
 from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
@@ -218,11 +220,27 @@ class AgentSpec(BaseModel):
 
     @classmethod
     def from_file(cls, path: str | Path) -> AgentSpec:
-        """Load a definition file, with its ``<dir>/<name>/docs/`` folder if it has one."""
+        """Load a definition file, with its ``<dir>/<name>/docs/`` folder if it has one.
+
+        Only a regular file is read (checked on the opened descriptor, opened non-blocking, so
+        a FIFO never hangs the load); a symlinked definition is read where it points.
+
+        Raises:
+            SpecError: the file cannot be read (missing, a loop, not a regular file, over
+                ``Settings.max_file_bytes``), is not UTF-8, or does not validate.
+        """
         try:
-            data = Path(path).read_bytes()
-        except OSError as exc:
-            raise SpecError(path, None, f"cannot read the file: {exc.strerror or exc}") from None
+            real = Path(path).resolve()
+        except (RuntimeError, OSError):  # Python 3.11 reports a symlink loop as RuntimeError
+            raise SpecError(path, None, "cannot read the file: a symlink loop") from None
+        try:
+            data = confined.read(real.parent, real.name, max_bytes=DEFAULT_MAX_FILE_BYTES)
+        except PathNotAllowed as exc:
+            raise SpecError(path, None, f"cannot read the file: {exc.problem}") from None
+        except (FileOperationError, FileTooLarge) as exc:
+            raise SpecError(path, None, f"cannot read the file: {exc}") from None
+        if data is None:
+            raise SpecError(path, None, "cannot read the file: No such file or directory")
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -457,16 +475,34 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return name
 
 
-def load_agent_specs(directory: str | Path) -> dict[str, AgentSpec]:
-    """Every ``*.md`` directly in ``directory`` (``README.md`` skipped), keyed by agent name."""
+def load_agent_specs(
+    directory: str | Path, *, broken: dict[str, SpecError] | None = None
+) -> dict[str, AgentSpec]:
+    """Every ``*.md`` directly in ``directory`` (``README.md`` skipped), keyed by agent name.
+
+    Args:
+        directory: the folder of definitions.
+        broken: when given, a definition that does not load is put here (by file stem) with
+            a warning, and the others still load; else the first one raises.
+
+    Raises:
+        SpecError: the folder is missing, or (without ``broken``) a definition is broken.
+    """
     root = Path(directory)
     if not root.is_dir():
         raise SpecError(root, None, "no such directory of agent definitions")
     specs: dict[str, AgentSpec] = {}
     for path in sorted(root.glob("*.md")):
-        if path.name.lower() == "readme.md" or not path.is_file():
+        if path.name.lower() == "readme.md" or path.is_dir():
             continue
-        spec = AgentSpec.from_file(path)
+        try:
+            spec = AgentSpec.from_file(path)
+        except SpecError as exc:
+            if broken is None:
+                raise
+            log.warning("agent_definition_broken", path=str(path), problem=exc.problem)
+            broken[path.stem] = exc
+            continue
         if spec.name in specs:
             first = specs[spec.name].source_path
             raise SpecError(path, "name", f"agent {spec.name!r} is also defined in {first}")

@@ -92,10 +92,12 @@ class Store:
                 not control.
 
         Raises:
-            StoreError: ``durable`` inside an open transaction, or BEGIN or COMMIT failed (the
-                database is locked past the busy timeout, the disk is full, ...); it names
-                the database and keeps SQLite's error as ``__cause__``. An error raised inside
-                the block propagates unchanged after the rollback.
+            StoreError: ``durable`` inside an open transaction, or BEGIN, a statement inside
+                the block or COMMIT failed (the database is locked past the busy timeout, the
+                disk is full, an I/O error, a corrupt file, ...); it names the database and
+                SQLite's error name (``cause``) and keeps SQLite's error as ``__cause__``.
+                Any other error raised inside the block propagates unchanged after the
+                rollback.
         """
         conn = self.connection()
         if conn.in_transaction:
@@ -113,22 +115,30 @@ class Store:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             self._restore_sync(conn, previous)
-            raise StoreError(f"cannot begin a transaction on {self.path}: {exc}") from exc
+            raise self._error("cannot begin a transaction on", exc) from exc
         try:
             try:
                 yield conn
-            except BaseException:
+            except sqlite3.Error as exc:
                 # SQLite ends the transaction itself on some errors (disk full, I/O error);
                 # a ROLLBACK then would fail and hide the error that matters.
+                self._rollback(conn)
+                raise self._error("a statement failed on", exc) from exc
+            except BaseException:
                 self._rollback(conn)
                 raise
             try:
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 self._rollback(conn)  # a COMMIT that fails may leave the transaction open
-                raise StoreError(f"cannot commit to {self.path}: {exc}") from exc
+                raise self._error("cannot commit to", exc) from exc
         finally:
             self._restore_sync(conn, previous)
+
+    def _error(self, what: str, exc: sqlite3.Error) -> StoreError:
+        """``exc`` as a StoreError naming the database and SQLite's error name."""
+        cause = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+        return StoreError(f"{what} {self.path}: {exc} ({cause})", path=self.path, cause=cause)
 
     def _rollback(self, conn: sqlite3.Connection) -> None:
         """Roll back what is still open, never masking the error being handled."""

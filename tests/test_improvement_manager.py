@@ -692,7 +692,7 @@ def test_a_failed_write_puts_back_the_group_and_records_why(
     manager: ImprovementManager, root: Path
 ) -> None:
     before = _tree(root)
-    with pytest.raises(OSError, match="agents/x"):
+    with pytest.raises(PathNotAllowed, match=r"agents/x.*not a directory"):
         manager.apply_group(
             [
                 (_action(), "agents/writer.md", "written first"),
@@ -899,7 +899,7 @@ def test_a_rollback_whose_status_commit_keeps_failing_is_completed_on_the_next_o
     with ImprovementManager(db) as m:
         applied = m.apply(_action(), path="agents/writer.md", new_content="v2", root=root)
         _failing_audit(m, failures=10)
-        with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        with pytest.raises(StoreError, match="disk I/O error"):
             m.rollback_by_id(applied.change_id, reason="undo it")
         assert _tree(root) == before  # the files are restored ...
         row = m.changes.get(applied.change_id)

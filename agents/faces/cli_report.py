@@ -23,6 +23,8 @@ from agents.faces.cli import (
     workspace_path,
 )
 from agents.faces.cli_commands import _settings, console, open_workspace
+from infrastructure.errors import AgentmendError
+from infrastructure.files import atomic_write
 
 if TYPE_CHECKING:
     from infrastructure.changes.improvement_manager import ImprovementManager
@@ -344,12 +346,10 @@ def _run_report(args: argparse.Namespace) -> int:
         raise CommandError(f"{args.output} is a folder: give a file name with -o")
     with open_store(args) as opened:
         page = render_workspace_report(opened, full_cycles=args.cycles)
-    tmp = args.output.with_name(args.output.name + ".tmp")
     try:
-        tmp.write_text(page, encoding="utf-8")
-        tmp.replace(args.output)
-    except OSError as exc:
-        raise CommandError(f"cannot write {args.output}: {exc.strerror}") from exc
+        atomic_write(args.output, page)
+    except AgentmendError as exc:  # FileOperationError names the file and the cause
+        raise CommandError(str(exc)) from exc
     console().print(f"wrote {args.output} ({len(page.encode()) / 1024:.0f} KiB)")
     if args.open:
         import webbrowser

@@ -283,8 +283,15 @@ def status_text(
                 f"- {a['name']}: {a['executions']} runs, success {a['success_rate']:.0%}, "
                 f"p95 {a['p95_duration_ms']:.0f} ms, {a['consecutive_failures']} failing now"
             )
+        elif a.get("broken"):
+            lines.append(f"- {a['name']}: definition broken: {a['broken']}")
         else:
             lines.append(f"- {a['name']}: no runs recorded")
+    if data.get("unwrittenRuns"):
+        lines.append(
+            f"Runs not yet written to the store: {data['unwrittenRuns']} (kept in memory, "
+            f"retried; last error: {data.get('storeWriteError') or 'none'})"
+        )
     lines.append(f"Pending plans: {len(data['pendingPlans'])}")
     last = data["lastExecution"]
     lines.append(

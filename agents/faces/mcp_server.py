@@ -24,8 +24,11 @@ the rule that fewer, orthogonal tools make more workflows possible:
 Errors: a request that cannot be carried out (unknown action, missing ``planId``, unknown agent,
 path outside the project root, ...) is an ``isError`` result naming what was wrong, and writes
 nothing; a workspace that cannot be opened makes every call such an error, naming the problem,
-and the server keeps running (each call tries to open it again). Only the protocol writes to
-stdout: logging goes to stderr, configured before anything logs.
+and the server keeps running (each call tries to open it again). A request over
+``Settings.max_request_bytes`` or nested deeper than ``Settings.max_request_depth`` is answered
+with a JSON-RPC error by the pre-filter in front of the SDK's stdin reader
+(:mod:`agents.faces.mcp_stdin`) and never parsed. Only the protocol writes to stdout: logging goes
+to stderr, configured before anything logs.
 """
 
 import argparse
@@ -41,8 +44,10 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field
 
 from agents.faces.mcp_results import ToolOutput
+from agents.faces.mcp_stdin import serve_stdio
 from agents.faces.mcp_tools import AgentmendTools, BadRequest, FileArg
 from infrastructure.errors import AgentmendError
+from infrastructure.settings import Settings
 from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
@@ -249,8 +254,9 @@ def _watch_for_hangup(fd: int, on_hangup: threading.Event) -> None:
 
 async def _serve(tools: AgentmendTools) -> None:
     server = build_server(tools)
+    limits = Settings.model_construct()  # the documented defaults, if the workspace fails
     try:
-        tools.workspace()  # open now, so a problem shows in the log at once
+        limits = tools.workspace().settings  # open now, so a problem shows in the log at once
     except BadRequest as exc:
         log.error("workspace_unavailable", problem=str(exc))
     hangup = threading.Event()
@@ -262,7 +268,9 @@ async def _serve(tools: AgentmendTools) -> None:
         threading.Thread(
             target=_watch_for_hangup, args=(watched, hangup), name="mcp-stdin-hangup", daemon=True
         ).start()
-    serving = asyncio.ensure_future(server.run_stdio_async())
+    serving = asyncio.ensure_future(
+        serve_stdio(server, max_bytes=limits.max_request_bytes, max_depth=limits.max_request_depth)
+    )
     try:
         while not serving.done() and not hangup.is_set():
             await asyncio.wait({serving}, timeout=0.05)

@@ -307,6 +307,17 @@ class Session:
         )
         if not metrics:
             self.console.print("no executions yet: ask the team a question")
+        unwritten, write_error = orchestrator.monitor.write_backlog()
+        if unwritten:
+            self.console.print(
+                Text(
+                    f"{unwritten} runs not yet written to the store (kept, retried): "
+                    f"{write_error or 'waiting for the writer'}",
+                    style="yellow",
+                )
+            )
+        for stem, error in orchestrator.team.broken.items():
+            self.console.print(Text(f"{stem}: definition broken: {error}", style="red"))
         check = orchestrator.manager.verify_audit_chain(repair=False)
         if not check:
             self._print_chain_problems(check)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.errors import AgentmendError, ConfigurationError
+from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime, RuntimeBase
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.settings import Provider, Settings, load_settings
@@ -201,6 +202,7 @@ class Workspace:
                 improvement_window_s=None if interactive else settings.improvement_window_s,
                 max_improvements_per_window=settings.max_improvements_per_window,
                 audit_hmac_key=key.get_secret_value() if key is not None else None,
+                limits=InputLimits.of(settings),
             )
             monitor = PerformanceMonitor(store, baseline_n=settings.baseline_n)
         except WorkspaceError:

@@ -43,6 +43,7 @@ from infrastructure.changes.gates import ConfidenceGate, HumanApprovalGate, defa
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate
 from infrastructure.errors import ChangeNotFound, ConfigurationError, RollbackConflict
+from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime, ToolSpec
 from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
 from infrastructure.monitoring.detection import IssueDetector
@@ -168,6 +169,7 @@ class MetaOrchestrator:
                 improvement_window_s=self.settings.improvement_window_s,  # a long-lived process
                 max_improvements_per_window=self.settings.max_improvements_per_window,
                 audit_hmac_key=key.get_secret_value() if key is not None else None,
+                limits=InputLimits.of(self.settings),
             )
         self.manager = manager
         self.roles_runtime = roles_runtime

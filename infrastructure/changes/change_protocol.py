@@ -11,7 +11,8 @@ Apply
 2. read each file's old bytes and hash;
 3. record the intent: the changes as PENDING with the old bytes, committed and synced;
 4. write a human backup ``<root>/.agent/backups/<path>_<time>_<change id>.bak`` (for people);
-5. write the new bytes with ``files.atomic_write`` (or ``atomic_delete``);
+5. write the new bytes with ``confined.write`` (or ``confined.delete``), which reach the file
+   from the root's descriptor without following any symlink;
 6. mark the changes APPLIED and append their audit rows in one synced transaction.
 
 An apply returns only after step 6, so an acknowledged change is APPLIED on disk and is never
@@ -71,7 +72,7 @@ from infrastructure.changes.apply import (
 )
 from infrastructure.changes.audit import AuditLog
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
-from infrastructure.changes.protocol_files import lock_path
+from infrastructure.changes.protocol_files import root_lock
 from infrastructure.changes.recovery import Recovery
 from infrastructure.changes.rollback import (
     LIVE_STATUSES,
@@ -79,7 +80,6 @@ from infrastructure.changes.rollback import (
     RollbackPlan,
     Rollbacks,
 )
-from infrastructure.files import locked_file
 from infrastructure.models import ChangeRecord
 from infrastructure.store import Store
 from infrastructure.structured_logger import get_logger
@@ -123,7 +123,7 @@ class ChangeProtocol:
         """
         items = prepare(entries, root)
         root = Path(root).resolve()
-        with locked_file(lock_path(root)):
+        with root_lock(root):
             self.recovery.recover_root(root)
             self.audit.ensure_appendable()  # before any byte is written
             created = record_intent(
@@ -171,7 +171,7 @@ class ChangeProtocol:
         """
         assert row.root is not None, "a change without files rolls back as a status change"
         root = Path(row.root)
-        with locked_file(lock_path(root)):
+        with root_lock(root):
             self.recovery.recover_root(root)
             fresh = self.changes.get(row.change_id)
             if fresh is None or fresh.status not in LIVE_STATUSES:
@@ -202,7 +202,7 @@ class ChangeProtocol:
         """
         assert row.root is not None, "a change without files rolls back as a status change"
         root = Path(row.root)
-        with locked_file(lock_path(root)):
+        with root_lock(root):
             self.recovery.recover_root(root)
             fresh = self.changes.get(row.change_id)
             if fresh is None or fresh.status not in LIVE_STATUSES:

@@ -41,6 +41,7 @@ from infrastructure.changes.change_protocol import (
     PartialRollback,
 )
 from infrastructure.errors import ChangeNotFound, ChangeStateError, ConfigurationError
+from infrastructure.limits import InputLimits
 from infrastructure.models import (
     ChangeRecord,
     ChangeStatus,
@@ -82,6 +83,9 @@ class ImprovementManager:
         max_improvements_per_window: the rolling budget's size.
         applied_by: who the changes are attributed to by default.
         recover: settle work that crashed processes left unfinished, on open.
+        limits: the bounds on rationales, reasons, file contents and files per group
+            (``InputLimits.of(settings)``; the documented defaults when None). Over one is an
+            ``InputTooLarge`` and nothing is written or recorded.
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class ImprovementManager:
         max_improvements_per_window: int = 5,
         applied_by: str = "self-improver",
         recover: bool = True,
+        limits: InputLimits | None = None,
     ) -> None:
         if store is not None and history_file is not None:
             raise ConfigurationError("give history_file or store, not both")
@@ -115,6 +120,7 @@ class ImprovementManager:
         self.max_improvements_per_window = max_improvements_per_window
         self._applied_at: deque[float] = deque()  # wall-clock times of applied changes
         self.applied_by = applied_by
+        self.limits = limits if limits is not None else InputLimits()
         self._count_lock = threading.Lock()
         if recover:
             self.recover()
@@ -184,6 +190,7 @@ class ImprovementManager:
         One INSERT, plus an audit row when the change counts as applied. Such a change rolls
         back as a status change only.
         """
+        self.limits.action(action)
         change_id = ChangeLog.new_id()
         by = applied_by or self.applied_by
         # Only a change that counts as applied is refused over a broken audit head.
@@ -458,6 +465,10 @@ class ImprovementManager:
         user_id: str | None,
         user_name: str | None,
     ) -> list[ChangeRecord]:
+        self.limits.files("change group", entries)
+        self.limits.contents("change group", [content for _, _, content in entries])
+        for action, _, _ in entries:
+            self.limits.action(action)
         records = self.protocol.apply(
             entries,
             root,
@@ -481,6 +492,7 @@ class ImprovementManager:
         user_id: str | None,
         user_name: str | None,
     ) -> bool:
+        self.limits.text("reason", reason)
         if row.status not in LIVE_STATUSES:
             return False
         if row.root is None:

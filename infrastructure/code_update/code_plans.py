@@ -26,7 +26,7 @@ from infrastructure.changes.safety import FileEdit, GateVerdict, ProposedChange
 from infrastructure.code_update.code_validation import ValidationReport
 from infrastructure.code_update.unified_diff import DiffError, apply_patch, parse_unified_diff
 from infrastructure.errors import AgentmendError, PathNotAllowed
-from infrastructure.files import resolve_inside, sha256_bytes
+from infrastructure.files import read_if_exists, resolve_inside, sha256_bytes
 from infrastructure.frozen import FrozenDict
 from infrastructure.models import ChangeType, ImprovementAction
 
@@ -217,11 +217,12 @@ def code_plan(plan: Plan) -> CodePlan:
 
 
 def read_file(path: Path) -> bytes | None:
-    """The file's bytes, None when there is no file."""
-    try:
-        return path.read_bytes()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
+    """The file's bytes, None when there is no file.
+
+    Raises:
+        PathNotAllowed: a symlink at the name, or not a regular file.
+    """
+    return read_if_exists(path)
 
 
 def _encode(content: str | None) -> bytes | None:

@@ -52,6 +52,7 @@ from infrastructure.changes.decisions import (
 )
 from infrastructure.changes.gates import HumanApprovalGate, ScopeGate, SupervisorGate
 from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.protocol_files import root_lock
 from infrastructure.changes.safety import (
     ChangeReviewer,
     Gate,
@@ -83,7 +84,7 @@ from infrastructure.code_update.code_validation import ValidationReport, failure
 from infrastructure.code_update.copy_validation import validate_in_copy
 from infrastructure.code_update.suite_guard import flagged_test_files
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
-from infrastructure.files import locked_file
+from infrastructure.limits import InputLimits
 from infrastructure.models import ChangeType, ImprovementAction, utc_now
 from infrastructure.settings import Settings, load_settings
 from infrastructure.structured_logger import get_logger
@@ -205,6 +206,12 @@ class CodeUpdater:
         """
         if not description or not description.strip():
             raise CodeUpdateError("description is required to make a plan", field="description")
+        limits = InputLimits.of(self.settings)
+        limits.text("description", description)
+        limits.file("diff", diff)
+        if files:
+            limits.files("plan", files)
+            limits.contents("plan", [_content(f) for f in files])
         has_files = bool(files)
         has_diff = diff is not None and bool(diff.strip())
         if has_files == has_diff:
@@ -375,7 +382,7 @@ class CodeUpdater:
         result = ExecutionResult(
             plan_id=plan_id, success=False, status="refused", reason=reason, verdicts=verdicts
         )
-        with locked_file(self._lock_path()):
+        with root_lock(self.root):  # the manager's root lock (re-entrant)
             plan = self.get(plan_id)
             self._check_executable(plan)  # not executed by someone else meanwhile
             self._set(plan, "refused", result=result)
@@ -391,7 +398,7 @@ class CodeUpdater:
     def _apply_and_validate(
         self, plan_id: str, verdicts: tuple[GateVerdict, ...]
     ) -> ExecutionResult:
-        with locked_file(self._lock_path()):
+        with root_lock(self.root):  # the manager's root lock (re-entrant)
             self._recover_interrupted()
             plan = self.get(plan_id)
             self._check_executable(plan)
@@ -550,7 +557,7 @@ class CodeUpdater:
         """
         if not reason or not reason.strip():
             raise CodeUpdateError("reason is required to roll back", field="reason")
-        with locked_file(self._lock_path()):
+        with root_lock(self.root):  # the manager's root lock (re-entrant)
             self._recover_interrupted()
             if plan_id is None:
                 done = self._with_status("completed")
@@ -597,7 +604,7 @@ class CodeUpdater:
         plan of this root (it holds the root's lock), so a live execution is never taken for
         a dead one.
         """
-        with locked_file(self._lock_path()):
+        with root_lock(self.root):  # the manager's root lock (re-entrant)
             return self._recover_interrupted()
 
     def _recover_interrupted(self) -> list[str]:
@@ -624,9 +631,6 @@ class CodeUpdater:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _lock_path(self) -> Path:
-        return self.root / ".agent" / "agentmend.lock"  # the manager's root lock (re-entrant)
-
     def _set(
         self, plan: CodePlan, status: str, *, result: ExecutionResult | None = None, **extra: Any
     ) -> CodePlan:
@@ -637,3 +641,8 @@ class CodeUpdater:
         if result is not None:
             payload["result"] = result.model_dump(mode="json")
         return code_plan(update_plan(self.store, plan.plan_id, status=status, payload=payload))
+
+
+def _content(item: FileOperation | dict[str, Any]) -> str | None:
+    content = item.content if isinstance(item, FileOperation) else item.get("content")
+    return content if isinstance(content, str) else None

@@ -157,6 +157,7 @@ class PerformanceMonitor:
         self._epochs: dict[str, int] = {}  # highest epoch number used per agent
         self._feed = RunFeed(detection_backlog)
         self._unwritten: list[Row] = []
+        self._write_error: str | None = None  # why the last write failed; None once one works
         self._closed = False
         self._table = ExecutionStore(store, uuid.uuid4().hex) if store is not None else None
         if self._table is not None:
@@ -489,7 +490,19 @@ class PerformanceMonitor:
         except Exception as exc:
             with self._state_lock:
                 self._unwritten[:0] = batch
+            self._write_error = f"{type(exc).__name__}: {exc}"
             raise StoreError(f"cannot write {len(batch)} runs to the store: {exc}") from exc
+        self._write_error = None
+
+    def write_backlog(self) -> tuple[int, str | None]:
+        """(runs recorded but not yet in the store, why the last write failed or None).
+
+        While the store fails (a full disk, a locked or broken database) the background
+        writer keeps the runs and retries; this is what a status shows meanwhile.
+        """
+        with self._state_lock:
+            count = len(self._unwritten) + len(self._buffer)
+        return count, self._write_error
 
     def _background_flush(self) -> None:
         with self._write_lock:

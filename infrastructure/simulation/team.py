@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from infrastructure.errors import ConfigurationError
-from infrastructure.files import atomic_write
+from infrastructure.files import atomic_write, read_if_exists
 
 __all__ = [
     "AVAILABLE_MODELS",
@@ -274,7 +274,8 @@ def copy_team(destination_dir: str | Path, *, overwrite: bool = False) -> Path:
     if not overwrite:
         for name, data in files.items():
             target = destination / name
-            if target.exists() and target.read_bytes() != data:
+            current = read_if_exists(target)
+            if current is not None and current != data:
                 raise ConfigurationError(
                     f"{target}: a different file is already there; "
                     "pass overwrite=True to replace it"
@@ -282,6 +283,6 @@ def copy_team(destination_dir: str | Path, *, overwrite: bool = False) -> Path:
     destination.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         target = destination / name
-        if not (target.exists() and target.read_bytes() == data):
+        if read_if_exists(target) != data:
             atomic_write(target, data)
     return destination
