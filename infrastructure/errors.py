@@ -8,7 +8,6 @@ runtime returns inside an ``AgentResult`` as data and which the monitor records.
 from __future__ import annotations
 
 import errno as errno_module
-import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -100,13 +99,6 @@ class StoreError(AgentmendError):
         self.cause = cause
         super().__init__(message)
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_store_error, (str(self), self.path, self.cause))
-
-
-def _store_error(message: str, path: str | None, cause: str | None) -> StoreError:
-    return StoreError(message, path=path, cause=cause)
-
 
 class SpecError(AgentmendError):
     """An agent definition file that cannot be loaded; names the file and the field."""
@@ -130,9 +122,6 @@ class PathNotAllowed(AgentmendError):
         self.problem = problem
         detail = f" ({problem})" if problem else ""
         super().__init__(f"path {self.path!r} is not allowed under {self.root}{detail}")
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.path, self.root, self.problem))
 
 
 class RollbackConflict(AgentmendError):
@@ -259,12 +248,7 @@ class FileOperationError(AgentmendError):
         self.errno = error.errno if error is not None else None
         self.cause = errno_name(self.errno)
         why = (error.strerror if error is not None else None) or "failed"
-        self._error = error
         super().__init__(f"cannot {operation} {self.path}: {why} ({self.cause})")
-
-    def __reduce__(self) -> tuple[object, ...]:
-        error = OSError(self.errno, os.strerror(self.errno)) if self.errno else None
-        return (type(self), (self.path, self.operation, error))
 
 
 class FileTooLarge(AgentmendError):
@@ -275,9 +259,6 @@ class FileTooLarge(AgentmendError):
         self.size = size
         self.limit = limit
         super().__init__(f"{self.path} is {size} bytes, over the limit of {limit} bytes")
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.path, self.size, self.limit))
 
 
 class InputTooLarge(AgentmendError, ValueError):
@@ -299,9 +280,6 @@ class InputTooLarge(AgentmendError, ValueError):
             f"{what} is {size} {unit}, over the limit of {limit} {unit} "
             f"(Settings.{setting}, AGENTMEND_{setting.upper()})"
         )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.what, self.size, self.limit, self.setting, self.unit))
 
 
 def errno_name(number: int | None) -> str:

@@ -40,6 +40,18 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         {"shutil.", "tempfile.mkdtemp"},
         "the CLI's temporary HOME",
     ),
+    "infrastructure/code_update/sandbox.py": (
+        {
+            ".unlink(",
+            ".write_text(",
+            'open(os.environ["AGENTMEND_IMPORT_REPORT"], "w"',
+            "shutil.",
+            ".mkdir(",
+            ".write_bytes(",
+        },
+        "the throwaway copy validation runs in (a temporary folder, never the project tree)",
+    ),
+    "agents/faces/otel_receiver.py": ({".mkdir("}, "the workspace folder of its store"),
     "infrastructure/simulation/team.py": (
         {".mkdir("},
         "the folder a simulated team is copied into (the root itself; files go through "

@@ -38,6 +38,7 @@ _SAMPLES: dict[str, Callable[[str], Any]] = {
     "str | None": lambda name: f"the {name}",
     "str | Path": lambda name: f"/work/{name}",
     "str | Path | None": lambda name: f"/work/{name}",
+    "OSError | None": lambda name: OSError(28, "No space left on device"),
     "int": lambda name: 3,
     "int | None": lambda name: 429,
     "float | None": lambda name: 1.5,

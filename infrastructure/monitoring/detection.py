@@ -64,8 +64,6 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-import structlog
-
 from infrastructure.errors import ConfigurationError
 from infrastructure.models import IssueReport
 from infrastructure.monitoring.agent_window import Baseline, log_duration
@@ -74,6 +72,7 @@ from infrastructure.monitoring.guarantee import DEFAULT_MIN_BASELINE_N, failure_
 from infrastructure.monitoring.issue_ledger import IssueLedger, IssueRow, SavedState
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.monitoring.run_feed import EventCursor, RunChunk
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "CHART_OF_KIND",
@@ -94,7 +93,7 @@ SLOWDOWN = "performance_regression"
 CHART_OF_KIND = {LOW_SUCCESS: CUSUM_FAILURE, SLOWDOWN: CUSUM_DURATION}
 """The chart that raises each kind of issue."""
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DetectorState = Literal["warming_up", "watching", "outside_guarantee"]
 """``warming_up``: the baseline is still filling, nothing is tested yet; ``watching``: the
