@@ -400,7 +400,9 @@ class Session:
         if args:
             orchestrator.team.spec(args[0])  # UnknownAgent names the agents there are
         else:
-            issue = orchestrator.check_performance_issues()
+            issue = orchestrator.check_performance_issues() or next(
+                iter(orchestrator.declined_issues()), None
+            )
             if issue is None:
                 self.console.print("no open issue; name an agent: /improve AGENT")
                 return

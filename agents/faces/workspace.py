@@ -31,6 +31,7 @@ from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime, RuntimeBase
+from infrastructure.monitoring.issue_ledger import IssueLedger
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.settings import Provider, Settings, load_settings
 from infrastructure.store import Store
@@ -205,6 +206,9 @@ class Workspace:
                 limits=InputLimits.of(settings),
             )
             monitor = PerformanceMonitor(store, baseline_n=settings.baseline_n)
+            # the detector's tables exist from the open on, so that a request that fails later
+            # (an unknown agent, say) leaves the store as it found it
+            IssueLedger(store)
         except WorkspaceError:
             _close_all(opened)
             raise

@@ -390,16 +390,15 @@ class MetaOrchestrator:
         return sorted(self._pending.values(), key=lambda i: i.severity, reverse=True)
 
     def check_performance_issues(self) -> IssueReport | None:
-        """The most urgent open issue, or None.
-
-        An issue whose cycle was declined is still open: when nothing newer is pending, the
-        most severe declined one is returned, so asking for a cycle (``/improve``) finds it.
-        """
+        """The most urgent open issue, or None."""
         issues = self.check_all_issues()
-        if issues:
-            return issues[0]
+        return issues[0] if issues else None
+
+    def declined_issues(self) -> list[IssueReport]:
+        """The issues whose cycle was declined, most severe first: still open, not offered
+        again until they change, but what a person asking for a cycle means."""
         declined = [issue for kinds in self._declined.values() for issue in kinds.values()]
-        return max(declined, key=lambda issue: issue.severity) if declined else None
+        return sorted(declined, key=lambda issue: issue.severity, reverse=True)
 
     async def issue_for(
         self, agent_name: str, *, requested_by: str = "a user", reproduce: bool = True
