@@ -38,7 +38,11 @@ from infrastructure.spec import AgentSpec
 
 SONNET = "claude-sonnet-4-6"
 SPEC = AgentSpec(
-    name="conformance", description="conformance checks", system_prompt="Answer.", model=SONNET
+    name="conformance",
+    description="conformance checks",
+    system_prompt="Answer.",
+    model=SONNET,
+    permission_profile="open",  # the checks' own tools are not on standard's read-only list
 )
 ALL_CHECKS = (
     "answers",

@@ -227,7 +227,8 @@ def _scenarios(spec: AgentSpec) -> list[tuple[Scenario, Verify]]:
         (
             scenario(
                 "denied_tool_is_reported",
-                spec=spec.with_changes(tools=("echo",)),
+                # standard: "shell" is neither declared nor on its read-only list
+                spec=spec.with_changes(tools=("echo",), permission_profile="standard"),
                 tool_behaviour=(("echo", "ok"), ("shell", "ok")),
                 turns=(_call("shell", {"text": "rm -rf /"}), _text("Done without it.")),
             ),
@@ -305,8 +306,13 @@ async def run_runtime_conformance(
     """
     from infrastructure.spec import AgentSpec
 
+    # "open": the checks' own in-process tools are not on the standard profile's read-only
+    # list, and what is checked is the runtime's contract, not the profile's classes
     base = spec or AgentSpec(
-        name="conformance", description="conformance checks", system_prompt="Answer briefly."
+        name="conformance",
+        description="conformance checks",
+        system_prompt="Answer briefly.",
+        permission_profile="open",
     )
     results: list[CheckResult] = []
     for scenario, verify in _scenarios(base):
