@@ -273,6 +273,15 @@ def _handler_for(receiver: OtlpReceiver) -> type[http.server.BaseHTTPRequestHand
                 return Answer.text(400, "the Content-Length is not a number")
             if length < 0 or length > receiver.max_body_bytes:
                 self.close_connection = True  # the unread body must not be taken for a request
+                if 0 < length <= 4 * receiver.max_body_bytes:
+                    # read and drop a moderately oversized body in small pieces, so a client
+                    # still sending gets the 413 rather than a reset connection
+                    left = length
+                    while left > 0:
+                        piece = self.rfile.read(min(left, 65_536))
+                        if not piece:
+                            break
+                        left -= len(piece)
                 return Answer.text(413, f"the body is larger than {receiver.max_body_bytes} bytes")
             body = self.rfile.read(length)
             if len(body) < length:
