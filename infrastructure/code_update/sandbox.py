@@ -169,8 +169,11 @@ def project_copy(
             if source.is_symlink() or not source.is_file():
                 continue  # a link could point back into the real tree
             target = copy / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target)
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError):
+                continue  # changed underneath since it was listed: the copy has the tree as now
         for rel, data in changes.items():
             target = copy / rel
             if data is None:
