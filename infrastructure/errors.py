@@ -21,6 +21,7 @@ __all__ = [
     "InvalidArgument",
     "NotFound",
     "PathNotAllowed",
+    "PostgresExtraMissing",
     "RollbackConflict",
     "SpecError",
     "StoreError",
@@ -54,6 +55,16 @@ class AgentmendError(Exception):
 
 class ConfigurationError(AgentmendError):
     """Settings or arguments that cannot work (a missing key, an unknown provider, ...)."""
+
+
+class PostgresExtraMissing(ConfigurationError):
+    """A ``postgresql://`` store was asked for without the ``[postgres]`` extra installed."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+        super().__init__(
+            f"{module} is not installed: install agentmend[postgres] to use a PostgreSQL store"
+        )
 
 
 class InvalidArgument(AgentmendError, ValueError):

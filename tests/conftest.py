@@ -6,6 +6,10 @@
   unless it is marked ``@pytest.mark.allow_network``. A refusal that the code under test
   swallowed (turned into a connection error) still fails the test at teardown; the
   ``network_guard`` fixture gives a test the guard to inspect.
+- ``pg_server`` is one throwaway PostgreSQL server for the session (``tests/pg_server.py``),
+  stopped by pid at the end; ``pg_url`` is a fresh database on it for one test, and
+  ``store_url`` runs a test once per backend (a SQLite file, then a PostgreSQL database).
+  Without the binaries these skip, or fail under ``AGENTMEND_REQUIRE_SERVICES=1``.
 - ``fake_api`` yields a started ``FakeMessagesAPI`` (``tests/fake_messages_api.py``) and closes
   it after the test. Test modules import the helpers with
   ``from fake_messages_api import Reply, FakeMessagesAPI`` (tests/ is on sys.path because this
@@ -16,9 +20,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fake_messages_api import FakeMessagesAPI
+from pg_server import PgServer, PgUnavailable
+from services import unavailable
 
 from infrastructure.llm.network_guard import TESTING_ENV_VAR, NetworkGuard, refuse_non_loopback
 
@@ -47,3 +54,33 @@ def fake_api() -> Iterator[FakeMessagesAPI]:
         yield api
     finally:
         api.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        unavailable("psycopg is not installed (pip install agentmend[postgres])")
+    try:
+        server = PgServer()
+    except PgUnavailable as exc:
+        unavailable(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> str:
+    """A fresh database of its own for this test."""
+    return pg_server.create_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The test's store, once on each backend."""
+    if request.param == "sqlite":
+        return str(tmp_path / "agentmend.db")
+    return str(request.getfixturevalue("pg_url"))

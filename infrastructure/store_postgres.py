@@ -1,0 +1,318 @@
+"""The fleet backend: a PostgreSQL database shared by many worker processes on many hosts.
+
+Needs the ``[postgres]`` extra (psycopg 3), imported on first use. Components speak the plain
+SQL of :mod:`infrastructure.store_sql`; this module maps it: ``?`` parameters to ``%s``,
+SQLite's schema types to PostgreSQL's, booleans to 0/1 and integral ``NUMERIC`` results (a
+``SUM`` of integers) back to ``int``, so rows read the same on both backends.
+
+Write transactions keep SQLite's contract: one writer at a time, taken up front. Each begins
+by taking a store-wide transaction-level advisory lock, so a component's read-then-write inside
+a transaction (the next epoch number, a chain's head) cannot interleave with another's, and
+generated ids grow in commit order as SQLite's do, which is what lets readers catch up by id.
+Reads never wait for it. Commits are durable (``synchronous_commit`` on) and the server, not
+this process, decides when they are on disk, so ``durable`` adds nothing here.
+
+A team's changes are serialized across hosts by :meth:`PostgresBackend.team_lock`: a
+session-level advisory lock held on a connection of its own for as long as the apply,
+verification or rollback takes, never a transaction left open around model calls. If the
+process dies the server ends its session and the lock with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from infrastructure.errors import PostgresExtraMissing, StoreError
+from infrastructure.structured_logger import get_logger
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["PgConnection", "PostgresBackend", "translate_script", "translate_statement"]
+
+log = get_logger(__name__)
+
+# pg_advisory_xact_lock key every write transaction takes ("agmend" in ASCII)
+_WRITER_LOCK_KEY = 0x61676D656E64
+_CONNECT_TIMEOUT_S = 10
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise PostgresExtraMissing("psycopg") from exc
+    return psycopg
+
+
+class PgConnection:
+    """A psycopg connection that takes the store's ``?`` SQL (see :mod:`store_sql`).
+
+    A failed statement raises :class:`StoreError` (its SQLSTATE as ``cause``), inside a
+    transaction or not, so callers handle one error on either backend.
+    """
+
+    __slots__ = ("_backend", "raw")
+
+    def __init__(self, raw: psycopg.Connection[Any], backend: PostgresBackend) -> None:
+        self.raw = raw
+        self._backend = backend
+
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self.raw.info.transaction_status != 0)  # 0 is IDLE
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[Any]:
+        try:
+            if not parameters:
+                return self.raw.execute(sql)
+            return self.raw.execute(translate_statement(sql), parameters)
+        except self._backend.driver_error as exc:
+            raise self._backend.error("a statement failed on", exc) from exc
+
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> psycopg.Cursor[Any]:
+        cursor = self.raw.cursor()
+        try:
+            cursor.executemany(translate_statement(sql), parameters)
+        except self._backend.driver_error as exc:
+            raise self._backend.error("a statement failed on", exc) from exc
+        return cursor
+
+
+class PostgresBackend:
+    """Per-thread connections to one PostgreSQL database, each in autocommit mode."""
+
+    name = "postgresql"
+
+    def __init__(self, url: str) -> None:
+        self._psycopg = _psycopg()
+        self.driver_error: type[Exception] = self._psycopg.Error
+        self.url = url
+        try:
+            params = self._psycopg.conninfo.conninfo_to_dict(url)
+        except self._psycopg.ProgrammingError as exc:
+            raise StoreError(f"not a PostgreSQL URL: {_redact(url)}: {exc}") from exc
+        self.params = params
+        host = str(params.get("host") or "localhost")
+        self.display = (
+            f"postgresql://{params.get('user') or ''}@{host}:{params.get('port') or 5432}"
+            f"/{params.get('dbname') or ''}"
+        )
+        self._local = threading.local()
+        self._connections: list[PgConnection] = []
+        self._lock = threading.Lock()
+
+    @property
+    def local_name(self) -> str:
+        """A file name that tells this database apart on this host."""
+        raw = f"{self.params.get('dbname') or 'postgres'}@{self.params.get('host') or ''}"
+        raw += f"_{self.params.get('port') or 5432}"
+        return re.sub(r"[^A-Za-z0-9_.@-]+", "_", raw).strip("_")
+
+    def _connect(self) -> PgConnection:
+        pg = self._psycopg
+        try:
+            raw = pg.connect(self.url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S)
+        except pg.Error as exc:
+            raise self.error("cannot open store", exc) from exc
+        _adapt(raw)
+        return PgConnection(raw, self)
+
+    def connection(self) -> PgConnection:
+        conn: PgConnection | None = getattr(self._local, "conn", None)
+        if conn is not None and (conn.raw.closed or conn.raw.broken):
+            conn = None  # the server went away (a restart): the next statement reconnects
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+            with self._lock:
+                self._connections = [c for c in self._connections if not c.raw.closed]
+                self._connections.append(conn)
+        return conn
+
+    def check_database(self) -> None:
+        with self.transaction() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_versions ("
+                " component TEXT PRIMARY KEY, version BIGINT NOT NULL)"
+            )
+
+    @contextmanager
+    def transaction(self, *, durable: bool = False) -> Iterator[PgConnection]:
+        pg = self._psycopg
+        conn = self.connection()
+        if conn.in_transaction:
+            if durable:
+                raise StoreError(
+                    "a durable transaction cannot be nested inside an open transaction"
+                )
+            yield conn
+            return
+        try:
+            conn.raw.execute("BEGIN")
+            conn.raw.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITER_LOCK_KEY,))
+        except pg.Error as exc:
+            self._rollback(conn)
+            raise self.error("cannot begin a transaction on", exc) from exc
+        try:
+            yield conn
+        except pg.Error as exc:  # a statement run on ``conn.raw`` directly
+            self._rollback(conn)
+            raise self.error("a statement failed on", exc) from exc
+        except BaseException:
+            self._rollback(conn)
+            raise
+        try:
+            conn.raw.execute("COMMIT")
+        except pg.Error as exc:
+            self._rollback(conn)
+            raise self.error("cannot commit to", exc) from exc
+
+    @contextmanager
+    def snapshot(self) -> Iterator[PgConnection]:
+        """A read transaction: every statement inside sees one state of the database."""
+        pg = self._psycopg
+        conn = self.connection()
+        if conn.in_transaction:
+            yield conn
+            return
+        try:
+            conn.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        except pg.Error as exc:
+            raise self.error("cannot read from", exc) from exc
+        try:
+            yield conn
+        finally:
+            self._rollback(conn)  # read only: nothing to commit
+
+    @contextmanager
+    def team_lock(self, team_id: str) -> Iterator[None]:
+        """Hold the team's session-level advisory lock on a connection of its own."""
+        pg = self._psycopg
+        key = _lock_key("team:" + team_id)
+        holder = self._connect()
+        try:
+            try:
+                holder.raw.execute("SELECT pg_advisory_lock(%s)", (key,))
+            except pg.Error as exc:
+                raise self.error("cannot lock the team on", exc) from exc
+            yield
+        finally:
+            try:  # closing the session releases the lock even if the unlock fails
+                holder.raw.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            except pg.Error as exc:
+                log.warning("store_team_unlock_failed", store=self.display, error=str(exc))
+            holder.raw.close()
+
+    def translate_script(self, script: str) -> str:
+        return translate_script(script)
+
+    def error(self, what: str, exc: Exception) -> StoreError:
+        cause = getattr(exc, "sqlstate", None) or type(exc).__name__
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return StoreError(f"{what} {self.display}: {message} ({cause})", cause=cause)
+
+    def _rollback(self, conn: PgConnection) -> None:
+        if conn.raw.closed or not conn.in_transaction:
+            return
+        try:
+            conn.raw.execute("ROLLBACK")
+        except self._psycopg.Error as exc:
+            log.error("store_rollback_failed", store=self.display, error=str(exc))
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                conn.raw.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    def reinit_after_fork(self) -> list[object]:
+        """In a forked child: forget the parent's connections, returning them to be parked.
+
+        Closing an inherited connection would end the parent's session on the shared socket.
+        """
+        inherited: list[object] = list(self._connections)
+        self._connections = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        return inherited
+
+
+def _lock_key(name: str) -> int:
+    """A signed 64-bit advisory lock key for ``name``, the same on every host."""
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
+
+
+def _adapt(raw: psycopg.Connection[Any]) -> None:
+    """Booleans go in as 0/1 and integral NUMERICs come out as ints, as SQLite's do."""
+    from psycopg.adapt import Dumper, Loader
+    from psycopg.postgres import types
+
+    class BoolAsInt(Dumper):
+        oid = types["int8"].oid
+
+        def dump(self, obj: Any) -> bytes:
+            return b"1" if obj else b"0"
+
+    class NumericAsNumber(Loader):
+        def load(self, data: Any) -> Any:
+            text = bytes(data).decode()
+            if "." in text or "e" in text.lower() or "n" in text.lower():
+                return float(text)
+            return int(text)
+
+    raw.adapters.register_dumper(bool, BoolAsInt)
+    raw.adapters.register_loader("numeric", NumericAsNumber)
+
+
+@lru_cache(maxsize=4096)
+def translate_statement(sql: str) -> str:
+    """``?`` parameters to ``%s`` and a literal ``%`` to ``%%``, outside quoted text."""
+    out: list[str] = []
+    quote: str | None = None
+    for ch in sql:
+        if quote is not None:
+            if ch == quote:
+                quote = None
+            out.append("%%" if ch == "%" else ch)
+        elif ch in ("'", '"'):
+            quote = ch
+            out.append(ch)
+        elif ch == "?":
+            out.append("%s")
+        elif ch == "%":
+            out.append("%%")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+_TYPE_MAP = (
+    (
+        re.compile(r"\bINTEGER PRIMARY KEY(?: AUTOINCREMENT)?\b"),
+        "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+    ),
+    (re.compile(r"\bINTEGER\b"), "BIGINT"),
+    (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
+    (re.compile(r"\bBLOB\b"), "BYTEA"),
+    (re.compile(r"\)\s*WITHOUT ROWID"), ")"),
+)
+
+
+def translate_script(script: str) -> str:
+    """A schema script in SQLite's type names, in PostgreSQL's."""
+    for pattern, replacement in _TYPE_MAP:
+        script = pattern.sub(replacement, script)
+    return script

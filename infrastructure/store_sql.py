@@ -1,0 +1,117 @@
+"""The SQL interface every component speaks, whichever backend holds the store.
+
+Components write one plain SQL text for both backends:
+
+- parameters are ``?`` (the PostgreSQL connection rewrites them to ``%s``);
+- upserts are ``INSERT ... ON CONFLICT (...) DO NOTHING | DO UPDATE SET t.col = excluded.col``
+  (never ``INSERT OR ...``); in ``DO UPDATE`` a column of the existing row is qualified with
+  its table name, which PostgreSQL requires and SQLite accepts;
+- a generated id is read with ``RETURNING id`` (never ``lastrowid``);
+- a subquery in ``FROM`` has an alias; ``LEAST``/``GREATEST`` and two-argument ``MIN``/``MAX``
+  differ, so a ``CASE`` stands in for them;
+- schema scripts use SQLite's type names (``INTEGER``, ``REAL``, ``TEXT``, ``BLOB``,
+  ``INTEGER PRIMARY KEY [AUTOINCREMENT]``, ``WITHOUT ROWID``), which the PostgreSQL backend
+  maps to its own (``BIGINT``, ``DOUBLE PRECISION``, ``BYTEA``, an identity column);
+- booleans are stored as integers 0/1 on both.
+
+What cannot be written once (the table catalogue, a sequence's next value) is a function here,
+so each component's dialect difference is one call. Transactions, snapshots and locks are the
+:class:`~infrastructure.store.Store`'s (``transaction``, ``snapshot``, ``team_lock``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Literal, Protocol
+
+__all__ = [
+    "Backend",
+    "StoreConnection",
+    "StoreCursor",
+    "backend_of",
+    "has_table",
+    "next_id",
+    "set_next_id",
+]
+
+Backend = Literal["sqlite", "postgresql"]
+
+
+class StoreCursor(Protocol):
+    """What a statement returns: rows as tuples."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class StoreConnection(Protocol):
+    """One connection of a store: a ``sqlite3.Connection`` or the PostgreSQL wrapper.
+
+    Autocommit outside :meth:`Store.transaction`; statements take ``?`` parameters.
+    """
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> StoreCursor: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> StoreCursor: ...
+
+
+def backend_of(conn: StoreConnection) -> Backend:
+    """Which backend ``conn`` belongs to."""
+    return "sqlite" if isinstance(conn, sqlite3.Connection) else "postgresql"
+
+
+def has_table(conn: StoreConnection, name: str) -> bool:
+    """Whether table ``name`` exists (a component whose migrations have not run yet has none)."""
+    if backend_of(conn) == "sqlite":
+        query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    else:
+        query = (
+            "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = current_schema()"
+            " AND tablename = ?"
+        )
+    return conn.execute(query, (name,)).fetchone() is not None
+
+
+def next_id(conn: StoreConnection, table: str) -> int:
+    """The id the next insert into ``table`` will get from its generated ``id`` column.
+
+    Not ``MAX(id) + 1``: rows cut off the end leave the counter where it was, so a reader can
+    tell that they are gone. Only meaningful inside a transaction that serializes inserts.
+    """
+    if backend_of(conn) == "sqlite":
+        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
+        return (int(row[0]) if row else 0) + 1
+    row = conn.execute(
+        f"SELECT last_value, is_called FROM {_sequence_name(conn, table)}"
+    ).fetchone()
+    return int(row[0]) + 1 if row[1] else int(row[0])
+
+
+def set_next_id(conn: StoreConnection, table: str, after: int) -> None:
+    """Make ``table``'s next generated id ``after + 1`` (after rows were copied in with ids)."""
+    if backend_of(conn) == "sqlite":
+        conn.execute("DELETE FROM sqlite_sequence WHERE name = ?", (table,))
+        if after > 0:
+            conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, after))
+        return
+    conn.execute(
+        "SELECT setval(pg_get_serial_sequence(?, 'id'), CAST(? AS BIGINT), ? = 1)",
+        (table, max(after, 1), int(after > 0)),
+    )
+
+
+def _sequence_name(conn: StoreConnection, table: str) -> str:
+    row = conn.execute("SELECT pg_get_serial_sequence(?, 'id')", (table,)).fetchone()
+    if row is None or row[0] is None:
+        raise LookupError(f"table {table} has no generated id column")
+    return str(row[0])

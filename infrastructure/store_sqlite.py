@@ -1,0 +1,193 @@
+"""The embedded backend: one SQLite database file in WAL mode, shared by threads and processes.
+
+Writers take the database lock up front (``BEGIN IMMEDIATE``) so two processes never deadlock on
+a lock upgrade, and wait on each other through SQLite's busy timeout rather than failing with
+``database is locked``. Commits survive a process crash; a ``durable`` transaction's also
+survive a power cut.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from infrastructure.errors import StoreError
+from infrastructure.structured_logger import get_logger
+
+__all__ = ["SqliteBackend"]
+
+log = get_logger(__name__)
+
+_BUSY_TIMEOUT_MS = 30_000
+
+
+class SqliteBackend:
+    """Per-thread connections on one database file (SQLite connections must not be shared)."""
+
+    name = "sqlite"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        if path.exists() and path.is_dir():
+            raise StoreError(f"store path {path} is a directory, expected a database file")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    @property
+    def display(self) -> str:
+        return str(self.path)
+
+    def connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(
+                    self.path,
+                    timeout=_BUSY_TIMEOUT_MS / 1000,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+                _use_wal(conn)
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA foreign_keys=ON")
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"cannot open store {self.path}: {exc}") from exc
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    def check_database(self) -> None:
+        try:
+            self.connection().execute(
+                "CREATE TABLE IF NOT EXISTS schema_versions ("
+                " component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+            )
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path} is not an agentmend database: {exc}") from exc
+
+    @contextmanager
+    def transaction(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        conn = self.connection()
+        if conn.in_transaction:
+            if durable:
+                raise StoreError(
+                    "a durable transaction cannot be nested inside an open transaction"
+                )
+            yield conn
+            return
+        previous: int | None = None  # the sync mode to put back after a durable commit
+        try:
+            if durable:
+                previous = int(conn.execute("PRAGMA synchronous").fetchone()[0])
+                conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self._restore_sync(conn, previous)
+            raise self._error("cannot begin a transaction on", exc) from exc
+        try:
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                # SQLite ends the transaction itself on some errors (disk full, I/O error);
+                # a ROLLBACK then would fail and hide the error that matters.
+                self._rollback(conn)
+                raise self._error("a statement failed on", exc) from exc
+            except BaseException:
+                self._rollback(conn)
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback(conn)  # a COMMIT that fails may leave the transaction open
+                raise self._error("cannot commit to", exc) from exc
+        finally:
+            self._restore_sync(conn, previous)
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: every statement inside sees one state of the database."""
+        conn = self.connection()
+        if conn.in_transaction:
+            yield conn
+            return
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    def translate_script(self, script: str) -> str:
+        return script  # schema scripts are written in SQLite's dialect
+
+    def _error(self, what: str, exc: sqlite3.Error) -> StoreError:
+        """``exc`` as a StoreError naming the database and SQLite's error name."""
+        cause = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+        return StoreError(f"{what} {self.path}: {exc} ({cause})", path=self.path, cause=cause)
+
+    def _rollback(self, conn: sqlite3.Connection) -> None:
+        """Roll back what is still open, never masking the error being handled."""
+        if not conn.in_transaction:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            log.error("store_rollback_failed", path=str(self.path), error=str(exc))
+
+    def _restore_sync(self, conn: sqlite3.Connection, previous: int | None) -> None:
+        if previous is None:
+            return
+        try:
+            conn.execute(f"PRAGMA synchronous={previous}")
+        except sqlite3.Error as exc:  # only slower commits follow; not worth hiding an error
+            log.error("store_sync_mode_not_restored", path=str(self.path), error=str(exc))
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    def reinit_after_fork(self) -> list[object]:
+        """In a forked child: forget the parent's connections, returning them to be parked.
+
+        A SQLite connection must not cross a fork (the child would share the parent's file
+        locks and WAL state). Closing an inherited one in the child could checkpoint or remove
+        the parent's WAL, so the caller keeps them, unclosed, for the child's lifetime instead.
+        """
+        inherited: list[object] = list(self._connections)
+        self._connections = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        return inherited
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Switch the database to WAL, waiting out other first openers.
+
+    The mode is stored in the file, so only a brand-new database needs the switch; but the
+    switch takes an exclusive lock and SQLite does not wait for it through the busy timeout,
+    so several processes opening a new store at once would fail with ``database is locked``.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            if not busy or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)

@@ -1,0 +1,172 @@
+"""A real, throwaway PostgreSQL server started from Debian's binaries, for tests and benchmarks.
+
+The binaries are found through ``pg_config --bindir`` (Debian puts them outside ``PATH``). The
+cluster lives in a directory under /tmp owned by the ``postgres`` user (pytest's own temporary
+directory is closed to other users), made by ``initdb -N`` (no fsync of the new files, about
+0.7 s). The server listens on 127.0.0.1 at a free port and on a Unix socket in that directory;
+as root it runs as ``postgres`` through ``runuser``. :meth:`PgServer.stop` stops it by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from itertools import count
+from pathlib import Path
+
+__all__ = ["PgServer", "PgUnavailable", "pg_bindir"]
+
+_counter = count(1)
+
+
+class PgUnavailable(Exception):
+    """The PostgreSQL binaries (or the ``postgres`` user, as root) are missing."""
+
+
+def pg_bindir() -> Path:
+    """Where ``initdb``, ``pg_ctl`` and ``postgres`` are; raises PgUnavailable if nowhere."""
+    pg_config = shutil.which("pg_config")
+    if pg_config is None:
+        raise PgUnavailable("pg_config is not installed (apt-get install postgresql)")
+    out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False)
+    bindir = Path(out.stdout.strip())
+    for name in ("initdb", "pg_ctl", "postgres"):
+        if not (bindir / name).is_file():
+            raise PgUnavailable(f"{bindir / name} is missing (apt-get install postgresql)")
+    return bindir
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, waiting for a parent that is not us to reap it, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+class PgServer:
+    """One running cluster; ``create_database()`` gives each test a database of its own.
+
+    Args:
+        fsync: keep PostgreSQL's fsync on (the benchmark's setting); tests turn it off, which
+            still survives a killed or restarted server (the OS keeps the written pages).
+    """
+
+    def __init__(self, *, fsync: bool = False) -> None:
+        self.bindir = pg_bindir()
+        self._as_postgres: list[str] = []
+        owner: pwd.struct_passwd | None = None
+        if os.geteuid() == 0:
+            try:
+                owner = pwd.getpwnam("postgres")
+            except KeyError as exc:
+                raise PgUnavailable("running as root but there is no postgres user") from exc
+            self._as_postgres = ["runuser", "-u", "postgres", "--"]
+        self.base = Path(tempfile.mkdtemp(prefix="agentmend-pg-", dir="/tmp"))
+        if owner is not None:
+            os.chown(self.base, owner.pw_uid, owner.pw_gid)
+        self.data = self.base / "data"
+        self.port = _free_port()
+        self.pid: int | None = None
+        self._fsync = fsync
+        self._run(
+            "initdb",
+            "-N",
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "-D",
+            str(self.data),
+        )
+        self.start()
+
+    def _run(self, tool: str, *args: str) -> None:
+        command = [*self._as_postgres, str(self.bindir / tool), *args]
+        result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+        if result.returncode != 0:
+            raise RuntimeError(f"{tool} failed ({result.returncode}): {result.stderr.strip()}")
+
+    def start(self) -> None:
+        options = (
+            f"-k {self.base} -h 127.0.0.1 -p {self.port} -c max_connections=200"
+            f" -c fsync={'on' if self._fsync else 'off'}"
+        )
+        self._run(
+            "pg_ctl",
+            "start",
+            "-w",
+            "-t",
+            "60",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.base / "server.log"),
+            "-o",
+            options,
+        )
+        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def restart_immediate(self) -> None:
+        """``pg_ctl restart -m immediate``: the server dies without a checkpoint and recovers."""
+        self._run(
+            "pg_ctl",
+            "restart",
+            "-w",
+            "-t",
+            "60",
+            "-m",
+            "immediate",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.base / "server.log"),
+        )
+        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def create_database(self) -> str:
+        """A fresh, empty database; its URL."""
+        import psycopg
+
+        name = f"t{os.getpid()}_{next(_counter)}"
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        """Stop the server by its pid (fast shutdown, then SIGKILL), and remove the cluster."""
+        pid = self.pid
+        self.pid = None
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGINT)  # the postmaster's "fast" shutdown
+            except ProcessLookupError:
+                pid = None
+            deadline = time.monotonic() + 30
+            while pid is not None and time.monotonic() < deadline:
+                if not _alive(pid):
+                    break
+                time.sleep(0.05)
+            else:
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.base, ignore_errors=True)
