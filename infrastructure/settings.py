@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTMEND_", extra="forbid", frozen=True)
 
     workspace: Path = Path(".agentmend")
+    # where the store is: a SQLite file or sqlite:///path, or postgresql://user@host/db for a
+    # fleet (the [postgres] extra); unset, the workspace's own agentmend.db
+    store_url: str | None = None
     provider: Provider = "offline"
 
     # detection

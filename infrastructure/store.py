@@ -34,7 +34,7 @@ __all__ = ["Store", "is_store_url"]
 log = get_logger(__name__)
 
 _PG_SCHEMES = ("postgresql://", "postgres://")
-_SQLITE_SCHEME = "sqlite:///"
+_SQLITE_SCHEME = "sqlite://"
 
 
 def is_store_url(location: str | Path) -> bool:
@@ -49,8 +49,8 @@ class Store:
     Each thread gets its own connection; the handle itself is cheap to pass around.
 
     Args:
-        location: a SQLite database file (a path, or ``sqlite:///path``: three slashes then
-            the path, so ``sqlite:////abs/x.db`` is absolute) or a PostgreSQL URL
+        location: a SQLite database file (a path, or ``sqlite://`` then the path, so
+            ``sqlite:///srv/x.db`` is the absolute ``/srv/x.db``) or a PostgreSQL URL
             (``postgresql://user:password@host:port/db``).
         files_dir: where this host keeps the files that go with a PostgreSQL store (the audit
             head, ...); default the current directory's ``.agentmend``. A SQLite store keeps
@@ -75,6 +75,8 @@ class Store:
         else:
             if text.startswith(_SQLITE_SCHEME):
                 text = text[len(_SQLITE_SCHEME) :]
+                if text.startswith("//"):  # sqlite:////srv/x.db: still /srv/x.db
+                    text = "/" + text.lstrip("/")
             elif "://" in text:
                 raise StoreError(
                     f"unsupported store URL {text.split('://')[0]}://...: use a file path, "

@@ -25,13 +25,18 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal, Protocol
 
+from infrastructure.errors import StoreError
+
 __all__ = [
     "Backend",
     "StoreConnection",
     "StoreCursor",
     "backend_of",
     "has_table",
+    "join_in_order",
+    "json_text",
     "next_id",
+    "note_id_used",
     "set_next_id",
 ]
 
@@ -82,6 +87,21 @@ def has_table(conn: StoreConnection, name: str) -> bool:
     return conn.execute(query, (name,)).fetchone() is not None
 
 
+def join_in_order(conn: StoreConnection) -> str:
+    """An inner join that SQLite's planner must take in the order written (``CROSS JOIN ...
+    ON``, its documented hint); PostgreSQL, which has no such hint and no ``ON`` after
+    ``CROSS JOIN``, plans a plain ``JOIN`` well by itself."""
+    return "CROSS JOIN" if backend_of(conn) == "sqlite" else "JOIN"
+
+
+def json_text(conn: StoreConnection, column: str, key: str) -> str:
+    """SQL for the text of top-level ``key`` (a constant name, not input) in the JSON object
+    held in TEXT ``column``."""
+    if backend_of(conn) == "sqlite":
+        return f"json_extract({column}, '$.{key}')"
+    return f"(CAST({column} AS jsonb) ->> '{key}')"
+
+
 def next_id(conn: StoreConnection, table: str) -> int:
     """The id the next insert into ``table`` will get from its generated ``id`` column.
 
@@ -95,6 +115,19 @@ def next_id(conn: StoreConnection, table: str) -> int:
         f"SELECT last_value, is_called FROM {_sequence_name(conn, table)}"
     ).fetchone()
     return int(row[0]) + 1 if row[1] else int(row[0])
+
+
+def note_id_used(conn: StoreConnection, table: str, row_id: int) -> None:
+    """Record that ``table`` holds ``row_id``, inserted with an explicit id, so the next
+    generated id comes after it (SQLite's ``AUTOINCREMENT`` does so by itself)."""
+    if backend_of(conn) == "sqlite":
+        return
+    conn.execute(
+        "SELECT setval(pg_get_serial_sequence(?, 'id'), CAST(? AS BIGINT)) WHERE ? > ("
+        "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM"
+        f" {_sequence_name(conn, table)})",
+        (table, row_id, row_id),
+    )
 
 
 def set_next_id(conn: StoreConnection, table: str, after: int) -> None:
@@ -113,5 +146,5 @@ def set_next_id(conn: StoreConnection, table: str, after: int) -> None:
 def _sequence_name(conn: StoreConnection, table: str) -> str:
     row = conn.execute("SELECT pg_get_serial_sequence(?, 'id')", (table,)).fetchone()
     if row is None or row[0] is None:
-        raise LookupError(f"table {table} has no generated id column")
+        raise StoreError(f"table {table} has no generated id column")
     return str(row[0])

@@ -123,11 +123,13 @@ def test_logging_a_change_is_one_insert_and_its_audit_row(manager: ImprovementMa
     for _ in range(5):
         manager.log_change(_action())
     statements: list[str] = []
-    manager.store.connection().set_trace_callback(statements.append)
+    conn = manager.store.connection()
+    assert isinstance(conn, sqlite3.Connection)  # the trace is SQLite's
+    conn.set_trace_callback(statements.append)
     try:
         manager.log_change(_action())
     finally:
-        manager.store.connection().set_trace_callback(None)
+        conn.set_trace_callback(None)
     writes = [s.split("(")[0].strip() for s in statements if s.lstrip().startswith(
         ("INSERT", "UPDATE", "DELETE"))]  # fmt: skip
     assert writes == ["INSERT INTO changes", "INSERT INTO audit_log"]

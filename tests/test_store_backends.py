@@ -149,7 +149,7 @@ def test_local_files_live_beside_sqlite_or_in_files_dir(store_url: str, tmp_path
 
 def test_store_urls(tmp_path: Path) -> None:
     target = tmp_path / "sub" / "x.db"
-    with Store(f"sqlite:///{target}") as store:
+    with Store(f"sqlite://{target}") as store:  # sqlite:///tmp/...: absolute
         assert store.backend == "sqlite"
         assert store.path == target
         assert target.is_file()

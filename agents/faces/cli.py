@@ -129,8 +129,8 @@ def build_parser(subcommands: Sequence[Subcommand] | None = None) -> argparse.Ar
             )
             parents[command.path[:depth]] = sub
             if leaf:
-                _common_arguments(sub, command)
                 command.add_arguments(sub)
+                _common_arguments(sub, command)
                 sub.set_defaults(subcommand=command)
     return parser
 
@@ -151,6 +151,14 @@ def _common_arguments(parser: argparse.ArgumentParser, command: Subcommand) -> N
             metavar="DIR",
             default=None,
             help="workspace folder (default: $AGENTMEND_WORKSPACE, else ./.agentmend)",
+        )
+    if command.workspace and "--store" not in parser._option_string_actions:
+        parser.add_argument(
+            "--store",
+            metavar="URL",
+            default=None,
+            help="the store: a SQLite file or postgresql://user@host/db (default: "
+            "$AGENTMEND_STORE_URL, else the workspace's agentmend.db)",
         )
     if command.json_output:
         parser.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -42,7 +42,7 @@ def open_workspace(args: argparse.Namespace) -> Iterator[Workspace]:
     from agents.faces.workspace import Workspace
     from infrastructure.errors import ConfigurationError
 
-    settings = _settings()
+    settings = _settings(args)
     try:
         workspace = Workspace.open(workspace_path(args), settings=settings, create=False)
     except ConfigurationError as exc:
@@ -51,11 +51,13 @@ def open_workspace(args: argparse.Namespace) -> Iterator[Workspace]:
         yield workspace
 
 
-def _settings() -> Any:
+def _settings(args: argparse.Namespace | None = None) -> Any:
+    """The settings, with ``--store`` (when given) over ``AGENTMEND_STORE_URL``."""
     from infrastructure.settings import InvalidSetting, load_settings
 
+    store = getattr(args, "store", None)
     try:
-        return load_settings()
+        return load_settings(**({"store_url": store} if store else {}))
     except InvalidSetting as exc:
         raise CommandError(str(exc), EXIT_USAGE) from exc
 

@@ -43,7 +43,8 @@ class _OpenStore:
         from infrastructure.store import Store
 
         folder = workspace_path(args)
-        self.settings = _settings()
+        self.settings = _settings(args)
+        url = self.settings.store_url
         db = folder / DB_NAME
         if not folder.is_dir():
             raise CommandError(
@@ -53,12 +54,12 @@ class _OpenStore:
                 ),
                 EXIT_UNAVAILABLE,
             )
-        if not db.is_file():
+        if url is None and not db.is_file():
             raise CommandError(
                 f"workspace {folder} cannot be opened: no store ({DB_NAME}) in it", EXIT_UNAVAILABLE
             )
         try:
-            self.store: Store = Store(db)
+            self.store: Store = Store(url or db, files_dir=folder)
             key = self.settings.audit_hmac_key
             self.manager: ImprovementManager = ImprovementManager(
                 store=self.store,

@@ -105,11 +105,20 @@ async def _success_rate(orchestrator: MetaOrchestrator, agent: str, tasks: int) 
     return ok / tasks
 
 
-async def run_demo(console: Console, *, workspace: Path | None = None, seed: int = 0) -> int:
-    """Run the scenario; print each step and a summary. 0 when every step went as designed."""
+async def run_demo(
+    console: Console,
+    *,
+    workspace: Path | None = None,
+    seed: int = 0,
+    store_url: str | None = None,
+) -> int:
+    """Run the scenario; print each step and a summary. 0 when every step went as designed.
+
+    ``store_url`` puts the store elsewhere than the workspace's file (a PostgreSQL database).
+    """
     with tempfile.TemporaryDirectory(prefix="agentmend-demo-") as scratch:
         folder = workspace if workspace is not None else Path(scratch) / "workspace"
-        settings = Settings(baseline_n=BASELINE_RUNS, yolo_mode=True)
+        settings = Settings(baseline_n=BASELINE_RUNS, yolo_mode=True, store_url=store_url)
 
         def show(event: CycleEvent) -> None:
             console.print(cycle_event_line(event))

@@ -218,6 +218,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the workspace folder (default: AGENTMEND_WORKSPACE, else ./.agentmend)",
     )
     parser.add_argument(
+        "--store",
+        help="the store: a SQLite file or postgresql://user@host/db (default: "
+        "AGENTMEND_STORE_URL, else the workspace's agentmend.db)",
+    )
+    parser.add_argument(
         "--root",
         help=f"the project root for code updates (default: {PROJECT_ROOT_ENV}, else the "
         "current directory)",
@@ -298,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parse_args(argv)
     try:
-        settings = load_settings()
+        settings = load_settings(**({"store_url": args.store} if args.store else {}))
     except InvalidSetting as exc:  # one line and exit 2, as every face says it
         sys.stderr.write(f"agentmend-mcp: {exc}\n")
         return 2

@@ -316,7 +316,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=4318, help="port (default 4318)")
     parser.add_argument(
-        "--store", metavar="PATH", help="the store to record into (instead of the workspace's)"
+        "--store", metavar="URL", help="the store to record into (instead of the workspace's)"
     )
     parser.add_argument(
         "--token", help="require this bearer token (default: $AGENTMEND_OTLP_TOKEN, else none)"
@@ -333,17 +333,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _store_path(args: argparse.Namespace) -> Path:
-    if args.store:
-        text = str(args.store)
-        if "://" in text and not text.startswith("sqlite:///"):
-            raise ConfigurationError(f"--store {text!r}: only SQLite paths are supported")
-        return Path(text.removeprefix("sqlite://"))
+def _store_location(args: argparse.Namespace) -> tuple[str | Path, Path]:
+    """(the store: ``--store``, else ``AGENTMEND_STORE_URL``, else the workspace's file; the
+    workspace folder, where a PostgreSQL store's per-host files go)."""
     from agents.faces.workspace import DB_NAME
 
     folder = Path(args.workspace or os.environ.get("AGENTMEND_WORKSPACE") or ".agentmend")
+    given = args.store or os.environ.get("AGENTMEND_STORE_URL")
+    if given:
+        text = str(given)
+        if "://" in text and not text.startswith(("sqlite://", "postgresql://", "postgres://")):
+            raise ConfigurationError(
+                f"--store {text!r}: use a SQLite path, sqlite://PATH or postgresql://..."
+            )
+        return text, folder
     folder.mkdir(parents=True, exist_ok=True)
-    return folder / DB_NAME
+    return folder / DB_NAME, folder
 
 
 def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | None = None) -> int:
@@ -355,7 +360,7 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
     configure_logging("INFO")
     try:
         require_proto()
-        path = _store_path(args)
+        location, folder = _store_location(args)
     except ConfigurationError as exc:
         sys.stderr.write(f"agentmend: {exc}\n")
         return 2
@@ -363,7 +368,7 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
         sys.stderr.write(f"agentmend: cannot use the workspace: {exc}\n")
         return 3
     try:
-        store = Store(path)
+        store = Store(location, files_dir=folder)
     except AgentmendError as exc:
         sys.stderr.write(f"agentmend: {exc}\n")
         return 3

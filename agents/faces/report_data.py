@@ -9,7 +9,6 @@ recorded events, and the audit trail with its chain check.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,6 +24,7 @@ from infrastructure.monitoring.detection import CHART_OF_KIND
 from infrastructure.monitoring.issue_ledger import read_active_issues, read_detector_states
 from infrastructure.monitoring.run_series import SeriesPoint, read_series
 from infrastructure.store import Store
+from infrastructure.store_sql import StoreConnection, has_table
 
 __all__ = [
     "RECENT_RUNS",
@@ -86,11 +86,8 @@ class AgentStatus:
         }
 
 
-def _has_table(conn: sqlite3.Connection, name: str) -> bool:
-    row = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
-    ).fetchone()
-    return row is not None
+def _has_table(conn: StoreConnection, name: str) -> bool:
+    return has_table(conn, name)
 
 
 def _p95(values: Sequence[float]) -> float:
@@ -100,7 +97,7 @@ def _p95(values: Sequence[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
 
 
-def _baseline_runs(conn: sqlite3.Connection, agent: str, cap: int) -> int:
+def _baseline_runs(conn: StoreConnection, agent: str, cap: int) -> int:
     """Runs in the agent's active baseline (at most ``cap``), from its epoch's segments."""
     if not _has_table(conn, "baseline_epochs"):
         return 0
@@ -121,7 +118,7 @@ def _baseline_runs(conn: sqlite3.Connection, agent: str, cap: int) -> int:
     return int(
         conn.execute(
             "SELECT COUNT(*) FROM (SELECT 1 FROM executions WHERE agent = ? AND source = ? "
-            f"AND ({' OR '.join(clauses)}) LIMIT ?)",
+            f"AND ({' OR '.join(clauses)}) LIMIT ?) AS runs",
             (*params, cap),
         ).fetchone()[0]
     )

@@ -81,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, workspace: bool = True) ->
     """The session's flags, shared by ``main.py`` and ``agentmend session``."""
     if workspace:
         parser.add_argument("--workspace", type=Path, help="workspace folder (default .agentmend)")
+        parser.add_argument(
+            "--store",
+            metavar="URL",
+            help="the store: a SQLite file or postgresql://user@host/db (default "
+            "AGENTMEND_STORE_URL, else the workspace's agentmend.db)",
+        )
     parser.add_argument(
         "--provider",
         choices=["offline", "anthropic", "claude-agent-sdk"],
@@ -577,13 +583,19 @@ def run(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}
     if args.provider:
         overrides["provider"] = args.provider
+    if getattr(args, "store", None):
+        overrides["store_url"] = args.store
     try:
         settings = load_settings(**overrides)
         _check_provider(settings)
         if args.demo:
             from agents.faces.demo import run_demo
 
-            return asyncio.run(run_demo(console, workspace=args.workspace, seed=args.seed))
+            return asyncio.run(
+                run_demo(
+                    console, workspace=args.workspace, seed=args.seed, store_url=settings.store_url
+                )
+            )
         return asyncio.run(_session(args, settings, console))
     except (AgentmendError, UnknownAgent) as exc:
         print(f"agentmend: {exc}", file=sys.stderr)

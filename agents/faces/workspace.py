@@ -192,7 +192,7 @@ class Workspace:
                 copy_team(team)
             if not team.is_dir() or not any(team.glob("*.md")):
                 raise WorkspaceError(folder, f"no agent definitions (*.md) in {team}")
-            store = Store(folder / DB_NAME)
+            store = Store(settings.store_url or folder / DB_NAME, files_dir=folder)
             opened.append(store)
             key = settings.audit_hmac_key
             manager = ImprovementManager(

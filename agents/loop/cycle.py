@@ -29,6 +29,7 @@ from infrastructure.frozen import FrozenDict
 from infrastructure.llm.base import AgentResult
 from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis, utc_now
 from infrastructure.store import Store
+from infrastructure.store_sql import json_text
 from infrastructure.structured_logger import get_logger
 
 __all__ = [
@@ -341,16 +342,13 @@ def _event_from_decision(payload: dict[str, Any], timestamp: datetime) -> CycleE
 def cycle_events(store: Store, cycle_id: str) -> list[CycleEvent]:
     """Every recorded event of one cycle, in order (empty if the id is unknown)."""
     list_decisions(store, limit=0)  # makes sure the decisions table exists
-    rows = (
-        store.connection()
-        .execute(
-            "SELECT timestamp, payload FROM decisions"
-            " WHERE kind LIKE 'cycle.%' AND json_extract(payload, '$.cycle_id') = ?"
-            " ORDER BY id",
-            (cycle_id,),
-        )
-        .fetchall()
-    )
+    conn = store.connection()
+    rows = conn.execute(
+        "SELECT timestamp, payload FROM decisions"
+        f" WHERE kind LIKE 'cycle.%' AND {json_text(conn, 'payload', 'cycle_id')} = ?"
+        " ORDER BY id",
+        (cycle_id,),
+    ).fetchall()
     return [
         _event_from_decision(json.loads(payload), datetime.fromisoformat(stamp))
         for stamp, payload in rows

@@ -50,7 +50,6 @@ import hashlib
 import hmac
 import json
 import os
-import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -84,6 +83,7 @@ from infrastructure.files import locked_file
 from infrastructure.models import utc_now
 from infrastructure.principal import ADMIN, Principal
 from infrastructure.store import Store
+from infrastructure.store_sql import StoreConnection, next_id, note_id_used
 from infrastructure.structured_logger import get_logger
 
 __all__ = [
@@ -163,7 +163,7 @@ class AuditTransaction:
     def __init__(
         self,
         audit: AuditLog,
-        conn: sqlite3.Connection,
+        conn: StoreConnection,
         tail: tuple[int, str],
         head_break: HeadBreak | None = None,
     ):
@@ -257,9 +257,7 @@ class AuditLog:
         store.migrate("audit", _MIGRATIONS)
         self.store = store
         self.head_path = (
-            Path(head_path)
-            if head_path is not None
-            else store.path.with_name(store.path.name + ".audit-head")
+            Path(head_path) if head_path is not None else store.local_file(".audit-head")
         )
         self._key = hmac_key.encode("utf-8") if isinstance(hmac_key, str) else hmac_key
         if self._key is not None and not self._key:
@@ -306,6 +304,8 @@ class AuditLog:
                     raise AuditChainBroken(found.expected, found.found)
                 txn = AuditTransaction(self, conn, tail, found)
                 yield txn
+                if txn.last is not None:  # rows cut off the end later leave this gap
+                    note_id_used(conn, "audit_log", txn.last[0])
             if txn.last is not None:
                 if found is not None:
                     log.warning("audit_segment_started", path=str(self.head_path), **_said(found))
@@ -317,12 +317,12 @@ class AuditLog:
                     log.error("audit_head_write_failed", path=str(self.head_path), error=str(exc))
 
     def _tail_state(
-        self, conn: sqlite3.Connection, head: tuple[int, str] | None, unreadable: str | None
+        self, conn: StoreConnection, head: tuple[int, str] | None, unreadable: str | None
     ) -> tuple[tuple[int, str], HeadBreak | None]:
         """(next id, prev hash) for the next row, and the break between head and rows if any."""
-        # The next id comes from sqlite_sequence, not max(id): rows cut off the end leave a gap
-        # that verification reports even after new rows are appended.
-        seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'audit_log'").fetchone()
+        # The next id comes from the table's id sequence, not max(id): rows cut off the end
+        # leave a gap that verification reports even after new rows are appended.
+        seq = next_id(conn, "audit_log") - 1
         newest = conn.execute(
             "SELECT id, row_hash, batch FROM audit_log ORDER BY id DESC LIMIT 1"
         ).fetchone()
@@ -337,9 +337,9 @@ class AuditLog:
                 f"SELECT {_COLUMNS} FROM audit_log WHERE id >= ? ORDER BY id", (start,)
             ).fetchall()
             tail = [_entry(r) for r in (*before, *commit)]
-        next_id = max(int(seq[0]) if seq else 0, int(newest[0]) if newest else 0) + 1
+        following = max(seq, int(newest[0]) if newest else 0) + 1
         prev_hash = str(newest[1]) if newest else GENESIS_HASH
-        return (next_id, prev_hash), find_break(head, unreadable, tail, self._verifies)
+        return (following, prev_hash), find_break(head, unreadable, tail, self._verifies)
 
     def ensure_appendable(self) -> None:
         """Check, before an apply or keep starts work, that the head and the database agree.

@@ -17,18 +17,18 @@ file's lock.
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 from infrastructure.changes.audit_verification import ChainProblem
 from infrastructure.models import utc_now
 from infrastructure.store import Store
+from infrastructure.store_sql import StoreConnection
 
 __all__ = ["head_event_findings", "record_head_event"]
 
 
 def record_head_event(
-    conn: sqlite3.Connection, head_path: Path, reason: str, row_id: int | None, *, reported: bool
+    conn: StoreConnection, head_path: Path, reason: str, row_id: int | None, *, reported: bool
 ) -> None:
     """Keep, in ``conn``'s transaction, that the head at ``head_path`` was found unreadable.
 
@@ -46,7 +46,7 @@ def record_head_event(
 
 
 def head_event_findings(
-    store: Store, conn: sqlite3.Connection, *, acknowledge: bool
+    store: Store, conn: StoreConnection, *, acknowledge: bool
 ) -> tuple[list[ChainProblem], list[str]]:
     """Heads rewritten after being unreadable: problems until reported, notes after.
 

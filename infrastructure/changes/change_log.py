@@ -12,7 +12,6 @@ stored as with ten thousand. The orchestrator's plans and decisions live in
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +27,7 @@ from infrastructure.models import (
     utc_now,
 )
 from infrastructure.store import Store
+from infrastructure.store_sql import StoreConnection, join_in_order
 
 __all__ = ["ChangeLog", "ChangeRow", "StoredFile"]
 
@@ -132,7 +132,7 @@ class ChangeLog:
 
     def insert(
         self,
-        conn: sqlite3.Connection,
+        conn: StoreConnection,
         *,
         change_id: str,
         action: ImprovementAction,
@@ -150,7 +150,7 @@ class ChangeLog:
         cursor = conn.execute(
             "INSERT INTO changes (change_id, created, updated, target_agent, action_type, action,"
             " status, applied_by, session_id, group_id, root, applied_at, verification,"
-            " unfinished) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " unfinished) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING seq",
             (
                 change_id,
                 now,
@@ -168,9 +168,9 @@ class ChangeLog:
                 int(root is not None and status is ChangeStatus.PENDING),
             ),
         )
-        return int(cursor.lastrowid or 0)
+        return int(cursor.fetchone()[0])
 
-    def insert_file(self, conn: sqlite3.Connection, file: StoredFile) -> None:
+    def insert_file(self, conn: StoreConnection, file: StoredFile) -> None:
         conn.execute(
             "INSERT INTO change_files (change_id, seq, path, rel_path, old_sha256, new_sha256,"
             " old_bytes) VALUES (?,?,?,?,?,?,?)",
@@ -187,7 +187,7 @@ class ChangeLog:
 
     def set_status(
         self,
-        conn: sqlite3.Connection,
+        conn: StoreConnection,
         change_ids: Sequence[str],
         status: ChangeStatus,
         *,
@@ -200,13 +200,13 @@ class ChangeLog:
             conn.execute(
                 "UPDATE changes SET status = ?, updated = ?, unfinished = 0,"
                 " rollback_pending = NULL,"
-                " applied_at = CASE WHEN ? THEN coalesce(applied_at, ?) ELSE applied_at END,"
+                " applied_at = CASE WHEN ? = 1 THEN coalesce(applied_at, ?) ELSE applied_at END,"
                 " rollback_info = coalesce(?, rollback_info),"
                 " verification = coalesce(?, verification) WHERE change_id = ?",
                 (
                     status.value,
                     now,
-                    status is ChangeStatus.APPLIED,
+                    int(status is ChangeStatus.APPLIED),
                     now,
                     _dump(rollback_info),
                     _dump(verification),
@@ -215,7 +215,7 @@ class ChangeLog:
             )
 
     def mark_rolling_back(
-        self, conn: sqlite3.Connection, change_ids: Iterable[str], request: dict[str, Any]
+        self, conn: StoreConnection, change_ids: Iterable[str], request: dict[str, Any]
     ) -> None:
         """Record a rollback's intent before its files are touched (recovery finishes it)."""
         text = json.dumps(request)
@@ -310,10 +310,11 @@ class ChangeLog:
         """APPLIED or KEPT changes to ``path`` made after ``after_seq``: work built on it."""
         # Driven by the (path, seq) index: it costs the later changes to this one file, never
         # the whole history (CROSS JOIN keeps the planner from starting at changes_status).
+        conn = self.store.connection()
         ids = [
             r[0]
-            for r in self.store.connection().execute(
-                "SELECT c.change_id FROM change_files f CROSS JOIN changes c"
+            for r in conn.execute(
+                f"SELECT c.change_id FROM change_files f {join_in_order(conn)} changes c"
                 " ON c.change_id = f.change_id"
                 " WHERE f.path = ? AND f.seq > ? AND c.status IN (?, ?)",
                 (path, after_seq, *_LIVE),

@@ -20,6 +20,7 @@ from uuid import uuid4
 from infrastructure.errors import InvalidArgument, NotFound
 from infrastructure.models import utc_now
 from infrastructure.store import Store
+from infrastructure.store_sql import backend_of, json_text
 
 __all__ = [
     "Decision",
@@ -182,6 +183,7 @@ def list_plans(
             plan's ``kind`` and ``root``), filtered in SQL.
     """
     store.migrate("plans", _PLAN_MIGRATIONS)
+    conn = store.connection()
     where: list[str] = []
     params: list[Any] = []
     if status is not None:
@@ -190,17 +192,19 @@ def list_plans(
     for key, value in (payload or {}).items():
         if not key.isidentifier():
             raise InvalidArgument("payload filter key", key, "is not a plain field name")
-        where.append("json_extract(payload, ?) = ?")
-        params.extend((f"$.{key}", value))
+        where.append(f"{json_text(conn, 'payload', key)} = ?")
+        params.append(value)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    rows = (
-        store.connection()
-        .execute(
-            f"SELECT {_PLAN_COLUMNS} FROM plans {clause} ORDER BY created DESC, rowid DESC LIMIT ?",
-            (*params, -1 if limit is None else limit),
-        )
-        .fetchall()
-    )
+    if limit is not None:
+        params.append(limit)
+    # plans made in the same microsecond: the later insert first on SQLite (its rowid), by id
+    # on PostgreSQL, which keeps no insertion order
+    tiebreak = "rowid" if backend_of(conn) == "sqlite" else "plan_id"
+    rows = conn.execute(
+        f"SELECT {_PLAN_COLUMNS} FROM plans {clause} ORDER BY created DESC, {tiebreak} DESC"
+        + (" LIMIT ?" if limit is not None else ""),
+        params,
+    ).fetchall()
     return [_plan(r) for r in reversed(rows)]
 
 
@@ -218,10 +222,11 @@ def record_decision(
     text = json.dumps(payload or {}, default=str)
     with store.transaction() as conn:
         cursor = conn.execute(
-            "INSERT INTO decisions (timestamp, kind, agent_name, payload) VALUES (?,?,?,?)",
+            "INSERT INTO decisions (timestamp, kind, agent_name, payload) VALUES (?,?,?,?)"
+            " RETURNING id",
             (stamp.isoformat(), kind, agent_name, text),
         )
-        row_id = int(cursor.lastrowid or 0)
+        row_id = int(cursor.fetchone()[0])
     return Decision(row_id, stamp, kind, agent_name, json.loads(text))
 
 

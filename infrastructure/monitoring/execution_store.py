@@ -3,7 +3,8 @@
 Runs are appended in batches (multi-row INSERTs in one transaction) and never updated or
 deleted, so a reader catches up incrementally by row id. ``id`` is the rowid: SQLite gives each
 row max(id) + 1 under the write lock, so ids only grow in commit order (no AUTOINCREMENT: its
-bookkeeping costs ~15 % of an insert for a guarantee not needed here).
+bookkeeping costs ~15 % of an insert for a guarantee not needed here). On PostgreSQL an identity
+column assigns them under the store's write lock, which gives the same order.
 
 A baseline lives here as an *epoch*: one baseline of one agent, whose runs are the agent's rows
 inside the epoch's row-id segments. Starting a baseline closes the active epoch's open segment
@@ -23,7 +24,6 @@ it feed detection and baselines. So a restart and a live refresh see the same ru
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Callable
 from itertools import chain
@@ -39,6 +39,7 @@ from infrastructure.monitoring.agent_window import (
     Row,
 )
 from infrastructure.store import Store
+from infrastructure.store_sql import StoreConnection
 
 __all__ = ["ExecutionStore", "LoadedState"]
 
@@ -134,10 +135,8 @@ class ExecutionStore:
         ingested before this call (the returned rows then extend it), all in one snapshot.
         Rows of an unknown source are skipped, as :meth:`load` skips them.
         """
-        conn = self.store.connection()
-        conn.execute("BEGIN")  # one snapshot for rows and epochs
         adopted: dict[str, Baseline] = {}
-        try:
+        with self.store.snapshot() as conn:  # one snapshot for rows and epochs
             rows = conn.execute(
                 f"SELECT id, {_COLUMNS} FROM executions WHERE id > ? AND writer != ? ORDER BY id",
                 (self.seen_id, self.writer),
@@ -147,8 +146,6 @@ class ExecutionStore:
             ).fetchall():
                 if active_epoch(agent) != epoch:
                     adopted[agent] = self.load_baseline(agent, epoch, capacity)
-        finally:
-            conn.execute("COMMIT")
         if rows:
             self.seen_id = max(self.seen_id, rows[-1][0])
         return [
@@ -159,11 +156,9 @@ class ExecutionStore:
 
     def load(self, window: int, capacity: int) -> LoadedState:
         """Rebuild a monitor's state from the tables (one snapshot; unknown sources skipped)."""
-        conn = self.store.connection()
-        conn.execute("BEGIN")
         stats: dict[str, dict[str, AgentStats]] = {source: {} for source in SOURCES}
         baselines: dict[str, Baseline] = {}
-        try:
+        with self.store.snapshot() as conn:
             self.seen_id = upto = int(
                 conn.execute("SELECT COALESCE(MAX(id), 0) FROM executions").fetchone()[0]
             )
@@ -187,8 +182,6 @@ class ExecutionStore:
                 baselines[agent] = self.load_baseline(agent, epoch, capacity)
                 if epoch and agent in stats[RUN]:
                     _split_errors(conn, stats[RUN][agent], agent, epoch, upto)
-        finally:
-            conn.execute("COMMIT")
         return LoadedState(stats, baselines)
 
     def load_baseline(self, agent: str, epoch: int, capacity: int) -> Baseline:
@@ -229,12 +222,13 @@ class ExecutionStore:
             current = 0 if row is None else int(row[0])
             if row is None:  # the implicit first epoch: every run so far
                 conn.execute(
-                    "INSERT OR IGNORE INTO baseline_epochs (agent, epoch, parent, status,"
-                    " created_ts) VALUES (?, 0, NULL, 'active', ?)",
+                    "INSERT INTO baseline_epochs (agent, epoch, parent, status,"
+                    " created_ts) VALUES (?, 0, NULL, 'active', ?) ON CONFLICT DO NOTHING",
                     (agent, time.time()),
                 )
                 conn.execute(
-                    "INSERT OR IGNORE INTO baseline_segments VALUES (?, 0, 0, NULL)", (agent,)
+                    "INSERT INTO baseline_segments VALUES (?, 0, 0, NULL) ON CONFLICT DO NOTHING",
+                    (agent,),
                 )
             epoch = int(
                 conn.execute(
@@ -270,14 +264,15 @@ class ExecutionStore:
                 (agent, parent),
             )
             conn.execute(
-                "INSERT OR REPLACE INTO baseline_segments VALUES (?, ?, ?, NULL)",
+                "INSERT INTO baseline_segments VALUES (?, ?, ?, NULL) ON CONFLICT"
+                " (agent, epoch, start_id) DO UPDATE SET end_id = excluded.end_id",
                 (agent, parent, boundary),
             )
         return parent
 
 
 def _load_stats(
-    conn: sqlite3.Connection, total: tuple[Any, ...], upto: int, window: int
+    conn: StoreConnection, total: tuple[Any, ...], upto: int, window: int
 ) -> AgentStats:
     """One agent's counters for one source from its ``GROUP BY`` totals row, as of row ``upto``."""
     agent, source, count, failures, tin, tout, cost = total
@@ -293,7 +288,7 @@ def _load_stats(
     st.window.extend((bool(ok), float(d)) for ok, d in reversed(recent))
     last_ok = conn.execute(
         "SELECT COALESCE(MAX(id), 0) FROM (SELECT id FROM executions WHERE agent = ?"
-        " AND source = ? AND id <= ? AND success = 1 ORDER BY id DESC LIMIT 1)",
+        " AND source = ? AND id <= ? AND success = 1 ORDER BY id DESC LIMIT 1) AS last_ok",
         key,
     ).fetchone()[0]
     st.consecutive_failures = int(
@@ -311,9 +306,7 @@ def _load_stats(
     return st
 
 
-def _split_errors(
-    conn: sqlite3.Connection, st: AgentStats, agent: str, epoch: int, upto: int
-) -> None:
+def _split_errors(conn: StoreConnection, st: AgentStats, agent: str, epoch: int, upto: int) -> None:
     """Errors since the epoch's kept change are recent; the ones before it are history."""
     since, label = conn.execute(
         "SELECT MIN(s.start_id), MAX(e.label) FROM baseline_segments s JOIN baseline_epochs e"
@@ -335,12 +328,12 @@ def _split_errors(
     st.change_label = label or f"the change that started baseline {epoch}"
 
 
-def _last_id(conn: sqlite3.Connection) -> int:
+def _last_id(conn: StoreConnection) -> int:
     return int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM executions").fetchone()[0])
 
 
 def _close_segment(
-    conn: sqlite3.Connection, agent: str, epoch: int, boundary: int, status: str
+    conn: StoreConnection, agent: str, epoch: int, boundary: int, status: str
 ) -> None:
     conn.execute(
         "UPDATE baseline_segments SET end_id = ? WHERE agent = ? AND epoch = ? AND end_id IS NULL",

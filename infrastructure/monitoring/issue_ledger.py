@@ -22,13 +22,13 @@ Without a store the same ledger lives in memory (one process).
 
 from __future__ import annotations
 
-import sqlite3
 import time
 import uuid
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from infrastructure.store import Store
+from infrastructure.store_sql import StoreConnection
 
 __all__ = [
     "ACTIVE",
@@ -124,7 +124,7 @@ class SavedState:
     threshold: float  # as shown
 
 
-def read_active_issues(conn: sqlite3.Connection) -> list[IssueRow]:
+def read_active_issues(conn: StoreConnection) -> list[IssueRow]:
     """The open and held issues, oldest first (for readers that hold a connection)."""
     rows = conn.execute(
         f"SELECT {_ISSUE_COLUMNS} FROM monitoring_issues WHERE status IN ('open', 'held')"
@@ -133,7 +133,7 @@ def read_active_issues(conn: sqlite3.Connection) -> list[IssueRow]:
     return [_issue(row) for row in rows]
 
 
-def read_detector_states(conn: sqlite3.Connection) -> dict[tuple[str, str], SavedState]:
+def read_detector_states(conn: StoreConnection) -> dict[tuple[str, str], SavedState]:
     """Every saved detector state, by (agent, kind)."""
     rows = conn.execute(f"SELECT {_STATE_COLUMNS} FROM monitoring_detector_state").fetchall()
     return {(r[0], r[1]): SavedState(*r[:11]) for r in rows}

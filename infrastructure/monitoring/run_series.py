@@ -12,12 +12,12 @@ Verification runs are not part of the series, as they are not part of detection.
 from __future__ import annotations
 
 import math
-import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from infrastructure.monitoring.agent_window import RUN, Row
 from infrastructure.store import Store
+from infrastructure.store_sql import StoreConnection, has_table
 
 __all__ = [
     "BUCKET_S",
@@ -87,16 +87,18 @@ MIGRATIONS = [
 _UPSERT = (
     f"INSERT INTO run_series (agent, bucket, runs, failures, duration_sum, {_BIN_COLUMNS}) "
     f"VALUES ({', '.join('?' * (5 + DURATION_BINS))}) "
-    "ON CONFLICT (agent, bucket) DO UPDATE SET runs = runs + excluded.runs, "
-    "failures = failures + excluded.failures, "
-    "duration_sum = duration_sum + excluded.duration_sum, "
-    + ", ".join(f"d{i} = d{i} + excluded.d{i}" for i in range(DURATION_BINS))
+    "ON CONFLICT (agent, bucket) DO UPDATE SET runs = run_series.runs + excluded.runs, "
+    "failures = run_series.failures + excluded.failures, "
+    "duration_sum = run_series.duration_sum + excluded.duration_sum, "
+    + ", ".join(f"d{i} = run_series.d{i} + excluded.d{i}" for i in range(DURATION_BINS))
 )
 _UPSERT_TOTALS = (
     "INSERT INTO run_totals (agent, runs, failures, first_ts, last_ts) VALUES (?, ?, ?, ?, ?) "
-    "ON CONFLICT (agent) DO UPDATE SET runs = runs + excluded.runs, "
-    "failures = failures + excluded.failures, first_ts = MIN(first_ts, excluded.first_ts), "
-    "last_ts = MAX(last_ts, excluded.last_ts)"
+    "ON CONFLICT (agent) DO UPDATE SET runs = run_totals.runs + excluded.runs, "
+    "failures = run_totals.failures + excluded.failures, first_ts = CASE WHEN "
+    "excluded.first_ts < run_totals.first_ts THEN excluded.first_ts ELSE run_totals.first_ts END, "
+    "last_ts = CASE WHEN excluded.last_ts > run_totals.last_ts THEN excluded.last_ts "
+    "ELSE run_totals.last_ts END"
 )
 
 
@@ -112,7 +114,7 @@ def _bin(duration_ms: float) -> int:
     return min(DURATION_BINS - 1, index)
 
 
-def add_runs(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
+def add_runs(conn: StoreConnection, rows: Iterable[Row]) -> None:
     """Add a batch of run rows to their buckets and totals, inside the caller's transaction."""
     buckets: dict[tuple[str, int], list[float]] = {}
     totals: dict[str, list[float]] = {}
@@ -232,7 +234,7 @@ def read_series(
 
 
 def _raw_series(
-    conn: sqlite3.Connection, agents: Sequence[str] | None, max_points: int
+    conn: StoreConnection, agents: Sequence[str] | None, max_points: int
 ) -> dict[str, list[SeriesPoint]]:
     rows = conn.execute(
         "SELECT agent, success, duration_ms, ts FROM executions WHERE source = ? ORDER BY id",
@@ -262,10 +264,5 @@ def _raw_series(
     return series
 
 
-def _has_table(conn: sqlite3.Connection) -> bool:
-    return (
-        conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'run_series'"
-        ).fetchone()
-        is not None
-    )
+def _has_table(conn: StoreConnection) -> bool:
+    return has_table(conn, "run_series")
