@@ -18,6 +18,17 @@ Files ----- ``apply``, ``apply_group`` and the rollback of a change with files g
 is recorded and synced before any file is written, so a process killed at any instant loses no
 acknowledged change and leaves no file half-written; the next open settles what it left. A change
 logged with ``log_change`` has no file behind it and rolls back as a status change.
+
+Unproven changes
+----------------
+A change applied in order to verify it (the cycle, a self-edit, a code plan) is held by a lease
+(``hold_lease``, :mod:`infrastructure.changes.leases`): its owner's host, pid and pid start
+time, and an expiry the owner renews. It stays APPLIED, and is live but not yet proven, until
+its owner keeps it (``mark_kept``) or undoes it (``rollback_unproven``), each of which releases
+the lease in the same transaction. Opening a manager settles the changes whose owner is gone
+(:mod:`infrastructure.changes.abandoned`): restored byte for byte and FAILED with the reason
+``interrupted``, or FAILED needing attention when their files moved on. Changes applied by hand
+hold no lease and are never undone by recovery.
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ from infrastructure.changes.change_protocol import (
     FileEntry,
     PartialRollback,
 )
+from infrastructure.changes.leases import LeaseKeeper, LeaseLost, Leases
+from infrastructure.changes.owners import HostIdentity, LeaseTerms
 from infrastructure.errors import ChangeNotFound, ChangeStateError, ConfigurationError
 from infrastructure.models import (
     ChangeRecord,
@@ -54,6 +67,9 @@ __all__ = [
     "ChangeType",
     "ImprovementAction",
     "ImprovementManager",
+    "LeaseKeeper",
+    "LeaseLost",
+    "LeaseTerms",
     "PartialRollback",
 ]
 
@@ -72,7 +88,11 @@ class ImprovementManager:
             ``AGENTMEND_AUDIT_HMAC_KEY``; see ``infrastructure.changes.audit``).
         max_improvements_per_session: the session budget seed 003 calls the same.
         applied_by: who the changes are attributed to by default.
-        recover: settle work that crashed processes left unfinished, on open.
+        recover: settle work that crashed processes left unfinished, on open, and the
+            unproven changes whose owner is gone (see "Unproven changes" above).
+        lease_terms: how long a verification's lease lasts and how often it is renewed
+            (default ``LeaseTerms()``: 30 s, renewed every 5 s, 5 s of clock skew).
+        host: the host this process claims in leases (default: read from the system).
     """
 
     def __init__(
@@ -84,6 +104,8 @@ class ImprovementManager:
         max_improvements_per_session: int = 5,
         applied_by: str = "self-improver",
         recover: bool = True,
+        lease_terms: LeaseTerms | None = None,
+        host: HostIdentity | None = None,
     ) -> None:
         if store is not None and history_file is not None:
             raise ConfigurationError("give history_file or store, not both")
@@ -92,7 +114,16 @@ class ImprovementManager:
         self.history_file = self.store.path
         self.changes = ChangeLog(self.store)
         self.audit = AuditLog(self.store, hmac_key=audit_hmac_key)
-        self.protocol = ChangeProtocol(self.store, self.changes, self.audit)
+        self.lease_terms = lease_terms if lease_terms is not None else LeaseTerms()
+        self.leases = Leases(self.store)
+        self.protocol = ChangeProtocol(
+            self.store,
+            self.changes,
+            self.audit,
+            leases=self.leases,
+            host=host,
+            terms=self.lease_terms,
+        )
         self.session_id = uuid4().hex
         self.max_improvements_per_session = max_improvements_per_session
         self.session_improvement_count = 0
@@ -209,6 +240,7 @@ class ImprovementManager:
         reason: str,
         user_id: str | None = None,
         user_name: str | None = None,
+        lease: str | None = None,
     ) -> PartialRollback:
         """Undo a group that was not proven, except what someone edited since the apply.
 
@@ -220,10 +252,16 @@ class ImprovementManager:
         see ``infrastructure.changes.change_protocol``. Nothing happens when ``change_id`` is
         unknown or no longer APPLIED or KEPT (an empty result).
 
+        ``lease`` is the verifying owner's lease, released with the rollback's intent.
+
         Raises:
+            LeaseLost: ``lease`` is no longer held: recovery settled the change; nothing is
+                written.
             AgentmendError: the store or a file failed; what committed stays so, and the next
                 open completes an interrupted restore.
         """
+        if lease is not None:
+            self.leases.require_held(lease)
         row = self.changes.get(change_id)
         if row is None or row.status not in LIVE_STATUSES:
             return PartialRollback()
@@ -235,7 +273,9 @@ class ImprovementManager:
                 if done
                 else PartialRollback()
             )
-        return self.protocol.rollback_unproven(row, reason, user_id=user_id, user_name=user_name)
+        return self.protocol.rollback_unproven(
+            row, reason, user_id=user_id, user_name=user_name, lease_id=lease
+        )
 
     def rollback_closure(self, change_id: str) -> list[ChangeRow]:
         """The changes a cascade rollback of ``change_id`` would undo now, newest first.
@@ -299,10 +339,24 @@ class ImprovementManager:
         return row
 
     def mark_kept(
-        self, change_id: str, verification_result: dict[str, Any] | None = None
+        self,
+        change_id: str,
+        verification_result: dict[str, Any] | None = None,
+        *,
+        lease: str | None = None,
     ) -> ChangeRecord:
-        """APPLIED -> KEPT (the whole group): verification showed the change helped."""
+        """APPLIED -> KEPT (the whole group): verification showed the change helped.
+
+        Args:
+            lease: the verifying owner's lease, released in the same transaction.
+
+        Raises:
+            LeaseLost: ``lease`` is no longer held: recovery settled the change; nothing is
+                written.
+        """
         with self.store.transaction(durable=True) as conn:
+            if lease is not None:
+                self.leases.release(conn, lease, "kept")
             row = self._require(change_id)
             if row.status is not ChangeStatus.APPLIED:
                 raise ChangeStateError(change_id, row.status.value, "kept")
@@ -357,15 +411,22 @@ class ImprovementManager:
         applied_by: str | None = None,
         user_id: str | None = None,
         user_name: str | None = None,
+        lease: str | None = None,
     ) -> ChangeRecord:
         """Change one file under ``root`` and log it (``new_content=None`` deletes it).
+
+        Without ``lease`` the change is simply in force (APPLIED) and recovery never undoes
+        it. With the lease of a :meth:`hold_lease` it is live but not yet proven: its owner
+        keeps (``mark_kept``) or undoes (``rollback_unproven``) it, and if the owner goes
+        first recovery undoes it.
 
         Raises:
             PathNotAllowed: ``path`` leaves ``root``, is a directory or lies in ``.agent/``;
                 nothing is written or recorded.
+            LeaseLost: ``lease`` is no longer held; nothing is written or recorded.
         """
         entry = (action, path, new_content)
-        return self._apply([entry], root, None, applied_by, user_id, user_name)[0]
+        return self._apply([entry], root, None, applied_by, user_id, user_name, lease)[0]
 
     def apply_group(
         self,
@@ -375,12 +436,16 @@ class ImprovementManager:
         applied_by: str | None = None,
         user_id: str | None = None,
         user_name: str | None = None,
+        lease: str | None = None,
     ) -> list[ChangeRecord]:
-        """Apply several file changes as one group that commits or rolls back whole."""
+        """Apply several file changes as one group that commits or rolls back whole.
+
+        ``lease``: as for :meth:`apply`, the group is then live but not yet proven.
+        """
         if not actions_and_files:
             raise ConfigurationError("apply_group needs at least one change")
         group_id = "g-" + ChangeLog.new_id()
-        return self._apply(actions_and_files, root, group_id, applied_by, user_id, user_name)
+        return self._apply(actions_and_files, root, group_id, applied_by, user_id, user_name, lease)
 
     def _apply(
         self,
@@ -390,6 +455,7 @@ class ImprovementManager:
         applied_by: str | None,
         user_id: str | None,
         user_name: str | None,
+        lease: str | None,
     ) -> list[ChangeRecord]:
         records = self.protocol.apply(
             entries,
@@ -399,6 +465,7 @@ class ImprovementManager:
             applied_by=applied_by or self.applied_by,
             user_id=user_id,
             user_name=user_name,
+            lease_id=lease,
         )
         self._count(len(records))
         return records
@@ -450,7 +517,15 @@ class ImprovementManager:
             )
         return True
 
-    # -- recovery --------------------------------------------------------------------------
+    # -- ownership and recovery ------------------------------------------------------------
+
+    def hold_lease(self) -> LeaseKeeper:
+        """A lease owned by this process, renewed from a thread until the keeper is stopped.
+
+        Pass its ``lease_id`` to ``apply``/``apply_group`` and to ``mark_kept`` or
+        ``rollback_unproven``; use the keeper as a context manager around the verification.
+        """
+        return LeaseKeeper(self.leases, self.lease_terms)
 
     def recover(self) -> list[ChangeRecord]:
         """Settle the work crashed processes left unfinished; returns the changes settled."""

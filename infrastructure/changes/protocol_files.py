@@ -6,6 +6,7 @@ files by the same hashes; keeping these in one place keeps the three in step.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from datetime import datetime
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 from infrastructure.files import atomic_write, sha256_bytes
 
-__all__ = ["AGENT_DIR", "backup", "backups_dir", "describe", "lock_path", "sha"]
+__all__ = ["AGENT_DIR", "backup", "backups_dir", "describe", "lock_path", "root_busy", "sha"]
 
 AGENT_DIR = ".agent"
 """The directory under a root reserved for agentmend: the lock and the backups live there."""
@@ -22,6 +23,28 @@ AGENT_DIR = ".agent"
 def lock_path(root: Path) -> Path:
     """The root's lock file, held from a step's hash check to its last write."""
     return root / AGENT_DIR / "agentmend.lock"
+
+
+def root_busy(root: Path) -> bool:
+    """Whether someone holds ``root``'s lock now (this thread too, if it holds it).
+
+    Recovery at open asks before settling work on a root, so that a process stopped while
+    holding the lock (SIGSTOP in the middle of a step) never hangs the next open; the work
+    waits for a later open instead.
+    """
+    try:
+        fd = os.open(lock_path(root), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def backups_dir(root: Path) -> Path:
