@@ -527,6 +527,19 @@ class ImprovementManager:
         """
         return LeaseKeeper(self.leases, self.lease_terms)
 
+    def release_lease(self, lease: str, reason: str) -> bool:
+        """Release ``lease`` after its owner settled its changes some other way; False if lost.
+
+        For an owner that undid its changes with a plain rollback (``rollback_by_id``) while
+        holding the root's lock, so no recovery could interleave.
+        """
+        try:
+            with self.store.transaction(durable=True) as conn:
+                self.leases.release(conn, lease, reason)
+        except LeaseLost:
+            return False
+        return True
+
     def recover(self) -> list[ChangeRecord]:
         """Settle the work crashed processes left unfinished; returns the changes settled."""
         return self.protocol.recover()

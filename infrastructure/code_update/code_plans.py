@@ -150,6 +150,7 @@ class CodePlan(_Model):
     approved_at: str | None = None
     change_ids: tuple[str, ...] = ()
     group_id: str | None = None
+    lease_id: str | None = None
     result: dict[str, Any] | None = None
     rollback: dict[str, Any] | None = None
 
@@ -203,6 +204,7 @@ def code_plan(plan: Plan) -> CodePlan:
         approved_at=p.get("approved_at"),
         change_ids=tuple(p.get("change_ids", ())),
         group_id=p.get("group_id"),
+        lease_id=p.get("lease_id"),
         result=p.get("result"),
         rollback=p.get("rollback"),
     )

@@ -28,8 +28,12 @@ so no other update of that root interleaves. Validation
 is rolled back, every file byte for byte (created files removed, deleted files back), and the
 result says ``rollback_performed``.
 
-A plan left ``executing`` by a process that died is settled the next time the root's lock is
-taken: its change group is rolled back and the plan marked failed.
+A plan is executed under a lease of the executing process (its id stored with ``executing``);
+the plan's change group is held by it. A plan whose process died (or stopped past the lease's
+expiry) is settled at the next start of any face and by ``status``: its group restored and the
+plan marked failed (``interrupted``); ``status`` never reports it active
+(``infrastructure.code_update.plan_recovery``). A process that resumes after losing its lease
+writes nothing more.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from infrastructure.changes.decisions import (
     update_plan,
 )
 from infrastructure.changes.gates import HumanApprovalGate, ScopeGate, SupervisorGate
-from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.improvement_manager import ImprovementManager, LeaseLost
 from infrastructure.changes.safety import (
     ChangeReviewer,
     Gate,
@@ -83,6 +87,7 @@ from infrastructure.code_update.code_validation import (
     failure_reason,
     validate_files,
 )
+from infrastructure.code_update.plan_recovery import plan_is_live, settle_interrupted_plans
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
 from infrastructure.files import locked_file
 from infrastructure.models import ChangeType, ImprovementAction, utc_now
@@ -176,13 +181,21 @@ class CodeUpdater:
         ]
 
     def status(self) -> UpdateStatus:
-        """Pending plans, the last finished execution and the one running now, if any."""
+        """Pending plans, the last finished execution and the one running now, if any.
+
+        Plans whose executing process is gone are settled first (``plan_recovery``), and a
+        plan is reported active only while its owner lives.
+        """
+        settle_interrupted_plans(self.manager, root=self.root)
         plans = self.plans()
         finished = [p for p in plans if p.status in FINISHED_STATUSES and p.result is not None]
         return UpdateStatus(
             pending_plans=tuple(p for p in plans if p.status in PENDING_STATUSES),
             last_execution=max(finished, key=lambda p: p.updated) if finished else None,
-            active_improvement=next(iter(self._with_status("executing")), None),
+            active_improvement=next(
+                (p for p in self._with_status("executing") if plan_is_live(self.manager, p)),
+                None,
+            ),
         )
 
     # -- plan and approve ------------------------------------------------------------------
@@ -370,9 +383,13 @@ class CodeUpdater:
                     new_value=f"{plan_id}: yolo_mode is on; no person approved this plan",
                     user_id="yolo_mode",
                 )
-            plan = self._set(plan, "executing")
-            result = self._apply_validate_locked(plan, verdicts)
-            self._set(plan, result.status, result=result)
+            with self.manager.hold_lease() as keeper:
+                # the lease id is stored with "executing": if this process dies from here on,
+                # the next start of any face settles the plan (plan_recovery)
+                plan = self._set(plan, "executing", lease_id=keeper.lease_id)
+                result = self._apply_validate_locked(plan, verdicts, keeper.lease_id)
+            if result.status != "executing":
+                self._set(plan, result.status, result=result)
         record_decision(
             self.store,
             "code_update.executed",
@@ -383,8 +400,14 @@ class CodeUpdater:
         return result
 
     def _apply_validate_locked(
-        self, plan: CodePlan, verdicts: tuple[GateVerdict, ...]
+        self, plan: CodePlan, verdicts: tuple[GateVerdict, ...], lease: str
     ) -> ExecutionResult:
+        """Apply, validate, keep or undo, under the root's lock and ``lease``.
+
+        A result with status ``executing`` means the lease was lost (this process was stopped
+        past its expiry): recovery settles the plan and its changes, and nothing more is
+        written here.
+        """
         actions = [
             (
                 ImprovementAction(
@@ -406,6 +429,7 @@ class CodeUpdater:
                 root=self.root,
                 applied_by=f"code_update:{plan.plan_id}",
                 user_id=plan.approved_by or "yolo_mode",
+                lease=lease,
             )
         except AgentmendError as exc:  # the manager wrote nothing or put it all back
             return ExecutionResult(
@@ -431,13 +455,17 @@ class CodeUpdater:
                 self.settings.test_timeout_s,
             )
         except BaseException as exc:
-            self._undo(plan, f"error while validating: {type(exc).__name__}: {exc}")
+            self._undo(plan, f"error while validating: {type(exc).__name__}: {exc}", lease)
             self._set(plan, "failed")
             raise
         done = {**base, "files_modified": len(plan.files), "change_ids": change_ids,
                 "tests_passed": report.tests_passed, "validation": report}  # fmt: skip
         if report.passed:
-            self.manager.mark_kept(change_ids[0], report.model_dump(mode="json"))
+            try:
+                self.manager.mark_kept(change_ids[0], report.model_dump(mode="json"), lease=lease)
+            except LeaseLost as exc:
+                log.warning("code_plan_lease_lost", plan_id=plan.plan_id, lease_id=lease)
+                return ExecutionResult(**done, success=False, status="executing", reason=str(exc))
             return ExecutionResult(
                 **done,
                 success=True,
@@ -448,7 +476,7 @@ class CodeUpdater:
                 validation_passed=True,
             )
         why = f"validation failed: {failure_reason(report)}"
-        identical = self._undo(plan, why)
+        identical = self._undo(plan, why, lease)
         return ExecutionResult(
             **done,
             success=False,
@@ -458,11 +486,17 @@ class CodeUpdater:
             restored_identical=identical,
         )
 
-    def _undo(self, plan: CodePlan, reason: str) -> bool:
-        """Roll the plan's group back; True when every file is byte-identical to before."""
+    def _undo(self, plan: CodePlan, reason: str, lease: str) -> bool:
+        """Roll the plan's group back; True when every file is byte-identical to before.
+
+        This process holds the root's lock, so no recovery restores the files meanwhile, even
+        if the lease was lost: the rollback is consistent either way, and the lease is then
+        released (or recovery finds nothing left to settle).
+        """
         if plan.change_ids:
             # force: whatever the tests left in these files, the plan's "before" wins
             self.manager.rollback_by_id(plan.change_ids[0], reason=reason, force=True)
+        self.manager.release_lease(lease, "rolled_back")
         return not stale_reason(plan, self.root)
 
     def _settle_failed(self, plan: CodePlan, result: ExecutionResult) -> None:
@@ -547,9 +581,16 @@ class CodeUpdater:
             return self._recover_interrupted()
 
     def _recover_interrupted(self) -> list[str]:
-        """Settle plans a dead process left ``executing`` (the caller holds the root's lock)."""
-        settled: list[str] = []
+        """Settle plans a dead process left ``executing`` (the caller holds the root's lock).
+
+        A plan with a lease is settled by its lease (``plan_recovery``); one without (executed
+        by an older agentmend) is taken as dead because this process holds the lock its
+        executor held throughout.
+        """
+        settled = settle_interrupted_plans(self.manager, root=self.root, wait=True)
         for plan in self._with_status("executing"):
+            if plan.lease_id is not None:
+                continue
             by = f"code_update:{plan.plan_id}"
             live = [r.change_id for r in self.manager.changes.live_by(CODE_TARGET, by)]
             if live:
