@@ -194,6 +194,7 @@ class ChangePipeline:
             try:
                 records = self.improver.apply(changes, applied_by=applied_by, lease=keeper.lease_id)
             except AgentmendError as exc:  # the manager wrote nothing (or put it all back)
+                self.manager.release_lease(keeper.lease_id, "not_applied")
                 return "error", f"could not apply: {exc}"
             try:
                 return await self._verify_and_settle(

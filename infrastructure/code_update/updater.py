@@ -388,6 +388,8 @@ class CodeUpdater:
                 # the next start of any face settles the plan (plan_recovery)
                 plan = self._set(plan, "executing", lease_id=keeper.lease_id)
                 result = self._apply_validate_locked(plan, verdicts, keeper.lease_id)
+                if result.status != "executing":  # settled here: nothing is left to own
+                    self.manager.release_lease(keeper.lease_id, result.status)
             if result.status != "executing":
                 self._set(plan, result.status, result=result)
         record_decision(
