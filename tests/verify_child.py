@@ -7,8 +7,9 @@ files, through the same public calls: hold a lease, apply a group of agent files
 (``CodeUpdater``) whose test command marks that validation started and then sleeps. Each child
 prints a marker, flushed, as it enters a stage, so the parent can kill it at a random moment
 inside that stage. Two gaps are instantaneous in the real loop (after the apply and before the
-first eval run; between the verdict and its record): there the child waits a random few
-milliseconds so that a kill can land inside them; that wait is the only simulated part.
+first eval run; between the verdict and its record): there the child waits a hundred
+milliseconds (``_GAP_S``) so that a kill can land inside them; that wait is the only
+simulated part.
 
 Imported, it gives the parent side: :func:`run_stage_trial` (start, kill with SIGKILL inside a
 stage, reopen, check) and :func:`check_settled` (every file holds its bytes from before the
@@ -54,12 +55,15 @@ PLAN_STAGES = ("plan_execution", "plan_validation")
 project's tests run."""
 STAGES = CYCLE_STAGES + PLAN_STAGES
 
+_GAP_S = 0.1
+"""How long the child waits in a gap the real loop passes at once (see the module docstring)."""
+
 _MARKERS = {
-    "applied": ("APPLIED", 0.03),
+    "applied": ("APPLIED", _GAP_S),
     "evals": ("EVALS", 0.3),
-    "verdict": ("VERDICT", 0.03),
+    "verdict": ("VERDICT", _GAP_S),
     "rollback": ("ROLLBACK", 0.06),
-    "plan_execution": ("EXECUTE", 0.25),
+    "plan_execution": ("EXECUTE", 0.8),
     "plan_validation": ("VALIDATING", 0.4),
 }
 """Per stage: the marker the child prints on entering it, and how long the stage lasts
@@ -110,7 +114,7 @@ def _child_cycle(args: dict[str, object]) -> int:
         ]
         records = manager.apply_group(entries, root=root, lease=keeper.lease_id)
         _say("APPLIED " + " ".join(r.change_id for r in records))
-        time.sleep(rng.uniform(0, 0.03))  # the gap before the first eval run (simulated)
+        time.sleep(_GAP_S)  # the gap before the first eval run (simulated)
         _say("EVALS")
         try:
             rounds = int(str(args["rounds"]))
@@ -121,7 +125,7 @@ def _child_cycle(args: dict[str, object]) -> int:
                 time.sleep(float(str(args["eval_s"])) / rounds)
             keep = verdict == "keep" or (verdict == "random" and rng.random() < 0.5)
             _say(f"VERDICT {'keep' if keep else 'reject'}")
-            time.sleep(rng.uniform(0, 0.03))  # between the verdict and its record (simulated)
+            time.sleep(_GAP_S)  # between the verdict and its record (simulated)
             if keep:
                 manager.mark_kept(records[0].change_id, {"passed": True}, lease=keeper.lease_id)
                 _say("KEPT")
