@@ -306,7 +306,7 @@ class LeaseKeeper:
         while not self._stop.wait(self.terms.renew_every_s):
             try:
                 held = self.leases.renew(self.lease_id, self.terms)
-            except AgentmendError as exc:  # the store is down: retry; expiry is the backstop
+            except Exception as exc:  # the store is failing: retry; expiry is the backstop
                 log.warning("lease_renewal_failed", lease_id=self.lease_id, error=str(exc))
                 continue
             if not held:
