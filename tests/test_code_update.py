@@ -554,8 +554,9 @@ def test_a_plan_interrupted_while_validating_is_undone_and_never_reported_active
     updater = _updater(project, manager)
     [stuck] = updater.plans()
     assert stuck.status == "executing"
-    assert updater.status().active_improvement is None  # its executor is gone: settled first
-    assert updater.recover() == []
+    assert updater.status().active_improvement is None  # its executor is gone
+    assert updater.get(stuck.plan_id).status == "executing"  # status only reads
+    assert updater.recover() == [stuck.plan_id]
     settled = updater.get(stuck.plan_id)
     assert settled.status == "failed"
     assert settled.result is not None

@@ -4,7 +4,7 @@ A plan is executed under a lease of the executing process (``CodeUpdater``): the
 in the plan's payload from the moment it becomes ``executing``, and the plan's change group is
 held by it. When that process dies (or stops past the lease's expiry) the plan is settled by
 the next process that opens the store on the plan's host (``Workspace.open``, so the session,
-the MCP server and the ``agentmend`` command alike, and every ``CodeUpdater.status``): its
+the MCP server and the ``agentmend`` command alike, and ``CodeUpdater.recover``): its
 change group is restored byte for byte (FAILED ``interrupted``, see
 ``infrastructure.changes.abandoned``) and the plan becomes ``failed`` with a reason starting
 ``interrupted``. A plan whose owner is gone but whose files live on another host stays

@@ -30,8 +30,9 @@ result says ``rollback_performed``.
 
 A plan is executed under a lease of the executing process (its id stored with ``executing``);
 the plan's change group is held by it. A plan whose process died (or stopped past the lease's
-expiry) is settled at the next start of any face and by ``status``: its group restored and the
-plan marked failed (``interrupted``); ``status`` never reports it active
+expiry) is settled at the next start of any face (and by ``recover``, before every execute and
+rollback): its group restored and the plan marked failed (``interrupted``); ``status`` never
+reports it active
 (``infrastructure.code_update.plan_recovery``). A process that resumes after losing its lease
 writes nothing more.
 """
@@ -183,10 +184,10 @@ class CodeUpdater:
     def status(self) -> UpdateStatus:
         """Pending plans, the last finished execution and the one running now, if any.
 
-        Plans whose executing process is gone are settled first (``plan_recovery``), and a
-        plan is reported active only while its owner lives.
+        A plan is reported active only while its executing process lives; one whose process
+        is gone is settled at the next start of a face (``plan_recovery``) or by
+        :meth:`recover`, never by this read.
         """
-        settle_interrupted_plans(self.manager, root=self.root)
         plans = self.plans()
         finished = [p for p in plans if p.status in FINISHED_STATUSES and p.result is not None]
         return UpdateStatus(
