@@ -266,3 +266,65 @@ async def test_a_cycle_that_lost_its_lease_stops_without_writing(tmp_path: Path)
         assert orchestrator.manager.verify_audit_chain()
     finally:
         orchestrator.close()
+
+
+@pytest.mark.slow
+def test_opening_a_workspace_settles_a_plan_whose_server_died_while_validating(
+    tmp_path: Path,
+) -> None:
+    import contextlib
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from test_code_update import _CRASH_CHILD
+    from tiny_project import CALC, CALC_BROKEN, make_project
+
+    from infrastructure.code_update.updater import CodeUpdater
+
+    project = make_project(tmp_path / "project")
+    folder = tmp_path / "ws"
+    Workspace.open(folder, settings=Settings()).close()
+    marker = tmp_path / "validating.pid"
+    hang = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    args = {"db": str(folder / "agentmend.db"), "root": str(project),
+            "command": [sys.executable, "-c", hang], "content": CALC_BROKEN}  # fmt: skip
+    repo = Path(__file__).resolve().parents[1]
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CRASH_CHILD, json.dumps(args)],
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() or not marker.read_text():
+            assert child.poll() is None
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the server dies while the tests run
+        child.wait(timeout=30)
+        if marker.exists() and marker.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(marker.read_text()), signal.SIGKILL)
+    assert (project / "calc" / "__init__.py").read_text() == CALC_BROKEN
+    with Workspace.open(folder, settings=Settings(), create=False) as workspace:
+        updater = CodeUpdater(project, manager=workspace.manager, reviewer=_Approve())
+        [plan] = updater.plans()
+        assert updater.status().active_improvement is None
+    assert plan.status == "failed"
+    assert plan.result is not None
+    assert plan.result["reason"].startswith("interrupted")
+    assert plan.result["rollback_performed"]
+    assert (project / "calc" / "__init__.py").read_text() == CALC
+
+
+class _Approve:
+    async def review(self, change: Any) -> Any:
+        from infrastructure.changes.safety import GateVerdict
+
+        return GateVerdict(gate="code-supervisor", passed=True, reason="test")

@@ -47,6 +47,15 @@ next open (or the next apply or rollback on the root) completes it. Between the 
 shows the change APPLIED with its rollback pending, and no new work on the root can start
 before recovery has run.
 
+Unproven changes
+----------------
+An apply may carry a lease (``lease_id``): the changes are linked to it in the intent's
+transaction, so from the first byte written they are live but not yet proven, owned by the
+lease. The root's lock cannot own them: verification runs without it, for minutes. The owner
+releases the lease with its keep or rollback; ``recover`` settles the changes of a lease whose
+owner is gone (:mod:`~infrastructure.changes.abandoned`) by ``rollback_unproven`` with the
+reason ``interrupted``, ending FAILED rather than ROLLED_BACK.
+
 Modules
 -------
 :class:`ChangeProtocol` is the one entry point; it holds the root's lock and runs the steps that
