@@ -419,7 +419,8 @@ async def test_timeout_returns_timeout_and_leaves_no_cli_process(
     fake_api.enqueue(Reply.hang(30))
     before = set(cli_children())
 
-    result: AgentResult[Any] = await runtime.run(make_spec(timeout_s=1.5), "Go.")
+    # long enough for the CLI to start and send its request on a busy machine
+    result: AgentResult[Any] = await runtime.run(make_spec(timeout_s=6.0), "Go.")
 
     assert result.error is not None
     assert result.error.kind is ErrorKind.TIMEOUT

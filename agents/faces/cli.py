@@ -176,9 +176,14 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``agentmend`` with ``argv`` (default ``sys.argv[1:]``); the exit code."""
+    from infrastructure.structured_logger import configure_logging
+
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
     command: Subcommand = args.subcommand
+    # stdout carries the command's output (and --json): the library's log goes to stderr, and
+    # only warnings unless a subcommand (the session, the MCP server) sets its own level
+    configure_logging("WARNING", stream=sys.stderr)
     try:
         return command.run(args)
     except CommandError as exc:
