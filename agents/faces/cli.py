@@ -44,7 +44,7 @@ EXIT_PROBLEM = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 
-SUBCOMMAND_MODULES: tuple[str, ...] = ("agents.faces.cli_commands",)
+SUBCOMMAND_MODULES: tuple[str, ...] = ("agents.faces.cli_commands", "agents.faces.cli_report")
 """Modules whose ``SUBCOMMANDS`` (a sequence of ``Subcommand``) the command offers, in order."""
 
 

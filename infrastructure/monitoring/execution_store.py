@@ -29,6 +29,7 @@ from collections.abc import Callable
 from itertools import chain
 from typing import Any, NamedTuple
 
+from infrastructure.monitoring import run_series
 from infrastructure.monitoring.agent_window import (
     RECENT_ERRORS,
     RUN,
@@ -100,6 +101,7 @@ class ExecutionStore:
 
     def __init__(self, store: Store, writer: str) -> None:
         store.migrate(_COMPONENT, _MIGRATIONS)
+        store.migrate(run_series.COMPONENT, run_series.MIGRATIONS)  # after: it reads executions
         self.store = store
         self.writer = writer  # hex, safe to inline: own rows are told apart by it
         self.seen_id = 0  # every foreign row with id <= seen_id has been ingested
@@ -118,6 +120,7 @@ class ExecutionStore:
                 )
             if full < len(rows):
                 conn.executemany(self._insert_one, rows[full:])
+            run_series.add_runs(conn, rows)  # same transaction: the series never drifts
 
     def read_foreign(
         self, active_epoch: Callable[[str], int | None], capacity: int

@@ -1,0 +1,200 @@
+"""What `agentmend status`, `agentmend show` and the report page show, read from the store.
+
+Reading never opens a ``PerformanceMonitor`` (whose start-up replays the history) and never
+writes: per-agent totals and the charts come from the downsampled series the monitor keeps as
+runs arrive (``infrastructure.monitoring.run_series``), recent figures from each agent's last
+runs through the executions index, changes from the change log, cycles by replaying their
+recorded events, and the audit trail with its chain check.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from agents.loop.cycle import CycleResult, list_cycle_ids, replay_cycle
+from infrastructure.changes.audit import AuditEntry
+from infrastructure.changes.audit_verification import ChainVerification
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.models import ChangeRecord
+from infrastructure.monitoring.agent_window import RUN
+from infrastructure.monitoring.run_series import SeriesPoint, read_series
+from infrastructure.store import Store
+
+__all__ = [
+    "RECENT_RUNS",
+    "STATUS_SCHEMA",
+    "AgentStatus",
+    "ReportData",
+    "agent_statuses",
+    "collect_report",
+]
+
+STATUS_SCHEMA = "agentmend.status/1"
+"""The ``schema`` field of ``agentmend status --json``; bumped when a field changes meaning."""
+RECENT_RUNS = 200
+"""Recent figures (success rate, p95 latency) are over each agent's last this many runs."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStatus:
+    """One agent's line of ``agentmend status``."""
+
+    name: str
+    runs: int
+    failures: int
+    recent_runs: int
+    recent_success_rate: float
+    p95_ms: float
+    baseline_runs: int
+    baseline_n: int
+    last_run: datetime | None
+    detector: dict[str, Any] | None = None
+    """The detector's statistics and thresholds, where the store keeps them (else None)."""
+    open_issues: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def success_rate(self) -> float:
+        return 1.0 - self.failures / self.runs if self.runs else 1.0
+
+    @property
+    def warming_up(self) -> bool:
+        """Fewer runs since the last kept change than a baseline needs: not yet judged."""
+        return self.baseline_runs < self.baseline_n
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "agent": self.name,
+            "runs": self.runs,
+            "failures": self.failures,
+            "success_rate": round(self.success_rate, 6),
+            "recent": {
+                "runs": self.recent_runs,
+                "success_rate": round(self.recent_success_rate, 6),
+                "p95_ms": round(self.p95_ms, 3),
+            },
+            "baseline": {"runs": self.baseline_runs, "needed": self.baseline_n},
+            "warming_up": self.warming_up,
+            "detector": self.detector,
+            "open_issues": list(self.open_issues),
+            "last_run": self.last_run.isoformat() if self.last_run else None,
+        }
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return row is not None
+
+
+def _p95(values: Sequence[float]) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+
+
+def _baseline_runs(conn: sqlite3.Connection, agent: str, cap: int) -> int:
+    """Runs in the agent's active baseline (at most ``cap``), from its epoch's segments."""
+    if not _has_table(conn, "baseline_epochs"):
+        return 0
+    row = conn.execute(
+        "SELECT MAX(epoch) FROM baseline_epochs WHERE agent = ? AND status = 'active'", (agent,)
+    ).fetchone()
+    segments = [(0, None)]
+    if row is not None and row[0] is not None:
+        segments = conn.execute(
+            "SELECT start_id, end_id FROM baseline_segments WHERE agent = ? AND epoch = ?",
+            (agent, row[0]),
+        ).fetchall() or [(0, None)]
+    clauses: list[str] = []
+    params: list[object] = [agent, RUN]
+    for start, end in segments:
+        clauses.append("(id > ?)" if end is None else "(id > ? AND id <= ?)")
+        params.extend((start,) if end is None else (start, end))
+    return int(
+        conn.execute(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM executions WHERE agent = ? AND source = ? "
+            f"AND ({' OR '.join(clauses)}) LIMIT ?)",
+            (*params, cap),
+        ).fetchone()[0]
+    )
+
+
+def agent_statuses(store: Store, *, baseline_n: int) -> list[AgentStatus]:
+    """Every agent with runs, by name: totals, recent figures, baseline fill, detector state."""
+    with store.transaction() as conn:
+        if not _has_table(conn, "run_totals"):
+            return []
+        totals = conn.execute(
+            "SELECT agent, runs, failures, last_ts FROM run_totals ORDER BY agent"
+        ).fetchall()
+        statuses = []
+        for agent, runs, failures, last_ts in totals:
+            recent = conn.execute(
+                "SELECT success, duration_ms FROM executions WHERE agent = ? AND source = ? "
+                "ORDER BY id DESC LIMIT ?",
+                (agent, RUN, RECENT_RUNS),
+            ).fetchall()
+            oks = [bool(ok) for ok, _ in recent]
+            statuses.append(
+                AgentStatus(
+                    name=agent,
+                    runs=int(runs),
+                    failures=int(failures),
+                    recent_runs=len(recent),
+                    recent_success_rate=sum(oks) / len(oks) if oks else 1.0,
+                    p95_ms=_p95([float(d) for _, d in recent]),
+                    baseline_runs=_baseline_runs(conn, agent, baseline_n),
+                    baseline_n=baseline_n,
+                    last_run=datetime.fromtimestamp(float(last_ts), UTC) if last_ts else None,
+                )
+            )
+    return statuses
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """Everything the report page draws, read once."""
+
+    generated_at: datetime
+    agents: list[AgentStatus]
+    series: dict[str, list[SeriesPoint]]
+    changes: list[ChangeRecord]
+    cycles: list[CycleResult]
+    """The latest cycles, newest first, in full."""
+    older_cycles: list[CycleResult]
+    """Cycles beyond the latest, newest first, shown as a table."""
+    audit: list[AuditEntry]
+    chain: ChainVerification
+    notes: list[str] = field(default_factory=list)
+
+
+def collect_report(
+    store: Store,
+    manager: ImprovementManager,
+    *,
+    baseline_n: int,
+    full_cycles: int = 50,
+    max_cycles: int = 500,
+    max_changes: int = 1000,
+    max_audit_rows: int = 500,
+    max_points: int = 200,
+) -> ReportData:
+    """Read what the page shows; ``full_cycles`` latest cycles in full, the rest summarised."""
+    cycle_ids = list(reversed(list_cycle_ids(store, limit=max_cycles)))
+    cycles = [replay_cycle(store, cycle_id) for cycle_id in cycle_ids]
+    return ReportData(
+        generated_at=datetime.now(UTC),
+        agents=agent_statuses(store, baseline_n=baseline_n),
+        series=read_series(store, max_points=max_points),
+        changes=manager.get_history(limit=max_changes),
+        cycles=cycles[:full_cycles],
+        older_cycles=cycles[full_cycles:],
+        audit=manager.audit.entries(limit=max_audit_rows),
+        chain=manager.verify_audit_chain(repair=False),
+    )

@@ -1,0 +1,80 @@
+"""``agentmend serve``: the report page, live from the store, on 127.0.0.1 only.
+
+Read-only: GET only, every other method is refused. Each request renders the page afresh from
+the store; the page then fetches ``/main`` every few seconds and swaps it in, so new runs show
+without a reload (with JavaScript off it is the static page of that moment).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+__all__ = ["LIVE_SCRIPT", "serve"]
+
+LIVE_SCRIPT = """
+<script>(function(){function tick(){fetch('/main',{cache:'no-store'}).then(function(r){
+return r.ok?r.text():null}).then(function(t){if(t===null)return;var m=document.querySelector(
+'main');var box=document.getElementById('filter');var q=box?box.value:'';m.innerHTML=t;
+var nb=document.getElementById('filter');if(nb){nb.hidden=false;nb.value=q;
+nb.dispatchEvent(new Event('input'));}}).catch(function(){});}setInterval(tick,3000);})();
+</script>"""
+
+_MAIN = re.compile(r"<main>(.*)</main>", re.S)
+
+
+def _handler(render: Callable[[], str]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "agentmend"
+
+        def do_GET(self) -> None:
+            if self.path not in ("/", "/main", "/index.html"):
+                self._send(404, "text/plain", b"not found")
+                return
+            page = render()
+            if self.path == "/main":
+                match = _MAIN.search(page)
+                body = match.group(1) if match else ""
+            else:
+                body = page.replace("</body>", LIVE_SCRIPT + "</body>")
+            self._send(200, "text/html; charset=utf-8", body.encode("utf-8"))
+
+        def do_POST(self) -> None:
+            self._send(405, "text/plain", b"read-only")
+
+        do_PUT = do_DELETE = do_PATCH = do_POST
+
+        def _send(self, code: int, kind: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return  # the console shows where the page is; requests are not news
+
+    return Handler
+
+
+def serve(opened: Any, *, port: int, render: Callable[..., str]) -> int:
+    """Serve until interrupted; prints the address first (``port=0`` picks a free one).
+
+    Raises:
+        OSError: the port cannot be bound (taken, or not allowed).
+    """
+    server = HTTPServer(("127.0.0.1", port), _handler(lambda: render(opened)))
+    try:
+        host, bound = server.server_address[:2]
+        sys.stdout.write(f"serving the report on http://{host!s}:{bound}/ (Ctrl-C stops)\n")
+        sys.stdout.flush()
+        server.serve_forever()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,160 @@
+"""How fast `agentmend status` and the report page are on a big store.
+
+Builds a store of AGENTS x RUNS_PER_AGENT runs (default 100 x 100,000: ten million) through the
+monitor's own write path in large batches (the executions rows and the per-minute series in the
+same transactions, as the monitor writes them), spread over 30 days, plus CHANGES real changes
+(applied and kept or rolled back through the ImprovementManager, so each has its audit rows).
+Then measures, in this process: the status read (`agent_statuses`), the report's data read and
+its rendering, and the page's size; and, as whole processes, `agentmend status --json` and
+`agentmend --version` (the command's start-up cost on its own).
+
+    python benchmarks/bench_report.py                 # 100 agents x 100,000 runs, 500 changes
+    python benchmarks/bench_report.py 20 10000 50     # a quick run
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from agents.faces.report_data import agent_statuses, collect_report
+from agents.faces.report_page import render_report
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.models import ChangeType, ImprovementAction
+from infrastructure.monitoring.execution_store import ExecutionStore
+from infrastructure.store import Store
+from infrastructure.structured_logger import configure_logging
+
+T = TypeVar("T")
+
+AGENTS, RUNS_PER_AGENT, CHANGES = 100, 100_000, 500
+DAYS = 30
+BATCH = 50_000
+
+
+def _build(folder: Path, agents: int, runs: int, changes: int) -> tuple[Store, float]:
+    store = Store(folder / "agentmend.db")
+    executions = ExecutionStore(store, "bench")
+    rng = random.Random(7)
+    start = time.time() - DAYS * 86_400
+    step = DAYS * 86_400 / runs
+    t0 = time.perf_counter()
+    batch: list[tuple[object, ...]] = []
+    for i in range(runs):
+        ts = start + i * step
+        for a in range(agents):
+            ok = rng.random() > 0.05
+            batch.append(
+                (
+                    f"agent-{a:03d}",
+                    "run",
+                    ok,
+                    rng.lognormvariate(6.0, 0.5),
+                    None,
+                    10,
+                    20,
+                    0.0,
+                    ts,
+                    None,
+                )
+            )
+        if len(batch) >= BATCH:
+            executions.insert(batch)  # type: ignore[arg-type]
+            batch = []
+    if batch:
+        executions.insert(batch)  # type: ignore[arg-type]
+    build_s = time.perf_counter() - t0
+    team = folder / "team"
+    team.mkdir()
+    manager = ImprovementManager(store=store)
+    for n in range(changes):
+        agent = f"agent-{n % agents:03d}"
+        record = manager.apply(
+            ImprovementAction(
+                target_agent=agent,
+                action_type=ChangeType.PROMPT_MODIFICATION,
+                old_value=None,
+                new_value=f"v{n}",
+                rationale="benchmark",
+                confidence_score=0.9,
+            ),
+            path=f"{agent}.md",
+            new_content=f"prompt {n}\n",
+            root=team,
+        )
+        if n % 3:
+            manager.mark_kept(record.change_id)
+        else:
+            manager.rollback_by_id(record.change_id, reason="benchmark")
+    manager.close()
+    return store, build_s
+
+
+def _median_ms(fn: Callable[[], T], repeat: int = 5) -> tuple[float, T]:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times), result
+
+
+def main() -> None:
+    configure_logging("WARNING")
+    agents = int(sys.argv[1]) if len(sys.argv) > 1 else AGENTS
+    runs = int(sys.argv[2]) if len(sys.argv) > 2 else RUNS_PER_AGENT
+    changes = int(sys.argv[3]) if len(sys.argv) > 3 else CHANGES
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        store, build_s = _build(folder, agents, runs, changes)
+        total = agents * runs
+        print(
+            f"store: {agents} agents x {runs:,} runs = {total:,} runs, {changes} changes "
+            f"(built in {build_s:.0f} s, {total / build_s:,.0f} runs/s through the writer)"
+        )
+        status_ms, statuses = _median_ms(lambda: agent_statuses(store, baseline_n=500))
+        manager = ImprovementManager(store=store, recover=False)
+        data_ms, data = _median_ms(lambda: collect_report(store, manager, baseline_n=500), repeat=3)
+        render_ms, page = _median_ms(lambda: render_report(data), repeat=3)
+        size = len(page.encode())
+        print(
+            f"status in-process (agent_statuses): {status_ms:.1f} ms for "
+            f"{len(statuses):,} agents (goal < 100 ms)"
+        )
+        print(
+            f"report: read {data_ms:.0f} ms + render {render_ms:.0f} ms = "
+            f"{data_ms + render_ms:.0f} ms (goal < 5,000 ms); page {size / 1e6:.2f} MB "
+            "(goal < 5 MB)"
+        )
+        manager.close()
+        store.close()
+        cmd = [sys.executable, "-m", "agents.faces.cli"]
+        whole = []
+        startup = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            subprocess.run([*cmd, "--version"], check=True, capture_output=True)
+            startup.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            subprocess.run(
+                [*cmd, "status", "--json", "--workspace", str(folder)],
+                check=True,
+                capture_output=True,
+            )
+            whole.append((time.perf_counter() - t0) * 1000)
+        print(
+            f"`agentmend status --json` as a process: {statistics.median(whole):.0f} ms, of "
+            f"which the command's start-up (`agentmend --version`) is "
+            f"{statistics.median(startup):.0f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,389 @@
+"""Seeing the loop: `agentmend status`, `show`, `improve`, `report` and `serve`, and the
+downsampled series they draw from.
+
+The scripted workspace is the demo's: the simulated team through a truncation fault fixed and
+kept, a wrong fix rolled back, and a timeout fixed and kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sqlite3
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from agents.faces.cli import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, main
+from agents.faces.report_data import STATUS_SCHEMA
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.run_series import (
+    DURATION_BINS,
+    MIGRATIONS,
+    duration_quantile,
+    read_series,
+)
+from infrastructure.store import Store, _split_sql
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def demo_workspace(target: Path) -> Path:
+    """The demo's workspace: two kept fixes and one rolled back, on the simulated team."""
+    result = subprocess.run(
+        [sys.executable, "-m", "agents.faces.cli", "demo", "--workspace", str(target)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    return target
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return demo_workspace(tmp_path_factory.mktemp("report") / "ws")
+
+
+def _executions(workspace: Path) -> dict[str, tuple[int, int]]:
+    with sqlite3.connect(workspace / "agentmend.db") as conn:
+        rows = conn.execute(
+            "SELECT agent, COUNT(*), SUM(1 - success) FROM executions WHERE source = 'run' "
+            "GROUP BY agent"
+        ).fetchall()
+    return {agent: (int(n), int(f)) for agent, n, f in rows}
+
+
+# -- the series ---------------------------------------------------------------------------------
+
+
+def test_the_series_is_kept_as_runs_are_written_and_equals_a_backfill(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    monitor = PerformanceMonitor(store)
+    durations = [0.4, 1.0, 1.5, 3.0, 90.0, 250.0, 251.0, 1_000.0, 5_000.0, 1e9]
+    for i, duration in enumerate(durations * 20):
+        monitor.record("a", success=i % 7 != 0, duration_ms=duration)
+    monitor.record("b", success=True, duration_ms=5.0)
+    monitor.record("a", success=True, duration_ms=5.0, source="verification")
+    monitor.flush()
+    with store.transaction() as conn:
+        live = conn.execute("SELECT * FROM run_series ORDER BY agent, bucket").fetchall()
+        totals = conn.execute("SELECT agent, runs, failures FROM run_totals").fetchall()
+        conn.execute("DROP TABLE run_series")
+        conn.execute("DROP TABLE run_totals")
+        for statement in _split_sql(MIGRATIONS[0]):
+            conn.execute(statement)
+        backfilled = conn.execute("SELECT * FROM run_series ORDER BY agent, bucket").fetchall()
+    assert live == backfilled
+    assert sorted(totals) == [("a", 200, 29), ("b", 1, 0)]  # verification runs left out
+    for raw_runs in (0, 10_000):  # from the buckets, and from the runs themselves
+        series = read_series(store, raw_runs=raw_runs)
+        assert sum(p.runs for p in series["a"]) == 200
+        assert sum(p.failures for p in series["a"]) == 29
+    monitor.close()
+    store.close()
+
+
+def test_a_quantile_from_the_histogram_is_within_its_bin() -> None:
+    bins = [0] * DURATION_BINS
+    # 100 runs at 300 ms: bin of 300 ms is [2**(32/4), 2**(33/4)) = [256, 304.4)
+    bins[33] = 100
+    p95 = duration_quantile(bins, 0.95)
+    assert 256.0 <= p95 < 304.5
+    assert duration_quantile([0] * DURATION_BINS, 0.95) == 0.0
+
+
+def test_opening_an_old_store_backfills_its_series(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    store = Store(path)
+    monitor = PerformanceMonitor(store)
+    for i in range(50):
+        monitor.record("a", success=i % 5 != 0, duration_ms=100.0)
+    monitor.close()
+    with store.transaction() as conn:  # as a store written before the series existed
+        conn.execute("DROP TABLE run_series")
+        conn.execute("DROP TABLE run_totals")
+        conn.execute("DELETE FROM schema_versions WHERE component = 'run_series'")
+    store.close()
+    reopened = Store(path)
+    PerformanceMonitor(reopened).close()
+    assert sum(p.runs for p in read_series(reopened, raw_runs=0)["a"]) == 50
+    reopened.close()
+
+
+# -- status -------------------------------------------------------------------------------------
+
+
+def test_status_json_has_a_schema_and_counts_every_run(
+    capsys: pytest.CaptureFixture[str], workspace: Path
+) -> None:
+    code, out, _ = _run(capsys, "status", "--workspace", str(workspace), "--json")
+    assert code == EXIT_OK
+    report = json.loads(out)
+    assert report["schema"] == STATUS_SCHEMA
+    counted = _executions(workspace)
+    assert {a["agent"]: (a["runs"], a["failures"]) for a in report["agents"]} == counted
+    for agent in report["agents"]:
+        assert set(agent) >= {"success_rate", "recent", "baseline", "warming_up", "detector"}
+        assert agent["recent"]["p95_ms"] > 0
+        assert agent["warming_up"] == (agent["baseline"]["runs"] < agent["baseline"]["needed"])
+    assert report["warming_up"] == [a["agent"] for a in report["agents"] if a["warming_up"]]
+
+
+def test_status_as_a_table(capsys: pytest.CaptureFixture[str], workspace: Path) -> None:
+    code, out, _ = _run(capsys, "status", "--workspace", str(workspace))
+    assert code == EXIT_OK
+    assert "research-agent" in out
+    assert "p95 ms" in out
+
+
+@pytest.mark.parametrize("command", ["status", "report", "serve"])
+@pytest.mark.parametrize("kind", ["missing", "file", "no store"])
+def test_an_unavailable_workspace_exits_3(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, kind: str
+) -> None:
+    target = tmp_path / "ws"
+    if kind == "file":
+        target.write_text("x")
+    elif kind == "no store":
+        target.mkdir()
+    code, _out, err = _run(capsys, command, "--workspace", str(target))
+    assert code == EXIT_UNAVAILABLE
+    assert err.startswith("agentmend: workspace ")
+    assert len(err.strip().splitlines()) == 1
+    assert not (target / "agentmend.db").exists()
+
+
+# -- show ---------------------------------------------------------------------------------------
+
+
+def _changes(capsys: pytest.CaptureFixture[str], workspace: Path) -> list[dict[str, object]]:
+    _run(capsys, "history", "--workspace", str(workspace), "--json")
+    main(["history", "--workspace", str(workspace), "--json"])
+    changes: list[dict[str, object]] = json.loads(capsys.readouterr().out)["changes"]
+    return changes
+
+
+def test_show_gives_the_diff_gates_scores_and_audit_of_a_change(
+    capsys: pytest.CaptureFixture[str], workspace: Path
+) -> None:
+    kept = next(c for c in _changes(capsys, workspace) if c["status"] == "kept")
+    code, out, _ = _run(
+        capsys, "show", str(kept["change_id"]), "--workspace", str(workspace), "--json"
+    )
+    assert code == EXIT_OK
+    shown = json.loads(out)
+    assert shown["change"]["change_id"] == kept["change_id"]
+    assert shown["cycle_id"]
+    assert "max_tokens" in shown["diff"] or "timeout_s" in shown["diff"]
+    assert shown["gates"]
+    assert all(g["passed"] for g in shown["gates"])
+    assert shown["verification"]["accepted"] is True
+    assert shown["audit"]
+    code, out, _ = _run(capsys, "show", str(kept["change_id"]), "--workspace", str(workspace))
+    assert code == EXIT_OK
+    assert "verification: score" in out
+    assert "gate " in out
+
+
+def test_show_of_an_unknown_change_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], workspace: Path
+) -> None:
+    code, out, err = _run(capsys, "show", "nope", "--workspace", str(workspace))
+    assert code == EXIT_USAGE
+    assert out == ""
+    assert "unknown change id 'nope'" in err
+
+
+# -- improve ------------------------------------------------------------------------------------
+
+
+def test_improve_shows_each_step_as_plain_lines_off_a_terminal(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agents.faces.cli",
+            "improve",
+            "research-agent",
+            "--workspace",
+            str(demo_workspace(tmp_path / "ws")),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    # a healthy simulated agent: its suite passes before any change, so nothing is changed
+    assert result.returncode == EXIT_OK, result.stderr
+    assert "not_reproduced" in result.stdout or "passes" in result.stdout
+    assert "\x1b[" not in result.stdout  # no terminal control codes in a pipe
+
+
+def test_improve_of_an_unknown_agent_names_the_agents(
+    capsys: pytest.CaptureFixture[str], workspace: Path
+) -> None:
+    code, _, err = _run(capsys, "improve", "nobody", "--workspace", str(workspace))
+    assert code == EXIT_USAGE
+    assert "nobody" in err
+    assert "research-agent" in err
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def test_the_report_is_one_self_contained_file_with_every_section(
+    capsys: pytest.CaptureFixture[str], workspace: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "report.html"
+    code, _out, err = _run(capsys, "report", "--workspace", str(workspace), "-o", str(target))
+    assert code == EXIT_OK, err
+    page = target.read_text(encoding="utf-8")
+    # nothing loaded from anywhere: no external src/href, no @import, no url(http
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "@import" not in page
+    assert "url(" not in page
+    agents = _executions(workspace)
+    for agent in agents:
+        assert f'<div class="agent-chart" data-agent="{agent}">' in page
+    assert page.count("<svg") == len(agents)
+    assert 'data-status="kept"' in page
+    assert 'data-status="rolled_back"' in page
+    assert page.count('<section class="cycle"') >= 3
+    assert "audit chain verified" in page
+    summary = json.loads(re.search(r"id='summary'>(.*?)</script>", page).group(1))  # type: ignore[union-attr]
+    assert summary["audit_verified"] is True
+    assert summary["agents"] == len(agents)
+
+
+def test_the_report_marks_a_tampered_audit(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    ws = demo_workspace(tmp_path / "ws")
+    with sqlite3.connect(ws / "agentmend.db") as conn:
+        conn.execute("UPDATE audit_log SET new_value = 'forged' WHERE id = 1")
+    target = tmp_path / "r.html"
+    code, _, _ = _run(capsys, "report", "--workspace", str(ws), "-o", str(target))
+    assert code == EXIT_OK
+    assert "audit chain does NOT verify" in target.read_text(encoding="utf-8")
+
+
+def test_report_into_a_folder_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], workspace: Path, tmp_path: Path
+) -> None:
+    code, _, err = _run(capsys, "report", "--workspace", str(workspace), "-o", str(tmp_path))
+    assert code == EXIT_USAGE
+    assert "is a folder" in err
+
+
+# -- serve --------------------------------------------------------------------------------------
+
+
+def start_server(workspace: Path, port: int = 0) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agents.faces.cli",
+            "serve",
+            "--workspace",
+            str(workspace),
+            "--port",
+            str(port),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    match = re.search(r"(http://127\.0\.0\.1:\d+/)", line)
+    if match is None:
+        process.kill()
+        process.wait(timeout=10)
+        pytest.fail(
+            f"serve did not start: {line!r} {process.stderr.read() if process.stderr else ''}"
+        )
+    return process, match.group(1)
+
+
+def stop_server(process: subprocess.Popen[str]) -> None:
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def test_serve_shows_the_page_read_only_and_new_runs_appear(tmp_path: Path) -> None:
+    ws = demo_workspace(tmp_path / "ws")
+    process, url = start_server(ws)
+    try:
+        page = _get(url)
+        assert "research-agent" in page
+        assert "fetch('/main'" in page
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, data=b"x"), timeout=10)
+        assert refused.value.code == 405
+        refused.value.close()
+        before = _get(url + "main")
+        store = Store(ws / "agentmend.db")
+        monitor = PerformanceMonitor(store)
+        monitor.record("a-new-agent", success=True, duration_ms=12.0)
+        monitor.close()
+        store.close()
+        after = _get(url + "main")
+        assert "a-new-agent" not in before
+        assert "a-new-agent" in after
+    finally:
+        stop_server(process)
+
+
+def test_serve_on_a_taken_port_is_one_line(
+    capsys: pytest.CaptureFixture[str], workspace: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = _run(capsys, "serve", "--workspace", str(workspace), "--port", str(port))
+    assert code == EXIT_USAGE
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+    assert len(err.strip().splitlines()) == 1
