@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         FunctionRuntime,
         ScriptedRuntime,
         Step,
+        TurnInfo,
     )
     from infrastructure.models import (
         AgentMetrics,
@@ -123,6 +124,7 @@ __all__ = [
     "TaskResult",
     "ToolError",
     "ToolSpec",
+    "TurnInfo",
     "VerificationVerdict",
     "Workspace",
     "claude_sdk_hooks",
@@ -165,6 +167,7 @@ _EXPORTS: dict[str, str] = {
     "FunctionRuntime": "infrastructure.llm.testing",
     "ScriptedRuntime": "infrastructure.llm.testing",
     "Step": "infrastructure.llm.testing",
+    "TurnInfo": "infrastructure.llm.testing",
     "SimulatedRuntime": "infrastructure.simulation",
     "AgentRunError": "infrastructure.errors",
     "AgentmendError": "infrastructure.errors",
@@ -196,4 +199,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    # the public surface only: not the names this module itself imports to work
+    return sorted({*__all__, "__version__"})

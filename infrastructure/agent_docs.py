@@ -1,5 +1,8 @@
 """An agent's reference docs: the ``<dir>/<name>/docs/`` folder beside its definition file.
 
+``<name>`` is the name's path form (``infrastructure.agent_names.path_name``): the name itself
+unless it holds a character no file name may hold.
+
 Seed 002 lets an agent carry documents (glossaries, house rules, examples) that are appended to
 its system prompt. They are read when the definition is loaded, as ``(docs/<relative path>,
 text)`` pairs in path order, so the prompt is the same on every machine. The folder is
@@ -13,20 +16,20 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import structlog
-
+from infrastructure.agent_names import path_name
 from infrastructure.errors import PathNotAllowed
 from infrastructure.files import resolve_inside
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["read_agent_docs", "with_agent_docs"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def read_agent_docs(definition_dir: Path, name: str) -> tuple[tuple[str, str], ...]:
     """``(docs/<relative path>, text)`` of the agent's docs, sorted; escapes are ignored."""
     try:
-        docs_dir = resolve_inside(definition_dir, Path(name) / "docs")
+        docs_dir = resolve_inside(definition_dir, Path(path_name(name)) / "docs")
     except PathNotAllowed:
         log.warning("ignored_agent_docs", agent=name, reason="docs folder leaves its directory")
         return ()

@@ -8,50 +8,57 @@ block and replace or delete just those. The editor understands only the plain bl
 layout people write by hand; on anything else it returns ``None`` so the caller can fall back to
 re-dumping the front matter. The caller re-parses every result either way, so a wrong edit is
 caught, never written.
+
+Parsing follows Claude Code (see ``infrastructure.frontmatter_compat``): YAML 1.2 scalars, and
+one retry on Claude Code's repaired copy when the front matter is not strict YAML. A changed
+value is written in its author's style (``infrastructure.frontmatter_style``) and, in a file
+that only loads through the repair, in a form that the repair leaves as it is.
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from infrastructure.errors import AgentmendError
+from infrastructure.frontmatter_compat import lenient_text
+from infrastructure.frontmatter_style import restyled
+from infrastructure.frontmatter_yaml import (
+    FIRST_LINE,
+    FrontMatterError,
+    dump_lines,
+    parse_either,
+    parse_yaml,
+    parses_as_list,
+    rewritten_by_repair,
+    scalar_token,
+)
 
 __all__ = [
     "Document",
     "Edit",
     "FrontMatterError",
+    "ParsedFront",
     "apply_edits",
     "apply_edits_to_mapping",
     "dump_mapping",
     "load_mapping",
+    "parse_front",
     "render_document",
     "replace_body",
     "split_document",
     "split_lines",
 ]
 
-# the first front matter line is line 2 of the file (line 1 is the opening '---')
-_FIRST_LINE = 2
 
 _KEY_LINE = re.compile(
-    r"""(?P<indent> *)(?P<key>[A-Za-z0-9_][\w.-]*|"[^"\\\n]*"|'[^'\n]*')[ \t]*:(?=\s|$)"""
+    r"""(?P<indent>[ \t]*)(?P<key>[A-Za-z0-9_][\w.-]*|"[^"\\\n]*"|'[^'\n]*')[ \t]*:(?=\s|$)"""
 )
 _SEQUENCE_ITEM = re.compile(r"-(?:\s|$)")
-
-
-class FrontMatterError(AgentmendError):
-    """Text that is not Markdown with a YAML mapping as front matter; ``key`` is the culprit."""
-
-    def __init__(self, problem: str, key: str | None = None) -> None:
-        self.problem = problem
-        self.key = key
-        super().__init__(problem)
 
 
 def split_lines(text: str) -> list[str]:
@@ -84,6 +91,14 @@ def split_document(text: str) -> Document:
     if not lines or lines[0].lstrip("\ufeff").rstrip() != "---":
         raise FrontMatterError("no YAML front matter: the file must start with a '---' line")
     for index in range(1, len(lines)):
+        if "---" in lines[index] and lines[index].rstrip() != "---":
+            # Claude Code ends the front matter at the first '---' anywhere, even mid-line
+            key = _key_at(lines[1 : index + 1], index - 1)
+            raise FrontMatterError(
+                f"'---' inside the front matter (line {index + 1}): Claude Code would end "
+                "the front matter there",
+                key,
+            )
         if lines[index].rstrip() == "---":
             body = "".join(lines[index + 1 :])
             return Document(lines[0], tuple(lines[1:index]), lines[index], body)
@@ -107,58 +122,60 @@ def render_document(mapping: dict[str, Any], body: str) -> str:
     return f"---\n{front}---\n" + (f"\n{body}\n" if body else "")
 
 
-class _Loader(yaml.SafeLoader):
-    """Safe loading that refuses a repeated key: PyYAML would silently keep the last one."""
+@dataclass(frozen=True, slots=True)
+class ParsedFront:
+    """Front matter as Claude Code reads it; ``lenient`` when only its repaired copy parses."""
 
-
-def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if isinstance(key, Hashable):
-            if key in seen:
-                line = key_node.start_mark.line + _FIRST_LINE
-                raise FrontMatterError(f"key {key!r} is given twice (line {line})", str(key))
-            seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
-
-
-class _Dumper(yaml.SafeDumper):
-    """Indents list items under their key, as people write them by hand."""
-
-    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-        super().increase_indent(flow, False)
+    mapping: dict[str, Any]
+    lenient: bool
 
 
 def load_mapping(front: Sequence[str]) -> dict[str, Any]:
-    """Parse front matter lines into a mapping with string keys."""
+    """Parse front matter lines into a mapping with string keys, as Claude Code does."""
+    return parse_front(front).mapping
+
+
+def parse_front(front: Sequence[str]) -> ParsedFront:
+    """Parse front matter lines as Claude Code does: strict YAML, else its repaired copy.
+
+    Raises:
+        FrontMatterError: neither parses (the error is the repaired copy's, as Claude Code
+            reports it, naming the key at its line), or the result is not a string-keyed mapping.
+    """
+    text = "".join(front)
+    lenient = False
     try:
-        data = yaml.load("".join(front), Loader=_Loader)  # a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line if mark is not None else None
-        where = f" at line {line + _FIRST_LINE}" if line is not None else ""
-        problem = exc.problem or str(exc)
-        raise FrontMatterError(f"invalid YAML{where}: {problem}", _key_at(front, line)) from None
-    except yaml.YAMLError as exc:
-        raise FrontMatterError(f"invalid YAML: {exc}") from None
+        data = parse_yaml(text)
+    except yaml.YAMLError:
+        lenient = True
+        data = _load_lenient(front, lenient_text(text, parses_as_list))
     if data is None:
-        return {}
+        return ParsedFront({}, lenient)
     if not isinstance(data, dict):
         raise FrontMatterError("the front matter must be a mapping of keys to values")
     for key in data:
         if not isinstance(key, str):
             raise FrontMatterError(f"key {key!r} is not a string", str(key))
-    return data
+    return ParsedFront(data, lenient)
+
+
+def _load_lenient(front: Sequence[str], text: str) -> Any:
+    """The repaired copy parsed; the repair keeps line numbers, so errors point at the file."""
+    try:
+        return parse_yaml(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line if mark is not None else None
+        where = f" at line {line + FIRST_LINE}" if line is not None else ""
+        problem = exc.problem or str(exc)
+        raise FrontMatterError(f"invalid YAML{where}: {problem}", _key_at(front, line)) from None
+    except yaml.YAMLError as exc:
+        raise FrontMatterError(f"invalid YAML: {exc}") from None
 
 
 def dump_mapping(mapping: dict[str, Any], newline: str) -> list[str]:
     """Render a whole mapping as front matter lines (the fallback when no surgical edit works)."""
-    return _dump(mapping, 0, newline)
+    return dump_lines(mapping, 0, newline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,32 +216,59 @@ def apply_edits_to_mapping(mapping: dict[str, Any], edits: Sequence[Edit]) -> di
     return result
 
 
-def apply_edits(front: Sequence[str], edits: Sequence[Edit], newline: str) -> list[str] | None:
+def apply_edits(
+    front: Sequence[str], edits: Sequence[Edit], newline: str, *, lenient: bool = False
+) -> list[str] | None:
     """Front matter lines with ``edits`` applied to only their keys' lines.
 
+    Args:
+        front: the front matter lines as read.
+        edits: what to change.
+        newline: the file's line break, for added lines.
+        lenient: the front matter loads only through Claude Code's repair (``ParsedFront``);
+            changed lines are then written so that the repair leaves them as they are.
+
     Returns ``None`` when the layout is one this editor does not understand (flow mappings,
-    tabs, keys it cannot find reliably); the caller then re-dumps the mapping instead.
+    keys it cannot find reliably); the caller then re-dumps the mapping instead.
     """
     lines = list(front)
     for edit in edits:
-        if not _apply(lines, edit, newline):
+        if not _apply(lines, edit, _Writer(newline, lenient)):
             return None
     return lines
 
 
-def _apply(lines: list[str], edit: Edit, newline: str) -> bool:
+@dataclass(frozen=True, slots=True)
+class _Writer:
+    """How new lines are written in this file: its line break, and whether it is lenient."""
+
+    newline: str
+    lenient: bool
+
+    def dump(self, mapping: dict[str, Any], indent: int) -> list[str]:
+        lines = dump_lines(mapping, indent, self.newline)
+        if self.lenient and any(rewritten_by_repair(line) for line in lines):
+            lines = dump_lines(mapping, indent, self.newline, quote_indicators=True)
+        return lines
+
+    def fits(self, lines: Sequence[str]) -> bool:
+        """Whether ``lines`` read the same strictly and through the repair (if it applies)."""
+        return not self.lenient or not any(rewritten_by_repair(line) for line in lines)
+
+
+def _apply(lines: list[str], edit: Edit, writer: _Writer) -> bool:
     top = _blocks(lines, 0, len(lines), 0)
     if top is None:
         return False
     head, *rest = edit.path
     if not rest:
-        _replace(lines, top.get(head), len(lines), head, edit, 0, newline)
+        _replace(lines, top.get(head), len(lines), head, edit, 0, writer)
         return True
     key = rest[0]
     span = top.get(head)
     if span is None:
         if not edit.delete:
-            lines.extend(_dump({head: {key: edit.value}}, 0, newline))
+            lines.extend(writer.dump({head: {key: edit.value}}, 0))
         return True
     first, last = span
     parsed = _key_of(lines[first])
@@ -238,7 +282,7 @@ def _apply(lines: list[str], edit: Edit, newline: str) -> bool:
         if current is not None and not isinstance(current, dict):
             return False
         updated = apply_edits_to_mapping({head: current or {}}, [edit])
-        lines[first:last] = _dump(updated, 0, newline) if updated.get(head) else []
+        lines[first:last] = writer.dump(updated, 0) if updated.get(head) else []
         return True
     children = [index for index in range(first + 1, last) if not _is_filler(lines[index])]
     indent = _indent_of(lines[children[0]]) if children else 2
@@ -250,7 +294,7 @@ def _apply(lines: list[str], edit: Edit, newline: str) -> bool:
     if edit.delete and set(kids) == {key}:
         del lines[first:last]  # the mapping would be left empty: drop it whole
         return True
-    _replace(lines, kids.get(key), last, key, edit, indent, newline)
+    _replace(lines, kids.get(key), last, key, edit, indent, writer)
     return True
 
 
@@ -261,43 +305,77 @@ def _replace(
     key: str,
     edit: Edit,
     indent: int,
-    newline: str,
+    writer: _Writer,
 ) -> None:
     if edit.delete:
         if span is not None:
             del lines[span[0] : span[1]]
         return
-    new = _dump({key: edit.value}, indent, newline)
     if span is None:
-        lines[insert_at:insert_at] = new
+        lines[insert_at:insert_at] = writer.dump({key: edit.value}, indent)
         return
     first, last = span
+    kept = _in_authors_style(lines[first:last], key, edit.value, writer)
+    if kept is not None:
+        lines[first:last] = kept
+        return
+    new = writer.dump({key: edit.value}, indent)
     if last - first == 1 and len(new) == 1:
         comment = _trailing_comment(lines[first], indent)
-        if comment:
-            new = [new[0][: -len(newline)] + comment + newline]
+        with_comment = [new[0][: -len(writer.newline)] + comment + writer.newline]
+        if comment and writer.fits(with_comment):
+            new = with_comment
     lines[first:last] = new
 
 
-def _dump(mapping: dict[str, Any], indent: int, newline: str) -> list[str]:
-    text = _dump_text(mapping, allow_unicode=True)
-    if yaml.load(text, Loader=_Loader) != mapping:  # a SafeLoader subclass
-        # PyYAML mangles a raw NEL (and kin) it writes itself; escaped, it survives
-        text = _dump_text(mapping, allow_unicode=False)
-    pad = " " * indent
-    # blank lines can be part of a multi-line scalar: keep them, and keep them empty
-    return [(pad + line if line else line) + newline for line in text.split("\n")[:-1]]
+def _in_authors_style(block: list[str], key: str, value: Any, writer: _Writer) -> list[str] | None:
+    """The key's lines with ``value`` in the style of the old value, if that works out."""
+    match = _KEY_LINE.match(block[0])
+    if match is None or (writer.lenient and rewritten_by_repair(block[0])):
+        return None  # a line only the repair reads right: written afresh, in a form both read
+    old = parse_either("".join(block))
+    if not isinstance(old, dict) or key not in old:
+        return None
+    if isinstance(old[key], dict) and isinstance(value, dict):
+        new = _mapping_in_authors_style(block, old[key], value, writer)
+    else:
+        new = restyled(
+            block, block[0][: match.end()], old[key], value, writer.newline, scalar_token
+        )
+    if new is None or not writer.fits(new):
+        return None
+    parsed = parse_either("".join(new))
+    return new if isinstance(parsed, dict) and _same_value(parsed.get(key), value) else None
 
 
-def _dump_text(mapping: dict[str, Any], *, allow_unicode: bool) -> str:
-    return yaml.dump(
-        mapping,
-        Dumper=_Dumper,
-        default_flow_style=False,
-        allow_unicode=allow_unicode,
-        sort_keys=False,
-        width=1 << 30,
-    )
+def _mapping_in_authors_style(
+    block: list[str], old: dict[str, Any], value: dict[str, Any], writer: _Writer
+) -> list[str] | None:
+    """A block mapping (``permission_profile:`` with ``allow``/``deny``) changed key by key."""
+    parsed = _key_of(block[0])
+    inline = parsed[2].strip() if parsed is not None else "?"
+    if set(old) != set(value) or (inline and not inline.startswith("#")):
+        return None
+    lines = list(block)
+    children = [index for index in range(1, len(lines)) if not _is_filler(lines[index])]
+    if not children:
+        return None
+    spans = _blocks(lines, 1, len(lines), _indent_of(lines[children[0]]))
+    if spans is None or set(spans) != set(old):
+        return None
+    # bottom-up, so the spans above an edited child stay where they are
+    for child, (first, last) in sorted(spans.items(), key=lambda item: -item[1][0]):
+        if _same_value(old[child], value[child]):
+            continue
+        changed = _in_authors_style(lines[first:last], child, value[child], writer)
+        if changed is None:
+            return None
+        lines[first:last] = changed
+    return lines
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and bool(a == b)
 
 
 def _key_of(line: str) -> tuple[int, str, str] | None:
@@ -328,7 +406,10 @@ def _is_filler(line: str) -> bool:
 
 
 def _indent_of(line: str) -> int:
-    return len(line) - len(line.lstrip(" "))
+    """The indentation as Claude Code sees it: its repair turns each leading tab into 2 spaces."""
+    spaces = len(line) - len(line.lstrip(" "))
+    tabs = len(line) - len(line.lstrip("\t"))
+    return spaces or 2 * tabs
 
 
 def _blocks(
@@ -346,7 +427,7 @@ def _blocks(
         if _is_filler(line):
             continue
         column = _indent_of(line)
-        if column > indent or (column == indent and _SEQUENCE_ITEM.match(line[column:])):
+        if column > indent or (column == indent and _SEQUENCE_ITEM.match(line.lstrip(" \t"))):
             if not starts:
                 return None
             continue
@@ -373,13 +454,13 @@ def _trailing_comment(line: str, indent: int) -> str:
     """The ``  # ...`` comment ending a one-line ``key: value``, so an edit can keep it."""
     content = line.rstrip("\r\n")
     try:
-        whole = yaml.safe_load(content[indent:])
-    except yaml.YAMLError:
+        whole = parse_yaml(content[indent:])
+    except (yaml.YAMLError, FrontMatterError):
         return ""
     for match in re.finditer(r"[ \t]+#", content):
         try:
-            head = yaml.safe_load(content[indent : match.start()])
-        except yaml.YAMLError:
+            head = parse_yaml(content[indent : match.start()])
+        except (yaml.YAMLError, FrontMatterError):
             continue
         if head == whole:
             return content[match.start() :]

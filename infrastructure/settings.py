@@ -6,15 +6,17 @@ agentmend inside a user's test run changes nothing.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from infrastructure.errors import ConfigurationError
 from infrastructure.principal import ADMIN, Principal
 
-__all__ = ["Provider", "Settings"]
+__all__ = ["InvalidSetting", "Provider", "Settings", "load_settings"]
 
 Provider = Literal["offline", "anthropic", "claude-agent-sdk"]
 
@@ -58,3 +60,62 @@ class Settings(BaseSettings):
             name=self.principal_name,
             permissions=frozenset({ADMIN}) if self.principal_admin else frozenset(),
         )
+
+
+class InvalidSetting(ConfigurationError):
+    """A setting's value cannot be used: ``setting`` is the ``AGENTMEND_*`` variable (or the
+    argument) that holds it, ``value`` the value given; the message says what is allowed."""
+
+    def __init__(self, setting: str, value: str, message: str) -> None:
+        self.setting = setting
+        self.value = value
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.setting, self.value, str(self)))
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """``Settings(**overrides)``, read from ``AGENTMEND_*``, with a bad value as one clear error.
+
+    Every face (the session, the ``agentmend`` command, the MCP server) and every default
+    ``Settings`` of the library is made here, so a mistyped variable reads the same wherever
+    it is met: the variable, the value it holds and what is allowed.
+
+    Raises:
+        InvalidSetting: a value cannot be used, naming the variable (or the argument, for an
+            override), the value given and what is allowed.
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = [_describe(error, overrides) for error in exc.errors()]
+        (setting, value, _), text = problems[0], "; ".join(text for _, _, text in problems)
+        raise InvalidSetting(setting, value, text) from None
+    except SettingsError as exc:  # a value pydantic-settings could not even decode (JSON lists)
+        cause = str(exc)
+        field = next((f for f in Settings.model_fields if f'field "{f}"' in cause), None)
+        name = f"{_ENV_PREFIX}{field.upper()}" if field else "an AGENTMEND_* variable"
+        value = os.environ.get(name, "") if field else ""
+        allowed = _ALLOWED_FORMAT.get(field or "", "it cannot be read")
+        raise InvalidSetting(name, value, f"{name}={value!r} is not allowed: {allowed}") from None
+
+
+_ENV_PREFIX = "AGENTMEND_"
+_ALLOWED_FORMAT = {
+    "test_command": 'should be a JSON list of strings, e.g. ["pytest", "-x", "-q"]',
+}
+
+
+def _describe(error: Any, overrides: dict[str, Any]) -> tuple[str, str, str]:
+    """(setting name, value, one-line text) for one pydantic error."""
+    field = str(error["loc"][0]) if error.get("loc") else "?"
+    if field in overrides:
+        name, value = field, str(overrides[field])
+    else:
+        name = f"{_ENV_PREFIX}{field.upper()}"
+        value = os.environ.get(name, str(error.get("input", "")))
+    allowed = _ALLOWED_FORMAT.get(field) or "should be " + str(error["msg"]).removeprefix(
+        "Input should be "
+    )
+    return name, value, f"{name}={value!r} is not allowed: {allowed}"

@@ -6,22 +6,23 @@ as the body, so the claude-agent-sdk can load it with no translation. agentmend'
 live under a single ``agentmend:`` mapping so they can never collide with a key Claude Code
 adds later. The file is the source of truth and people review its diffs, so saving a changed
 spec rewrites only the lines of what changed (see ``infrastructure.frontmatter``), and saving an
-unchanged one writes back the very bytes it was read from.
+unchanged one writes back the very bytes it was read from. Files are read as Claude Code reads
+them: front matter that is not strict YAML goes through Claude Code's own repair, and names
+follow its rule (``infrastructure.agent_names``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from infrastructure.agent_docs import read_agent_docs, with_agent_docs
+from infrastructure.agent_names import name_problem, path_name
 from infrastructure.errors import SpecError
 from infrastructure.files import atomic_write
 from infrastructure.frontmatter import (
@@ -31,11 +32,12 @@ from infrastructure.frontmatter import (
     apply_edits,
     apply_edits_to_mapping,
     dump_mapping,
-    load_mapping,
+    parse_front,
     render_document,
     replace_body,
     split_document,
 )
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from claude_agent_sdk import AgentDefinition
@@ -50,11 +52,9 @@ __all__ = [
     "load_agent_specs",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ProfileName = Literal["locked", "standard", "open"]
-
-_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 AGENTMEND_KEYS = ("temperature", "max_tokens", "timeout_s", "permission_profile", "evals")
 """The keys allowed inside the ``agentmend:`` mapping, which are also the field names."""
@@ -132,6 +132,7 @@ class _Origin:
     document: Document
     raw: dict[str, Any]
     fields: dict[str, Any]
+    lenient: bool  # the front matter loads only through Claude Code's repair
 
 
 class AgentSpec(BaseModel):
@@ -162,8 +163,9 @@ class AgentSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str) -> str:
-        if not _NAME.fullmatch(value):
-            raise ValueError("must be lowercase letters, digits and hyphens (Claude Code's form)")
+        problem = name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     _tools = field_validator("tools", mode="before")(_names)
@@ -199,6 +201,11 @@ class AgentSpec(BaseModel):
     def full_system_prompt(self) -> str:
         """The system prompt with the agent's docs appended inside ``<agent_docs>`` (seed 002)."""
         return with_agent_docs(self.system_prompt, self.docs)
+
+    @property
+    def path_name(self) -> str:
+        """The name as used in file names (``<path_name>.md``, ``<path_name>/docs/``)."""
+        return path_name(self.name)
 
     @property
     def evals_path(self) -> Path | None:
@@ -259,7 +266,7 @@ class AgentSpec(BaseModel):
             closing = doc.closing
             if body and not closing.endswith("\n"):
                 closing += doc.newline
-            front = apply_edits(doc.front, edits, doc.newline)
+            front = apply_edits(doc.front, edits, doc.newline, lenient=origin.lenient)
             if front is not None:
                 text = doc.opening + "".join(front) + closing + body
                 if self._matches(text):
@@ -319,9 +326,11 @@ class AgentSpec(BaseModel):
         """A field's value as it is written in the file."""
         value = getattr(self, field)
         if field == "tools" and value is not None:
-            was_string = origin is not None and isinstance(origin.raw.get("tools"), str)
-            if was_string and not any("," in tool for tool in value):
-                return ", ".join(value)  # keep the author's comma-separated style
+            written = origin.raw.get("tools") if origin is not None else None
+            if isinstance(written, str) and not any("," in tool for tool in value):
+                # keep the author's comma-separated style, and their spacing after commas
+                tight = "," in written and ", " not in written
+                return ("," if tight else ", ").join(value)
             return list(value)
         if isinstance(value, PermissionProfile):
             return {"allow": list(value.allow), "deny": list(value.deny)}
@@ -374,9 +383,10 @@ def _parse(text: str, path: str | Path | None, *, load_docs: bool) -> tuple[Agen
     """The spec in ``text`` and its unknown top-level keys (the caller decides how to warn)."""
     try:
         document = split_document(text)
-        raw = load_mapping(document.front)
+        front = parse_front(document.front)
     except FrontMatterError as exc:
         raise SpecError(path, exc.key or "front_matter", exc.problem) from None
+    raw = front.mapping
     data: dict[str, Any] = {"extra": {}, "system_prompt": document.body}
     unknown: list[str] = []
     top_fields = {key: field for field, key in _TOP_KEYS.items()}
@@ -395,7 +405,7 @@ def _parse(text: str, path: str | Path | None, *, load_docs: bool) -> tuple[Agen
     if load_docs and path is not None:
         docs = read_agent_docs(Path(path).parent, spec.name)
         spec = spec.model_copy(update={"docs": docs})
-    spec._origin = _Origin(text, document, raw, _file_fields(spec))
+    spec._origin = _Origin(text, document, raw, _file_fields(spec), front.lenient)
     return spec, unknown
 
 

@@ -17,13 +17,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import structlog
-
 from infrastructure.errors import StoreError
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["Store"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _BUSY_TIMEOUT_MS = 30_000
 

@@ -1,38 +1,103 @@
-"""structlog configuration, applied only when a program asks for it (never at import).
+"""Logging: quiet by default as a library should be, configured only when a program asks.
 
-Logs go to stderr by default: the MCP server speaks its protocol on stdout, and structlog's own
-default (stdout) would corrupt that stream.
+Library modules log with ``get_logger(__name__)``: a structlog logger that hands each event
+to the standard ``logging`` module under ``agentmend.<module>`` (``agentmend.agents.loop.cycle``,
+``agentmend.infrastructure.store``, ...). The record's message is the event and its key/value
+pairs (``close_monitor_failed runs_lost=5 error='...'``), so even stdlib's bare last resort
+shows what happened; the pairs are also the record's attributes (``record.event``,
+``record.runs_lost``) for handlers that format their own. So an
+application embedding agentmend decides what it sees, with the logging setup it already has:
+nothing below WARNING unless it asks, and warnings through stdlib's last resort (stderr) when
+it configured nothing. To see agentmend's steps::
+
+    logging.basicConfig(level=logging.INFO)                  # everything at INFO, or only ours:
+    logging.getLogger("agentmend").setLevel(logging.INFO)
+
+Programs (the session, the ``agentmend`` command, the MCP server) call ``configure_logging``,
+which renders agentmend's records, key/value pairs included, on stderr: the MCP server speaks
+its protocol on stdout, and no face prints logs there.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 import structlog
 
-__all__ = ["configure_logging"]
+__all__ = ["LOGGER_ROOT", "configure_logging", "get_logger"]
+
+LOGGER_ROOT = "agentmend"
+"""The stdlib logger every agentmend logger sits under."""
+
+# the attributes of a LogRecord: an event key with one of these names would make
+# ``logging.Logger.makeRecord`` raise, so it is passed on with a trailing underscore
+_RECORD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+def _clear_of_record_fields(_: Any, __: str, event_dict: Any) -> Any:
+    for key in [k for k in event_dict if k in _RECORD_FIELDS]:
+        event_dict[f"{key}_"] = event_dict.pop(key)
+    return event_dict
+
+
+def _to_log_kwargs(logger: Any, method: str, event_dict: Any) -> Any:
+    """structlog's ``render_to_log_kwargs``, with the pairs in the message as well."""
+    kwargs = structlog.stdlib.render_to_log_kwargs(logger, method, event_dict)
+    extra, event = kwargs["extra"], kwargs["msg"]
+    kwargs["msg"] = " ".join([str(event), *(f"{key}={value!r}" for key, value in extra.items())])
+    extra["event"] = event
+    return kwargs
+
+
+def get_logger(name: str) -> Any:
+    """A library logger for module ``name``: events go to stdlib ``agentmend.<name>``.
+
+    Nothing is configured here or at import; the application's logging setup applies.
+    """
+    return structlog.wrap_logger(
+        logging.getLogger(f"{LOGGER_ROOT}.{name}"),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        processors=[_clear_of_record_fields, _to_log_kwargs],
+    )
+
+
+class _OwnHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler ``configure_logging`` installs, so a second call replaces it."""
 
 
 def configure_logging(
     level: str | int = "INFO", *, stream: TextIO | None = None, json: bool = False
 ) -> None:
-    """Route structlog to ``stream`` (stderr by default) at ``level``, as text or JSON lines."""
-    numeric = logging.getLevelName(level) if isinstance(level, str) else level
+    """Render agentmend's log records to ``stream`` (stderr by default) from ``level`` on.
+
+    For programs, not libraries: it sets up the ``agentmend`` stdlib logger only (the rest
+    of the process's logging is left alone), as text or JSON lines with every key/value pair.
+
+    Raises:
+        ValueError: ``level`` is not a logging level.
+    """
+    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
-        cache_logger_on_first_use=False,
+    handler = _OwnHandler(stream or sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.ExtraAdder(),  # the pairs, and ``event`` as the bare event
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+            ],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
     )
+    logger = logging.getLogger(LOGGER_ROOT)
+    for old in [h for h in logger.handlers if isinstance(h, _OwnHandler)]:
+        logger.removeHandler(old)
+    logger.addHandler(handler)
+    logger.setLevel(numeric)
+    logger.propagate = False  # the program chose this output; no second copy via the root

@@ -460,7 +460,7 @@ def test_agent_creation_writes_the_given_definition(team: Path) -> None:
         ("delta", NEW_AGENT, "named 'gamma', not 'delta'"),
         ("alpha", ALPHA, "already exists"),
         ("gamma", NEW_AGENT.replace("description: Checks proofs.\n", ""), "is required"),
-        ("gamma", NEW_AGENT.replace("name: gamma", "name: Gamma!"), "lowercase"),
+        ("gamma", NEW_AGENT.replace("name: gamma", "name: -gamma"), "must not start with"),
         ("gamma", NEW_AGENT.replace("claude-haiku-4-5", "gpt-4"), "'gpt-4' is not available"),
         ("gamma", NEW_AGENT.replace("model:", "sneaky: 1\nmodel:"), "not a Claude Code or"),
         ("gamma", NEW_AGENT.replace("locked", "root"), "'locked', 'standard' or 'open'"),

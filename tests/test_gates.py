@@ -598,3 +598,27 @@ async def test_low_confidence_stops_before_the_later_gates(team: Path) -> None:
     verdicts = await run_gates(change, gates)
     assert [(v.gate, v.passed) for v in verdicts] == [("budget", True), ("confidence", False)]
     assert reviewer.seen == []
+
+
+@pytest.mark.parametrize(("answer", "passed"), [(True, True), (False, False)])
+async def test_a_plain_function_approves_as_an_async_one_does(
+    team: Path, answer: bool, passed: bool
+) -> None:
+    seen: list[ProposedChange] = []
+
+    def callback(change: ProposedChange) -> bool:
+        seen.append(change)
+        return answer
+
+    change = hand_made(team, "a.md")
+    verdict = await HumanApprovalGate(callback, yolo_mode=False, timeout_s=1).check(change)
+    assert verdict.passed is passed
+    assert seen == [change]
+
+
+def test_a_callback_that_cannot_take_the_change_is_refused_at_once() -> None:
+    def takes_nothing() -> bool:
+        return True
+
+    with pytest.raises(ConfigurationError, match="must take one argument, the ProposedChange"):
+        HumanApprovalGate(takes_nothing, yolo_mode=False, timeout_s=1)  # type: ignore[arg-type]

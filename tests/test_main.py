@@ -109,6 +109,8 @@ def test_ctrl_c_during_a_cycle_aborts_it_with_nothing_applied(tmp_path: Path) ->
         s.wait_for("Interrupted: the cycle was aborted")
         s.send("/history\n/status\n/quit\n")
         assert s.finish() == 0
+    assert "CancelledError" not in s.output
+    assert "cycle error: interrupted (cancelled before it finished)" in s.output
     assert {p.name: p.read_bytes() for p in team.glob("*.md")} == before
     assert "no changes yet" in s.output
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from structlog.testing import capture_logs
+from log_capture import captured_records
 
 from agents.loop.cycle import CycleEvent, cycle_events, list_cycle_ids, replay_cycle
 from agents.loop.meta_orchestrator import MetaOrchestrator
@@ -162,7 +163,7 @@ async def test_every_step_is_shown_logged_stored_and_replayable(build: Build) ->
     shown: list[CycleEvent] = []
     orchestrator = build(on_progress=shown.append)
     issue = await faulty_issue(orchestrator)
-    with capture_logs() as logs:
+    with captured_records("agentmend", logging.INFO) as records:
         cycle = await orchestrator.run_improvement_cycle(issue)
     assert cycle.status == "kept"
     steps = [event.step for event in shown]
@@ -185,7 +186,9 @@ async def test_every_step_is_shown_logged_stored_and_replayable(build: Build) ->
     assert replay_cycle(orchestrator.store, cycle.cycle_id) == cycle
     assert orchestrator.replay(cycle.cycle_id) == cycle
     assert list_cycle_ids(orchestrator.store) == [cycle.cycle_id]
-    logged = {(entry["event"], entry.get("cycle_id")) for entry in logs}
+    logged = {
+        (getattr(record, "event", None), getattr(record, "cycle_id", None)) for record in records
+    }
     for step in (
         "cycle_started",
         "question_asked",

@@ -733,3 +733,30 @@ def test_a_run_too_long_for_any_sane_timeout_moves_to_a_faster_model() -> None:
     on_haiku = plan_for(_analysis("timeout", [quote]), _cfg(model="claude-haiku-4-5"), models)
     (capped,) = on_haiku.actions
     assert (capped.target_field, capped.new_value) == ("timeout_s", 3600)
+
+
+async def test_mediator_asks_agents_whose_names_have_dots_and_any_letters() -> None:
+    asked: list[str] = []
+
+    def answerer(name: str, answer: str) -> Answerer:
+        async def answer_question(question: str) -> str:
+            asked.append(name)
+            return answer
+
+        return answer_question
+
+    registry = {
+        "shell-5.1-expert": answerer(
+            "shell-5.1-expert", "My input comes from 重构; its notes were cut off."
+        ),
+        "重构": answerer("重构", "My answers stop at max_tokens before they are complete."),
+    }
+    issue = IssueReport(
+        agent_name="shell-5.1-expert",
+        error_type="low_success_rate",
+        error_logs=["output truncated: stop_reason max_tokens"],
+    )
+    report, _, _ = await _mediate(issue, registry)
+    assert asked[0] == "shell-5.1-expert"
+    assert "重构" in asked  # offered only through the ask_agent tool's description
+    assert report.cause_category == "truncation"

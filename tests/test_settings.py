@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from infrastructure.errors import ConfigurationError
 from infrastructure.principal import ADMIN
-from infrastructure.settings import Settings
+from infrastructure.settings import InvalidSetting, Settings, load_settings
 
 
 def test_the_default_principal_has_standard_rights() -> None:
@@ -40,3 +41,29 @@ def test_the_test_command_is_a_json_list_in_the_environment(
 def test_bad_settings_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ValidationError, match=field):
         Settings(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "allowed"),
+    [
+        ("AGENTMEND_BASELINE_N", "5", "should be greater than or equal to 10"),
+        ("AGENTMEND_PROVIDER", "openai", "should be 'offline', 'anthropic' or 'claude-agent-sdk'"),
+        ("AGENTMEND_TEST_COMMAND", "pytest -x", "should be a JSON list of strings"),
+        ("AGENTMEND_YOLO_MODE", "maybe", "should be a valid boolean"),
+    ],
+)
+def test_a_bad_variable_is_one_line_naming_it_the_value_and_what_is_allowed(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, allowed: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(InvalidSetting) as raised:
+        load_settings()
+    assert str(raised.value).startswith(f"{variable}={value!r} is not allowed: {allowed}")
+    assert "\n" not in str(raised.value)
+    assert (raised.value.setting, raised.value.value) == (variable, value)
+    assert isinstance(raised.value, ConfigurationError)
+
+
+def test_a_bad_argument_is_named_as_the_argument() -> None:
+    with pytest.raises(InvalidSetting, match=r"^min_confidence='2' is not allowed: should be"):
+        load_settings(min_confidence=2)

@@ -438,13 +438,15 @@ def test_unknown_top_level_key_is_kept_with_a_warning(tmp_path: Path) -> None:
 MALFORMED = [
     ("no front matter", "name: a\n", None, "front_matter"),
     ("unclosed", "---\nname: a\ndescription: d\n", None, "front_matter"),
-    ("bad yaml", "---\nname: a\ndescription: [unclosed\n---\n", None, "description"),
+    ("bad yaml", "---\nname: a\ndescription: Use when\n  asked: twice\n---\n", None, "description"),
     ("not a mapping", "---\n- a\n- b\n---\n", None, "front_matter"),
     ("duplicate key", "---\nname: a\ndescription: d\nname: b\n---\n", None, "name"),
     ("missing name", "---\ndescription: d\n---\n", None, "name"),
     ("missing description", "---\nname: a\n---\n", None, "description"),
     ("empty description", "---\nname: a\ndescription: ''\n---\n", None, "description"),
-    ("bad name", "---\nname: Code_Reviewer\ndescription: d\n---\n", None, "name"),
+    ("name with colon", "---\nname: team:lead\ndescription: d\n---\n", None, "name"),
+    ("name with dash first", "---\nname: -lead\ndescription: d\n---\n", None, "name"),
+    ("name too long", "---\nname: " + "a" * 257 + "\ndescription: d\n---\n", None, "name"),
     ("name not a string", "---\nname: 42\ndescription: d\n---\n", None, "name"),
     ("tools of numbers", "---\nname: a\ndescription: d\ntools: [1, 2]\n---\n", None, "tools"),
     ("tools a mapping", "---\nname: a\ndescription: d\ntools: {a: 1}\n---\n", None, "tools"),
@@ -686,7 +688,8 @@ _TEXT = st.text(st.characters(codec="utf-8"), max_size=40)
 _ANY_CHANGES = st.fixed_dictionaries(
     {},
     optional={
-        "name": st.from_regex(r"[a-z0-9][a-z0-9-]{0,20}", fullmatch=True),
+        "name": st.from_regex(r"[a-z0-9][a-z0-9-]{0,20}", fullmatch=True)
+        | st.sampled_from(["shell-5.1-expert", "重构助手", "Code Reviewer", "ops/deploy", "yes"]),
         "description": _TEXT.filter(str.strip),
         "tools": st.none()
         | st.lists(st.sampled_from(["Read", "Grep", "Bash(git diff:*)", "a, b", "mcp__s__t"])),

@@ -10,17 +10,14 @@ repository load the roles' definitions and the simulated team, and run the conso
 from __future__ import annotations
 
 import json
-import shutil
-import site
 import subprocess
-import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
+from user_project import UserVenv, user_venv
 
-ROOT = Path(__file__).resolve().parents[1]
+__all__ = ["user_venv"]  # the session fixture, used here by name
 
 _PROBE = """
 import json, agents
@@ -40,75 +37,16 @@ print(json.dumps({
 """
 
 
-def _source_copy(target: Path) -> Path:
-    """What a source distribution holds, copied so the build writes nothing in the checkout."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("agents", "infrastructure"):
-        shutil.copytree(ROOT / name, target / name, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, target / name)
-    return target
+@pytest.fixture
+def wheel(user_venv: UserVenv) -> Path:
+    """The wheel built from this tree once per test run (``tests/user_project.py``)."""
+    return user_venv.wheel
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    source = _source_copy(out / "src")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "-q",
-            "-w",
-            str(out / "dist"),
-            str(source),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (built,) = (out / "dist").glob("agentmend-*.whl")
-    return built
-
-
-@pytest.fixture(scope="module")
-def wheel_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    venv = tmp_path_factory.mktemp("venv") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    # the dependencies come from this interpreter's site-packages, as a plain path: the .pth
-    # files there (the editable install's finder among them) are not run for it
-    ours = sorted({sysconfig.get_paths()["purelib"], *site.getsitepackages()})
-    (Path(purelib) / "borrowed_dependencies.pth").write_text("\n".join(ours) + "\n")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "--no-deps",
-            "--no-index",
-            "-q",
-            str(wheel),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return venv
+@pytest.fixture
+def wheel_venv(user_venv: UserVenv) -> Path:
+    """The venv that wheel is installed in, with this interpreter's dependencies."""
+    return user_venv.path
 
 
 def test_the_wheel_lists_the_role_definitions_and_the_simulated_team(wheel: Path) -> None:

@@ -33,7 +33,7 @@ def console() -> Console:
 
     from rich.console import Console
 
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
 
 
 @contextlib.contextmanager
@@ -52,19 +52,12 @@ def open_workspace(args: argparse.Namespace) -> Iterator[Workspace]:
 
 
 def _settings() -> Any:
-    from pydantic import ValidationError
-
-    from infrastructure.settings import Settings
+    from infrastructure.settings import InvalidSetting, load_settings
 
     try:
-        return Settings()
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        field = str(error["loc"][0]) if error["loc"] else "?"
-        raise CommandError(
-            f"AGENTMEND_{field.upper()}={error.get('input')!r} is not allowed: {error['msg']}",
-            EXIT_USAGE,
-        ) from exc
+        return load_settings()
+    except InvalidSetting as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from exc
 
 
 # -- session and demo ---------------------------------------------------------------------------

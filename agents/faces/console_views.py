@@ -7,19 +7,23 @@ same views serve the demo.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 from rich.text import Text
 
 from agents.loop.cycle import CycleEvent, CycleResult, TaskResult
+from infrastructure.errors import AgentmendError
 from infrastructure.models import AgentMetrics, ChangeRecord, IssueReport
 
 __all__ = [
     "cycle_event_line",
     "cycle_summary_line",
+    "diff_text",
     "history_table",
     "issue_line",
+    "one_line_error",
     "sparkline",
     "status_table",
     "task_table",
@@ -51,12 +55,19 @@ def _clip(text: str, limit: int) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def task_table(task: TaskResult) -> Table:
-    """Each agent's answer and outcome for one question."""
-    table = Table(title=f"Q: {_clip(task.query, 70)}", expand=False)
+SIMULATED_NOTE = "simulated: latencies are the simulation's, not measured"
+
+
+def task_table(task: TaskResult, *, simulated: bool = False) -> Table:
+    """Each agent's answer and outcome for one question (``simulated``: latencies say so)."""
+    table = Table(
+        title=f"Q: {_clip(task.query, 70)}",
+        expand=False,
+        caption=SIMULATED_NOTE if simulated else None,
+    )
     table.add_column("agent")
     table.add_column("outcome")
-    table.add_column("ms", justify="right")
+    table.add_column("sim. ms" if simulated else "ms", justify="right")
     table.add_column("answer")
     for name, result in sorted(task.results.items()):
         if result.error is None:
@@ -90,13 +101,14 @@ def status_table(
     detector_stats: Mapping[str, Mapping[str, Any] | None],
     *,
     baseline_n: int,
+    simulated: bool = False,
 ) -> Table:
     """Per agent: executions, success rate, p95 latency, detector statistic, recent success."""
-    table = Table(title="Agents")
+    table = Table(title="Agents", caption=SIMULATED_NOTE if simulated else None)
     table.add_column("agent")
     table.add_column("runs", justify="right")
     table.add_column("success", justify="right")
-    table.add_column("p95 ms", justify="right")
+    table.add_column("p95 sim. ms" if simulated else "p95 ms", justify="right")
     table.add_column("detector (statistic/threshold)")
     table.add_column("recent")
     for name in sorted(metrics):
@@ -141,24 +153,66 @@ def issue_line(issue: IssueReport) -> Text:
     )
 
 
+def _whole(text: str) -> str:
+    """All of ``text`` on one logical line: the console wraps it, nothing is cut off."""
+    return " ".join(text.split())
+
+
 def cycle_event_line(event: CycleEvent) -> Text:
-    """One line per step of a cycle, as it happens."""
+    """A step of a cycle as it happens, whole: verdicts, questions and answers are not cut."""
     if event.step == "gate_checked":
         verdict = event.data.get("verdict") or {}
         mark, style = ("✓", "green") if verdict.get("passed") else ("✗", "red")
-        return Text(f"   {mark} gate {_clip(event.message, 120)}", style=style)
+        return Text(f"   {mark} gate {_whole(event.message)}", style=style)
     if event.step == "question_asked":
         answer = event.data.get("answer") or event.data.get("error") or ""
         return Text(
-            f"   ? ask {event.agent_name}: {_clip(event.message, 80)}\n"
-            f"     → {_clip(str(answer), 110)}",
+            f"   ? ask {event.agent_name}: {_whole(event.message)}\n     → {_whole(str(answer))}",
             style="cyan",
         )
     mark, style = _STEP_MARKS.get(event.step, ("·", ""))
     indent = "" if event.step in ("cycle_started", "cycle_finished") else "   "
-    return Text(
-        f"{indent}{mark} {event.step.replace('_', ' ')}: {_clip(event.message, 140)}", style
-    )
+    return Text(f"{indent}{mark} {event.step.replace('_', ' ')}: {_whole(event.message)}", style)
+
+
+def diff_text(diff: str | None) -> Text:
+    """A unified diff, one line per line with no padding: ``+`` green, ``-`` red."""
+    if not diff:
+        return Text("(no diff)")
+    out = Text()
+    for line in diff.rstrip("\n").splitlines():
+        line = line.rstrip()
+        style = (
+            "bold"
+            if line.startswith(("+++", "---"))
+            else "green"
+            if line.startswith("+")
+            else "red"
+            if line.startswith("-")
+            else "cyan"
+            if line.startswith("@@")
+            else ""
+        )
+        out.append(line + "\n", style=style)
+    out.rstrip()
+    return out
+
+
+def one_line_error(exc: BaseException) -> str:
+    """What went wrong, in one line a user can act on (never a traceback).
+
+    A file-system error names the file and says what the system said (``Permission denied``,
+    ``No space left on device``); notes added on the way (a blocked rollback) follow it.
+    """
+    if isinstance(exc, OSError) and exc.filename is not None:
+        where = Path(str(exc.filename))
+        text = f"{exc.strerror or type(exc).__name__}: {where} (in the folder {where.parent})"
+    elif isinstance(exc, AgentmendError):
+        text = str(exc) or type(exc).__name__
+    else:
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    notes = getattr(exc, "__notes__", None) or []
+    return _whole(" ".join([text, *notes]))
 
 
 def cycle_summary_line(result: CycleResult) -> Text:

@@ -36,19 +36,19 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
-import structlog
 from pydantic import Field
 
 from agents.faces.mcp_results import ToolOutput
 from agents.faces.mcp_tools import AgentmendTools, BadRequest, FileArg
 from infrastructure.errors import AgentmendError
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
 
 __all__ = ["DEFAULT_WORKSPACE", "PROJECT_ROOT_ENV", "build_server", "main"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SERVER_NAME = "agentmend"
 DEFAULT_WORKSPACE = ".agentmend"
@@ -233,13 +233,19 @@ async def _serve(tools: AgentmendTools) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the server over stdio until the client closes it."""
+    from infrastructure.settings import InvalidSetting, load_settings
     from infrastructure.structured_logger import configure_logging
 
     args = _parse_args(argv)
+    try:
+        settings = load_settings()
+    except InvalidSetting as exc:  # one line and exit 2, as every face says it
+        sys.stderr.write(f"agentmend-mcp: {exc}\n")
+        return 2
     configure_logging(args.log_level, stream=sys.stderr)  # stdout belongs to the protocol
     workspace = args.workspace or os.environ.get("AGENTMEND_WORKSPACE") or DEFAULT_WORKSPACE
     root = args.root or os.environ.get(PROJECT_ROOT_ENV) or Path.cwd()
-    tools = AgentmendTools(workspace, project_root=root)
+    tools = AgentmendTools(workspace, project_root=root, settings=settings)
     try:
         asyncio.run(_serve(tools))
     except KeyboardInterrupt:

@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import structlog
 from pydantic import BaseModel, Field
 
 from agents.faces.mcp_results import (
@@ -50,15 +49,16 @@ from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.code_update.updater import CodeUpdater, FileOperation
 from infrastructure.errors import AgentmendError
 from infrastructure.llm.base import AgentRuntime
-from infrastructure.settings import Settings
+from infrastructure.settings import Settings, load_settings
 from infrastructure.spec import load_agent_specs
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from agents.loop.meta_orchestrator import MetaOrchestrator
 
 __all__ = ["AgentmendTools", "BadRequest", "FileArg"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class BadRequest(AgentmendError):
@@ -135,7 +135,7 @@ class AgentmendTools:
         if not create:
             self._require_existing()
         try:
-            settings = self._settings if self._settings is not None else Settings()
+            settings = self._settings if self._settings is not None else load_settings()
             workspace = Workspace.open(self.workspace_path, settings=settings, create=create)
         except Exception as exc:  # any failure to open is reported on every call, not fatal
             problem = str(exc) or type(exc).__name__

@@ -1,4 +1,4 @@
-"""pytest fixtures for failure-cycle tests of a team: ``pip install agentmend`` and write them.
+"""pytest fixtures for failure-cycle tests of a team: ``pip install "agentmend[testing]"``.
 
 Registered through the ``pytest11`` entry point (``agentmend = "agents.faces.pytest_plugin"``), so
 every fixture below is available in any test run once agentmend is installed. Importing this
@@ -19,10 +19,15 @@ Example::
 
 Override ``agentmend_team_dir`` to run on copies of your own definitions,
 ``agentmend_settings`` to change thresholds, ``agentmend_seed`` for another deterministic world.
+
+An ``async def`` test that uses these fixtures runs on its own event loop with no async plugin
+and no configuration; when an async plugin (pytest-asyncio, anyio) runs the test, it does.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +56,31 @@ __all__ = [
 InjectFault = Callable[..., "Fault"]
 """``inject_fault(agent, kind, **parameters) -> Fault``; ``kind`` a ``FaultKind``, its value
 (``"truncation"``) or a ``Fault``; parameters are ``Fault``'s (``token_factor=4.0``, ...)."""
+
+
+_FIXTURES = frozenset(__all__) - {"InjectFault"}
+_ASYNC_PLUGIN_MARKERS = ("asyncio", "anyio", "trio")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run an ``async def`` test on agentmend's fixtures when no async plugin runs it.
+
+    The README's example must work in a project with only agentmend (and pytest) installed:
+    without this, pytest fails every ``async def`` test unless pytest-asyncio is installed
+    *and* configured (``asyncio_mode = auto``). A test an async plugin took over (marked, or
+    already wrapped into a plain function by pytest-asyncio's auto mode) is left to it.
+    """
+    function = pyfuncitem.obj
+    if not inspect.iscoroutinefunction(function):
+        return None
+    if _FIXTURES.isdisjoint(pyfuncitem.fixturenames):
+        return None
+    if any(pyfuncitem.get_closest_marker(name) for name in _ASYNC_PLUGIN_MARKERS):
+        return None
+    arguments = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    asyncio.run(function(**arguments))
+    return True
 
 
 @pytest.fixture

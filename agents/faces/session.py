@@ -7,7 +7,9 @@
 ``python main.py``, ``python -m agents`` and ``agentmend session`` all start it.
 
 Commands are read one line at a time from standard input, so the session can be scripted with a
-pipe. Ctrl-C during a cycle aborts the cycle; whatever it had applied is rolled back.
+pipe. Ctrl-C during a cycle aborts the cycle; whatever it had applied is rolled back. The end of
+input (the end of a script, Ctrl-D) answers no to a pending question, stops generated traffic
+after the question running, and ends the session with exit code 0.
 """
 
 from __future__ import annotations
@@ -26,17 +28,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
-from rich.syntax import Syntax
 from rich.text import Text
 
 from agents.faces.console_views import (
     cycle_event_line,
     cycle_summary_line,
+    diff_text,
     history_table,
     issue_line,
+    one_line_error,
     status_table,
     task_table,
 )
+from agents.faces.session_lock import SessionLock
 from agents.faces.workspace import Workspace
 from agents.loop.cycle import CycleEvent, CycleResult
 from agents.loop.meta_orchestrator import MetaOrchestrator
@@ -46,11 +50,13 @@ from infrastructure.changes.safety import ProposedChange
 from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.models import ChangeStatus, IssueReport
 from infrastructure.principal import Principal
-from infrastructure.settings import Settings
+from infrastructure.settings import Settings, load_settings
 from infrastructure.simulation import FaultKind, SimulatedRuntime
-from infrastructure.structured_logger import configure_logging
+from infrastructure.structured_logger import configure_logging, get_logger
 
 T = TypeVar("T")
+
+log = get_logger(__name__)
 
 HELP = """\
 Type a question to run it through the team. Commands:
@@ -96,11 +102,14 @@ class LineReader:
 
     One reader for the whole session means a prompt inside a cycle (y/n) and the command
     loop never race for the same line, and a prompt can time out without a stuck thread.
+    The end of input is for good: once seen, every later read is None at once, so no prompt
+    after it waits for a line that cannot come.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
         self._loop = loop
+        self.ended = False
         threading.Thread(target=self._pump, name="stdin-reader", daemon=True).start()
 
     def _pump(self) -> None:
@@ -109,8 +118,13 @@ class LineReader:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
 
     async def read(self) -> str | None:
-        """The next line, or None at end of input."""
-        return await self._queue.get()
+        """The next line, or None at (and after) the end of input."""
+        if self.ended:
+            return None
+        line = await self._queue.get()
+        if line is None:
+            self.ended = True
+        return line
 
 
 class Session:
@@ -145,9 +159,12 @@ class Session:
     async def _ask_yes_no(self, question: str) -> bool:
         self.console.print(Text(f"{question} (y/n) ", style="bold"), end="")
         answer = await self.reader.read()
+        if answer is None:
+            self.console.print(Text("\nend of input: counted as no", style="yellow"))
+            return False
         if not self.interactive:
-            self.console.print(answer or "")
-        return (answer or "").strip().lower() in ("y", "yes")
+            self.console.print(answer)
+        return answer.strip().lower() in ("y", "yes")
 
     async def _ask_in_time(self, question: str) -> bool:
         try:
@@ -159,14 +176,17 @@ class Session:
             raise
 
     async def _confirm_cycle(self, issue: IssueReport) -> bool:
-        self.console.print(issue_line(issue))
+        line = issue_line(issue)
+        if self._simulated():
+            line.append(" (times are the simulation's)", style="dim")
+        self.console.print(line)
         timeout = self.orchestrator.settings.auto_decision_timeout
         return await self._ask_in_time(
             f"Run self-improvement cycle? (no answer in {timeout:g}s means no)"
         )
 
     async def _approve_change(self, change: ProposedChange) -> bool:
-        self.console.print(Syntax(change.diff or "(no diff)", "diff", word_wrap=True))
+        self.console.print(diff_text(change.diff))
         return await self._ask_in_time(f"Apply this change to {change.action.target_agent}?")
 
     def _show_event(self, event: CycleEvent) -> None:
@@ -234,8 +254,10 @@ class Session:
                 continue
             try:
                 await self.dispatch(line)
-            except AgentmendError as exc:
-                self.console.print(Text(f"error: {exc}", style="red"))
+            except Exception as exc:  # the session outlives whatever a command meets
+                error = Text(f"error: {one_line_error(exc)}", style="red")
+                self.console.print(error, soft_wrap=True)  # one line, whatever its length
+                log.info("command_failed", command=line, exc_info=True)  # --verbose shows it
 
     async def dispatch(self, line: str) -> None:
         if not line.startswith("/"):
@@ -264,7 +286,7 @@ class Session:
         task = await self._abortable(self.orchestrator.execute_task(question))
         if task is None:
             return
-        self.console.print(task_table(task))
+        self.console.print(task_table(task, simulated=self._simulated()))
         for cycle in task.cycles:
             self.console.print(cycle_summary_line(cycle))
         for issue in task.declined:
@@ -274,9 +296,19 @@ class Session:
         orchestrator = self.orchestrator
         metrics = orchestrator.monitor.get_metrics()
         stats = {name: orchestrator.detector.statistics(name) for name in metrics}
-        self.console.print(status_table(metrics, stats, baseline_n=orchestrator.monitor.baseline_n))
+        self.console.print(
+            status_table(
+                metrics,
+                stats,
+                baseline_n=orchestrator.monitor.baseline_n,
+                simulated=self._simulated(),
+            )
+        )
         if not metrics:
             self.console.print("no executions yet: ask the team a question")
+
+    def _simulated(self) -> bool:
+        return isinstance(self.orchestrator.team.runtime, SimulatedRuntime)
 
     def _simulation(self) -> SimulatedRuntime | None:
         runtime = self.orchestrator.team.runtime
@@ -325,6 +357,10 @@ class Session:
             return
         failures: dict[str, int] = {}
         for n in range(count):
+            if self.reader.ended:  # a script that ended stops its traffic, not waits on it
+                self.console.print(f"input ended: stopped after {n} of {count} question(s)")
+                count = n
+                break
             task = await self._abortable(
                 self.orchestrator.execute_task(f"Simulated learner question {n + 1}")
             )
@@ -385,6 +421,18 @@ class Session:
     async def rollback(self, args: list[str]) -> None:
         flags = {a for a in args if a in ("force", "cascade")}
         ids = [a for a in args if a not in flags]
+        if len(ids) > 1:
+            self.console.print(Text("usage: /rollback [ID] [force|cascade]", "red"))
+            return
+        if ids:
+            current = self.orchestrator.manager.get_change(ids[0])
+            if current is None:
+                self.console.print(Text(f"unknown change id {ids[0]!r} (see /history)", "red"))
+                return
+            if current.status in (ChangeStatus.ROLLED_BACK, ChangeStatus.FAILED):
+                state = "rolled back" if current.status is ChangeStatus.ROLLED_BACK else "failed"
+                self.console.print(f"change {ids[0]} is already {state}: nothing to roll back")
+                return
         record = self.orchestrator.rollback(
             ids[0] if ids else None,
             reason="rolled back from the interactive session",
@@ -437,16 +485,37 @@ def _check_provider(settings: Settings) -> None:
         )
 
 
+OFFLINE_OWN_AGENTS = (
+    "--agents runs your own agents, which needs a model provider: --provider anthropic (with "
+    "ANTHROPIC_API_KEY) or --provider claude-agent-sdk. The offline provider runs only the "
+    "simulated team (leave out --agents)."
+)
+"""Offline, there is nothing that could run a user's agents for real, and the simulated team's
+rules (its required headings, its injected faults) would misjudge them, so it is refused."""
+
 SIMULATED_BASELINE_N = 30
 """The simulated team's detection baseline, unless AGENTMEND_BASELINE_N says otherwise: 500
 runs per agent (the production default) would take an afternoon of typing to fill."""
 
 
 async def _session(args: argparse.Namespace, settings: Settings, console: Console) -> int:
-    simulated = settings.provider == "offline" and args.agents is None
-    if simulated and "AGENTMEND_BASELINE_N" not in os.environ:
+    if settings.provider == "offline" and args.agents is not None:
+        raise ConfigurationError(OFFLINE_OWN_AGENTS)
+    if settings.provider == "offline" and "AGENTMEND_BASELINE_N" not in os.environ:
         settings = settings.model_copy(update={"baseline_n": SIMULATED_BASELINE_N})
-    with Workspace.open(args.workspace, settings=settings, team_dir=args.agents) as workspace:
+    with (
+        Workspace.open(args.workspace, settings=settings, team_dir=args.agents) as workspace,
+        SessionLock(workspace.path) as lock,
+    ):
+        if lock.held_by is not None:
+            console.print(
+                Text(
+                    f"note: another agentmend session ({lock.held_by}) is open on "
+                    f"{workspace.path}; both share its store and team, and a change either "
+                    "makes is seen by the other only after it reloads",
+                    style="yellow",
+                )
+            )
         session = Session(
             workspace, console, LineReader(asyncio.get_running_loop()), seed=args.seed
         )
@@ -476,12 +545,13 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run the session (or, with ``--demo``, the demo) for parsed flags; the exit code."""
     configure_logging(logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    # no markup: text such as "/rollback [ID]" or an agent's answer is shown as it is
+    console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
     overrides: dict[str, Any] = {}
     if args.provider:
         overrides["provider"] = args.provider
     try:
-        settings = Settings(**overrides)
+        settings = load_settings(**overrides)
         _check_provider(settings)
         if args.demo:
             from agents.faces.demo import run_demo

@@ -36,7 +36,7 @@ from infrastructure.code_update.plan_recovery import settle_interrupted_plans
 from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.llm.base import AgentRuntime
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.settings import Provider, Settings
+from infrastructure.settings import Provider, Settings, load_settings
 from infrastructure.store import Store
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ class Workspace:
                 is not an agentmend database, or the workspace's own team folder has no
                 definitions.
         """
-        base = settings if settings is not None else Settings()
+        base = settings if settings is not None else load_settings()
         folder = Path(path) if path is not None else base.workspace
         settings = base.model_copy(update={"workspace": folder})
         if team_dir is not None:

@@ -51,9 +51,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 
-import structlog
-
-from agents.loop.cycle import CycleRecorder, CycleStatus
+from agents.loop.cycle import CycleRecorder, CycleStatus, describe_failure
 from agents.loop.cycle_verification import (
     NEW_BASELINE,
     BeforeRun,
@@ -78,10 +76,11 @@ from infrastructure.models import ChangeRecord, ImprovementAction
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.spec import AgentSpec
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["ChangePipeline", "Outcome", "record_invalid"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Outcome = tuple[CycleStatus, str | None]
 """How a cycle's body ended: its status and, when it did not keep a change, why."""
@@ -250,7 +249,7 @@ class ChangePipeline:
         except LeaseLost:
             raise
         except BaseException as exc:  # nothing unproven stays applied, whatever went wrong
-            why = f"error after the change was applied: {type(exc).__name__}: {exc}"
+            why = f"error after the change was applied: {describe_failure(exc)}"
             try:
                 undone = await self._roll_back(rec, change_ids, why, targets, lease=lease)
             except BaseException as failure:  # the first error is the one the caller must see

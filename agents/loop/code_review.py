@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.roles.playbooks.signatures import contains_injection
@@ -36,6 +35,7 @@ from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.llm.base import AgentResult, AgentRuntime
 from infrastructure.llm.offline import OfflineRuntime
 from infrastructure.spec import AgentSpec
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "ARCHITECT_SPEC",
@@ -53,7 +53,7 @@ __all__ = [
     "review_code_change",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAX_SOURCE_CHARS = 200_000
 

@@ -10,6 +10,7 @@ exactly the result the caller got from nothing but the store. Event data is JSON
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 from collections.abc import Awaitable, Callable
@@ -17,7 +18,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.roles.outcomes import ActionOutcome, QuestionAnswer
@@ -27,6 +27,7 @@ from infrastructure.evaluation.verification import VerificationVerdict
 from infrastructure.llm.base import AgentResult
 from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis, utc_now
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "DECISION_PREFIX",
@@ -38,6 +39,7 @@ __all__ = [
     "OnProgress",
     "TaskResult",
     "cycle_events",
+    "describe_failure",
     "fold_events",
     "list_cycle_ids",
     "replay_cycle",
@@ -208,7 +210,7 @@ class TaskResult:
 
 # -- recording, folding and replay -------------------------------------------------------
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 OnProgress = Callable[[CycleEvent], Awaitable[None] | None]
 """Shown every event as it happens (``main.py`` prints the steps live)."""
@@ -370,3 +372,15 @@ def list_cycle_ids(store: Store, *, limit: int = 50) -> list[str]:
     """The ids of the newest ``limit`` cycles, oldest first."""
     started = list_decisions(store, kind=DECISION_PREFIX + "cycle_started", limit=limit)
     return [str(decision.payload["cycle_id"]) for decision in started]
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for an exception that ended a cycle, as a person reads it.
+
+    A cancellation (Ctrl-C in the session, a caller's timeout) carries no text of its own, so
+    it is said in words rather than as ``CancelledError:``.
+    """
+    if isinstance(exc, asyncio.CancelledError):
+        return "interrupted (cancelled before it finished)"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -22,14 +22,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
-import structlog
-
 from agents.loop.change_pipeline import ChangePipeline, Outcome, record_invalid
 from agents.loop.cycle import (
     CycleRecorder,
     CycleResult,
     CycleStatus,
     OnProgress,
+    describe_failure,
     fold_events,
 )
 from agents.loop.cycle_verification import CycleVerifier
@@ -44,10 +43,11 @@ from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnaly
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["SELF_EDIT", "ImprovementCycle", "Outcome"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SELF_EDIT = "self_edit"
 """The ``error_type`` (and ``detector``) of the issue a self-edit is recorded under."""
@@ -171,7 +171,7 @@ class ImprovementCycle:
                 if recorder.rolled_back
                 else "error"
             )
-            error = f"{type(exc).__name__}: {exc}"
+            error = describe_failure(exc)
         if settle is not None:
             settle()
         try:

@@ -20,11 +20,10 @@ rebuilds its ``CycleResult`` from the store alone.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
-
-import structlog
 
 from agents.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
 from agents.loop.cycle_verification import CycleVerifier, baseline_agents
@@ -37,25 +36,31 @@ from agents.roles.supervisor import Supervisor
 from agents.roles.team import AgentTeam
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
 from infrastructure.changes.decisions import record_decision
-from infrastructure.changes.gates import ConfidenceGate, default_gates
+from infrastructure.changes.gates import ConfidenceGate, HumanApprovalGate, default_gates
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate
-from infrastructure.errors import ChangeNotFound, RollbackConflict
+from infrastructure.errors import ChangeNotFound, ConfigurationError, RollbackConflict
 from infrastructure.llm.base import AgentRuntime, ToolSpec
 from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.principal import Principal
-from infrastructure.settings import Settings
+from infrastructure.settings import Settings, load_settings
 from infrastructure.simulation import SimulatedRuntime
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["SELF_EDIT", "ConfirmCycle", "MetaOrchestrator", "OnProgress"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
-ConfirmCycle = Callable[[IssueReport], Awaitable[bool]]
-"""Asks whether to run a cycle for an issue (the interactive y/n); True runs it."""
+ConfirmCycle = Callable[[IssueReport], bool | Awaitable[bool]]
+"""Asks whether to run a cycle for an issue (the interactive y/n), plain or async; True runs
+it."""
+
+DECLINED_WORSE_BY = 0.25
+"""How much an agent's issue must grow in severity (see ``IssueReport.severity``: the excess
+failure fraction, or log2 of the slow-down) after a "no" before it is offered again."""
 
 
 class MetaOrchestrator:
@@ -71,12 +76,20 @@ class MetaOrchestrator:
         settings: thresholds, budget, approval timeout, yolo mode.
         manager: the change history to apply through; default one on ``store`` (a workspace
             passes its own, so one process keeps one session budget).
-        approval_callback: the human approval gate's question (None: refused unless yolo).
+        approval_callback: the human approval gate's question, a plain or async function of
+            the ``ProposedChange`` returning True to apply it (None: every change is refused
+            unless yolo mode is on, so ``auto_improve`` then needs yolo mode).
         principal: who the cycle runs for; default ``settings.default_principal`` (standard
             rights unless ``AGENTMEND_PRINCIPAL_ADMIN`` is set).
         auto_improve: run a cycle for each detected issue without asking.
         confirm_cycle: otherwise, ask this whether to run one (no answer within
-            ``settings.auto_decision_timeout`` is no).
+            ``settings.auto_decision_timeout`` is no). An issue declined is not offered
+            again until it is a kind not declined yet for that agent, or ``DECLINED_WORSE_BY``
+            more severe, or a cycle is asked for (``run_improvement_cycle``).
+
+    Raises:
+        ConfigurationError: ``auto_improve`` while nobody can approve a change (no
+            ``approval_callback`` and yolo mode off): every cycle would be refused.
         on_progress: called with every ``CycleEvent`` as it happens.
         detector: default one built from ``settings`` (mode, false-alarm rate, baseline).
         gates: default ``infrastructure.changes.gates.default_gates``.
@@ -110,7 +123,7 @@ class MetaOrchestrator:
         concurrency: int = 4,
         task_timeout_s: float | None = None,
     ) -> None:
-        self.settings = settings if settings is not None else Settings()
+        self.settings = settings if settings is not None else load_settings()
         self._owned: list[Callable[[], None]] = []
         if store is None:
             base = Path(workspace) if workspace is not None else self.settings.workspace
@@ -138,7 +151,6 @@ class MetaOrchestrator:
         self.manager = manager
         self.roles_runtime = roles_runtime
         self.principal = principal or self.settings.default_principal
-        self.auto_improve = auto_improve
         self.confirm_cycle = confirm_cycle
         self.concurrency = concurrency
         self.task_timeout_s = task_timeout_s
@@ -153,6 +165,11 @@ class MetaOrchestrator:
                 settings=self.settings,
             )
         self.gates = list(gates)
+        self._auto_improve = False
+        self.auto_improve = auto_improve  # checks that someone can approve
+        # per agent, the issues declined, by kind: a kind already declined is offered again
+        # only when clearly worse
+        self._declined: dict[str, dict[str, IssueReport]] = {}
         self.mediator = SocraticMediator(
             roles_runtime,
             AskAgentTool(team.ask_agent_registry()),
@@ -184,6 +201,29 @@ class MetaOrchestrator:
             gates=self.gates,
             on_progress=on_progress,
         )
+
+    @property
+    def auto_improve(self) -> bool:
+        """Run a cycle for every detected issue without asking ``confirm_cycle``.
+
+        Raises:
+            ConfigurationError: set to True while nobody can approve a change (a human
+                approval gate with no callback and yolo mode off).
+        """
+        return self._auto_improve
+
+    @auto_improve.setter
+    def auto_improve(self, value: bool) -> None:
+        if value and any(
+            isinstance(gate, HumanApprovalGate) and gate.callback is None and not gate.yolo_mode
+            for gate in self.gates
+        ):
+            raise ConfigurationError(
+                "auto_improve=True but nobody can approve a change, so every cycle would be "
+                "refused: pass approval_callback (a function of the ProposedChange returning "
+                "True to apply it) or turn on yolo_mode"
+            )
+        self._auto_improve = value
 
     @property
     def on_progress(self) -> OnProgress | None:
@@ -225,7 +265,7 @@ class MetaOrchestrator:
         folder = Path(directory)
         if not any(folder.glob("*.md")):
             copy_team(folder)
-        settings = settings if settings is not None else Settings()
+        settings = settings if settings is not None else load_settings()
         if yolo_mode is not None:
             settings = settings.model_copy(update={"yolo_mode": yolo_mode})
         runtime = runtime if runtime is not None else SimulatedRuntime(seed)
@@ -277,9 +317,12 @@ class MetaOrchestrator:
         for issue in issues:
             if issue.agent_name not in self._pending:
                 continue  # a cycle for an earlier issue of this task dealt with it
+            if not self.auto_improve and self._still_declined(issue):
+                continue  # "no" holds until the issue changes or a cycle is asked for
             if not await self._wants_cycle(issue):
                 if self.confirm_cycle is not None:
                     task.declined.append(issue)
+                    self._declined.setdefault(issue.agent_name, {})[issue.error_type] = issue
                     self._pending.pop(issue.agent_name, None)
                     record_decision(
                         self.store,
@@ -291,6 +334,10 @@ class MetaOrchestrator:
             task.cycles.append(await self.run_improvement_cycle(issue))
         return task
 
+    def _still_declined(self, issue: IssueReport) -> bool:
+        declined = self._declined.get(issue.agent_name, {}).get(issue.error_type)
+        return declined is not None and issue.severity < declined.severity + DECLINED_WORSE_BY
+
     async def _wants_cycle(self, issue: IssueReport) -> bool:
         if self.auto_improve:
             return True
@@ -298,7 +345,10 @@ class MetaOrchestrator:
             return False
         try:
             async with asyncio.timeout(self.settings.auto_decision_timeout):
-                return (await self.confirm_cycle(issue)) is True
+                answer = self.confirm_cycle(issue)
+                if inspect.isawaitable(answer):
+                    answer = await answer
+                return answer is True
         except TimeoutError:
             log.info("cycle_not_confirmed", agent=issue.agent_name, reason="no answer in time")
             return False
@@ -442,6 +492,7 @@ class MetaOrchestrator:
         models are outcomes (``status``), never exceptions; an exception (a bug, an outage of
         the store) is recorded and re-raised, after rolling back anything applied.
         """
+        self._declined.pop(issue.agent_name, None)  # asked for: a past "no" is superseded
         result = await self.cycle.improve(
             issue, settle=lambda: self._pending.pop(issue.agent_name, None)
         )

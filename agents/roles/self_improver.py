@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from agents.roles.outcomes import ActionOutcome
 from agents.roles.prompt_blocks import render_block
 from agents.roles.report_parsing import (
@@ -52,6 +50,7 @@ from infrastructure.llm.base import AgentResult, AgentRuntime
 from infrastructure.models import ChangeRecord, ChangeType, ImprovementAction, RootCauseAnalysis
 from infrastructure.principal import Principal
 from infrastructure.spec import AgentSpec, load_agent_specs
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "KNOWN_FIELDS",
@@ -62,7 +61,7 @@ __all__ = [
     "validate_actions",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 KNOWN_FIELDS: frozenset[str] = frozenset(
     {"system_prompt", "tools", "permission_profile", "model", *PARAMETER_FIELDS}

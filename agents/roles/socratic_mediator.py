@@ -44,8 +44,6 @@ import inspect
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
-import structlog
-
 from agents.roles.ask_agent_tool import AskAgentInput, AskAgentTool
 from agents.roles.outcomes import QuestionAnswer
 from agents.roles.prompt_blocks import render_block
@@ -56,6 +54,7 @@ from infrastructure.errors import AgentmendError
 from infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec
 from infrastructure.models import IssueReport, RootCauseAnalysis
 from infrastructure.spec import AgentSpec
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "BUDGET_MESSAGE",
@@ -68,7 +67,7 @@ __all__ = [
     "is_failed",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MIN_QUOTE_CHARS = 12
 UNSUPPORTED_FACTOR = 0.8

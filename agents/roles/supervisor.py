@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import structlog
-
 from agents.roles.prompt_blocks import render_block
 from agents.roles.schemas import SupervisorReview
 from agents.roles.team import load_role_spec
@@ -28,10 +26,11 @@ from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.errors import AgentmendError
 from infrastructure.llm.base import AgentResult, AgentRuntime
 from infrastructure.spec import AgentSpec, PermissionProfile
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["Supervisor", "agent_config", "proposed_change_payload"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def agent_config(spec: AgentSpec | None) -> dict[str, Any] | None:

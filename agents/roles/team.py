@@ -15,17 +15,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import structlog
-
 from agents.roles.ask_agent_tool import AgentCallable
 from infrastructure.errors import AgentmendError, AgentRunError, ConfigurationError, ErrorKind
 from infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
 from infrastructure.monitoring.performance_monitor import RUN, PerformanceMonitor
 from infrastructure.spec import AgentSpec, load_agent_specs
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["DEFINITIONS_DIR", "AgentTeam", "UnknownAgent", "load_role_spec"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _SUMMARY_ERRORS = 5
 

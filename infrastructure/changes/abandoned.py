@@ -29,17 +29,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import structlog
-
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
 from infrastructure.changes.leases import Lease, Leases
 from infrastructure.changes.owners import HostIdentity, LeaseTerms, ProcessOwner
 from infrastructure.changes.protocol_files import root_busy
 from infrastructure.models import ChangeRecord, ChangeStatus
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["INTERRUPTED", "AbandonedWork"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 INTERRUPTED = "interrupted"
 """``rollback_info["reason"]`` of a change settled because its owner stopped."""

@@ -55,8 +55,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from infrastructure.changes.audit_entry import AuditEntry
 from infrastructure.changes.audit_head import clear_head, read_head, write_head
 from infrastructure.changes.audit_head_events import head_event_findings, record_head_event
@@ -71,6 +69,7 @@ from infrastructure.errors import AuditChainError, StoreError
 from infrastructure.files import locked_file
 from infrastructure.models import utc_now
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "AUDIT_HMAC_KEY_ENV",
@@ -85,7 +84,7 @@ __all__ = [
     "verify_audit_chain",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 AUDIT_HMAC_KEY_ENV = "AGENTMEND_AUDIT_HMAC_KEY"
 VALUE_LIMIT = 500

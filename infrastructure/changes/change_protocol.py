@@ -72,8 +72,6 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-import structlog
-
 from infrastructure.changes.abandoned import INTERRUPTED, AbandonedWork
 from infrastructure.changes.apply import (
     Content,
@@ -98,10 +96,11 @@ from infrastructure.changes.rollback import (
 from infrastructure.files import locked_file
 from infrastructure.models import ChangeRecord, ChangeStatus
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["LIVE_STATUSES", "ChangeProtocol", "Content", "FileEntry", "PartialRollback"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class ChangeProtocol:

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
 from pydantic import ValidationError
 
 from infrastructure.changes.safety import FileEdit, ProposedChange
@@ -45,6 +44,7 @@ from infrastructure.errors import AgentmendError, PathNotAllowed, SpecError
 from infrastructure.files import resolve_inside
 from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.spec import CLAUDE_CODE_KEYS, AgentSpec, PermissionProfile, SpecWarning
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "PARAMETER_FIELDS",
@@ -53,7 +53,7 @@ __all__ = [
     "plan_change",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 PARAMETER_FIELDS: Mapping[str, str] = {
     "temperature": "temperature",
@@ -183,7 +183,7 @@ def _unknown_agent(ctx: _Context) -> InvalidChange:
 
 def _definition_path(ctx: _Context, spec: AgentSpec) -> str:
     if spec.source_path is None:
-        return f"{spec.name}.md"
+        return f"{spec.path_name}.md"
     try:
         target = resolve_inside(ctx.root, Path(spec.source_path).absolute(), allow_absolute=True)
     except PathNotAllowed as exc:
@@ -387,7 +387,7 @@ def _plan_docs(ctx: _Context) -> ProposedChange:
         raise ctx.fail(field or None, "docs_edit needs target_field 'docs/<relative path>'")
     relative = field[len(_DOCS_PREFIX) :]
     current = _current(ctx)
-    name = current.spec.name
+    name = current.spec.path_name
     definition_dir = (ctx.root / current.rel).parent
     docs_dir = definition_dir / name / "docs"
     try:
@@ -465,7 +465,7 @@ def _plan_creation(ctx: _Context) -> ProposedChange:
         raise ctx.fail("name", "an agent of that name already exists")
     if spec.model is not None:
         _check_model(ctx, "model", spec.model)
-    rel = f"{spec.name}.md"
+    rel = f"{spec.path_name}.md"
     try:
         target = resolve_inside(ctx.root, rel)
     except PathNotAllowed as exc:

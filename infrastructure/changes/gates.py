@@ -41,11 +41,10 @@ change never counts: the principal is whoever invoked the cycle.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
-
-import structlog
 
 from infrastructure.changes.safety import (
     ApprovalCallback,
@@ -64,6 +63,7 @@ from infrastructure.permissions import (
     describe_profile,
 )
 from infrastructure.principal import Principal
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from infrastructure.settings import Settings
@@ -85,7 +85,7 @@ __all__ = [
     "require_passed",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_ALLOWED_SUFFIXES: frozenset[str] = frozenset({".md", ".yaml", ".yml", ".json", ".txt"})
 EVAL_SUITE_SUFFIXES: tuple[str, ...] = (".evals.yaml", ".evals.yml")
@@ -407,6 +407,8 @@ class HumanApprovalGate:
     ) -> None:
         if not timeout_s > 0:
             raise ConfigurationError(f"approval timeout_s must be positive, got {timeout_s}")
+        if callback is not None:
+            _check_takes_the_change(callback)
         self.callback = callback
         self.yolo_mode = yolo_mode
         self.timeout_s = timeout_s
@@ -420,7 +422,9 @@ class HumanApprovalGate:
             )
         try:
             async with asyncio.timeout(self.timeout_s):
-                answer = await self.callback(change)
+                answer = self.callback(change)
+                if inspect.isawaitable(answer):
+                    answer = await answer
         except TimeoutError:
             return _refuse(
                 self.name,
@@ -432,6 +436,19 @@ class HumanApprovalGate:
         if answer is True:
             return _pass(self.name, "approved by a human")
         return _refuse(self.name, "rejected by a human")
+
+
+def _check_takes_the_change(callback: ApprovalCallback) -> None:
+    """Refuse, when it is given, a callback that cannot be called with the change."""
+    try:
+        inspect.signature(callback).bind(object())
+    except TypeError:
+        raise ConfigurationError(
+            "approval_callback must take one argument, the ProposedChange to approve "
+            "(e.g. `lambda change: True`, or an async def)"
+        ) from None
+    except ValueError:  # a builtin without a signature: it is called as it is
+        return
 
 
 def default_gates(

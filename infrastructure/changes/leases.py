@@ -32,8 +32,6 @@ from types import TracebackType
 from typing import Literal
 from uuid import uuid4
 
-import structlog
-
 from infrastructure.changes.owners import (
     HostIdentity,
     LeaseTerms,
@@ -43,10 +41,11 @@ from infrastructure.changes.owners import (
 )
 from infrastructure.errors import AgentmendError
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["Lease", "LeaseKeeper", "LeaseLost", "LeaseState", "Leases"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 LeaseState = Literal["held", "released", "lost", "settled"]
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
 from infrastructure.changes.protocol_files import backups_dir, lock_path, sha
 from infrastructure.changes.rollback import Rollbacks
@@ -23,10 +21,11 @@ from infrastructure.files import (
 )
 from infrastructure.models import ChangeRecord, ChangeStatus, utc_now
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["Recovery"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Recovery:

@@ -82,8 +82,11 @@ class ChangeReviewer(Protocol):
     async def review(self, change: ProposedChange) -> GateVerdict: ...
 
 
-ApprovalCallback = Callable[[ProposedChange], Awaitable[bool]]
-"""Asks a human; True approves. A callback that times out must return False (no answer = no)."""
+ApprovalCallback = Callable[[ProposedChange], bool | Awaitable[bool]]
+"""Asks a human about one ``ProposedChange`` (its ``action``, ``diff``, ``analysis``): a plain
+function or an ``async def``; True approves, anything else refuses. An async one is given the
+gate's time limit (no answer in time = no); a plain one runs on the event loop, so it should
+decide quickly (ask a person with an ``async def``)."""
 
 
 async def run_gates(change: ProposedChange, gates: Sequence[Gate]) -> list[GateVerdict]:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import structlog
-
 from infrastructure.changes.decisions import get_plan, list_plans, update_plan
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.code_update.code_plans import (
@@ -28,10 +26,11 @@ from infrastructure.code_update.code_plans import (
     stale_reason,
 )
 from infrastructure.models import ChangeStatus
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["INTERRUPTED_REASON", "plan_is_live", "settle_interrupted_plans"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 INTERRUPTED_REASON = "interrupted: the process executing it stopped; its changes were undone"
 

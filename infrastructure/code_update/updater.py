@@ -45,8 +45,6 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-import structlog
-
 from infrastructure.changes.decisions import (
     get_plan,
     list_plans,
@@ -92,7 +90,8 @@ from infrastructure.code_update.plan_recovery import plan_is_live, settle_interr
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
 from infrastructure.files import locked_file
 from infrastructure.models import ChangeType, ImprovementAction, utc_now
-from infrastructure.settings import Settings
+from infrastructure.settings import Settings, load_settings
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "CODE_SUFFIXES",
@@ -109,7 +108,7 @@ __all__ = [
     "ValidationReport",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class CodeUpdater:
@@ -147,7 +146,7 @@ class CodeUpdater:
         self.manager = manager
         self.store = manager.store
         self.reviewer = reviewer
-        self.settings = settings if settings is not None else Settings()
+        self.settings = settings if settings is not None else load_settings()
         self._scope = ScopeGate(self.paths.allowed_suffixes)
         list_plans(self.store, limit=0)  # the plans table exists before any transaction
 

@@ -349,7 +349,7 @@ def suite_path_for(spec: AgentSpec) -> Path | None:
         return spec.evals_path
     if spec.source_path is None:
         return None
-    return Path(spec.source_path).parent / f"{spec.name}{SUITE_SUFFIX}"
+    return Path(spec.source_path).parent / f"{spec.path_name}{SUITE_SUFFIX}"
 
 
 def find_eval_suite(spec: AgentSpec) -> EvalSuite | None:

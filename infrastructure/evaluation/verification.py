@@ -42,12 +42,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import structlog
 from pydantic import BaseModel, ConfigDict
 
 from infrastructure.errors import AgentmendError, AgentRunError
 from infrastructure.evaluation.evals import CheckOutcome, EvalCase, EvalSuite
 from infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from infrastructure.spec import AgentSpec
@@ -72,7 +72,7 @@ __all__ = [
     "sample_query_check",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Rule = Literal["mcnemar", "all_failures_fixed", "nothing_to_fix", "sample_query"]
 Failure = Literal["nothing_to_fix", "no_improvement", "regression", "latency", "sample_query"]

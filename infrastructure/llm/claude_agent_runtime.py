@@ -81,7 +81,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from pydantic import ValidationError
 
 from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
@@ -103,6 +102,7 @@ from infrastructure.llm.claude_sdk_tools import refuser, sdk_tool, tool_gate
 from infrastructure.llm.network_guard import refuse_real_api_under_tests
 from infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME, index_tools
 from infrastructure.permissions import allowed_tools, describe_profile
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from claude_agent_sdk import ClaudeAgentOptions
@@ -115,7 +115,7 @@ __all__ = [
     "ClaudeAgentRuntime",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 SERVER_NAME = "agentmend"
 """The in-process MCP server that serves a run's ToolSpecs (``mcp__agentmend__<tool>``)."""

@@ -17,11 +17,11 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-import structlog
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["KILL_GRACE_S", "RUN_MARKER_ENV", "abort_run", "marked_children", "signal_all"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 RUN_MARKER_ENV = "AGENTMEND_RUN_ID"
 """Set in each CLI process's environment so an aborted run can find and stop its process."""

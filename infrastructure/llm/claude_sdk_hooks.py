@@ -52,9 +52,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-import structlog
-
 from infrastructure.errors import ErrorKind
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from claude_agent_sdk import HookContext, HookInput, HookJSONOutput, HookMatcher
@@ -62,7 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ExecutionRecorder", "SubagentTracker", "claude_sdk_hooks"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _STOP_FAILURE_KINDS: dict[str, ErrorKind] = {
     "rate_limit": ErrorKind.RATE_LIMIT,

@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from pydantic import ValidationError
 
 from infrastructure.llm.base import ToolError, ToolSpec
 from infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from claude_agent_sdk import (
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["refusal_message", "refuser", "sdk_tool", "tool_error", "tool_gate"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def sdk_tool(tool: ToolSpec) -> SdkMcpTool[Any]:

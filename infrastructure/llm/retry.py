@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import structlog
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -29,12 +28,13 @@ from tenacity import (
 )
 
 from infrastructure.errors import AgentRunError, ErrorKind
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["RetryPolicy", "is_retryable", "run_with_retry"]
 
 T = TypeVar("T")
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _RETRYABLE_KINDS = frozenset(
     {

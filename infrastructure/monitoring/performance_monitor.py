@@ -47,8 +47,6 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any, overload
 
-import structlog
-
 from infrastructure.errors import AgentmendError, ConfigurationError, StoreError
 from infrastructure.models import AgentMetrics, ExecutionRecord
 from infrastructure.monitoring.agent_window import (
@@ -64,6 +62,7 @@ from infrastructure.monitoring.execution_store import ExecutionStore
 from infrastructure.monitoring.run_feed import EventCursor, RunChunk, RunFeed
 from infrastructure.monitoring.run_tracker import Tracker
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "RUN",
@@ -79,7 +78,7 @@ __all__ = [
     "log_duration",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _MAX_BASELINE_STACK = 32  # kept changes remembered for restore_baseline
 _agent_source = itemgetter(0, 1)

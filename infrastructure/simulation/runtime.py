@@ -17,8 +17,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import structlog
-
 from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
 from infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
 from infrastructure.simulation.answers import compose_answer
@@ -34,13 +32,14 @@ from infrastructure.simulation.team import (
     profile_for,
     resolve_model,
 )
+from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from infrastructure.spec import AgentSpec
 
 __all__ = ["AgentAnswerer", "SimulatedRuntime"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 AgentAnswerer = Callable[[str], Awaitable[str]]
 """An async function answering one question (what ``AskAgentTool`` keeps per agent)."""
@@ -122,8 +121,20 @@ class SimulatedRuntime(RuntimeBase):
 
     # faults -------------------------------------------------------------------------------
 
-    def inject(self, agent: str, fault: Fault | FaultKind) -> Fault:
-        """Start ``fault`` for ``agent`` from its next run on; returns the fault with defaults."""
+    def inject(self, agent: str, fault: Fault | FaultKind | str) -> Fault:
+        """Start ``fault`` for ``agent`` from its next run on; returns the fault with defaults.
+
+        ``fault`` is a ``Fault``, a ``FaultKind`` or its value (``"truncation"``).
+
+        Raises:
+            ConfigurationError: ``fault`` names no fault kind (the message lists them).
+        """
+        if isinstance(fault, str) and not isinstance(fault, FaultKind):
+            try:
+                fault = FaultKind(fault)
+            except ValueError:
+                kinds = ", ".join(kind.value for kind in FaultKind)
+                raise ConfigurationError(f"unknown fault {fault!r}; one of: {kinds}") from None
         if isinstance(fault, FaultKind):
             fault = Fault(fault)
         active = _ActiveFault(fault, fault.model, fault.calls)

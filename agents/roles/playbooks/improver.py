@@ -34,7 +34,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.roles.playbooks.signatures import (
@@ -52,6 +51,7 @@ from agents.roles.schemas import ImprovementPlan, ProposedAction
 from infrastructure.errors import AgentRunError, ErrorKind
 from infrastructure.llm.offline import OfflineCall
 from infrastructure.models import ChangeType
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -64,7 +64,7 @@ __all__ = [
     "plan_for",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAX_CONFIDENCE = 0.95
 DEFAULT_MAX_TOKENS = 4096

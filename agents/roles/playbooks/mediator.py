@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import structlog
 from pydantic import ValidationError
 
 from agents.roles.playbooks.signatures import (
@@ -40,6 +39,7 @@ from agents.roles.schemas import CauseCategory, MediatorReport
 from infrastructure.errors import AgentRunError, ErrorKind
 from infrastructure.llm.offline import OfflineCall
 from infrastructure.models import IssueReport
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "BASE_QUESTIONS",
@@ -50,7 +50,7 @@ __all__ = [
     "mediator_policy",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAX_QUESTIONS = 10
 MAX_REFERENCED_AGENTS = 2
@@ -131,7 +131,9 @@ def _issue(prompt: str) -> IssueReport:
         ) from exc
 
 
-_AVAILABLE = re.compile(r"Available agents:\s*([a-z0-9][a-z0-9, -]*)")
+# the ask_agent tool's description: "... Available agents: a, b. The answer comes back ...";
+# names may hold dots and any letters (Claude Code's rule), so read up to the sentence's end
+_AVAILABLE = re.compile(r"Available agents: (.*?)\. The answer comes back", re.S)
 
 
 def _tool_agents(call: OfflineCall) -> list[str]:
@@ -139,7 +141,7 @@ def _tool_agents(call: OfflineCall) -> list[str]:
     for tool in call.tools:
         if tool.name == "ask_agent":
             match = _AVAILABLE.search(tool.description)
-            if match is not None:
+            if match is not None and match.group(1) != "(none)":
                 return [n.strip() for n in match.group(1).split(",") if n.strip()]
     return []
 

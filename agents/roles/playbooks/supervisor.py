@@ -26,7 +26,6 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.roles.playbooks.signatures import contains_injection
@@ -36,6 +35,7 @@ from infrastructure.llm.offline import OfflineCall
 from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.permissions import PROFILE_NAMES, SHELL_AND_WRITE_TOOLS
 from infrastructure.spec import AgentSpec
+from infrastructure.structured_logger import get_logger
 
 __all__ = [
     "FIELDS_BY_TYPE",
@@ -46,7 +46,7 @@ __all__ = [
     "supervisor_policy",
 ]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAX_MAX_TOKENS = 64_000
 MAX_TIMEOUT_S = 3600.0
