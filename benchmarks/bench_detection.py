@@ -1,7 +1,16 @@
-"""False alarms and detection delay: seed 003's rules against the calibrated CUSUMs.
+"""False alarms and detection delay: the per-agent guarantee; seed 003's rules against the CUSUMs.
 
-Everything goes through the public API (``PerformanceMonitor.record`` + ``IssueDetector.check``)
-on simulated agents whose durations are log-normal (median 1 s, log-sd 0.4):
+First, exactly (no simulation; ``infrastructure.monitoring.guarantee``): for baseline sizes 30,
+50, 100, 200, 500 and 2,000 and healthy success rates 0.5 .. 0.999, the failure chart's expected
+false alarms per 1,000 healthy runs over the baselines such an agent produces (goal: at most its
+budget, ``false_alarm_rate * failure_share`` = 0.95), and its expected detection delay for a
+relative drop of 15 % and 30 % of the success rate against the optimal CUSUM that knows both
+rates, at the same false-alarm rate (goal: at most 1.2x where the baseline is 500 or more).
+Then, by simulation, the duration chart's false alarms per 1,000 healthy runs for log-normal
+durations of log-sd 0.5 and 1.0 at the same baseline sizes (goal: at most its budget, 0.05).
+
+With ``--simulate``, a spot check through the public API follows (``PerformanceMonitor.record``
++ ``IssueDetector.check``) on simulated agents with log-normal durations (median 1 s, log-sd 0.4):
 
 - false alarms per 1,000 healthy runs at healthy success rates 0.99, 0.95 and 0.90: each of
   ``--agents`` agents gets its own 500-run baseline, then ``--runs`` more healthy runs;
@@ -16,7 +25,8 @@ the two integer thresholds around it), its delay computed exactly
 (``infrastructure.monitoring.cusum.bernoulli_arl``). The statistical detector has to estimate p0
 from its 500-run baseline and is tuned to one shift for both drops, so its ratio to that optimum
 shows what not knowing them costs. Goals: at most 1 false alarm per 1,000 runs at every healthy
-rate; delay within 1.1x of the optimum. Seeded; about a minute. Run: ``.venv/bin/python
+rate; delay within 1.1x of the optimum. Seeded; the exact table takes minutes to an hour (each
+baseline's chart is calibrated exactly). Run: ``.venv/bin/python
 benchmarks/bench_detection.py [--agents 100 --runs 10000 --trials 1500]``; ``--failure-share`` and
 ``--relative-drop`` measure the statistical detector with other settings (its defaults otherwise).
 """
@@ -31,8 +41,9 @@ import time
 from collections import Counter
 from typing import Any
 
-from infrastructure.monitoring.cusum import bernoulli_arl, integer_weights
+from infrastructure.monitoring.cusum import bernoulli_arl, calibrate_normal, integer_weights
 from infrastructure.monitoring.detection import DetectionMode, IssueDetector
+from infrastructure.monitoring.guarantee import failure_alarm_rate, failure_delay
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 
 SEED = 20240901
@@ -41,6 +52,70 @@ HEALTHY_RATES = (0.99, 0.95, 0.90)
 DROPS = ((0.95, 0.70), (0.95, 0.85))
 TARGET = 0.001
 MODES: tuple[DetectionMode, ...] = ("rules", "statistical")
+TABLE_SIZES = (30, 50, 100, 200, 500, 2000)
+TABLE_SUCCESS = (0.5, 0.8, 0.9, 0.97, 0.99, 0.999)
+TABLE_DROPS = (0.15, 0.30)
+FAILURE_SHARE = 0.95
+
+
+def exact_table(sizes: tuple[int, ...], rates: tuple[float, ...]) -> None:
+    """The failure chart's exact false-alarm rate and delay per (baseline size, success rate)."""
+    budget = TARGET * FAILURE_SHARE
+    worst = 0.0
+    print(
+        f"Failure chart, exact: expected false alarms per 1,000 healthy runs (budget"
+        f" {budget * 1000:.2f}) and the delay after a relative drop of the success rate"
+    )
+    print(
+        f"(median and mean over the baselines, in runs; x: median over the optimal CUSUM"
+        f" knowing both rates, at ARL0 {1 / budget:.0f})"
+    )
+    header = "".join(f" {f'drop {d:.0%}: median (x opt), mean':>34}" for d in TABLE_DROPS)
+    print(f"  {'n':>5} {'success':>7} {'alarms/1000':>11}{header}")
+    for n in sizes:
+        for s in rates:
+            p = 1.0 - s
+            rate = failure_alarm_rate(n, p, budget) * 1000
+            worst = max(worst, rate)
+            cells = []
+            for d in TABLE_DROPS:
+                p1 = 1.0 - s * (1.0 - d)
+                median, mean = failure_delay(n, p, p1, budget)
+                best, _ = optimal_delay(p, p1, 1.0 / budget)
+                cells.append(f" {median:>12.1f} ({median / best:5.2f}x) {mean:>10.1f}")
+            print(f"  {n:>5} {s:>7} {rate:>11.3f}{''.join(cells)}", flush=True)
+    print(f"  worst cell {worst:.3f} per 1,000 (budget {budget * 1000:.2f})")
+
+
+def duration_table(sizes: tuple[int, ...], baselines: int, runs: int, seed: int) -> None:
+    """The duration chart's false alarms per 1,000 healthy runs, by simulation."""
+    budget = TARGET * (1.0 - FAILURE_SHARE)
+    print()
+    print(
+        f"Duration chart, simulated: false alarms per 1,000 healthy runs ({baselines} baselines"
+        f" x {runs:,} runs per cell; budget {budget * 1000:.2f})"
+    )
+    print(f"  {'n':>5} {'log-sd 0.5':>11} {'log-sd 1.0':>11}")
+    rng = random.Random(seed)
+    for n in sizes:
+        cells = []
+        for sd in (0.5, 1.0):
+            alarms = 0
+            for _ in range(baselines):
+                chart = calibrate_normal(
+                    [rng.gauss(0.0, sd) for _ in range(n)], 1.0 / budget, math.log(1.5)
+                )
+                k, h, standardise, gauss = chart.k, chart.h, chart.standardise, rng.gauss
+                stat = 0.0
+                for _ in range(runs):
+                    stat += standardise(gauss(0.0, sd)) - k
+                    if stat < 0.0:
+                        stat = 0.0
+                    elif stat >= h:
+                        alarms += 1
+                        stat = 0.0
+            cells.append(f" {alarms / (baselines * runs) * 1000:>11.3f}")
+        print(f"  {n:>5}{''.join(cells)}", flush=True)
 
 
 def _feed(monitor: PerformanceMonitor, rng: random.Random, agent: str, n: int, p: float) -> None:
@@ -148,6 +223,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=1500, help="trials per drop")
     parser.add_argument("--failure-share", type=float, help="IssueDetector failure_share")
     parser.add_argument("--relative-drop", type=float, help="IssueDetector relative_drop")
+    parser.add_argument("--sizes", type=int, nargs="*", default=list(TABLE_SIZES))
+    parser.add_argument("--baselines", type=int, default=100, help="duration-chart baselines")
+    parser.add_argument("--duration-runs", type=int, default=10_000, help="runs per baseline")
+    parser.add_argument("--simulate", action="store_true", help="also the simulated spot check")
     args = parser.parse_args()
     settings: dict[str, Any] = {
         key: value
@@ -158,6 +237,12 @@ def main() -> None:
         if value is not None
     }
     started = time.perf_counter()
+    exact_table(tuple(args.sizes), TABLE_SUCCESS)
+    duration_table(tuple(args.sizes), args.baselines, args.duration_runs, SEED + 7)
+    if not args.simulate:
+        print(f"\n({time.perf_counter() - started:.0f} s)")
+        return
+    print()
     detector = IssueDetector(**settings)
     print(
         f"statistical detector: failure_share {detector.failure_share},"

@@ -3,11 +3,14 @@
 ``<name>`` is the name's path form (``infrastructure.agent_names.path_name``): the name itself
 unless it holds a character no file name may hold.
 
-Seed 002 lets an agent carry documents (glossaries, house rules, examples) that are appended to
+An agent may carry documents (glossaries, house rules, examples) that are appended to
 its system prompt. They are read when the definition is loaded, as ``(docs/<relative path>,
 text)`` pairs in path order, so the prompt is the same on every machine. The folder is
 confined: a docs folder or file that resolves outside it (through a symlink) is skipped with a
-warning; hidden entries and files that are not UTF-8 text are skipped too.
+warning; hidden entries are skipped. So is, with a warning naming the file and the reason, any
+file that is not a regular file (a FIFO, socket or device is never opened for long: reads are
+non-blocking and checked on the descriptor), loops, cannot be read, is not UTF-8 text, or is
+over ``Settings.max_file_bytes``: one bad doc never stops a team from loading.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from infrastructure import confined
 from infrastructure.agent_names import path_name
-from infrastructure.errors import PathNotAllowed
+from infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllowed
 from infrastructure.files import resolve_inside
+from infrastructure.settings import DEFAULT_MAX_FILE_BYTES
 from infrastructure.structured_logger import get_logger
 
 __all__ = ["read_agent_docs", "with_agent_docs"]
@@ -26,12 +31,14 @@ __all__ = ["read_agent_docs", "with_agent_docs"]
 log = get_logger(__name__)
 
 
-def read_agent_docs(definition_dir: Path, name: str) -> tuple[tuple[str, str], ...]:
-    """``(docs/<relative path>, text)`` of the agent's docs, sorted; escapes are ignored."""
+def read_agent_docs(
+    definition_dir: Path, name: str, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> tuple[tuple[str, str], ...]:
+    """``(docs/<relative path>, text)`` of the agent's docs, sorted; bad files are skipped."""
     try:
         docs_dir = resolve_inside(definition_dir, Path(path_name(name)) / "docs")
-    except PathNotAllowed:
-        log.warning("ignored_agent_docs", agent=name, reason="docs folder leaves its directory")
+    except PathNotAllowed as exc:
+        log.warning("ignored_agent_docs", agent=name, reason=f"docs folder: {exc.problem}")
         return ()
     if not docs_dir.is_dir():
         return ()
@@ -45,20 +52,24 @@ def read_agent_docs(definition_dir: Path, name: str) -> tuple[tuple[str, str], .
                 continue
             try:
                 resolved = resolve_inside(docs_dir, relative)
-                text = resolved.read_bytes().decode("utf-8")
-            except PathNotAllowed:
-                log.warning("ignored_agent_doc", agent=name, doc=str(relative), reason="escape")
+                data = confined.read(docs_dir, resolved.relative_to(docs_dir), max_bytes=max_bytes)
+                text = (data or b"").decode("utf-8")
+            except (PathNotAllowed, FileOperationError, FileTooLarge) as exc:
+                reason = exc.problem if isinstance(exc, PathNotAllowed) else str(exc)
+                log.warning("ignored_agent_doc", agent=name, doc=str(relative), reason=reason)
                 continue
-            except (OSError, UnicodeDecodeError):
+            except UnicodeDecodeError:
                 log.warning("ignored_agent_doc", agent=name, doc=str(relative), reason="not text")
                 continue
-            if "\x00" not in text:
-                found.append((relative.as_posix(), text))
+            if "\x00" in text:
+                log.warning("ignored_agent_doc", agent=name, doc=str(relative), reason="binary")
+                continue
+            found.append((relative.as_posix(), text))
     return tuple((f"docs/{relative}", text) for relative, text in sorted(found))
 
 
 def with_agent_docs(system_prompt: str, docs: Sequence[tuple[str, str]]) -> str:
-    """``system_prompt`` with ``docs`` appended inside ``<agent_docs>`` (seed 002's layout)."""
+    """``system_prompt`` with ``docs`` appended inside ``<agent_docs>``, one block per file."""
     if not docs:
         return system_prompt
     sections = "\n\n".join(f"# {path}\n{text.rstrip()}" for path, text in docs)

@@ -7,8 +7,10 @@ runtime returns inside an ``AgentResult`` as data and which the monitor records.
 
 from __future__ import annotations
 
+import errno as errno_module
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "AgentRunError",
@@ -16,23 +18,86 @@ __all__ = [
     "AuditChainError",
     "ConfigurationError",
     "ErrorKind",
+    "InvalidArgument",
+    "NotFound",
     "PathNotAllowed",
     "RollbackConflict",
     "SpecError",
     "StoreError",
+    "WrongArgumentType",
 ]
 
 
+def _rebuild_error(cls: type[AgentmendError], args: tuple[Any, ...]) -> AgentmendError:
+    """An instance of ``cls`` with ``args``, made without calling its ``__init__``.
+
+    The fields come back from the pickled ``__dict__`` afterwards; calling ``__init__`` again
+    would need its original arguments, which the message in ``args`` no longer holds.
+    """
+    error = cls.__new__(cls, *args)
+    error.args = args
+    return error
+
+
 class AgentmendError(Exception):
-    """Root of every error agentmend raises."""
+    """Root of every error agentmend raises.
+
+    Every subclass survives ``pickle`` and ``copy.deepcopy`` with its fields, however its
+    ``__init__`` is shaped: errors cross process boundaries (multiprocessing, task queues).
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException's own reduce calls ``cls(*self.args)``, which fails for any subclass
+        # whose __init__ takes fields rather than the message.
+        return (_rebuild_error, (type(self), self.args), self.__dict__ or None)
 
 
 class ConfigurationError(AgentmendError):
     """Settings or arguments that cannot work (a missing key, an unknown provider, ...)."""
 
 
+class InvalidArgument(AgentmendError, ValueError):
+    """An argument a call cannot take; ``name`` says which, ``problem`` what is wrong with it.
+
+    Also a ``ValueError``, so code written to catch the built-in error keeps working.
+    """
+
+    def __init__(self, name: str, value: object, problem: str) -> None:
+        self.name = name
+        self.value = value
+        self.problem = problem
+        super().__init__(f"{name} {problem}, got {value!r}")
+
+
+class WrongArgumentType(InvalidArgument, TypeError):
+    """An argument of a kind the call does not take; also a ``TypeError`` for older callers."""
+
+
+class NotFound(AgentmendError, KeyError):
+    """No record with this key; ``what`` names the kind of record. Also a ``KeyError``."""
+
+    def __init__(self, what: str, key: str, where: str = "") -> None:
+        self.what = what
+        self.key = key
+        super().__init__(f"no {what} with id {key!r}" + (f" {where}" if where else ""))
+
+    def __str__(self) -> str:  # KeyError would show the repr of the message
+        return str(self.args[0])
+
+
 class StoreError(AgentmendError):
-    """The store cannot be opened or is not an agentmend database."""
+    """The store cannot be opened, is not an agentmend database, or a statement failed.
+
+    Attributes:
+        path: the database file, when known.
+        cause: SQLite's error name (``SQLITE_FULL``, ``SQLITE_BUSY``, ``SQLITE_IOERR``,
+            ``SQLITE_CORRUPT``, ...), when known.
+    """
+
+    def __init__(self, message: str, *, path: str | Path | None = None, cause: str | None = None):
+        self.path = str(path) if path is not None else None
+        self.cause = cause
+        super().__init__(message)
 
 
 class SpecError(AgentmendError):
@@ -54,6 +119,7 @@ class PathNotAllowed(AgentmendError):
     def __init__(self, path: str | Path, root: str | Path, problem: str = "") -> None:
         self.path = str(path)
         self.root = str(root)
+        self.problem = problem
         detail = f" ({problem})" if problem else ""
         super().__init__(f"path {self.path!r} is not allowed under {self.root}{detail}")
 
@@ -153,4 +219,74 @@ class ChangeStateError(AgentmendError):
         super().__init__(f"change {change_id} is {status}, cannot become {wanted}{detail}")
 
 
-__all__ += ["ChangeNotFound", "ChangeStateError"]
+class PermissionRequired(AgentmendError):
+    """The principal lacks a permission the action needs (acknowledging an audit break, ...)."""
+
+    def __init__(self, user_id: str, permission: str, action: str) -> None:
+        self.user_id = user_id
+        self.permission = permission
+        self.action = action
+        super().__init__(f"{user_id!r} needs the {permission!r} permission to {action}")
+
+
+__all__ += ["ChangeNotFound", "ChangeStateError", "PermissionRequired"]
+
+
+class FileOperationError(AgentmendError):
+    """The file system refused an operation on a file: full, read-only, denied, I/O error.
+
+    Attributes:
+        path: the file the operation was on.
+        operation: what was being done (``write``, ``read``, ``delete``, ...).
+        cause: the errno name (``ENOSPC``, ``EROFS``, ``EACCES``, ...).
+        errno: the errno number.
+    """
+
+    def __init__(self, path: str | Path, operation: str, error: OSError | None = None) -> None:
+        self.path = str(path)
+        self.operation = operation
+        self.errno = error.errno if error is not None else None
+        self.cause = errno_name(self.errno)
+        why = (error.strerror if error is not None else None) or "failed"
+        super().__init__(f"cannot {operation} {self.path}: {why} ({self.cause})")
+
+
+class FileTooLarge(AgentmendError):
+    """A file over the size agentmend reads (``Settings.max_file_bytes``); nothing was read."""
+
+    def __init__(self, path: str | Path, size: int, limit: int) -> None:
+        self.path = str(path)
+        self.size = size
+        self.limit = limit
+        super().__init__(f"{self.path} is {size} bytes, over the limit of {limit} bytes")
+
+
+class InputTooLarge(AgentmendError, ValueError):
+    """An input over a configured bound (a description, a plan, a request); nothing was stored.
+
+    Attributes:
+        what: the input, as the caller named it (``description``, ``plan files``, ...).
+        size: its size (bytes or items, as ``unit`` says).
+        limit: the bound, and ``setting`` the ``Settings`` field that sets it.
+    """
+
+    def __init__(self, what: str, size: int, limit: int, setting: str, unit: str = "bytes"):
+        self.what = what
+        self.size = size
+        self.limit = limit
+        self.setting = setting
+        self.unit = unit
+        super().__init__(
+            f"{what} is {size} {unit}, over the limit of {limit} {unit} "
+            f"(Settings.{setting}, AGENTMEND_{setting.upper()})"
+        )
+
+
+def errno_name(number: int | None) -> str:
+    """``ENOSPC`` for 28: the name a person can search for; ``unknown`` when there is none."""
+    if number is None:
+        return "unknown"
+    return errno_module.errorcode.get(number, f"errno {number}")
+
+
+__all__ += ["FileOperationError", "FileTooLarge", "InputTooLarge", "errno_name"]

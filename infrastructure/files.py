@@ -1,24 +1,26 @@
 """Crash-safe file writes, file locks and path confinement, shared by every effector.
 
 A write either leaves the old bytes or the new ones on disk, never a mix: the data goes to a
-temporary file in the same directory, is fsynced, replaces the target with ``os.replace``, and
-the directory is fsynced so the rename itself survives a power cut. Writers that must not
-interleave (two processes changing one root, two appends to one audit chain) serialise on a
-:func:`locked_file`.
+temporary file in the same directory, is fsynced, is renamed over the target, and the directory
+is fsynced so the rename itself survives a power cut. The writes here are those of a single
+file whose folder the caller names (a saved definition, a workspace file); everything written
+under a root on an agent's behalf goes through :mod:`infrastructure.confined`, which these
+delegate to for the last component. Writers that must not interleave (two processes changing
+one root, two appends to one audit chain) serialise on a :func:`locked_file`.
+:func:`resolve_inside` is the check made when a path is planned, not when it is written.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
-import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from infrastructure.errors import PathNotAllowed
+from infrastructure import confined
+from infrastructure.confined import hold_flock
+from infrastructure.errors import FileOperationError, PathNotAllowed
 
 __all__ = [
     "atomic_delete",
@@ -31,9 +33,6 @@ __all__ = [
     "resolve_inside",
     "sha256_bytes",
 ]
-
-
-_TMP_SUFFIX = ".tmp"
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -49,34 +48,31 @@ def fsync_directory(directory: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves either the old or the new content."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
+    """Replace ``path`` with ``data`` so a crash leaves either the old or the new content.
+
+    The parent directories are created; the file itself is written by
+    :func:`infrastructure.confined.write` from its opened parent directory, so a symlink
+    swapped in at the name is replaced, never followed.
+    """
+    path = Path(path)
+    _make_parent(path)
+    confined.write(path.parent, path.name, data)
+
+
+def _make_parent(path: Path) -> None:
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if path.exists():
-            # keep the file's permissions across the replace
-            with contextlib.suppress(OSError):
-                os.chmod(tmp_name, path.stat().st_mode & 0o7777)
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    fsync_directory(path.parent)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise PathNotAllowed(path, path.parent, "a file is where a directory should be") from None
+    except OSError as exc:
+        raise FileOperationError(path.parent, "create the directory", exc) from None
 
 
 def atomic_delete(path: Path) -> None:
     """Remove ``path`` (if present) and make the removal durable."""
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return
-    fsync_directory(path.parent)
+    path = Path(path)
+    if path.parent.is_dir():
+        confined.delete(path.parent, path.name)
 
 
 def atomic_write_or_delete(path: Path, data: bytes | None) -> None:
@@ -88,21 +84,22 @@ def atomic_write_or_delete(path: Path, data: bytes | None) -> None:
 
 
 def read_if_exists(path: Path) -> bytes | None:
-    """``path``'s bytes, or None when it does not exist (the state :func:`atomic_delete` leaves)."""
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
+    """``path``'s bytes, or None when it does not exist (the state :func:`atomic_delete` leaves).
+
+    Only a regular file is read, and a symlink at the name is refused
+    (:func:`infrastructure.confined.read`).
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
         return None
+    return confined.read(path.parent, path.name)
 
 
 def remove_atomic_write_leftovers(path: Path) -> None:
     """Remove the temp files a writer killed inside :func:`atomic_write` left beside ``path``."""
+    path = Path(path)
     if path.parent.is_dir():
-        for stale in path.parent.glob(f".{path.name}.*{_TMP_SUFFIX}"):
-            stale.unlink(missing_ok=True)
-
-
-_held = threading.local()  # per thread: path -> [descriptor, depth] of the locks it holds
+        confined.remove_leftovers(path.parent, path.name)
 
 
 @contextlib.contextmanager
@@ -114,28 +111,18 @@ def locked_file(path: Path) -> Iterator[int]:
     other (each acquisition opens its own file description), and the kernel drops the lock
     when its holder dies, which is what lets recovery tell a dead writer from a live one.
     """
-    held: dict[str, list[int]] = getattr(_held, "locks", None) or {}
-    _held.locks = held
-    key = os.fspath(path)
-    entry = held.get(key)
-    if entry is not None:
-        entry[1] += 1
+    path = Path(path)
+
+    def open_lock() -> int:
+        _make_parent(path)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            yield entry[0]
-        finally:
-            entry[1] -= 1
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        held[key] = [fd, 1]
-        try:
-            yield fd
-        finally:
-            del held[key]
-    finally:
-        os.close(fd)  # closing the description releases the lock
+            return os.open(path, flags, 0o644)
+        except OSError as exc:
+            raise FileOperationError(path, "open the lock file", exc) from None
+
+    with hold_flock(os.fspath(path), open_lock) as fd:
+        yield fd
 
 
 def resolve_inside(
@@ -148,7 +135,10 @@ def resolve_inside(
     """Resolve ``path`` against ``root`` and refuse anything that would leave it.
 
     Refuses ``..`` components, absolute paths (unless ``allow_absolute`` and already inside
-    ``root``), and symlinks, at any depth, that point outside ``root``. With
+    ``root``), symlinks, at any depth, that point outside ``root``, symlink loops, and odd
+    text (NUL or undecodable bytes, names over 255 bytes, paths over 4096 bytes). This is the
+    check made when a change is planned; the write itself goes through
+    :mod:`infrastructure.confined`, which holds however the tree changes in between. With
     ``allowed_suffixes``, the file's suffix must be one of them.
     """
     root_resolved = Path(root).resolve()
@@ -161,7 +151,15 @@ def resolve_inside(
         candidate = raw
     else:
         candidate = root_resolved / raw
-    resolved = candidate.resolve()
+    confined.check_path_text(root_resolved, path)
+    try:
+        resolved = candidate.resolve()
+    except RuntimeError:  # Python 3.11 reports a symlink loop so
+        raise PathNotAllowed(path, root_resolved, "a symlink loop") from None
+    except OSError as exc:
+        raise PathNotAllowed(
+            path, root_resolved, f"it cannot be resolved: {exc.strerror}"
+        ) from None
     if resolved != root_resolved and root_resolved not in resolved.parents:
         raise PathNotAllowed(path, root_resolved, "it resolves through a symlink or outside")
     if allowed_suffixes is not None and resolved.suffix not in allowed_suffixes:

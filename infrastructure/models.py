@@ -1,6 +1,6 @@
 """The data that flows around the loop: executions, metrics, issues, analyses and changes.
 
-Names and fields follow the plan users know (seed 003); the models are pydantic v2 so every
+Names and fields are the ones users of the loop already know; the models are pydantic v2 so every
 step of the loop can be stored, compared and replayed. Records are frozen: a change of state is
 a new record, so an old one can never be mutated behind the store's back.
 """
@@ -12,6 +12,8 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from infrastructure.frozen import FrozenDict, FrozenJson
 
 __all__ = [
     "AgentMetrics",
@@ -33,6 +35,10 @@ def utc_now() -> datetime:
 
 def _clip(value: Any, limit: int) -> str:
     return str(value)[:limit]
+
+
+def _thawed(value: FrozenDict[str, Any] | None) -> dict[str, Any] | None:
+    return None if value is None else dict(value)
 
 
 class ChangeType(StrEnum):
@@ -73,7 +79,7 @@ class ExecutionRecord(_Frozen):
     output_tokens: int = Field(default=0, ge=0)
     cost_usd: float = Field(default=0.0, ge=0)
     timestamp: datetime = Field(default_factory=utc_now)
-    extra: dict[str, Any] = Field(default_factory=dict)
+    extra: FrozenDict[str, Any] = Field(default_factory=FrozenDict)
 
 
 class AgentMetrics(_Frozen):
@@ -94,6 +100,11 @@ class AgentMetrics(_Frozen):
     cost_usd: float = 0.0
     last_error: str | None = None
     recent_errors: tuple[str, ...] = ()
+    """The latest errors since the agent's last kept change (up to 10, oldest first)."""
+    errors_before_change: tuple[str, ...] = ()
+    """History: the latest errors from before that change, which they preceded."""
+    errors_before_change_label: str | None = None
+    """The kept change ``errors_before_change`` preceded."""
     recent_outcomes: tuple[bool, ...] = ()
     """Success of each run in the window, oldest first (what ``/status`` draws)."""
 
@@ -103,29 +114,30 @@ class IssueReport(_Frozen):
 
     agent_name: str
     error_type: str
-    metrics: dict[str, Any] = Field(default_factory=dict)
-    error_logs: list[str] = Field(default_factory=list)
+    metrics: FrozenDict[str, Any] = Field(default_factory=FrozenDict)
+    error_logs: tuple[str, ...] = ()
     context: str = ""
-    available_agents: list[str] = Field(default_factory=list)
+    available_agents: tuple[str, ...] = ()
     timestamp: datetime = Field(default_factory=utc_now)
     detector: str = "rules"
     statistic: float | None = None
     threshold: float | None = None
-    baseline: dict[str, Any] = Field(default_factory=dict)
+    baseline: FrozenDict[str, Any] = Field(default_factory=FrozenDict)
     severity: float = Field(default=1.0, ge=0)
+    issue_id: str | None = None  # the detector's issue row (None: a requested analysis, ...)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "agent_name": self.agent_name,
             "error_type": self.error_type,
-            "metrics": self.metrics,
+            "metrics": dict(self.metrics),
             "error_count": len(self.error_logs),
             "context": self.context,
             "timestamp": self.timestamp.isoformat(),
             "detector": self.detector,
             "statistic": self.statistic,
             "threshold": self.threshold,
-            "baseline": self.baseline,
+            "baseline": dict(self.baseline),
         }
 
 
@@ -135,10 +147,10 @@ class RootCauseAnalysis(_Frozen):
     issue: IssueReport
     identified_cause: str
     confidence_score: float = Field(ge=0.0, le=1.0)
-    recommendations: list[str] = Field(default_factory=list)
+    recommendations: tuple[str, ...] = ()
     full_report: str = ""
     responsible_agent: str | None = None
-    evidence: list[str] = Field(default_factory=list)
+    evidence: tuple[str, ...] = ()
     cause_category: str | None = None
     timestamp: datetime = Field(default_factory=utc_now)
 
@@ -152,8 +164,8 @@ class RootCauseAnalysis(_Frozen):
             "cause": self.identified_cause,
             "cause_category": self.cause_category,
             "confidence": self.confidence_score,
-            "recommendations": self.recommendations,
-            "evidence": self.evidence,
+            "recommendations": list(self.recommendations),
+            "evidence": list(self.evidence),
             "timestamp": self.timestamp.isoformat(),
         }
 
@@ -163,8 +175,8 @@ class ImprovementAction(_Frozen):
 
     target_agent: str
     action_type: ChangeType
-    old_value: Any = None
-    new_value: Any = None
+    old_value: FrozenJson = None
+    new_value: FrozenJson = None
     rationale: str = ""
     confidence_score: float = Field(ge=0.0, le=1.0)
     target_field: str | None = None
@@ -186,8 +198,8 @@ class ChangeRecord(_Frozen):
     action: ImprovementAction
     status: ChangeStatus
     applied_by: str = "self-improver"
-    verification_result: dict[str, Any] | None = None
-    rollback_info: dict[str, Any] | None = None
+    verification_result: FrozenDict[str, Any] | None = None
+    rollback_info: FrozenDict[str, Any] | None = None
     group_id: str | None = None
     files: tuple[FileChange, ...] = ()
 
@@ -206,6 +218,6 @@ class ChangeRecord(_Frozen):
             "applied_by": self.applied_by,
             "group_id": self.group_id,
             "files": [f.path for f in self.files],
-            "verification": self.verification_result,
-            "rollback_info": self.rollback_info,
+            "verification": _thawed(self.verification_result),
+            "rollback_info": _thawed(self.rollback_info),
         }

@@ -4,9 +4,16 @@ An agent's ``permission_profile`` names how much of its tool surface it is trust
 
 - ``"locked"``: nothing. Every call is refused (and reported), so a locked agent can only talk.
 - ``"standard"`` (the default): the tools the agent declares (``tools:`` in its definition, or
-  every tool it is given when it declares none), minus the tools that run shell commands or
-  write files (``SHELL_AND_WRITE_TOOLS``). Reading and asking are routine; changing the
-  machine is not.
+  every tool it is given when it declares none) that are known to be harmless: the read-only
+  built-ins and agentmend tools (``READ_ONLY_TOOLS``), agentmend's self-edit tools, whose every
+  call passes the permission gate (``GATED_TOOLS``), and whatever the ``read_only_tools``
+  setting lists (names or patterns such as ``"mcp__docs__*"``). Everything else is privileged:
+  the tools that run shell commands or write files (``SHELL_AND_WRITE_TOOLS``), the tools that
+  spawn subagents (``SUBAGENT_TOOLS``: a subagent runs with tools of its own), every MCP tool
+  (``mcp__<server>__<tool>``: what a server's tool does cannot be known from its name, and the
+  gate judges definitions when no server is running, so it cannot read tool annotations), and
+  every name not listed here. Reading and asking are routine; changing the machine, or
+  anything not known to be harmless, is not. ``tool_class`` names each tool's class.
 - ``"open"``: every tool the agent is given.
 - a custom profile (any object with ``allow`` and ``deny`` collections of tool-name patterns,
   such as the spec's ``PermissionProfile``): the offered tools matching an ``allow`` pattern
@@ -33,15 +40,20 @@ from infrastructure.errors import ConfigurationError
 
 __all__ = [
     "ANY_OTHER_TOOL",
+    "GATED_TOOLS",
     "PROFILE_NAMES",
+    "READ_ONLY_TOOLS",
     "SHELL_AND_WRITE_TOOLS",
+    "SUBAGENT_TOOLS",
     "CustomProfile",
     "ProfileLike",
     "ProfileName",
     "allowed_tools",
     "describe_profile",
     "grants_more_than",
+    "is_privileged",
     "newly_granted",
+    "tool_class",
 ]
 
 ProfileName: TypeAlias = Literal["locked", "standard", "open"]
@@ -63,6 +75,34 @@ SHELL_AND_WRITE_TOOLS: frozenset[str] = frozenset(
     }
 )
 """Built-in tools a ``standard`` profile never grants: they run commands or write files."""
+
+SUBAGENT_TOOLS: frozenset[str] = frozenset({"Task", "Agent"})
+"""Built-in tools that spawn a subagent, which runs with tools of its own: privileged."""
+
+READ_ONLY_TOOLS: frozenset[str] = frozenset(
+    {
+        # built-ins that read files or the web, or keep the session's own notes
+        "Read",
+        "Glob",
+        "Grep",
+        "LS",
+        "NotebookRead",
+        "WebFetch",
+        "WebSearch",
+        "TodoWrite",
+        "TodoRead",
+        "ExitPlanMode",
+        # agentmend's question tool
+        "ask_agent",
+    }
+)
+"""Tools a ``standard`` profile grants: they read, search or ask, and change nothing."""
+
+GATED_TOOLS: frozenset[str] = frozenset(
+    {"self_edit_system_prompt", "self_edit_docs", "self_edit_permissions", "self_edit_model"}
+)
+"""agentmend's self-edit tools: each call is a change that passes the permission gate (and
+the change gates) before anything is written, so ``standard`` grants them."""
 
 ANY_OTHER_TOOL = "<any other tool>"
 """Stands for tools nobody listed, so ``open`` (or ``allow: ["*"]``) counts as wider than any
@@ -91,10 +131,38 @@ def _check_name(profile: str) -> None:
         )
 
 
+def tool_class(name: str, read_only_tools: Iterable[str] = ()) -> str:
+    """How a tool is classed: ``read-only``, ``gated`` (granted by ``standard``) or one of
+    ``shell-or-write``, ``subagent``, ``mcp``, ``unknown`` (privileged).
+
+    A Claude Code specifier (``Bash(git log:*)``) is classed by its tool; ``read_only_tools``
+    (the setting: names or shell-style patterns) makes any tool ``read-only``.
+    """
+    bare = name.split("(", 1)[0].strip()
+    if bare in SHELL_AND_WRITE_TOOLS:
+        return "shell-or-write"
+    if bare in READ_ONLY_TOOLS or _matches_any(bare, read_only_tools):
+        return "read-only"
+    if bare in GATED_TOOLS:
+        return "gated"
+    if bare in SUBAGENT_TOOLS:
+        return "subagent"
+    if bare.startswith("mcp__"):
+        return "mcp"
+    return "unknown"
+
+
+def is_privileged(name: str, read_only_tools: Iterable[str] = ()) -> bool:
+    """Whether only ``open`` or a custom profile may grant ``name`` (see ``tool_class``)."""
+    return tool_class(name, read_only_tools) not in ("read-only", "gated")
+
+
 def allowed_tools(
     profile: ProfileLike,
     declared_tools: Iterable[str] | None,
     offered_tools: Iterable[str],
+    *,
+    read_only_tools: Iterable[str] = (),
 ) -> frozenset[str]:
     """The offered tools this profile lets the agent call without asking.
 
@@ -103,6 +171,8 @@ def allowed_tools(
         declared_tools: the tools the agent's definition declares; ``None`` when it declares
             none (then ``standard`` starts from everything offered).
         offered_tools: every tool the run puts in front of the model.
+        read_only_tools: the ``read_only_tools`` setting: names or patterns ``standard``
+            grants although they are not known to be read-only (an MCP server's read tools).
 
     Raises:
         ConfigurationError: for an unknown profile name.
@@ -115,7 +185,8 @@ def allowed_tools(
         if profile == "open":
             return offered
         base = offered if declared_tools is None else offered & frozenset(declared_tools)
-        return base - SHELL_AND_WRITE_TOOLS
+        listed = tuple(read_only_tools)
+        return frozenset(name for name in base if not is_privileged(name, listed))
     allow = tuple(profile.allow)
     deny = tuple(profile.deny)
     return frozenset(
@@ -129,7 +200,7 @@ def _matches_any(name: str, patterns: Iterable[str]) -> bool:
 
 def _universe(profiles: Iterable[ProfileLike], declared: Iterable[str] | None) -> frozenset[str]:
     """Every tool name the comparison could turn on, plus one stand-in for the unnamed rest."""
-    names = set(SHELL_AND_WRITE_TOOLS)
+    names = set(SHELL_AND_WRITE_TOOLS | SUBAGENT_TOOLS)
     names.add(ANY_OTHER_TOOL)
     if declared is not None:
         names.update(declared)
@@ -146,6 +217,7 @@ def newly_granted(
     *,
     declared_tools: Iterable[str] | None = None,
     offered_tools: Iterable[str] | None = None,
+    read_only_tools: Iterable[str] = (),
 ) -> frozenset[str]:
     """Tools the new profile allows that the old one did not.
 
@@ -158,8 +230,9 @@ def newly_granted(
         universe = _universe((new_profile, old_profile), declared)
     else:
         universe = frozenset(offered_tools)
-    return allowed_tools(new_profile, declared, universe) - allowed_tools(
-        old_profile, declared, universe
+    listed = tuple(read_only_tools)
+    return allowed_tools(new_profile, declared, universe, read_only_tools=listed) - allowed_tools(
+        old_profile, declared, universe, read_only_tools=listed
     )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 __all__ = ["ADMIN", "Principal"]
 
 ADMIN = "admin"
-"""The permission that may grant ``open`` or custom profiles (seed 002's Manage Server)."""
+"""The permission that may grant ``open`` or custom profiles (a server manager's right)."""
 
 
 @dataclass(frozen=True, slots=True)

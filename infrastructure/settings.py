@@ -16,7 +16,27 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from infrastructure.errors import ConfigurationError
 from infrastructure.principal import ADMIN, Principal
 
-__all__ = ["InvalidSetting", "Provider", "Settings", "load_settings"]
+__all__ = [
+    "DEFAULT_MAX_FILE_BYTES",
+    "DEFAULT_MAX_PLAN_BYTES",
+    "DEFAULT_MAX_PLAN_FILES",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "DEFAULT_MAX_REQUEST_DEPTH",
+    "DEFAULT_MAX_TEXT_BYTES",
+    "DEFAULT_MAX_TOOL_ARGUMENT_BYTES",
+    "InvalidSetting",
+    "Provider",
+    "Settings",
+    "load_settings",
+]
+
+DEFAULT_MAX_TEXT_BYTES = 64 * 1024
+DEFAULT_MAX_PLAN_FILES = 100
+DEFAULT_MAX_FILE_BYTES = 1024 * 1024
+DEFAULT_MAX_PLAN_BYTES = 10 * 1024 * 1024
+DEFAULT_MAX_TOOL_ARGUMENT_BYTES = 1024 * 1024
+DEFAULT_MAX_REQUEST_BYTES = 10 * 1024 * 1024
+DEFAULT_MAX_REQUEST_DEPTH = 64
 
 Provider = Literal["offline", "anthropic", "claude-agent-sdk"]
 
@@ -33,9 +53,18 @@ class Settings(BaseSettings):
     detection_mode: Literal["statistical", "rules"] = "statistical"
     false_alarm_rate: float = Field(default=0.001, gt=0, lt=1)
     baseline_n: int = Field(default=500, ge=10)
+    # the smallest baseline the false-alarm guarantee covers: below it, the fixed rules stand in
+    min_baseline_n: int = Field(default=30, ge=10)
+    # an issue whose cycle ended with no change is held (not raised again) for this many runs
+    # of the agent, doubling at each repeat up to the ceiling, unless it clears first
+    issue_backoff_runs: int = Field(default=100, ge=1)
+    issue_backoff_max_runs: int = Field(default=6400, ge=1)
 
     # improvement budget and gates
-    max_improvements_per_session: int = Field(default=5, ge=0)
+    max_improvements_per_session: int = Field(default=5, ge=0)  # the interactive session
+    # long-running processes (library use, the MCP server): a rolling budget per team
+    max_improvements_per_window: int = Field(default=5, ge=0)
+    improvement_window_s: float = Field(default=3600.0, gt=0)
     min_confidence: float = Field(default=0.7, ge=0, le=1)
     auto_decision_timeout: float = Field(default=30.0, gt=0)
     yolo_mode: bool = False
@@ -45,6 +74,10 @@ class Settings(BaseSettings):
     principal_id: str = "agentmend"
     principal_name: str = "agentmend (automatic)"
     principal_admin: bool = False
+    # tools a ``standard`` profile may call although they are not known to be read-only
+    # (names or patterns, e.g. ``["mcp__docs__*"]``): Task/Agent, MCP and unknown tools are
+    # privileged unless listed here
+    read_only_tools: tuple[str, ...] = ()
 
     # the audit trail: an HMAC key kept outside the workspace makes the chain unforgeable
     audit_hmac_key: SecretStr | None = None
@@ -52,6 +85,23 @@ class Settings(BaseSettings):
     # code-level updates: the command that validates a change (never taken from tool input)
     test_command: tuple[str, ...] = ("pytest", "-x", "-q")
     test_timeout_s: float = Field(default=600.0, gt=0)
+
+    # bounds on every input a caller or a model controls: over one is an InputTooLarge (or,
+    # on the MCP server's stdin, a JSON-RPC error) within a second, and nothing is stored
+    max_text_bytes: int = Field(default=DEFAULT_MAX_TEXT_BYTES, ge=1)
+    """A description, a rationale or a reason, in UTF-8 bytes."""
+    max_plan_files: int = Field(default=DEFAULT_MAX_PLAN_FILES, ge=1)
+    """Files in one code plan or change group."""
+    max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, ge=1)
+    """One file's content: written by a plan or a change, or read as an agent's doc."""
+    max_plan_bytes: int = Field(default=DEFAULT_MAX_PLAN_BYTES, ge=1)
+    """All the file contents of one code plan or change group together."""
+    max_tool_argument_bytes: int = Field(default=DEFAULT_MAX_TOOL_ARGUMENT_BYTES, ge=1)
+    """One argument of an MCP tool call, as JSON."""
+    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024)
+    """One JSON-RPC message on the MCP server's stdin."""
+    max_request_depth: int = Field(default=DEFAULT_MAX_REQUEST_DEPTH, ge=4)
+    """Nesting of arrays and objects in one JSON-RPC message."""
 
     @property
     def default_principal(self) -> Principal:
@@ -70,9 +120,6 @@ class InvalidSetting(ConfigurationError):
         self.setting = setting
         self.value = value
         super().__init__(message)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.setting, self.value, str(self)))
 
 
 def load_settings(**overrides: Any) -> Settings:

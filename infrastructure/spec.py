@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from infrastructure import confined
 from infrastructure.agent_docs import read_agent_docs, with_agent_docs
 from infrastructure.agent_names import name_problem, path_name
-from infrastructure.errors import SpecError
+from infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllowed, SpecError
 from infrastructure.files import atomic_write
 from infrastructure.frontmatter import (
     Document,
@@ -37,6 +38,8 @@ from infrastructure.frontmatter import (
     replace_body,
     split_document,
 )
+from infrastructure.frozen import FrozenDict, thaw
+from infrastructure.settings import DEFAULT_MAX_FILE_BYTES
 from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
@@ -154,7 +157,7 @@ class AgentSpec(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     permission_profile: ProfileName | PermissionProfile = "standard"
     evals: str | None = Field(default=None, min_length=1)
-    extra: dict[str, Any] = Field(default_factory=dict)
+    extra: FrozenDict[str, Any] = Field(default_factory=FrozenDict)
     docs: tuple[tuple[str, str], ...] = ()
     source_path: Path | None = Field(default=None, strict=False)  # str or Path
 
@@ -178,11 +181,11 @@ class AgentSpec(BaseModel):
 
     @field_validator("extra")
     @classmethod
-    def _check_extra(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _check_extra(cls, value: FrozenDict[str, Any]) -> FrozenDict[str, Any]:
         clash = sorted(_RESERVED & set(value))
         if clash:
             raise ValueError(f"{clash[0]!r} is a typed field, not an extra key")
-        _ClaudeCodeKeys.model_validate(value)
+        _ClaudeCodeKeys.model_validate(thaw(value))
         return value
 
     @field_validator("docs", mode="before")
@@ -199,7 +202,7 @@ class AgentSpec(BaseModel):
 
     @property
     def full_system_prompt(self) -> str:
-        """The system prompt with the agent's docs appended inside ``<agent_docs>`` (seed 002)."""
+        """The system prompt with the agent's docs appended inside ``<agent_docs>``."""
         return with_agent_docs(self.system_prompt, self.docs)
 
     @property
@@ -217,11 +220,27 @@ class AgentSpec(BaseModel):
 
     @classmethod
     def from_file(cls, path: str | Path) -> AgentSpec:
-        """Load a definition file, with its ``<dir>/<name>/docs/`` folder if it has one."""
+        """Load a definition file, with its ``<dir>/<name>/docs/`` folder if it has one.
+
+        Only a regular file is read (checked on the opened descriptor, opened non-blocking, so
+        a FIFO never hangs the load); a symlinked definition is read where it points.
+
+        Raises:
+            SpecError: the file cannot be read (missing, a loop, not a regular file, over
+                ``Settings.max_file_bytes``), is not UTF-8, or does not validate.
+        """
         try:
-            data = Path(path).read_bytes()
-        except OSError as exc:
-            raise SpecError(path, None, f"cannot read the file: {exc.strerror or exc}") from None
+            real = Path(path).resolve()
+        except (RuntimeError, OSError):  # Python 3.11 reports a symlink loop as RuntimeError
+            raise SpecError(path, None, "cannot read the file: a symlink loop") from None
+        try:
+            data = confined.read(real.parent, real.name, max_bytes=DEFAULT_MAX_FILE_BYTES)
+        except PathNotAllowed as exc:
+            raise SpecError(path, None, f"cannot read the file: {exc.problem}") from None
+        except (FileOperationError, FileTooLarge) as exc:
+            raise SpecError(path, None, f"cannot read the file: {exc}") from None
+        if data is None:
+            raise SpecError(path, None, "cannot read the file: No such file or directory")
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -296,7 +315,7 @@ class AgentSpec(BaseModel):
         for key, value in self.extra.items():
             if key in accepted and key in CLAUDE_CODE_KEYS:
                 comma_list = key in ("disallowedTools", "skills") and isinstance(value, str)
-                options[key] = list(_names(value)) if comma_list else value
+                options[key] = list(_names(value)) if comma_list else thaw(value)
         return AgentDefinition(
             description=self.description,
             prompt=self.full_system_prompt,
@@ -318,7 +337,7 @@ class AgentSpec(BaseModel):
         old, new = before["extra"], self.extra
         for key, value in new.items():
             if key not in old or not _same(old[key], value):
-                edits.append(Edit((key,), value))
+                edits.append(Edit((key,), thaw(value)))
         edits.extend(Edit((key,), delete=True) for key in old if key not in new)
         return edits
 
@@ -369,7 +388,7 @@ def _render_fresh(spec: AgentSpec) -> str:
     for field, key in _TOP_KEYS.items():
         if getattr(spec, field) is not None:
             mapping[key] = spec._raw(field, None)
-    mapping.update(spec.extra)
+    mapping.update(thaw(spec.extra))
     settings = {field: spec._raw(field, None) for field in AGENTMEND_KEYS}
     settings = {key: value for key, value in settings.items() if value is not None}
     if settings.get("permission_profile") == "standard":
@@ -456,16 +475,34 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return name
 
 
-def load_agent_specs(directory: str | Path) -> dict[str, AgentSpec]:
-    """Every ``*.md`` directly in ``directory`` (``README.md`` skipped), keyed by agent name."""
+def load_agent_specs(
+    directory: str | Path, *, broken: dict[str, SpecError] | None = None
+) -> dict[str, AgentSpec]:
+    """Every ``*.md`` directly in ``directory`` (``README.md`` skipped), keyed by agent name.
+
+    Args:
+        directory: the folder of definitions.
+        broken: when given, a definition that does not load is put here (by file stem) with
+            a warning, and the others still load; else the first one raises.
+
+    Raises:
+        SpecError: the folder is missing, or (without ``broken``) a definition is broken.
+    """
     root = Path(directory)
     if not root.is_dir():
         raise SpecError(root, None, "no such directory of agent definitions")
     specs: dict[str, AgentSpec] = {}
     for path in sorted(root.glob("*.md")):
-        if path.name.lower() == "readme.md" or not path.is_file():
+        if path.name.lower() == "readme.md" or path.is_dir():
             continue
-        spec = AgentSpec.from_file(path)
+        try:
+            spec = AgentSpec.from_file(path)
+        except SpecError as exc:
+            if broken is None:
+                raise
+            log.warning("agent_definition_broken", path=str(path), problem=exc.problem)
+            broken[path.stem] = exc
+            continue
         if spec.name in specs:
             first = specs[spec.name].source_path
             raise SpecError(path, "name", f"agent {spec.name!r} is also defined in {first}")

@@ -10,9 +10,11 @@ survive a process crash; a ``durable`` transaction's also survive a power cut.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +45,7 @@ class Store:
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._migrated: set[str] = set()
+        _live_stores.add(self)
         conn = self.connection()
         try:
             conn.execute(
@@ -89,10 +92,12 @@ class Store:
                 not control.
 
         Raises:
-            StoreError: ``durable`` inside an open transaction, or BEGIN or COMMIT failed (the
-                database is locked past the busy timeout, the disk is full, ...); it names
-                the database and keeps SQLite's error as ``__cause__``. An error raised inside
-                the block propagates unchanged after the rollback.
+            StoreError: ``durable`` inside an open transaction, or BEGIN, a statement inside
+                the block or COMMIT failed (the database is locked past the busy timeout, the
+                disk is full, an I/O error, a corrupt file, ...); it names the database and
+                SQLite's error name (``cause``) and keeps SQLite's error as ``__cause__``.
+                Any other error raised inside the block propagates unchanged after the
+                rollback.
         """
         conn = self.connection()
         if conn.in_transaction:
@@ -110,22 +115,30 @@ class Store:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             self._restore_sync(conn, previous)
-            raise StoreError(f"cannot begin a transaction on {self.path}: {exc}") from exc
+            raise self._error("cannot begin a transaction on", exc) from exc
         try:
             try:
                 yield conn
-            except BaseException:
+            except sqlite3.Error as exc:
                 # SQLite ends the transaction itself on some errors (disk full, I/O error);
                 # a ROLLBACK then would fail and hide the error that matters.
+                self._rollback(conn)
+                raise self._error("a statement failed on", exc) from exc
+            except BaseException:
                 self._rollback(conn)
                 raise
             try:
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 self._rollback(conn)  # a COMMIT that fails may leave the transaction open
-                raise StoreError(f"cannot commit to {self.path}: {exc}") from exc
+                raise self._error("cannot commit to", exc) from exc
         finally:
             self._restore_sync(conn, previous)
+
+    def _error(self, what: str, exc: sqlite3.Error) -> StoreError:
+        """``exc`` as a StoreError naming the database and SQLite's error name."""
+        cause = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+        return StoreError(f"{what} {self.path}: {exc} ({cause})", path=self.path, cause=cause)
 
     def _rollback(self, conn: sqlite3.Connection) -> None:
         """Roll back what is still open, never masking the error being handled."""
@@ -193,11 +206,38 @@ class Store:
             self._connections.clear()
         self._local = threading.local()
 
+    def _reinit_after_fork(self) -> None:
+        """In a forked child: forget the parent's connections and open fresh ones on demand.
+
+        A SQLite connection must not cross a fork (the child would share the parent's file
+        locks and WAL state). Closing an inherited one in the child could checkpoint or remove
+        the parent's WAL, so they are parked, unclosed, for the child's lifetime instead.
+        """
+        _inherited_at_fork.extend(self._connections)
+        self._connections = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+# Fork safety, as OpenTelemetry's SDK does it: weak references to the live stores, re-initialised
+# in the child by one hook registered at import.
+_live_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+_inherited_at_fork: list[sqlite3.Connection] = []  # kept referenced so they are never closed
+
+
+def _reinit_stores_in_child() -> None:
+    for store in list(_live_stores):
+        store._reinit_after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # absent on Windows, which has no fork
+    os.register_at_fork(after_in_child=_reinit_stores_in_child)
 
 
 def _use_wal(conn: sqlite3.Connection) -> None:

@@ -26,6 +26,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from infrastructure.errors import InvalidArgument
+
 __all__ = ["LOGGER_ROOT", "configure_logging", "get_logger"]
 
 LOGGER_ROOT = "agentmend"
@@ -76,11 +78,11 @@ def configure_logging(
     of the process's logging is left alone), as text or JSON lines with every key/value pair.
 
     Raises:
-        ValueError: ``level`` is not a logging level.
+        InvalidArgument: ``level`` is not a logging level (a ``ValueError`` too).
     """
     numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     if not isinstance(numeric, int):
-        raise ValueError(f"unknown log level {level!r}")
+        raise InvalidArgument("level", level, "is not a log level")
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )

@@ -50,6 +50,8 @@ def make_spec(**changes: Any) -> AgentSpec:
         "system_prompt": "You look things up.",
         "model": MODEL,
         "max_tokens": 512,
+        # the tools here are made up for the test; the profiles have their own tests
+        "permission_profile": "open",
     }
     fields.update(changes)
     return AgentSpec(**fields)

@@ -14,10 +14,12 @@ import pytest
 from infrastructure.changes.audit import (
     AUDIT_HMAC_KEY_ENV,
     GENESIS_HASH,
+    AuditChainBroken,
     AuditLog,
     audit_key_from_env,
     verify_audit_chain,
 )
+from infrastructure.changes.audit_head_events import record_head_event
 from infrastructure.errors import AuditChainError, StoreError
 from infrastructure.store import Store
 
@@ -144,13 +146,21 @@ def test_rows_cut_off_the_end_are_found_through_the_head_file(store: Store) -> N
     assert "head names row 5" in result.problems[0].detail
 
 
-def test_rows_appended_after_a_cut_leave_a_visible_gap(store: Store) -> None:
+def test_rows_appended_after_a_cut_start_a_segment_that_reports_the_cut(store: Store) -> None:
     audit = AuditLog(store)
     _fill(audit, 5)
     _raw(store, "DELETE FROM audit_log WHERE id >= 4")
-    _fill(audit, 1)  # the new row links to row 3 but cannot reuse ids 4 and 5
+    with pytest.raises(AuditChainBroken):
+        _fill(audit, 1)  # an ordinary append over the cut is refused
+    with audit.transaction(safety=True) as txn:  # a rollback is not
+        txn.append(agent_name="a", edit_type="rollback", old_value=1, new_value=0, user_id="u")
     result = audit.verify_chain()
-    assert [(p.row_id, p.kind) for p in result.problems] == [(6, "missing_rows")]
+    assert [(p.row_id, p.kind) for p in result.problems] == [(6, "chain_break")]
+    assert "head file named row 5" in result.problems[0].detail
+    assert [(e.id, e.edit_type) for e in audit.entries()[-2:]] == [
+        (6, "audit_chain_break"),
+        (7, "rollback"),
+    ]
 
 
 def test_a_deleted_head_file_is_reported(store: Store) -> None:
@@ -175,26 +185,20 @@ def _garble(audit: AuditLog) -> None:
     audit.head_path.write_bytes(b"garbage".ljust(256))  # torn or overwritten
 
 
-def test_an_unreadable_head_is_named_and_repaired_when_every_row_verifies(store: Store) -> None:
+def test_an_unreadable_head_is_reported_and_never_rewritten_by_verify(store: Store) -> None:
+    """Only the crash state is repaired: a rewrite would reset the tail's only witness."""
     audit = AuditLog(store)
     _fill(audit, 2)
     _garble(audit)
-    kept = audit.verify_chain(repair=False)
-    assert [p.kind for p in kept.problems] == ["head_unreadable"]
-    assert str(audit.head_path) in kept.problems[0].detail
-    assert not kept.repaired
+    for repair in (False, True, True):
+        result = audit.verify_chain(repair=repair)
+        assert [p.kind for p in result.problems] == ["head_unreadable"]
+        assert str(audit.head_path) in result.problems[0].detail
+        assert not result.repaired
     assert audit.head_path.read_bytes() == b"garbage".ljust(256)
-    repaired = audit.verify_chain()
-    assert [p.kind for p in repaired.problems] == ["head_unreadable"]  # this run still says so
-    assert repaired.repaired
-    again = audit.verify_chain()
-    assert again  # the head names row 2 again ...
-    assert len(again.notes) == 1  # ... and the event stays on record for good
-    assert "rewritten (to name row 2) after being unreadable at" in again.notes[0]
-    assert str(audit.head_path) in again.notes[0]
 
 
-def test_an_unreadable_head_is_not_rewritten_over_rows_that_fail(store: Store) -> None:
+def test_an_unreadable_head_is_reported_beside_rows_that_fail(store: Store) -> None:
     audit = AuditLog(store)
     _fill(audit, 3)
     _garble(audit)
@@ -205,35 +209,41 @@ def test_an_unreadable_head_is_not_rewritten_over_rows_that_fail(store: Store) -
     assert audit.head_path.read_bytes() == b"garbage".ljust(256)
 
 
-def test_an_unreadable_head_of_an_empty_log_is_cleared(store: Store) -> None:
-    audit = AuditLog(store)
-    _garble(audit)
-    assert audit.verify_chain().repaired
-    assert audit.verify_chain().problems == ()
-
-
-def test_a_write_carries_on_past_an_unreadable_head_and_the_rewrite_is_reported(
+def test_a_safety_write_carries_on_past_an_unreadable_head_and_records_the_break(
     store: Store,
 ) -> None:
-    """A damaged head must not stop the loop, nor may its rewrite erase the evidence."""
+    """A damaged head must not stop a rollback, nor may its rewrite erase the evidence."""
     audit = AuditLog(store)
     _fill(audit, 2)
     _garble(audit)
-    _fill(audit, 1)  # does not raise; its head write replaces the garbage
-    assert audit.head_path.read_bytes() != b"garbage".ljust(256)
-    with audit.transaction():
+    with pytest.raises(AuditChainBroken):
+        _fill(audit, 1)
+    with audit.transaction(safety=True):
         pass  # a transaction without rows records nothing
-    for _ in range(2):  # reported on every run until a repair run has reported it
-        result = audit.verify_chain(repair=False)
-        assert [p.kind for p in result.problems] == ["head_was_unreadable"]
-        detail = result.problems[0].detail
-        assert "rewritten (to name row 3) after being unreadable at" in detail
-        assert str(audit.head_path) in detail
+    assert audit.head_path.read_bytes() == b"garbage".ljust(256)
+    with audit.transaction(safety=True) as txn:
+        txn.append(agent_name="a", edit_type="rollback", old_value=1, new_value=0, user_id="u")
+    assert audit.head_path.read_bytes() != b"garbage".ljust(256)
+    for _ in range(2):  # reported on every run until acknowledged
+        result = audit.verify_chain()
+        assert [(p.row_id, p.kind) for p in result.problems] == [(3, "chain_break")]
+        assert "nothing readable" in result.problems[0].detail
+        assert str(audit.head_path) in result.problems[0].detail
+
+
+def test_heads_rewritten_by_earlier_versions_stay_reported_until_a_repair_run(
+    store: Store,
+) -> None:
+    audit = AuditLog(store)
+    _fill(audit, 2)
+    with store.transaction(durable=True) as conn:
+        record_head_event(conn, audit.head_path, "garbled", 2, reported=False)
+    assert [p.kind for p in audit.verify_chain(repair=False).problems] == ["head_was_unreadable"]
     assert not audit.verify_chain()  # reported here once more, and marked reported
     later = audit.verify_chain()
     assert later
     assert len(later.notes) == 1
-    assert "after being unreadable" in later.notes[0]
+    assert "rewritten (to name row 2) after being unreadable at" in later.notes[0]
 
 
 def test_a_write_that_finds_the_head_unreadable_and_rolls_back_records_nothing(
@@ -244,7 +254,7 @@ def test_a_write_that_finds_the_head_unreadable_and_rolls_back_records_nothing(
     _garble(audit)
 
     def append_then_fail() -> None:
-        with audit.transaction() as txn:
+        with audit.transaction(safety=True) as txn:
             txn.append(agent_name="a", edit_type="e", old_value=1, new_value=2, user_id="u")
             raise RuntimeError("boom")
 
@@ -252,6 +262,7 @@ def test_a_write_that_finds_the_head_unreadable_and_rolls_back_records_nothing(
         append_then_fail()
     result = audit.verify_chain(repair=False)
     assert [p.kind for p in result.problems] == ["head_unreadable"]  # still there, still said
+    assert len(audit.entries()) == 1
 
 
 def test_a_head_one_row_behind_after_a_crash_is_repaired(store: Store) -> None:
@@ -346,6 +357,7 @@ def test_a_forged_unkeyed_chain_passes_without_a_key_and_fails_with_one(tmp_path
         rows = store.connection().execute("SELECT id FROM audit_log ORDER BY id").fetchall()
         _raw(store, "DELETE FROM audit_log")
         _raw(store, "UPDATE sqlite_sequence SET seq = 0 WHERE name = 'audit_log'")
+        forger.head_path.write_bytes(b"")  # the head file too: this attacker writes both
         for i in range(len(rows)):
             forger.append(
                 agent_name=f"agent-{i % 2}",

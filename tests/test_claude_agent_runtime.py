@@ -154,6 +154,7 @@ async def test_tool_error_becomes_an_error_result_and_the_run_goes_on(
         raise ToolError("history store unavailable")
 
     tool = ToolSpec("history", "Query history.", broken, input_schema={"type": "object"})
+    runtime.read_only_tools = ("history",)  # a made-up tool: standard grants it once listed
     fake_api.enqueue(Reply.tool_use("mcp__agentmend__history", {}), Reply.text("carried on"))
 
     result: AgentResult[Any] = await runtime.run(make_spec(tools=("history",)), "Go.", tools=[tool])

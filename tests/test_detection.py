@@ -237,7 +237,7 @@ def test_detects_a_seeded_step_change_with_full_evidence(monitor: PerformanceMon
     assert r.metrics["executions"] == BASE_N + runs
     assert r.error_logs
     assert r.error_logs[-1] == "ToolError: search returned 503"
-    assert r.available_agents == ["helper", "solver"]
+    assert r.available_agents == ("helper", "solver")
     assert "failure rate rose" in r.context
     assert r.severity > 1.0
 
@@ -257,7 +257,8 @@ def test_duration_cusum_detects_a_slowdown(monitor: PerformanceMonitor) -> None:
 
 
 def test_reports_each_crossing_once_then_restarts(monitor: PerformanceMonitor) -> None:
-    detector = IssueDetector(baseline_n=BASE_N, failure_share=1.0, monitor=monitor)
+    # backoff_runs=1: an open issue may be raised again at its next crossing
+    detector = IssueDetector(baseline_n=BASE_N, failure_share=1.0, monitor=monitor, backoff_runs=1)
     rng = random.Random(2)
     _feed(monitor, rng, "a", BASE_N, 0.95)
     detector.check()

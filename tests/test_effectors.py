@@ -249,7 +249,7 @@ def test_unsupported_parameter_fields_are_refused(team: Path, field: str | None)
 def test_tool_changes(team: Path, value: Any, expected: tuple[str, ...]) -> None:
     change = plan(team, act(ChangeType.TOOL_PERMISSION_CHANGE, "tools", value))
     assert reloaded(change).tools == expected
-    assert change.action.old_value == ["Read", "Grep"]
+    assert change.action.old_value == ("Read", "Grep")
 
 
 @pytest.mark.parametrize(
@@ -292,7 +292,7 @@ def test_custom_profile_old_value_is_plain_data(team: Path) -> None:
     assert first.edits[0].new_content is not None
     (team / "alpha.md").write_bytes(first.edits[0].new_content)
     second = plan(team, act(ChangeType.TOOL_PERMISSION_CHANGE, "permission_profile", "standard"))
-    assert second.action.old_value == custom
+    assert second.action.model_dump(mode="json")["old_value"] == custom
 
 
 @pytest.mark.parametrize(

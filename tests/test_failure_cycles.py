@@ -358,7 +358,7 @@ async def test_an_injected_answer_cannot_escalate_even_when_the_roles_obey_it(
     cycle = await drive_until_cycle(orchestrator, "research-agent")
 
     assert cycle.analysis is not None
-    assert cycle.analysis.evidence == [INJECTION]  # the mediator was fooled ...
+    assert cycle.analysis.evidence == (INJECTION,)  # the mediator was fooled ...
     assert cycle.analysis.confidence_score == pytest.approx(0.95)
     assert cycle.status == "refused"  # ... and the gates held
     (outcome,) = cycle.outcomes
@@ -376,7 +376,12 @@ async def test_an_injected_answer_cannot_escalate_even_when_the_roles_obey_it(
 
 
 async def test_the_budget_gate_stops_a_loop_of_bad_fixes(build: Build) -> None:
-    orchestrator = build(roles_runtime=Roles(self_improver=constant_plan(WRONG_FIX)))
+    # a hold of 1 run (doubling) lets the uncured condition come back quickly, as it would
+    # after the default hold of 100 runs
+    settings = Settings(baseline_n=BASELINE, false_alarm_rate=1e-4, issue_backoff_runs=1)
+    orchestrator = build(
+        settings=settings, roles_runtime=Roles(self_improver=constant_plan(WRONG_FIX))
+    )
     await warm_up(orchestrator)
     before = files(orchestrator)
     runtime = orchestrator.team.runtime
@@ -507,3 +512,24 @@ async def test_malformed_model_output_gives_a_clear_error_and_applies_nothing(
     assert orchestrator.manager.get_history() == []
     finished = list_decisions(orchestrator.store, kind="cycle.cycle_finished")
     assert finished[-1].payload["data"]["status"] == status
+
+
+async def test_a_condition_no_fix_cures_is_one_cycle_then_held(build: Build) -> None:
+    orchestrator = build(roles_runtime=Roles(self_improver=constant_plan(WRONG_FIX)))
+    await warm_up(orchestrator)
+    runtime = orchestrator.team.runtime
+    assert isinstance(runtime, SimulatedRuntime)
+    runtime.inject("research-agent", FaultKind.TRUNCATION)
+
+    tasks = [await orchestrator.execute_task(f"faulty topic {n}") for n in range(60)]
+    cycles = [c for task in tasks for c in task.cycles]
+    # truncation makes the agent fail and run long: at most one cycle per kind of issue, not
+    # one every few runs, because each cycle ends with no change and holds its issue
+    kinds = [c.issue.error_type for c in cycles]
+    assert cycles
+    assert len(kinds) == len(set(kinds))
+    assert all(c.status == "rolled_back" for c in cycles)
+    issues = orchestrator.detector.ledger.issues(agent="research-agent")
+    assert {i.issue_id for i in issues} == {c.issue.issue_id for c in cycles}
+    assert {i.status for i in issues} == {"held"}
+    assert {i.outcome for i in issues} == {"rolled_back"}

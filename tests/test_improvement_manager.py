@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from infrastructure.changes.audit import AuditLog, AuditTransaction
+from infrastructure.changes.audit import AuditChainBroken, AuditLog, AuditTransaction
 from infrastructure.changes.change_log import ChangeLog, StoredFile
 from infrastructure.changes.change_protocol import ChangeProtocol
 from infrastructure.changes.decisions import (
@@ -239,7 +239,7 @@ def test_rollback_of_a_logged_change_is_a_status_change(manager: ImprovementMana
     assert record is not None
     assert record.status is ChangeStatus.ROLLED_BACK
     assert record.rollback_info is not None
-    assert record.rollback_info["restored"] == []
+    assert record.rollback_info["restored"] == ()
     assert "logged only" in record.rollback_info["note"]
     assert manager.rollback_by_id(cid) is False  # only once
     assert manager.rollback_by_id("no-such-id") is False
@@ -385,7 +385,7 @@ def test_rollback_restores_exact_bytes(manager: ImprovementManager, root: Path) 
     assert rolled is not None
     assert rolled.status is ChangeStatus.ROLLED_BACK
     assert rolled.rollback_info is not None
-    assert rolled.rollback_info["restored"] == [str((root / "agents/writer.md").resolve())]
+    assert rolled.rollback_info["restored"] == (str((root / "agents/writer.md").resolve()),)
     assert rolled.rollback_info["cascade"] is False
 
 
@@ -590,9 +590,9 @@ def test_an_unproven_group_leaves_an_agent_edited_since_and_restores_the_rest(
         info = now.rollback_info
         assert info is not None
         assert info["needs_attention"] is True
-        assert info["left_unchanged"] == [str(resolved / agent_file)]
+        assert info["left_unchanged"] == (str(resolved / agent_file),)
         assert info["edited_since_apply"] == (
-            [str(resolved / agent_file)] if agent_file == "docs/style.md" else []
+            (str(resolved / agent_file),) if agent_file == "docs/style.md" else ()
         )
         assert info["conflict"] == undone.conflict
         assert info["reason"] == "verification failed"
@@ -692,7 +692,7 @@ def test_a_failed_write_puts_back_the_group_and_records_why(
     manager: ImprovementManager, root: Path
 ) -> None:
     before = _tree(root)
-    with pytest.raises(OSError, match="agents/x"):
+    with pytest.raises(PathNotAllowed, match=r"agents/x.*not a directory"):
         manager.apply_group(
             [
                 (_action(), "agents/writer.md", "written first"),
@@ -793,9 +793,9 @@ def test_a_file_changed_outside_is_left_and_noted(tmp_path: Path, root: Path) ->
         assert record is not None
         assert record.status is ChangeStatus.FAILED
         assert record.rollback_info is not None
-        assert record.rollback_info["left_unchanged"] == [
-            str((root / "agents/writer.md").resolve())
-        ]
+        assert record.rollback_info["left_unchanged"] == (
+            str((root / "agents/writer.md").resolve()),
+        )
     assert (root / "agents/writer.md").read_bytes() == b"somebody else"
 
 
@@ -822,35 +822,30 @@ def test_an_interrupted_rollback_is_completed_on_open(tmp_path: Path, root: Path
     assert _tree(root) == before
 
 
-def test_a_damaged_audit_head_blocks_no_open_apply_rollback_or_log(
+def test_a_damaged_audit_head_blocks_no_open_or_rollback_and_refuses_applies(
     tmp_path: Path, root: Path
 ) -> None:
-    """The reviewer's case: a garbled head used to stop every write, even opening the store."""
+    """A garbled head is a break: safety work goes on and records it, applies wait."""
     before = _tree(root)
     db = tmp_path / "h.db"
     with ImprovementManager(db) as m:
-        m.apply(_action(), path="agents/writer.md", new_content="v1", root=root)
+        first = m.apply(_action(), path="agents/writer.md", new_content="v1", root=root)
+        second = m.apply(_action(), path="agents/writer.md", new_content="v2", root=root)
         head = m.audit.head_path
     head.write_bytes(b"garbage".ljust(256))
     with ImprovementManager(db) as m:  # opening recovers, which may write: no error
-        second = m.apply(_action(), path="agents/writer.md", new_content="v2", root=root)
+        with pytest.raises(AuditChainBroken, match="nothing readable"):
+            m.apply(_action(), path="agents/writer.md", new_content="v3", root=root)
+        with pytest.raises(AuditChainBroken):
+            m.log_change(_action(), ChangeStatus.APPLIED)
         assert (root / "agents/writer.md").read_text() == "v2"
-        m.log_change(_action(), ChangeStatus.APPLIED)
-        head.write_bytes(b"garbage".ljust(256))
-        rolled = m.rollback_by_id(second.change_id)
-        assert rolled
-        record = m.get_change(second.change_id)
-        assert record is not None
-        assert record.status is ChangeStatus.ROLLED_BACK
+        assert m.rollback_by_id(second.change_id)
         assert (root / "agents/writer.md").read_text() == "v1"
         found = m.verify_audit_chain()
-        assert [p.kind for p in found.problems] == ["head_was_unreadable"] * 2
-        assert all(str(head) in p.detail for p in found.problems)
-        after = m.verify_audit_chain()
-        assert after
-        assert len(after.notes) == 2
-        assert m.rollback_last() is not None  # the logged change; the first apply is next
-        assert m.rollback_last() is not None
+        assert [p.kind for p in found.problems] == ["chain_break"]
+        assert str(head) in found.problems[0].detail
+        assert m.rollback_by_id(first.change_id)
+        assert [p.kind for p in m.verify_audit_chain().problems] == ["chain_break"]
     assert _tree(root) == before
 
 
@@ -860,8 +855,8 @@ class _FailingCommitAudit(AuditLog):
     failures = 0
 
     @contextmanager
-    def transaction(self) -> Iterator[AuditTransaction]:
-        with super().transaction() as txn:
+    def transaction(self, *, safety: bool = False) -> Iterator[AuditTransaction]:
+        with super().transaction(safety=safety) as txn:
             yield txn
             if self.failures:
                 self.failures -= 1
@@ -904,7 +899,7 @@ def test_a_rollback_whose_status_commit_keeps_failing_is_completed_on_the_next_o
     with ImprovementManager(db) as m:
         applied = m.apply(_action(), path="agents/writer.md", new_content="v2", root=root)
         _failing_audit(m, failures=10)
-        with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        with pytest.raises(StoreError, match="disk I/O error"):
             m.rollback_by_id(applied.change_id, reason="undo it")
         assert _tree(root) == before  # the files are restored ...
         row = m.changes.get(applied.change_id)
@@ -1233,3 +1228,65 @@ def test_any_sequence_of_applies_and_rollbacks_restores_exact_bytes(
         with ImprovementManager(db) as reopened:  # nothing is left for recovery to do
             assert reopened.recover() == []
         assert _tree(root) == model.tree
+
+
+class _Clock:
+    """Stands in for the manager's wall clock, so an hour passes at once."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_a_rolling_budget_refuses_while_full_and_frees_up_as_changes_age_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import infrastructure.changes.improvement_manager as improvement_manager
+
+    clock = _Clock()
+    monkeypatch.setattr(improvement_manager, "time", clock)
+    with ImprovementManager(
+        tmp_path / "h.db", improvement_window_s=3600, max_improvements_per_window=2
+    ) as manager:
+        first = clock.now
+        manager.log_change(_action())
+        clock.now += 600
+        manager.log_change(_action())
+        assert manager.improvements_left() == 0
+        allowed, reason = manager.can_make_improvement()
+        assert not allowed
+        frees_up_at = manager.budget_frees_up_at()
+        assert frees_up_at is not None
+        assert frees_up_at.timestamp() == first + 3600  # when the first change ages out
+        assert reason.endswith(f"the budget frees up at {frees_up_at:%Y-%m-%d %H:%M:%S} UTC")
+        clock.now = first + 3600  # the first change leaves the window
+        assert manager.can_make_improvement() == (True, "OK")
+        assert manager.improvements_left() == 1
+        assert manager.budget_frees_up_at() is None
+        manager.log_change(_action())
+        assert not manager.can_make_improvement()[0]
+        clock.now += 10 * 3600  # weeks later in a long-running process: improving resumes
+        assert manager.can_make_improvement() == (True, "OK")
+        assert manager.improvements_left() == 2
+        assert manager.session_improvement_count == 3  # the session count is still kept
+
+
+def test_the_session_budget_never_frees_up_in_its_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import infrastructure.changes.improvement_manager as improvement_manager
+
+    clock = _Clock()
+    monkeypatch.setattr(improvement_manager, "time", clock)
+    with ImprovementManager(tmp_path / "h.db", max_improvements_per_session=1) as manager:
+        manager.log_change(_action())
+        clock.now += 10 * 3600
+        assert manager.can_make_improvement() == (False, "Max improvements (1) reached")
+        assert manager.budget_frees_up_at() is None
+
+
+def test_a_rolling_window_that_is_not_positive_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="improvement_window_s must be > 0"):
+        ImprovementManager(tmp_path / "h.db", improvement_window_s=0)

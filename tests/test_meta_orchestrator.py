@@ -271,11 +271,11 @@ async def test_without_a_suite_a_fix_is_judged_against_the_sample_query_before_i
     kept = next(
         e for e in cycle_events(orchestrator.store, cycle.cycle_id) if e.step == "change_kept"
     )
-    assert kept.data["new_baseline"] == []
+    assert kept.data["new_baseline"] == ()
     assert "weaker check only" in kept.message
     (record,) = orchestrator.manager.get_history()
     assert record.verification_result is not None
-    assert record.verification_result["new_baseline"] == []
+    assert record.verification_result["new_baseline"] == ()
     # so a rollback has no newer baseline to undo: the one from before the fault stays
     assert orchestrator.rollback(reason="undo") is not None
     assert baseline_epoch(orchestrator) == healthy
@@ -645,15 +645,15 @@ def _assert_left_for_attention(
     info = record.rollback_info
     assert info is not None
     assert info["needs_attention"] is True
-    assert info["left_unchanged"] == [str(path.resolve())]
+    assert info["left_unchanged"] == (str(path.resolve()),)
     assert "changed since it was applied" in info["conflict"]
     rows = orchestrator.manager.audit.entries(agent_name="research-agent")
     assert [row.edit_type for row in rows][-1] == "rollback_blocked"
     assert orchestrator.manager.verify_audit_chain()
     events = cycle_events(orchestrator.store, cycle_id)
     (blocked,) = [event for event in events if event.step == "change_rollback_blocked"]
-    assert blocked.data["paths"] == [str(path.resolve())]
-    assert blocked.data["change_ids"] == [record.change_id]
+    assert blocked.data["paths"] == (str(path.resolve()),)
+    assert blocked.data["change_ids"] == (record.change_id,)
     assert "research-agent.md" in blocked.message
     replayed = replay_cycle(orchestrator.store, cycle_id)
     assert replayed.status == "rollback_blocked"

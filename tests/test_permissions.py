@@ -10,6 +10,7 @@ from infrastructure.errors import ConfigurationError
 from infrastructure.permissions import (
     ANY_OTHER_TOOL,
     SHELL_AND_WRITE_TOOLS,
+    SUBAGENT_TOOLS,
     ProfileLike,
     allowed_tools,
     describe_profile,
@@ -32,7 +33,10 @@ def test_standard_is_the_declared_tools_without_shell_or_writes() -> None:
 
 
 def test_standard_without_a_declaration_starts_from_everything_offered() -> None:
-    assert allowed_tools("standard", None, OFFERED) == {"ask_agent", "history", "Read", "Grep"}
+    # "history" is a tool nobody classed: privileged until the setting lists it as read-only
+    assert allowed_tools("standard", None, OFFERED) == {"ask_agent", "Read", "Grep"}
+    listed = allowed_tools("standard", None, OFFERED, read_only_tools=("hist*",))
+    assert listed == {"ask_agent", "history", "Read", "Grep"}
 
 
 def test_standard_never_grants_a_declared_tool_that_is_not_offered() -> None:
@@ -84,7 +88,7 @@ def test_grants_more_than_without_a_tool_set(
 
 def test_newly_granted_names_the_tools_an_escalation_adds() -> None:
     granted = newly_granted("open", "standard", declared_tools=("Read",))
-    assert granted == SHELL_AND_WRITE_TOOLS | {ANY_OTHER_TOOL}
+    assert granted == SHELL_AND_WRITE_TOOLS | SUBAGENT_TOOLS | {ANY_OTHER_TOOL}
     narrow = newly_granted("open", "standard", declared_tools=("Read",), offered_tools=OFFERED)
     assert narrow == {"Bash", "Write", "Edit", "ask_agent", "history", "Grep"}
 

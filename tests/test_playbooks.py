@@ -187,7 +187,7 @@ async def test_diagnosis_and_plan_per_fault(tmp_path: Path, kind: FaultKind, age
 
     plan = await _improve(report, scene.specs[agent], agent)
     if field is None:
-        assert plan.actions == []
+        assert plan.actions == ()
         assert plan.summary
         return
     (action,) = plan.actions
@@ -220,22 +220,22 @@ async def test_rate_limit_storm_recommends_no_change(tmp_path: Path) -> None:
     scene = await _scenario(tmp_path, "dependency-mapper", FaultKind.RATE_LIMIT_STORM)
     report, _, _ = await _mediate(scene.issue, scene.registry())
     assert report.cause_category == "rate_limit"
-    assert report.recommendations == ["no configuration change; transient"]
+    assert report.recommendations == ("no configuration change; transient",)
     plan = await _improve(report, scene.specs["dependency-mapper"], "dependency-mapper")
-    assert plan.actions == []
+    assert plan.actions == ()
     assert "transient" in plan.summary
 
 
 async def test_healthy_agent_gives_a_low_confidence_unknown(tmp_path: Path) -> None:
     scene = await _scenario(tmp_path, "socratic-planner", None)
     issue = scene.issue.model_copy(
-        update={"error_type": "performance_regression", "error_logs": []}
+        update={"error_type": "performance_regression", "error_logs": ()}
     )
     report, _, _ = await _mediate(issue, scene.registry())
     assert report.cause_category == "unknown"
     assert report.confidence <= 0.4
     plan = await _improve(report, scene.specs["socratic-planner"], "socratic-planner")
-    assert plan.actions == []
+    assert plan.actions == ()
 
 
 # --- untrusted answers ----------------------------------------------------------------------
@@ -279,7 +279,7 @@ async def test_injected_error_message_is_not_evidence(tmp_path: Path) -> None:
     assert report.confidence <= 0.4
     assert not any("permission profile" in quote for quote in report.evidence)
     plan = await _improve(report, scene.specs["example-generator"], "example-generator")
-    assert plan.actions == []
+    assert plan.actions == ()
 
 
 def test_injection_sentences_neither_vote_nor_are_quoted() -> None:
@@ -496,7 +496,7 @@ NEED = "those answers needed about 2548 output tokens, 2999 at most, so a max_to
 def test_truncation_values(config: dict[str, Any], limits: Any, expected: int | None) -> None:
     plan = plan_for(_analysis("truncation", [NEED]), config, [], limits)
     if expected is None:
-        assert plan.actions == []
+        assert plan.actions == ()
         assert "limit" in plan.summary
     else:
         (action,) = plan.actions
@@ -521,10 +521,10 @@ def test_tool_plan_adds_only_what_is_missing() -> None:
     quote = "Permission to use WebFetch has been denied."
     (action,) = plan_for(_analysis("tool_denied", [quote]), _cfg(), []).actions
     assert action.action_type is ChangeType.TOOL_PERMISSION_CHANGE
-    assert (action.target_field, action.new_value) == ("tools", {"add": ["WebFetch"]})
-    assert plan_for(_analysis("tool_denied", [quote]), _cfg(tools=None), []).actions == []
+    assert (action.target_field, action.new_value) == ("tools", {"add": ("WebFetch",)})
+    assert plan_for(_analysis("tool_denied", [quote]), _cfg(tools=None), []).actions == ()
     allowed = _cfg(tools=["Read", "WebFetch"])
-    assert plan_for(_analysis("tool_denied", [quote]), allowed, []).actions == []
+    assert plan_for(_analysis("tool_denied", [quote]), allowed, []).actions == ()
 
 
 def test_model_plan_prefers_served_and_same_family() -> None:
@@ -538,7 +538,7 @@ def test_model_plan_prefers_served_and_same_family() -> None:
         "model_unavailable", [quote, "The models the API serves are: claude-haiku-4-5."]
     )
     assert plan_for(served, config, models).actions[0].new_value == "claude-haiku-4-5"
-    assert plan_for(analysis, config, ["claude-sonnet-4-5"]).actions == []
+    assert plan_for(analysis, config, ["claude-sonnet-4-5"]).actions == ()
 
 
 def test_format_plan_appends_the_quoted_instruction_else_a_built_one() -> None:
@@ -551,7 +551,7 @@ def test_format_plan_appends_the_quoted_instruction_else_a_built_one() -> None:
     (built,) = plan_for(_analysis("format_violation", [heading]), _cfg(), []).actions
     assert built.new_value == {"append": "Format: start your reply with a '## Result' heading."}
     done = _cfg(system_prompt=f"Work.\n{FORMAT_INSTRUCTION}")
-    assert plan_for(_analysis("format_violation", [quote]), done, []).actions == []
+    assert plan_for(_analysis("format_violation", [quote]), done, []).actions == ()
 
 
 def test_plan_confidence_follows_the_analysis_and_agent_must_match() -> None:
@@ -560,7 +560,7 @@ def test_plan_confidence_follows_the_analysis_and_agent_must_match() -> None:
     strong = plan_for(_analysis("truncation", [NEED], confidence=1.0), _cfg(), [])
     assert strong.actions[0].confidence == 0.95
     other = plan_for(_analysis("truncation", [NEED], agent="b"), _cfg(), [])
-    assert other.actions == []
+    assert other.actions == ()
     assert "responsible" in other.summary
 
 
@@ -616,7 +616,7 @@ async def test_supervisor_approves_sound_changes(change: dict[str, Any], risk: s
     review = await _review(change)
     assert review.approved, review.reason
     assert review.risk == risk
-    assert review.concerns == []
+    assert review.concerns == ()
 
 
 WIDENING: list[tuple[dict[str, Any], str]] = [

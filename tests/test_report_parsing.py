@@ -40,11 +40,11 @@ def test_seed_report_is_read_field_by_field() -> None:
     assert analysis.identified_cause == (
         "The agent's max_tokens of 2048 is too small for the answers it now has to write."
     )
-    assert analysis.evidence == [
+    assert analysis.evidence == (
         "3 runs stopped at my max_tokens limit of 2048",
         "truncated: response stopped at max_tokens=2048",
-    ]
-    assert analysis.recommendations == ["Raise max_tokens to 4096", "Keep answers shorter"]
+    )
+    assert analysis.recommendations == ("Raise max_tokens to 4096", "Keep answers shorter")
     assert analysis.cause_category is None
     assert analysis.full_report == SEED_REPORT
     assert analysis.issue == ISSUE
@@ -127,7 +127,7 @@ def test_seed_action_blocks_become_proposed_actions() -> None:
     assert first.confidence == pytest.approx(0.9)
     assert first.rationale == "answers need about 3000 tokens"
     assert second.action_type is ChangeType.TOOL_PERMISSION_CHANGE
-    assert (second.target_field, second.new_value) == ("tools", {"add": ["Grep", "Glob"]})
+    assert (second.target_field, second.new_value) == ("tools", {"add": ("Grep", "Glob")})
     assert third.action_type is ChangeType.PROMPT_MODIFICATION
     assert third.target_field == "system_prompt"
     assert third.new_value == (
@@ -152,7 +152,7 @@ def test_field_line_and_json_values() -> None:
         "model",
         "claude-haiku-4-5",
     )
-    assert profile.new_value == {"allow": ["Read"], "deny": []}
+    assert profile.new_value == {"allow": ("Read",), "deny": ()}
     assert profile.target_field == "permission_profile"
     assert (timeout.target_field, timeout.new_value) == ("timeout_s", 240.5)
     assert (docs.action_type, docs.target_field, docs.new_value) == (

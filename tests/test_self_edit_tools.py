@@ -324,7 +324,7 @@ async def test_self_edit_permissions_old_profile_logged(admin: Harness) -> None:
     await admin.call("self_edit_permissions", {"profile": {"allow": ["Read"]}})
     (record,) = admin.manager.history
     assert record.action.old_value == "standard"
-    assert record.action.new_value == {"allow": ["Read"], "deny": []}
+    assert record.action.new_value == {"allow": ("Read",), "deny": ()}
     (entry,) = admin.manager.audit.entries(agent_name="scribe")
     assert entry.old_value == "standard"
     assert entry.user_id == "u-0"

@@ -326,7 +326,7 @@ async def test_supervisor_prompt_carries_the_change(team_dir: Path) -> None:
     change = _change(team_dir, _action("max_tokens", 4096, ChangeType.PARAMETER_ADJUSTMENT))
     verdict = await Supervisor(runtime).review(change)
     assert verdict.passed
-    assert verdict.details == {"risk": "low", "concerns": ["watch cost"]}
+    assert verdict.details == {"risk": "low", "concerns": ("watch cost",)}
     block = extract_block(runtime.runs[0].prompt, "proposed_change")
     assert block["action"]["old_value"] == 2048
     assert block["old_config"]["max_tokens"] == 2048

@@ -80,7 +80,7 @@ async def test_questions_then_a_structured_report() -> None:
     assert analysis.responsible_agent == "research-agent"
     assert analysis.cause_category == "truncation"
     assert analysis.confidence_score == pytest.approx(0.9)
-    assert analysis.evidence == ["6 runs stopped at my max_tokens limit of 2048"]
+    assert analysis.evidence == ("6 runs stopped at my max_tokens limit of 2048",)
     assert analysis.issue == ISSUE
     assert seen == [QuestionAnswer(agent_name="research-agent", question=asked[0], answer=ANSWER)]
     assert mediator.last_questions == seen
@@ -110,7 +110,7 @@ async def test_a_fabricated_quote_is_dropped_and_costs_confidence() -> None:
         [question(), Step.output(report(evidence=[made_up, "max_tokens limit of 2048"]))]
     )
     analysis = await SocraticMediator(runtime, tool).analyze_issue(ISSUE)
-    assert analysis.evidence == ["max_tokens limit of 2048"]
+    assert analysis.evidence == ("max_tokens limit of 2048",)
     assert analysis.confidence_score == pytest.approx(0.9 * 0.8)
 
 
@@ -120,7 +120,7 @@ async def test_a_recorded_error_counts_as_evidence_without_questions() -> None:
     runtime = ScriptedRuntime([Step.output(report(evidence=[f'"{quote}."']))])
     analysis = await SocraticMediator(runtime, tool).analyze_issue(ISSUE)
     assert asked == []
-    assert analysis.evidence == [f'"{quote}."']
+    assert analysis.evidence == (f'"{quote}."',)
     assert analysis.confidence_score == pytest.approx(0.9)
 
 
@@ -175,9 +175,9 @@ async def test_an_echo_of_the_mediators_leading_question_is_no_evidence() -> Non
     tool = AskAgentTool({"research-agent": echo})
     quote = "answers cut off at max_tokens=2048"
     runtime = ScriptedRuntime([question(leading), Step.output(report(evidence=[quote]))])
-    issue = ISSUE.model_copy(update={"error_logs": []})
+    issue = ISSUE.model_copy(update={"error_logs": ()})
     analysis = await SocraticMediator(runtime, tool).analyze_issue(issue)
-    assert analysis.evidence == []
+    assert analysis.evidence == ()
     assert analysis.confidence_score == NO_EVIDENCE_CAP
 
 
@@ -191,7 +191,7 @@ async def test_evidence_must_come_from_the_responsible_agent() -> None:
         [ask_quality, question(), Step.output(report(evidence=["My runs are fine"]))]
     )
     analysis = await SocraticMediator(runtime, tool).analyze_issue(ISSUE)
-    assert analysis.evidence == []
+    assert analysis.evidence == ()
     assert analysis.confidence_score == NO_EVIDENCE_CAP
     # blames quality-agent, quoting the errors recorded for research-agent's runs
     blame_quality = report(
@@ -200,7 +200,7 @@ async def test_evidence_must_come_from_the_responsible_agent() -> None:
     runtime = ScriptedRuntime([Step.output(blame_quality)])
     analysis = await SocraticMediator(runtime, tool).analyze_issue(ISSUE)
     assert analysis.responsible_agent == "quality-agent"
-    assert analysis.evidence == []
+    assert analysis.evidence == ()
     assert analysis.confidence_score == NO_EVIDENCE_CAP
 
 
@@ -255,7 +255,7 @@ async def test_seed_text_report_is_parsed_when_structure_fails() -> None:
     assert analysis.identified_cause == "max_tokens is too small."
     assert analysis.cause_category == "truncation"
     assert analysis.confidence_score == pytest.approx(0.8)
-    assert analysis.evidence == ["6 runs stopped at my max_tokens limit of 2048"]
+    assert analysis.evidence == ("6 runs stopped at my max_tokens limit of 2048",)
     assert analysis.full_report == SEED_TEXT
 
 

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infrastructure.errors import SpecError
+from infrastructure.frozen import FrozenDict
 from infrastructure.spec import (
     AGENTMEND_KEYS,
     AgentSpec,
@@ -158,7 +159,7 @@ def test_odd_quoting_and_crlf_parse_to_plain_values() -> None:
     assert quoted.name == "researcher"
     assert quoted.description == "Digs through the code base and reports: what, where, why.\n"
     assert quoted.tools == ("Read", "Bash(git log:*)")
-    assert quoted.extra == {"permissionMode": "plan", "skills": ["summarise", "cite"]}
+    assert quoted.extra == {"permissionMode": "plan", "skills": ("summarise", "cite")}
     crlf = AgentSpec.from_markdown(CRLF)
     assert crlf.tools == ("Read", "Write")
     assert crlf.timeout_s == 30.0
@@ -205,7 +206,7 @@ def test_spec_built_in_code_renders_a_file_that_loads_back(tmp_path: Path) -> No
         system_prompt="Plan first.\n\nThen act.",
         temperature=0.0,
         permission_profile=PermissionProfile(allow=("Read",), deny=("Bash",)),
-        extra={"color": "green"},
+        extra=FrozenDict({"color": "green"}),
     )
     path = spec.save(tmp_path / "planner.md")
     text = path.read_text()

@@ -55,7 +55,7 @@ def test_a_failed_migration_leaves_the_previous_version(tmp_path: Path) -> None:
     with Store(db) as store:
         store.migrate("things", [V1])
     with Store(db) as store:
-        with pytest.raises(sqlite3.OperationalError):
+        with pytest.raises(StoreError, match="no such table: nope"):
             store.migrate("things", [V1, "ALTER TABLE nope ADD COLUMN x TEXT"])
         assert store.schema_version("things") == 1
 
@@ -77,7 +77,7 @@ def test_transaction_rolls_back_on_error(tmp_path: Path) -> None:
 def test_each_migration_commits_on_its_own(tmp_path: Path) -> None:
     """A failing script keeps the versions before it: each runs in its own transaction."""
     with Store(tmp_path / "a.db") as store:
-        with pytest.raises(sqlite3.OperationalError, match="nope"):
+        with pytest.raises(StoreError, match="nope"):
             store.migrate("things", [V1, "ALTER TABLE nope ADD COLUMN x TEXT"])
         assert store.schema_version("things") == 1
         assert store.connection().execute("SELECT count(*) FROM things").fetchone() == (0,)
@@ -96,8 +96,10 @@ def test_a_full_disk_inside_a_transaction_raises_the_real_error(tmp_path: Path) 
                 for _ in range(50):
                     conn.execute("INSERT INTO blobs VALUES (?)", (b"x" * 4000,))
 
-        with pytest.raises(sqlite3.OperationalError, match="full"):
+        with pytest.raises(StoreError, match="full") as caught:
             fill()
+        assert caught.value.cause == "SQLITE_FULL"
+        assert caught.value.path == str(tmp_path / "a.db")
         conn = store.connection()
         assert not conn.in_transaction
         assert _sync_mode(store) == 1

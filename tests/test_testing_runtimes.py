@@ -38,6 +38,8 @@ def make_spec(name: str = "worker", **changes: Any) -> AgentSpec:
         "description": "does work",
         "system_prompt": f"You are {name}.",
         "model": "claude-haiku-4-5",
+        # the tools here are made up for the test; the profiles have their own tests
+        "permission_profile": "open",
     }
     fields.update(changes)
     return AgentSpec(**fields)
@@ -296,8 +298,12 @@ def _recording_tool(name: str, calls: list[str]) -> ToolSpec:
 @pytest.mark.parametrize(
     ("profile", "declared", "denied"),
     [
-        ("standard", ("search",), ["Bash"]),  # shell is never standard, even when offered
-        ("standard", ("search", "Bash"), ["Bash"]),  # ...nor when declared
+        # a tool nobody classed is privileged under standard ...
+        ("standard", ("search",), ["search", "Bash"]),
+        ("standard", ("search", "Bash"), ["search", "Bash"]),
+        # ... until the read_only_tools setting lists it; shell never is standard
+        ("standard+listed", ("search",), ["Bash"]),
+        ("standard+listed", ("search", "Bash"), ["Bash"]),
         ("locked", ("search", "Bash"), ["search", "Bash"]),
         ("open", None, []),
     ],
@@ -308,6 +314,8 @@ async def test_the_permission_profile_refuses_and_reports_tools_it_does_not_allo
     ran: list[str] = []
     tools = [_recording_tool("search", ran), _recording_tool("Bash", ran)]
     runtime = ScriptedRuntime([Step.tool_calls(("search", {}), ("Bash", {})), Step.text("done")])
+    if profile == "standard+listed":
+        profile, runtime.read_only_tools = "standard", ("search", "Bash")  # Bash: ignored
     spec = AgentSpec(
         name="worker",
         description="d",

@@ -120,3 +120,16 @@ def test_a_provider_without_a_key_says_so(monkeypatch: pytest.MonkeyPatch) -> No
         build_runtimes("anthropic")
     with pytest.raises(ConfigurationError, match="unknown provider"):
         build_runtimes("nope")  # type: ignore[arg-type]
+
+
+def test_the_interactive_session_keeps_a_session_budget_and_other_processes_a_rolling_one(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(improvement_window_s=1800, max_improvements_per_window=3)
+    with Workspace.open(tmp_path / "ws", settings=settings) as ws:
+        assert ws.manager.improvement_window_s == 1800
+        assert ws.manager.max_improvements_per_window == 3
+        assert ws.manager.improvements_left() == 3
+    with Workspace.open(tmp_path / "ws", settings=settings, interactive=True) as ws:
+        assert ws.manager.improvement_window_s is None
+        assert ws.manager.improvements_left() == settings.max_improvements_per_session

@@ -206,14 +206,16 @@ def run_stage_trial(
     rng = random.Random(seed)
     work.mkdir(parents=True, exist_ok=True)
     root, initial = make_root(work, files, rng)
-    db, marker = work / "store.db", work / "validating.pid"
+    db, scratch = work / "store.db", work / "scratch"  # the plan child's TMPDIR
+    scratch.mkdir(exist_ok=True)
+    env = {**child_env(), "TMPDIR": str(scratch)}  # its validation copy is made in there
     args: dict[str, object] = {"db": str(db), "root": str(root), "seed": seed, "files": files}
     if stage in CYCLE_STAGES:
         verdict = "reject" if stage == "rollback" else "random"
         args.update(verdict=verdict, rounds=rounds, eval_s=0.3, ttl=30.0, renew=5.0)
         mode = "cycle"
     else:
-        args.update(marker=str(marker))
+        args.update(marker="validating.pid")  # written in the copy, the only writable place
         mode = "plan"
     trial = StageTrial(stage, seed)
     proc = subprocess.Popen(
@@ -221,7 +223,7 @@ def run_stage_trial(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=child_env(),
+        env=env,
         start_new_session=True,
     )
     assert proc.stdout is not None
@@ -229,7 +231,7 @@ def run_stage_trial(
     pump = read_lines(proc.stdout, trial.lines)
     word, window = _MARKERS[stage]
     try:
-        entered = _wait_for(trial.lines, proc, word, marker if word == "VALIDATING" else None)
+        entered = _wait_for(trial.lines, proc, word, scratch if word == "VALIDATING" else None)
         if not entered:
             trial.violations.append(f"child never reached {word}: {proc.stderr.read()[-2000:]}")
             return trial
@@ -240,14 +242,14 @@ def run_stage_trial(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        _kill_test_command(marker)
+        _kill_test_command(scratch)
     pump.join(5)
     proc.stdout.close()
     proc.stderr.close()
     if stage in CYCLE_STAGES:
         trial.in_stage = not any(line.startswith(_NEXT[stage]) for line in before_kill)
     elif stage == "plan_execution":
-        trial.in_stage = not marker.exists()
+        trial.in_stage = _validation_pid(scratch) is None
     else:
         trial.in_stage = not any(line.startswith("RESULT") for line in before_kill)
     violations, trial.interrupted = check_settled(db, root, initial)
@@ -256,13 +258,13 @@ def run_stage_trial(
 
 
 def _wait_for(
-    lines: list[str], proc: subprocess.Popen[str], word: str, marker: Path | None
+    lines: list[str], proc: subprocess.Popen[str], word: str, scratch: Path | None
 ) -> bool:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if marker is not None and marker.exists() and marker.read_text():
+        if scratch is not None and _validation_pid(scratch) is not None:
             return True
-        if marker is None and any(line.split()[0] == word for line in lines if line):
+        if scratch is None and any(line.split()[0] == word for line in lines if line):
             return True
         if proc.poll() is not None:
             return False
@@ -270,11 +272,20 @@ def _wait_for(
     return False
 
 
-def _kill_test_command(marker: Path) -> None:
+def _validation_pid(scratch: Path) -> int | None:
+    """The test command's pid, once it has written it in the validation copy under ``scratch``."""
+    for marker in scratch.glob("agentmend-validate-*/project/validating.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            return int(marker.read_text())
+    return None
+
+
+def _kill_test_command(scratch: Path) -> None:
     """The test command runs in a session of its own: end it too (it was ours)."""
-    if marker.exists() and marker.read_text():
+    pid = _validation_pid(scratch)
+    if pid is not None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(int(marker.read_text()), signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
 
 
 def check_settled(db: Path, root: Path, initial: dict[str, bytes]) -> tuple[list[str], int]:
@@ -298,7 +309,8 @@ def check_settled(db: Path, root: Path, initial: dict[str, bytes]) -> tuple[list
             1
             for record in history
             if record.status is ChangeStatus.FAILED
-            and (record.rollback_info or {}).get("reason") == "interrupted"
+            and record.rollback_info is not None
+            and record.rollback_info.get("reason") == "interrupted"
         )
         for record in history:
             if record.status in (ChangeStatus.APPLIED, ChangeStatus.PENDING):

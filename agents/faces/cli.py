@@ -44,7 +44,12 @@ EXIT_PROBLEM = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 
-SUBCOMMAND_MODULES: tuple[str, ...] = ("agents.faces.cli_commands", "agents.faces.cli_report")
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "agents.faces.cli_commands",
+    "agents.faces.cli_report",
+    "agents.faces.cli_safeguards",
+    "agents.faces.cli_otel",
+)
 """Modules whose ``SUBCOMMANDS`` (a sequence of ``Subcommand``) the command offers, in order."""
 
 

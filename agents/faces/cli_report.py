@@ -23,6 +23,8 @@ from agents.faces.cli import (
     workspace_path,
 )
 from agents.faces.cli_commands import _settings, console, open_workspace
+from infrastructure.errors import AgentmendError
+from infrastructure.files import atomic_write
 
 if TYPE_CHECKING:
     from infrastructure.changes.improvement_manager import ImprovementManager
@@ -110,9 +112,16 @@ def _run_status(args: argparse.Namespace) -> int:
         pending = sum(
             1 for r in opened.manager.get_history(limit=200) if r.status is ChangeStatus.APPLIED
         )
+        chain = opened.manager.verify_audit_chain(repair=False)
+    problems = [{"row_id": p.row_id, "kind": p.kind, "detail": p.detail} for p in chain.problems]
     if args.json:
-        print_json(_status_json(statuses, pending))
+        print_json(
+            {**_status_json(statuses, pending), "audit": {"ok": chain.ok, "problems": problems}}
+        )
         return EXIT_OK
+    for p in problems:  # a break stays on screen until an administrator acknowledges it
+        where = f"row {p['row_id']}: " if p["row_id"] is not None else ""
+        console().print(f"audit chain: {where}{p['kind']}: {p['detail']}", style="red")
     if not statuses:
         console().print("no runs recorded yet")
         return EXIT_OK
@@ -340,12 +349,10 @@ def _run_report(args: argparse.Namespace) -> int:
         raise CommandError(f"{args.output} is a folder: give a file name with -o")
     with open_store(args) as opened:
         page = render_workspace_report(opened, full_cycles=args.cycles)
-    tmp = args.output.with_name(args.output.name + ".tmp")
     try:
-        tmp.write_text(page, encoding="utf-8")
-        tmp.replace(args.output)
-    except OSError as exc:
-        raise CommandError(f"cannot write {args.output}: {exc.strerror}") from exc
+        atomic_write(args.output, page)
+    except AgentmendError as exc:  # FileOperationError names the file and the cause
+        raise CommandError(str(exc)) from exc
     console().print(f"wrote {args.output} ({len(page.encode()) / 1024:.0f} KiB)")
     if args.open:
         import webbrowser

@@ -84,8 +84,10 @@ def _detector_cell(stats: Mapping[str, Any] | None, baseline_n: int) -> str:
     if not stats:
         return "-"
     baseline = stats.get("baseline", {})
-    if not baseline.get("frozen", False) and "consecutive_failures" not in stats:
-        return f"baseline {baseline.get('n', 0)}/{baseline_n}"
+    if stats.get("state") == "warming_up" or (
+        not baseline.get("frozen", False) and "consecutive_failures" not in stats
+    ):
+        return f"warming up {baseline.get('n', 0)}/{baseline_n}"
     parts = []
     for key, label in (("cusum_failure_rate", "fail"), ("cusum_log_duration", "time")):
         chart = stats.get(key)
@@ -93,6 +95,8 @@ def _detector_cell(stats: Mapping[str, Any] | None, baseline_n: int) -> str:
             parts.append(f"{label} {chart['statistic']:.1f}/{chart['threshold']:.1f}")
     if "consecutive_failures" in stats:
         parts.append(f"streak {stats['consecutive_failures']}")
+    if stats.get("state") == "outside_guarantee":
+        parts.append("(rules, no guarantee)")
     return "  ".join(parts) or "-"
 
 

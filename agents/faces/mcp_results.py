@@ -2,13 +2,14 @@
 
 ``agents.faces.mcp_tools`` decides what a tool does; this module only shapes what it found into text
 a model reads and the same facts as structured data (camelCase keys for the code-plan results,
-as seed 000's clients expect). Nothing here reads or writes the workspace, except
+as existing MCP clients expect). Nothing here reads or writes the workspace, except
 ``last_cycle``, which replays the latest cycle from the store.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -71,10 +72,12 @@ def plan_created_output(plan: CodePlan) -> ToolOutput:
         f"- Status: {plan.status}\n\n"
         f'Use {{ action: "approve", planId: "{plan.plan_id}" }} to approve, then '
         f'{{ action: "execute", planId: "{plan.plan_id}" }} to apply changes.\n\n'
+        f"{_test_files_note(plan)}"
         f"Diff:\n{plan.diff}"
     )
     data = {
         "planId": plan.plan_id,
+        "testFiles": list(plan.test_files),
         "description": plan.description,
         "files": [{"path": f.path, "operation": f.operation} for f in plan.files],
         "status": plan.status,
@@ -83,9 +86,21 @@ def plan_created_output(plan: CodePlan) -> ToolOutput:
     return ToolOutput(text=text, data=data)
 
 
+def _test_files_note(plan: CodePlan) -> str:
+    """Why a plan that touches its tests will not execute on this channel's approval alone."""
+    if not plan.test_files or plan.tests_approved_by is not None:
+        return ""
+    return (
+        f"Flagged: it changes what configures or selects the tests "
+        f"({', '.join(plan.test_files)}). It executes only after a person approves that on a "
+        f"terminal: agentmend code approve-tests {plan.plan_id}\n\n"
+    )
+
+
 def plan_approved_output(plan: CodePlan) -> ToolOutput:
     text = (
         f"Plan {plan.plan_id} approved for execution.\n"
+        f"{_test_files_note(plan)}"
         f'Use {{ action: "execute", planId: "{plan.plan_id}" }} to apply changes.'
     )
     data = {"planId": plan.plan_id, "status": plan.status, "approvedBy": plan.approved_by}
@@ -101,7 +116,7 @@ def code_status_output(status: UpdateStatus) -> ToolOutput:
     active = status.active_improvement
     last_text = "None"
     if last is not None:
-        outcome = (last.result or {}).get("reason", "")
+        outcome = last.result.get("reason", "") if last.result is not None else ""
         last_text = f"{last.plan_id} ({last.status}, {last.updated.isoformat()}): {outcome}"
     text = (
         "Self-improvement status:\n"
@@ -136,7 +151,7 @@ def rollback_output(result: RollbackResult) -> ToolOutput:
 
 
 def _plan_summary(plan: CodePlan) -> dict[str, Any]:
-    result = plan.result or {}
+    result: Mapping[str, Any] = plan.result or {}
     return {
         "planId": plan.plan_id,
         "description": plan.description,
@@ -180,8 +195,13 @@ def _format_execution(result: ExecutionResult) -> str:
         if result.restored_identical is not None:
             same = "byte-identical" if result.restored_identical else "NOT identical"
             lines.append(f"- Files restored: {same} to before")
-    lines.append(f"- Status: {result.status}: {result.reason}")
+    elif result.status == "rolled_back":
+        lines.append("- NOT APPLIED: validation failed in a copy; the project was never changed")
     validation = result.validation
+    if validation is not None and validation.sandbox:
+        where = {"namespace": "a copy, everything else read-only", "copy": "a copy"}
+        lines.append(f"- Validated in: {where.get(validation.sandbox, validation.sandbox)}")
+    lines.append(f"- Status: {result.status}: {result.reason}")
     if validation is not None:
         for error in validation.compile_errors:
             lines.append(f"- Compile error: {error}")
@@ -263,14 +283,30 @@ def status_text(
                 f"- {a['name']}: {a['executions']} runs, success {a['success_rate']:.0%}, "
                 f"p95 {a['p95_duration_ms']:.0f} ms, {a['consecutive_failures']} failing now"
             )
+        elif a.get("broken"):
+            lines.append(f"- {a['name']}: definition broken: {a['broken']}")
         else:
             lines.append(f"- {a['name']}: no runs recorded")
+    if data.get("unwrittenRuns"):
+        lines.append(
+            f"Runs not yet written to the store: {data['unwrittenRuns']} (kept in memory, "
+            f"retried; last error: {data.get('storeWriteError') or 'none'})"
+        )
     lines.append(f"Pending plans: {len(data['pendingPlans'])}")
     last = data["lastExecution"]
     lines.append(
         f"Last execution: {last['planId']} ({last['status']})" if last else "Last execution: None"
     )
     lines.append(f"Last cycle: {cycle['summary']}" if cycle is not None else "Last cycle: None")
+    audit = data.get("audit")
+    if audit is not None:
+        problems = audit["problems"]
+        lines.append(
+            f"Audit chain: verified ({audit['rows_checked']} rows)"
+            if audit["ok"]
+            else f"Audit chain: DOES NOT VERIFY ({len(problems)} problem(s)): "
+            + "; ".join(problems)
+        )
     return "\n".join(lines)
 
 

@@ -3,9 +3,9 @@
 Run ``python -m agents.mcp_server`` (or the ``agentmend-mcp`` console script) from the project
 an editor or agent works on. It opens the same workspace as the interactive session
 (``--workspace``, else ``AGENTMEND_WORKSPACE``, else ``./.agentmend``) and serves, following
-seed 004's lesson that fewer, orthogonal tools make more workflows possible:
+the rule that fewer, orthogonal tools make more workflows possible:
 
-- ``self_improve``: code-level updates of the project (seed 000's tool): ``action`` plan |
+- ``self_improve``: code-level updates of the project: ``action`` plan |
   approve | execute | status | rollback, with ``planId``, ``description``, ``files``
   (``path``, ``operation`` create | modify | delete, ``content``) or ``diff``, and ``reason``.
   ``approve`` IS the human approval: the person (or the agent acting for them) who calls it
@@ -13,7 +13,7 @@ seed 004's lesson that fewer, orthogonal tools make more workflows possible:
   group, compiles and runs the configured tests, and rolls everything back on failure.
 - ``analyze``: ``agent`` -> detection and the Socratic mediator's root-cause analysis, applying
   nothing (``reproduce``: run the agent's eval suite first); or ``path`` (and ``description``)
-  -> seed 001's code-smell analysis (or a proposed diff), which needs a model runtime. It is
+  -> a code-smell analysis (or a proposed diff), which needs a model runtime. It is
   not marked read-only: it changes no definition and no code, but it runs the agents (the
   mediator's questions are runs of the agent on a model provider, ``reproduce`` runs the eval
   suite, each with the agent's own tools) and records what it did. It is marked
@@ -24,14 +24,19 @@ seed 004's lesson that fewer, orthogonal tools make more workflows possible:
 Errors: a request that cannot be carried out (unknown action, missing ``planId``, unknown agent,
 path outside the project root, ...) is an ``isError`` result naming what was wrong, and writes
 nothing; a workspace that cannot be opened makes every call such an error, naming the problem,
-and the server keeps running (each call tries to open it again). Only the protocol writes to
-stdout: logging goes to stderr, configured before anything logs.
+and the server keeps running (each call tries to open it again). A request over
+``Settings.max_request_bytes`` or nested deeper than ``Settings.max_request_depth`` is answered
+with a JSON-RPC error by the pre-filter in front of the SDK's stdin reader
+(:mod:`agents.faces.mcp_stdin`) and never parsed. Only the protocol writes to stdout: logging goes
+to stderr, configured before anything logs.
 """
 
 import argparse
 import asyncio
 import os
+import select
 import sys
+import threading
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -39,8 +44,10 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field
 
 from agents.faces.mcp_results import ToolOutput
+from agents.faces.mcp_stdin import serve_stdio
 from agents.faces.mcp_tools import AgentmendTools, BadRequest, FileArg
 from infrastructure.errors import AgentmendError
+from infrastructure.settings import Settings
 from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
@@ -98,7 +105,7 @@ def build_server(tools: AgentmendTools) -> "MCPServer":
     )
     async def self_improve(
         action: Annotated[Action, Field(description="The action to perform")],
-        planId: Annotated[  # seed 000's argument name
+        planId: Annotated[  # the name existing MCP clients send
             str | None, Field(description="ID of the plan (approve, execute; rollback: optional)")
         ] = None,
         description: Annotated[
@@ -219,14 +226,67 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# After the client closes stdin: how long the server may take to finish on its own, and then
+# how long closing the workspace may take before the process ends regardless.
+_EXIT_GRACE_S = 0.4
+_CLOSE_GRACE_S = 0.4
+
+
+def _watch_for_hangup(fd: int, on_hangup: threading.Event) -> None:
+    """Set ``on_hangup`` once the client's end of stdin is closed (a daemon thread).
+
+    Polls a duplicate of stdin for the hang-up alone, never reading it, so requests still in
+    the pipe stay the SDK's to read. A pipe reports POLLHUP when its last writer closes (even
+    with data unread); a socket reports POLLRDHUP. A regular file never hangs up: then the SDK
+    reading EOF ends the server the usual way.
+    """
+    poller = select.poll()
+    poller.register(fd, getattr(select, "POLLRDHUP", 0))
+    try:
+        while True:
+            events = poller.poll()
+            if any(ev & ~select.POLLIN for _, ev in events):
+                on_hangup.set()
+                return
+    finally:
+        os.close(fd)
+
+
 async def _serve(tools: AgentmendTools) -> None:
     server = build_server(tools)
+    limits = Settings.model_construct()  # the documented defaults, if the workspace fails
     try:
-        tools.workspace()  # open now, so a problem shows in the log at once
+        limits = tools.workspace().settings  # open now, so a problem shows in the log at once
     except BadRequest as exc:
         log.error("workspace_unavailable", problem=str(exc))
+    hangup = threading.Event()
     try:
-        await server.run_stdio_async()
+        watched = os.dup(0) if hasattr(select, "poll") else -1
+    except OSError:  # no stdin at all: nothing to watch, the SDK sees EOF at once
+        watched = -1
+    if watched >= 0 and hasattr(select, "poll"):  # no poll() on Windows
+        threading.Thread(
+            target=_watch_for_hangup, args=(watched, hangup), name="mcp-stdin-hangup", daemon=True
+        ).start()
+    serving = asyncio.ensure_future(
+        serve_stdio(server, max_bytes=limits.max_request_bytes, max_depth=limits.max_request_depth)
+    )
+    try:
+        while not serving.done() and not hangup.is_set():
+            await asyncio.wait({serving}, timeout=0.05)
+        if not serving.done():
+            await asyncio.wait({serving}, timeout=_EXIT_GRACE_S)
+        if serving.done():
+            serving.result()
+            return
+        # Stuck after the client left: replies nobody reads fill stdout and the SDK's writer
+        # blocks in a thread for good, so the process would never end. Save the workspace
+        # and end the process without waiting for that thread.
+        log.warning("mcp_client_gone_with_calls_in_flight")
+        serving.cancel()
+        await asyncio.wait({asyncio.ensure_future(tools.aclose())}, timeout=_CLOSE_GRACE_S)
+        sys.stderr.flush()
+        os._exit(0)
     finally:
         await tools.aclose()
 

@@ -47,7 +47,8 @@ from agents.roles.team import UnknownAgent
 from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.code_update.updater import CodeUpdater, FileOperation
-from infrastructure.errors import AgentmendError
+from infrastructure.errors import AgentmendError, SpecError
+from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime
 from infrastructure.settings import Settings, load_settings
 from infrastructure.spec import load_agent_specs
@@ -217,6 +218,20 @@ class AgentmendTools:
 
     # -- self_improve ----------------------------------------------------------------------
 
+    def _check_arguments(self, **arguments: Any) -> None:
+        """Refuse any argument over ``Settings.max_tool_argument_bytes`` before any work.
+
+        Raises:
+            InputTooLarge: naming the argument, its size and the bound.
+        """
+        if self._workspace is not None:
+            settings = self._workspace.settings
+        else:  # the documented defaults until a workspace is open
+            settings = self._settings or Settings.model_construct()
+        limits = InputLimits.of(settings)
+        for name, value in arguments.items():
+            limits.tool_argument(name, value)
+
     async def self_improve(
         self,
         action: str,
@@ -226,6 +241,13 @@ class AgentmendTools:
         diff: str | None = None,
         reason: str | None = None,
     ) -> ToolOutput:
+        self._check_arguments(
+            planId=plan_id,
+            description=description,
+            files=[f.model_dump() for f in files] if files else None,
+            diff=diff,
+            reason=reason,
+        )
         handlers: dict[str, Callable[[], Awaitable[ToolOutput]]] = {
             "plan": lambda: self._plan(description, files, diff),
             "approve": lambda: self._approve(plan_id),
@@ -304,6 +326,7 @@ class AgentmendTools:
         it, the agent first runs its eval suite (else the sample query) as it is now: model
         calls and tool use by the agent, recorded apart from detection.
         """
+        self._check_arguments(agent=agent, path=path, description=description)
         if agent and path:
             raise BadRequest("give agent (an agent's name) or path (a project file), not both")
         if path:
@@ -365,8 +388,9 @@ class AgentmendTools:
     async def status(self) -> ToolOutput:
         workspace = self.workspace(create=False)
         workspace.monitor.refresh()
+        broken: dict[str, SpecError] = {}
         try:
-            specs = sorted(load_agent_specs(workspace.team_dir))
+            specs = sorted(load_agent_specs(workspace.team_dir, broken=broken))
         except AgentmendError as exc:
             raise BadRequest(f"the team's definitions cannot be loaded: {exc}") from exc
         metrics = workspace.monitor.get_metrics()
@@ -390,8 +414,12 @@ class AgentmendTools:
             if stats is not None:
                 entry["detector"] = stats
             agents.append(entry)
+        for stem, error in sorted(broken.items()):
+            agents.append({"name": stem, "defined": False, "executions": 0, "broken": str(error)})
+        unwritten, write_error = workspace.monitor.write_backlog()
         code = (await self._code_status()).data
         cycle = last_cycle(workspace.store)
+        chain = workspace.manager.verify_audit_chain(repair=False)
         data = {
             "workspace": str(workspace.path),
             "provider": workspace.settings.provider,
@@ -400,6 +428,13 @@ class AgentmendTools:
             **code,
             "lastCycle": cycle,
             "changes": workspace.manager.get_statistics(),
+            "audit": {
+                "ok": chain.ok,
+                "rows_checked": chain.rows_checked,
+                "problems": [f"{p.row_id}: {p.kind}: {p.detail}" for p in chain.problems],
+            },
+            "unwrittenRuns": unwritten,
+            "storeWriteError": write_error,
         }
         return ToolOutput(text=status_text(data, agents, cycle), data=data)
 

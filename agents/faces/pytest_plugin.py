@@ -163,12 +163,15 @@ def agentmend_orchestrator(
 @pytest.fixture
 def inject_fault(agentmend_runtime: SimulatedRuntime) -> InjectFault:
     """Start a fault for an agent from its next run on; returns the fault with its defaults."""
+    from infrastructure.errors import WrongArgumentType
     from infrastructure.simulation import Fault, FaultKind
 
     def inject(agent: str, kind: FaultKind | Fault | str, **parameters: Any) -> Fault:
         if isinstance(kind, Fault):
             if parameters:
-                raise TypeError("pass parameters with a fault kind, not with a Fault")
+                raise WrongArgumentType(
+                    "parameters", parameters, "go with a fault kind, not with a Fault"
+                )
             return agentmend_runtime.inject(agent, kind)
         return agentmend_runtime.inject(agent, Fault(FaultKind(kind), **parameters))
 

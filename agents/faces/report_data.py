@@ -21,6 +21,8 @@ from infrastructure.changes.audit_verification import ChainVerification
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.models import ChangeRecord
 from infrastructure.monitoring.agent_window import RUN
+from infrastructure.monitoring.detection import CHART_OF_KIND
+from infrastructure.monitoring.issue_ledger import read_active_issues, read_detector_states
 from infrastructure.monitoring.run_series import SeriesPoint, read_series
 from infrastructure.store import Store
 
@@ -133,6 +135,24 @@ def agent_statuses(store: Store, *, baseline_n: int) -> list[AgentStatus]:
         totals = conn.execute(
             "SELECT agent, runs, failures, last_ts FROM run_totals ORDER BY agent"
         ).fetchall()
+        issues: dict[str, list[dict[str, Any]]] = {}
+        charts: dict[str, dict[str, Any]] = {}
+        if _has_table(conn, "monitoring_issues"):
+            for row in read_active_issues(conn):
+                issues.setdefault(row.agent, []).append(
+                    {
+                        "issue_id": row.issue_id,
+                        "kind": row.kind,
+                        "status": row.status,
+                        "cycles": row.cycles,
+                        "outcome": row.outcome,
+                    }
+                )
+            for (agent, kind), saved in read_detector_states(conn).items():
+                charts.setdefault(agent, {})[CHART_OF_KIND.get(kind, kind)] = {
+                    "statistic": saved.statistic * saved.scale,
+                    "threshold": saved.threshold,
+                }
         statuses = []
         for agent, runs, failures, last_ts in totals:
             recent = conn.execute(
@@ -152,6 +172,8 @@ def agent_statuses(store: Store, *, baseline_n: int) -> list[AgentStatus]:
                     baseline_runs=_baseline_runs(conn, agent, baseline_n),
                     baseline_n=baseline_n,
                     last_run=datetime.fromtimestamp(float(last_ts), UTC) if last_ts else None,
+                    detector=charts.get(agent),
+                    open_issues=tuple(issues.get(agent, ())),
                 )
             )
     return statuses

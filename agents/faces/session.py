@@ -45,6 +45,7 @@ from agents.faces.workspace import Workspace
 from agents.loop.cycle import CycleEvent, CycleResult
 from agents.loop.meta_orchestrator import MetaOrchestrator
 from agents.roles.team import UnknownAgent
+from infrastructure.changes.audit import ChainVerification
 from infrastructure.changes.gates import HumanApprovalGate
 from infrastructure.changes.safety import ProposedChange
 from infrastructure.errors import AgentmendError, ConfigurationError
@@ -306,6 +307,26 @@ class Session:
         )
         if not metrics:
             self.console.print("no executions yet: ask the team a question")
+        unwritten, write_error = orchestrator.monitor.write_backlog()
+        if unwritten:
+            self.console.print(
+                Text(
+                    f"{unwritten} runs not yet written to the store (kept, retried): "
+                    f"{write_error or 'waiting for the writer'}",
+                    style="yellow",
+                )
+            )
+        for stem, error in orchestrator.team.broken.items():
+            self.console.print(Text(f"{stem}: definition broken: {error}", style="red"))
+        check = orchestrator.manager.verify_audit_chain(repair=False)
+        if not check:
+            self._print_chain_problems(check)
+
+    def _print_chain_problems(self, check: ChainVerification) -> None:
+        self.console.print(Text("audit chain does NOT verify:", "bold red"))
+        for p in check.problems:
+            where = f"row {p.row_id}: " if p.row_id is not None else ""
+            self.console.print(Text(f"  {where}{p.kind}: {p.detail}", "red"))
 
     def _simulated(self) -> bool:
         return isinstance(self.orchestrator.team.runtime, SimulatedRuntime)
@@ -379,7 +400,9 @@ class Session:
         if args:
             orchestrator.team.spec(args[0])  # UnknownAgent names the agents there are
         else:
-            issue = orchestrator.check_performance_issues()
+            issue = orchestrator.check_performance_issues() or next(
+                iter(orchestrator.declined_issues()), None
+            )
             if issue is None:
                 self.console.print("no open issue; name an agent: /improve AGENT")
                 return
@@ -413,10 +436,12 @@ class Session:
                 f"{str(entry.old_value)[:40]!r} -> {str(entry.new_value)[:40]!r}"
             )
         check = self.orchestrator.manager.verify_audit_chain()
+        for note in check.notes:
+            self.console.print(f"note: {note}")
         if check:
             self.console.print(Text("audit chain verified", style="green"))
         else:
-            self.console.print(Text(f"audit chain does NOT verify: {check.problems}", "red"))
+            self._print_chain_problems(check)
 
     async def rollback(self, args: list[str]) -> None:
         flags = {a for a in args if a in ("force", "cascade")}
@@ -504,7 +529,9 @@ async def _session(args: argparse.Namespace, settings: Settings, console: Consol
     if settings.provider == "offline" and "AGENTMEND_BASELINE_N" not in os.environ:
         settings = settings.model_copy(update={"baseline_n": SIMULATED_BASELINE_N})
     with (
-        Workspace.open(args.workspace, settings=settings, team_dir=args.agents) as workspace,
+        Workspace.open(
+            args.workspace, settings=settings, team_dir=args.agents, interactive=True
+        ) as workspace,
         SessionLock(workspace.path) as lock,
     ):
         if lock.held_by is not None:

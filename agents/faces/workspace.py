@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.code_update.plan_recovery import settle_interrupted_plans
 from infrastructure.errors import AgentmendError, ConfigurationError
-from infrastructure.llm.base import AgentRuntime
+from infrastructure.limits import InputLimits
+from infrastructure.llm.base import AgentRuntime, RuntimeBase
+from infrastructure.monitoring.issue_ledger import IssueLedger
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.settings import Provider, Settings, load_settings
 from infrastructure.store import Store
@@ -154,6 +156,7 @@ class Workspace:
         settings: Settings | None = None,
         create: bool = True,
         team_dir: str | Path | None = None,
+        interactive: bool = False,
     ) -> Workspace:
         """Open (and with ``create``, make) the workspace at ``path``.
 
@@ -165,6 +168,8 @@ class Workspace:
             create: make the folder, the store and the simulated team when missing.
             team_dir: the team's definitions to use instead of ``<workspace>/agents``
                 (nothing is copied there).
+            interactive: the interactive session's workspace: the improvement budget is per
+                session (``max_improvements_per_session``) rather than a rolling window.
 
         Raises:
             TeamDirError: ``team_dir`` is missing, a file, or holds no definitions (checked
@@ -198,12 +203,20 @@ class Workspace:
             manager = ImprovementManager(
                 store=store,
                 max_improvements_per_session=settings.max_improvements_per_session,
+                # the interactive session keeps a budget per session; a process that
+                # runs for days (the MCP server, library use) gets the rolling one
+                improvement_window_s=None if interactive else settings.improvement_window_s,
+                max_improvements_per_window=settings.max_improvements_per_window,
                 audit_hmac_key=key.get_secret_value() if key is not None else None,
+                limits=InputLimits.of(settings),
             )
             # the manager settled the unproven changes of processes gone; now the code plans
             # they were executing (every face opens here, so every start settles them)
             settle_interrupted_plans(manager)
             monitor = PerformanceMonitor(store, baseline_n=settings.baseline_n)
+            # the detector's tables exist from the open on, so that a request that fails later
+            # (an unknown agent, say) leaves the store as it found it
+            IssueLedger(store)
         except WorkspaceError:
             _close_all(opened)
             raise
@@ -223,6 +236,9 @@ class Workspace:
             ConfigurationError: the provider cannot be used (no key, ...).
         """
         team, roles = build_runtimes(self.settings.provider, seed=seed)
+        for runtime in (team, roles):  # the setting the role gate judges by, enforced alike
+            if isinstance(runtime, RuntimeBase):
+                runtime.read_only_tools = self.settings.read_only_tools
         self._runtimes.extend(r for r in {id(team): team, id(roles): roles}.values())
         return team, roles
 

@@ -77,6 +77,12 @@ from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.spec import AgentSpec
 from infrastructure.structured_logger import get_logger
+from infrastructure.telemetry.tracing import (
+    agentmend_tracer,
+    emit_evaluation,
+    set_outcome,
+    work_span,
+)
 
 __all__ = ["ChangePipeline", "Outcome", "record_invalid"]
 
@@ -114,6 +120,7 @@ class ChangePipeline:
         self.improver = improver
         self.verifier = verifier
         self.gates = gates
+        self.tracer = agentmend_tracer()
         self._lock = asyncio.Lock()
 
     async def run(
@@ -317,9 +324,31 @@ class ChangePipeline:
         specs = self.team.reload()
         verdicts: dict[str, VerificationVerdict] = {}
         for name in targets:
-            verdict = await self.verifier.verify(
-                name, specs.get(name), suites.get(name), before.get(name)
-            )
+            with work_span(
+                self.tracer, "agentmend.verification", **{"gen_ai.agent.name": name}
+            ) as span:
+                verdict = await self.verifier.verify(
+                    name, specs.get(name), suites.get(name), before.get(name)
+                )
+                span.set_attributes(
+                    {
+                        "agentmend.verdict.accepted": verdict.accepted,
+                        "agentmend.verdict.after_score": verdict.after_score,
+                    }
+                    | (
+                        {"agentmend.verdict.before_score": verdict.before_score}
+                        if verdict.before_score is not None
+                        else {}
+                    )
+                )
+                emit_evaluation(
+                    span,
+                    name="agentmend.verification",
+                    agent=name,
+                    score=verdict.after_score,
+                    passed=verdict.accepted,
+                    explanation=verdict.reason,
+                )
             verdicts[name] = verdict
             await rec.emit(
                 "verification_completed",
@@ -339,8 +368,9 @@ class ChangePipeline:
         verdicts: dict[str, VerificationVerdict],
         fresh: list[str],
     ) -> None:
+        label = f"change {', '.join(change_ids)}"
         for name in fresh:
-            self.detector.on_change_kept(name, self.monitor)
+            self.detector.on_change_kept(name, self.monitor, label=label)
         kept_old = [name for name in targets if name not in fresh and name in self.team]
         note = (
             f" (weaker check only: {', '.join(kept_old)} keep(s) the detection baseline from "
@@ -367,7 +397,13 @@ class ChangePipeline:
         lease: str | None = None,
     ) -> PartialRollback:
         """Undo the unproven group (see "Rolling back an unproven change") and record it."""
-        undone = self.manager.rollback_unproven(change_ids[0], reason=reason, lease=lease)
+        with work_span(
+            self.tracer,
+            "agentmend.rollback",
+            **{"agentmend.change_ids": change_ids, "agentmend.rollback.reason": reason},
+        ) as span:
+            undone = self.manager.rollback_unproven(change_ids[0], reason=reason, lease=lease)
+            set_outcome(span, not undone.blocked, "rollback blocked" if undone.blocked else None)
         self.team.reload()
         scores = {
             name: {"before": v.before_score, "after": v.after_score}

@@ -23,7 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from agents.roles.outcomes import ActionOutcome, QuestionAnswer
 from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict
+from infrastructure.errors import InvalidArgument, NotFound
 from infrastructure.evaluation.verification import VerificationVerdict
+from infrastructure.frozen import FrozenDict
 from infrastructure.llm.base import AgentResult
 from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis, utc_now
 from infrastructure.store import Store
@@ -93,12 +95,12 @@ class CycleEvent(_Frozen):
     step: CycleStep
     agent_name: str | None = None
     message: str = ""
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: FrozenDict[str, Any] = Field(default_factory=FrozenDict)
     timestamp: datetime = Field(default_factory=utc_now)
 
 
 class CycleResult(_Frozen):
-    """Everything one cycle did, truthy when a change was kept (seed 003's ``bool``).
+    """Everything one cycle did, truthy when a change was kept (so ``if cycle:`` reads as success).
 
     ``rolled_back`` says some of the applied change was undone; ``rollback_blocked`` names the
     files that were not, because someone edited them after the change was applied (see
@@ -116,7 +118,7 @@ class CycleResult(_Frozen):
     outcomes: tuple[ActionOutcome, ...] = ()
     change_ids: tuple[str, ...] = ()
     group_id: str | None = None
-    verifications: dict[str, VerificationVerdict] = Field(default_factory=dict)
+    verifications: FrozenDict[str, VerificationVerdict] = Field(default_factory=FrozenDict)
     rolled_back: bool = False
     rollback_reason: str | None = None
     rollback_blocked: tuple[str, ...] = ()
@@ -199,7 +201,7 @@ class TaskResult:
 
     @property
     def text(self) -> str:
-        """The successful answers, one section per agent (seed 003 returned a string)."""
+        """The successful answers, one ``### name`` section per agent, as one string."""
         return "\n\n".join(
             f"### {name}\n{result.text}" for name, result in self.results.items() if result.success
         )
@@ -264,10 +266,12 @@ def fold_events(events: list[CycleEvent]) -> CycleResult:
     """The ``CycleResult`` a sequence of events amounts to (live and replayed alike).
 
     Raises:
-        ValueError: the events do not start with ``cycle_started`` (not one whole cycle).
+        InvalidArgument: the events do not start with ``cycle_started`` (not one whole cycle).
     """
     if not events or events[0].step != "cycle_started":
-        raise ValueError("a cycle's events must start with cycle_started")
+        raise InvalidArgument(
+            "events", [e.step for e in events[:1]], "must start with cycle_started"
+        )
     first = events[0]
     state: dict[str, Any] = {
         "cycle_id": first.cycle_id,
@@ -360,11 +364,11 @@ def replay_cycle(store: Store, cycle_id: str) -> CycleResult:
     """Rebuild a cycle's result from the store alone.
 
     Raises:
-        KeyError: no cycle with this id was recorded.
+        NotFound: no cycle with this id was recorded (a ``KeyError`` too).
     """
     events = cycle_events(store, cycle_id)
     if not events:
-        raise KeyError(f"no cycle with id {cycle_id!r} in the store")
+        raise NotFound("cycle", cycle_id, "in the store")
     return fold_events(events)
 
 

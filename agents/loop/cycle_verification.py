@@ -5,7 +5,7 @@
 never pick its own exam), runs it before the change, and after the change runs the same cases
 again and compares (``infrastructure.evaluation.verification.compare``).
 
-An agent without a suite gets the weaker check, built the same way: seed 003's sample query
+An agent without a suite gets the weaker check, built the same way: one sample query
 runs on the definition *before* the change (``run_before``) and again after it, and the change
 is kept only if the query failed before and passes after
 (``infrastructure.evaluation.verification.judge_sample_query``). A sample query that passes
@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agents.roles.team import AgentTeam
+from infrastructure.errors import InvalidArgument
 from infrastructure.evaluation.evals import EvalSuite, find_eval_suite
 from infrastructure.evaluation.verification import (
     SAMPLE_QUERY,
@@ -73,7 +74,7 @@ class RetryTransient(RuntimeBase):
 
     def __init__(self, runtime: AgentRuntime, attempts: int = 3) -> None:
         if attempts < 1:
-            raise ValueError(f"attempts must be at least 1, got {attempts}")
+            raise InvalidArgument("attempts", attempts, "must be at least 1")
         self.runtime = runtime
         self.attempts = attempts
 
@@ -254,10 +255,10 @@ def baseline_agents(members: Sequence[ChangeRecord]) -> list[str]:
     for member in members:
         if member.status is not ChangeStatus.KEPT:
             continue
-        result = member.verification_result or {}
+        result: Mapping[str, Any] = member.verification_result or {}
         started = result.get(NEW_BASELINE)
         # records kept before NEW_BASELINE was recorded started one for each target
-        chosen = started if isinstance(started, list) else [member.action.target_agent]
+        chosen = started if isinstance(started, list | tuple) else [member.action.target_agent]
         for name in map(str, chosen):
             if name not in names:
                 names.append(name)

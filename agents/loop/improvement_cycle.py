@@ -7,7 +7,7 @@
       -> the change: plan, run before, gate, apply, verify, keep or roll back
          (``agents.loop.change_pipeline``)
 
-``self_edit`` takes one action an agent asked for (seed 002's self-edit tools) through the same
+``self_edit`` takes one action an agent asked for (through its self-edit tools) through the same
 change, recorded the same way.
 
 Every step is a ``CycleEvent``: logged with structlog under the step's name, written to the
@@ -44,6 +44,7 @@ from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.store import Store
 from infrastructure.structured_logger import get_logger
+from infrastructure.telemetry.tracing import agentmend_tracer, role_span
 
 __all__ = ["SELF_EDIT", "ImprovementCycle", "Outcome"]
 
@@ -82,6 +83,7 @@ class ImprovementCycle:
         self.improver = improver
         self.reviewer = reviewer
         self.on_progress = on_progress
+        self.tracer = agentmend_tracer()
         self.changes = ChangePipeline(
             team=team,
             monitor=monitor,
@@ -200,7 +202,10 @@ class ImprovementCycle:
         if is_failed(analysis):
             return "analysis_failed", analysis.identified_cause
         try:
-            proposal = await self.improver.propose_plan(analysis)
+            with role_span(
+                self.tracer, "self-improver", **{"agentmend.issue.agent": analysis.agent_name}
+            ):
+                proposal = await self.improver.propose_plan(analysis)
         except InvalidProposal as exc:
             return await record_invalid(rec, exc, analysis.agent_name)
         await rec.emit(
@@ -230,7 +235,10 @@ class ImprovementCycle:
 
         self.mediator.on_question = asked
         try:
-            analysis = await self.mediator.analyze_issue(issue)
+            with role_span(
+                self.tracer, "socratic-mediator", **{"agentmend.issue.agent": issue.agent_name}
+            ):
+                analysis = await self.mediator.analyze_issue(issue)
         finally:
             self.mediator.on_question = None
         await rec.emit(

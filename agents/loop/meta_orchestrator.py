@@ -8,7 +8,7 @@ The loop itself, step by step, lives in two modules:
 
 - ``agents.loop.improvement_cycle``: ``run_improvement_cycle`` = analyse (the mediator questions
   the agents) -> propose (the improver) -> the change; ``apply_self_edit`` = one action an
-  agent asked for (seed 002's tools, bound by ``self_edit_tools``) -> the same change.
+  agent asked for (its self-edit tools, bound by ``self_edit_tools``) -> the same change.
 - ``agents.loop.change_pipeline``: the change = plan -> run before -> gate -> apply -> verify ->
   keep or roll back, one at a time.
 
@@ -25,11 +25,14 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.trace import Span, TracerProvider
+
 from agents.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
 from agents.loop.cycle_verification import CycleVerifier, baseline_agents
 from agents.loop.improvement_cycle import SELF_EDIT, ImprovementCycle
 from agents.loop.self_edit_tools import Authorize, self_edit_tools, verified_apply
 from agents.roles.ask_agent_tool import AskAgentTool
+from agents.roles.role_names import check_team_names
 from agents.roles.self_improver import SelfImprover
 from agents.roles.socratic_mediator import SocraticMediator
 from agents.roles.supervisor import Supervisor
@@ -40,15 +43,18 @@ from infrastructure.changes.gates import ConfidenceGate, HumanApprovalGate, defa
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate
 from infrastructure.errors import ChangeNotFound, ConfigurationError, RollbackConflict
+from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime, ToolSpec
 from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
 from infrastructure.monitoring.detection import IssueDetector
+from infrastructure.monitoring.issue_ledger import IssueLedger
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.principal import Principal
 from infrastructure.settings import Settings, load_settings
 from infrastructure.simulation import SimulatedRuntime
 from infrastructure.store import Store
 from infrastructure.structured_logger import get_logger
+from infrastructure.telemetry.tracing import agentmend_tracer, set_outcome, work_span
 
 __all__ = ["SELF_EDIT", "ConfirmCycle", "MetaOrchestrator", "OnProgress"]
 
@@ -99,6 +105,12 @@ class MetaOrchestrator:
         max_questions: the mediator's question budget per analysis.
         concurrency: agents run at once by ``execute_task``.
         task_timeout_s: a wall-clock limit per agent run in ``execute_task``.
+        tracer_provider: where the cycle's spans go (the roles, each gate, verification,
+            rollback); default the globally registered provider, if any.
+
+    Raises:
+        RoleNameClash: a team agent is named like a role (``socratic-mediator``,
+            ``self-improver``, ``supervisor``).
     """
 
     def __init__(
@@ -122,7 +134,9 @@ class MetaOrchestrator:
         max_questions: int = 10,
         concurrency: int = 4,
         task_timeout_s: float | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
+        check_team_names(team.names)  # before anything is opened
         self.settings = settings if settings is not None else load_settings()
         self._owned: list[Callable[[], None]] = []
         if store is None:
@@ -139,14 +153,23 @@ class MetaOrchestrator:
             self.settings.detection_mode,
             false_alarm_rate=self.settings.false_alarm_rate,
             baseline_n=min(self.settings.baseline_n, self.monitor.baseline_n),
+            min_baseline_n=self.settings.min_baseline_n,
             monitor=self.monitor,
+            ledger=IssueLedger(store),
+            backoff_runs=self.settings.issue_backoff_runs,
+            backoff_max_runs=max(
+                self.settings.issue_backoff_runs, self.settings.issue_backoff_max_runs
+            ),
         )
         if manager is None:
             key = self.settings.audit_hmac_key
             manager = ImprovementManager(
                 store=store,
                 max_improvements_per_session=self.settings.max_improvements_per_session,
+                improvement_window_s=self.settings.improvement_window_s,  # a long-lived process
+                max_improvements_per_window=self.settings.max_improvements_per_window,
                 audit_hmac_key=key.get_secret_value() if key is not None else None,
+                limits=InputLimits.of(self.settings),
             )
         self.manager = manager
         self.roles_runtime = roles_runtime
@@ -201,6 +224,10 @@ class MetaOrchestrator:
             gates=self.gates,
             on_progress=on_progress,
         )
+        self.tracer = agentmend_tracer(tracer_provider)
+        for part in (self.cycle, self.cycle.changes, self.improver, self.reviewer):
+            if hasattr(part, "tracer"):
+                part.tracer = self.tracer
 
     @property
     def auto_improve(self) -> bool:
@@ -324,6 +351,7 @@ class MetaOrchestrator:
                     task.declined.append(issue)
                     self._declined.setdefault(issue.agent_name, {})[issue.error_type] = issue
                     self._pending.pop(issue.agent_name, None)
+                    self.detector.cycle_finished(issue, kept=False, outcome="declined")
                     record_decision(
                         self.store,
                         "issue_declined",
@@ -362,9 +390,15 @@ class MetaOrchestrator:
         return sorted(self._pending.values(), key=lambda i: i.severity, reverse=True)
 
     def check_performance_issues(self) -> IssueReport | None:
-        """The most urgent open issue, or None (seed 003's API)."""
+        """The most urgent open issue, or None."""
         issues = self.check_all_issues()
         return issues[0] if issues else None
+
+    def declined_issues(self) -> list[IssueReport]:
+        """The issues whose cycle was declined, most severe first: still open, not offered
+        again until they change, but what a person asking for a cycle means."""
+        declined = [issue for kinds in self._declined.values() for issue in kinds.values()]
+        return sorted(declined, key=lambda issue: issue.severity, reverse=True)
 
     async def issue_for(
         self, agent_name: str, *, requested_by: str = "a user", reproduce: bool = True
@@ -451,14 +485,19 @@ class MetaOrchestrator:
         # refused when this holds more), oldest first as the history reads
         closure = self.manager.rollback_closure(change_id)[::-1]
         _refuse_out_of_order_baselines(self.manager.changes, change_id, closure)
-        done = self.manager.rollback_by_id(
-            change_id,
-            reason=reason,
-            force=force,
-            cascade=cascade,
-            user_id=self.principal.user_id,
-            user_name=self.principal.name,
-        )
+        with work_span(
+            self.tracer,
+            "agentmend.rollback",
+            **{"agentmend.change_id": change_id, "agentmend.rollback.reason": reason},
+        ):
+            done = self.manager.rollback_by_id(
+                change_id,
+                reason=reason,
+                force=force,
+                cascade=cascade,
+                user_id=self.principal.user_id,
+                user_name=self.principal.name,
+            )
         if not done:
             return None
         self.team.reload()
@@ -493,15 +532,27 @@ class MetaOrchestrator:
         the store) is recorded and re-raised, after rolling back anything applied.
         """
         self._declined.pop(issue.agent_name, None)  # asked for: a past "no" is superseded
-        result = await self.cycle.improve(
-            issue, settle=lambda: self._pending.pop(issue.agent_name, None)
+        with work_span(
+            self.tracer,
+            "agentmend.improvement_cycle",
+            **{"gen_ai.agent.name": issue.agent_name, "agentmend.issue": issue.error_type},
+        ) as span:
+            result = await self.cycle.improve(
+                issue, settle=lambda: self._pending.pop(issue.agent_name, None)
+            )
+            _end_cycle_span(span, result)
+        self.detector.cycle_finished(
+            issue,
+            kept=bool(result),
+            outcome=result.status,
+            change_id=result.group_id or next(iter(result.change_ids), None),
         )
         if result.analysis is not None and result.analysis.responsible_agent is not None:
             self._pending.pop(result.analysis.responsible_agent, None)
         return result
 
     async def apply_self_edit(self, action: ImprovementAction) -> CycleResult:
-        """Make one self-edit (seed 002) through exactly the path a cycle's change takes.
+        """Make one self-edit through exactly the path a cycle's change takes.
 
         ``action`` (built by a self-edit tool for the agent that called it) is planned by the
         effector, run on the agent's eval suite (else the sample query) as it is now, judged by
@@ -521,7 +572,14 @@ class MetaOrchestrator:
         has no analysis behind it, so its confidence is not the agent's to set.
         """
         action = action.model_copy(update={"confidence_score": self.self_edit_confidence})
-        return await self.cycle.self_edit(action, available_agents=self.team.names)
+        with work_span(
+            self.tracer,
+            "agentmend.self_edit",
+            **{"gen_ai.agent.name": action.target_agent},
+        ) as span:
+            result = await self.cycle.self_edit(action, available_agents=self.team.names)
+            _end_cycle_span(span, result)
+        return result
 
     @property
     def self_edit_confidence(self) -> float:
@@ -539,7 +597,7 @@ class MetaOrchestrator:
     def self_edit_tools(
         self, agent_name: str, *, authorize: Authorize | None = None
     ) -> list[ToolSpec]:
-        """Seed 002's four self-edit tools for ``agent_name``, bound to ``apply_self_edit``.
+        """The four self-edit tools for ``agent_name``, bound to ``apply_self_edit``.
 
         Give them to the agent's runs (``team.run(name, prompt, tools=...)``): each call is
         planned, gated, applied, verified and kept or rolled back as ``apply_self_edit`` says.
@@ -596,6 +654,17 @@ def _refuse_out_of_order_baselines(
             "an agent's baselines go back newest first; roll those back first",
             dependents=tuple(newer),
         )
+
+
+def _end_cycle_span(span: Span, result: CycleResult) -> None:
+    span.set_attributes(
+        {
+            "agentmend.cycle_id": result.cycle_id,
+            "agentmend.cycle.status": result.status,
+            "agentmend.change_ids": tuple(result.change_ids),
+        }
+    )
+    set_outcome(span, result.status != "error", result.error)
 
 
 def _changes_after(changes: ChangeLog, seq: int) -> list[ChangeRow]:

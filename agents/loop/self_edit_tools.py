@@ -1,4 +1,4 @@
-"""Seed 002's self-edit operations as tools an agent can call in its own tool loop.
+"""Self-edit operations as tools an agent can call in its own tool loop.
 
 An agent may change its own system prompt, its docs, its permission profile and its model. The
 tools only turn the call into an ``ImprovementAction`` for the calling agent and hand it to
@@ -27,7 +27,7 @@ it carries a fixed, neutral one, the confidence gate's own threshold
 The confidence gate therefore neither refuses nor favours a self-edit; the role, supervisor and
 human gates and the verification on the agent's eval suite are what decide.
 
-Each call has seed 002's permission action string (``tool:self_edit:system_prompt``,
+Each call has a permission action string (``tool:self_edit:system_prompt``,
 ``tool:self_edit:docs <path>``, ``tool:self_edit:permissions <profile>``,
 ``tool:self_edit:model <model>``), computed from its arguments by ``permission_action_for``;
 ``ToolSpec.permission_action`` holds the argument-free prefix. Pass ``authorize`` to check the
@@ -183,7 +183,7 @@ def verified_apply(edit: VerifiedEdit) -> ApplyAction:
 
 
 def permission_action_for(tool_name: str, arguments: Mapping[str, Any]) -> str:
-    """Seed 002's permission action string for one call of a self-edit tool.
+    """The permission action string a gate checks for one call of a self-edit tool.
 
     Raises:
         ConfigurationError: an unknown tool, or an argument the string needs is missing.

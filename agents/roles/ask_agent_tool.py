@@ -1,27 +1,63 @@
 """``ask_agent``: how the Socratic mediator questions the other agents.
 
-``AskAgentTool`` keeps seed 003's behaviour and return values (``ask_agent()`` returns the same
-dict, ``create_ask_agent_tool`` the same 2-tuple). Its ``tool_spec`` is the one ``ToolSpec``
+``AskAgentTool`` keeps the long-standing behaviour and return values (``ask_agent()`` returns a
+result dict, ``create_ask_agent_tool`` a 2-tuple). Its ``tool_spec`` is the one ``ToolSpec``
 every runtime uses. An agent's answer is untrusted data: what reaches the mediator's model is
 length-capped and wrapped in a delimiter the answer cannot close, so an answer saying "ignore
 previous instructions" stays a quotation, not an instruction.
+
+The answer is escaped as XML text (``&`` and ``<``, and the characters that normalise to
+``<``: U+226E, U+FE64, U+FF1C, as character references), so no variant of either tag survives
+inside it: not another case or spacing, not an opening tag with attributes, not a tag spelled
+with entities (``&lt;/agent_answer&gt;`` arrives as ``&amp;lt;/agent_answer&amp;gt;``). The
+only ``<`` in what the mediator's model reads are the fence's own, and decoding the character
+references once gives back exactly what the agent said (:func:`fenced_answer`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from infrastructure.errors import InvalidArgument
 from infrastructure.llm.base import ToolError, ToolSpec
 
-__all__ = ["AgentCallable", "AskAgentInput", "AskAgentTool", "create_ask_agent_tool"]
+__all__ = [
+    "AgentCallable",
+    "AskAgentInput",
+    "AskAgentTool",
+    "create_ask_agent_tool",
+    "escape_answer",
+    "fenced_answer",
+]
 
 AgentCallable = Callable[[str], Awaitable[str]]
 
 _TAG = "agent_answer"
+_ESCAPES = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", "\u226e": "&#x226e;", "\ufe64": "&#xfe64;", "\uff1c": "&#xff1c;"}
+)
+_FENCE = re.compile(rf"^\s*<{_TAG}\b[^>]*>\n?(.*?)\n?</{_TAG}>\s*$", re.DOTALL)
+
+
+def escape_answer(text: str) -> str:
+    """``text`` as XML character data: no tag of any spelling can appear in it."""
+    return text.translate(_ESCAPES)
+
+
+def fenced_answer(tool_output: str) -> str:
+    """The body of an ``ask_agent`` result with its character references decoded.
+
+    What the agent said, exactly (plus the length-cap note when it was capped); a text that
+    is not a fenced answer is returned as it is.
+    """
+    match = _FENCE.match(tool_output)
+    return html.unescape(match.group(1)) if match else tool_output
 
 
 class AskAgentInput(BaseModel):
@@ -46,9 +82,9 @@ class AskAgentTool:
         max_answer_chars: int = 4000,
     ) -> None:
         if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+            raise InvalidArgument("timeout_s", timeout_s, "must be positive")
         if max_answer_chars < 1:
-            raise ValueError(f"max_answer_chars must be at least 1, got {max_answer_chars}")
+            raise InvalidArgument("max_answer_chars", max_answer_chars, "must be at least 1")
         self.agent_registry = agent_registry
         self.timeout_s = timeout_s
         self.max_answer_chars = max_answer_chars
@@ -67,7 +103,7 @@ class AskAgentTool:
         )
 
     async def ask_agent(self, agent_name: str, question: str) -> dict[str, Any]:
-        """Ask ``agent_name`` a question; returns seed 003's result dict, never raises."""
+        """Ask ``agent_name`` a question; returns a result dict (``success``, ...), never raises."""
         if agent_name not in self.agent_registry:
             return {
                 "agent": agent_name,
@@ -109,7 +145,7 @@ class AskAgentTool:
             note = f"\n[answer truncated: {len(text)} characters, showing {self.max_answer_chars}]"
             text = text[: self.max_answer_chars]
         # The answer must not be able to close the fence and speak outside it.
-        text = text.replace(f"</{_TAG}", f"&lt;/{_TAG}")
+        text = escape_answer(text)
         return f'<{_TAG} agent="{agent_name}" trust="untrusted-data">\n{text}{note}\n</{_TAG}>'
 
     async def _handle_tool_call(self, arguments: dict[str, Any]) -> str:
@@ -136,7 +172,7 @@ class AskAgentTool:
 def create_ask_agent_tool(
     agent_registry: Mapping[str, AgentCallable],
 ) -> tuple[Callable[[str, str], Awaitable[str]], AskAgentTool]:
-    """Seed 003's factory: ``(ask_agent_wrapper, tool)``; the wrapper returns plain text."""
+    """The factory: ``(ask_agent_wrapper, tool)``; the wrapper returns plain text."""
     tool = AskAgentTool(agent_registry)
 
     async def ask_agent_wrapper(agent_name: str, question: str) -> str:

@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from infrastructure.errors import AgentmendError
+from infrastructure.errors import AgentmendError, InvalidArgument
 
 __all__ = ["PromptBlockError", "extract_block", "render_block"]
 
@@ -36,14 +36,16 @@ class PromptBlockError(AgentmendError, ValueError):
 
 def _check_tag(tag: str) -> None:
     if not _TAG.fullmatch(tag):
-        raise ValueError(f"invalid block tag {tag!r}: use lowercase letters, digits, '_' and '-'")
+        raise InvalidArgument(
+            "tag", tag, "is an invalid block tag: use lowercase letters, digits, '_' and '-'"
+        )
 
 
 def render_block(tag: str, obj: Any) -> str:
     """``<tag>{json}</tag>`` for ``obj`` (anything ``json.dumps`` takes; sorted keys for stability).
 
     Raises:
-        ValueError: ``tag`` is not a plain lowercase name.
+        InvalidArgument: ``tag`` is not a plain lowercase name.
         TypeError: ``obj`` is not JSON-serialisable.
     """
     _check_tag(tag)

@@ -1,13 +1,13 @@
-"""Seed 003's text formats, parsed: the fallback when a model gives prose instead of structure.
+"""The plain-text report formats, parsed: the fallback when a model gives prose, not structure.
 
 The roles ask every runtime for structured output (``MediatorReport``, ``ImprovementPlan``); a
-model that fails to give it may still have written seed 003's text report, and that text is
+model that fails to give it may still have written the text report below, and that text is
 parsed here rather than thrown away. The parsers are strict where a wrong guess would be
 dangerous: an ``ACTION`` type they do not know is an error, never "probably a prompt change"
-(the seed's default), and a text with neither an ``ACTION`` block nor an explicit
+(a guess that would rewrite a prompt), and a text with neither an ``ACTION`` block nor an explicit
 ``ACTIONS: NONE`` is an error, not an empty plan.
 
-The mediator's format (seed 003), with two optional lines agentmend adds::
+The mediator's format, with two optional lines agentmend adds::
 
     ROOT CAUSE ANALYSIS REPORT
     ==========================
@@ -26,7 +26,7 @@ The mediator's format (seed 003), with two optional lines agentmend adds::
     Recommendations:
     1. [Specific actionable fix]
 
-The improver's format (seed 003), with an optional ``FIELD`` line::
+The improver's format, with an optional ``FIELD`` line::
 
     ACTION: [MODIFY_PROMPT | ADJUST_PARAMETER | CREATE_AGENT | ADD_TOOL | REMOVE_TOOL |
              SET_PERMISSIONS | CHANGE_MODEL | EDIT_DOCS | DELETE_AGENT]
@@ -78,7 +78,7 @@ ACTION_TYPES: dict[str, ChangeType] = {
     "DOCS_EDIT": ChangeType.DOCS_EDIT,
     "CODE_PATCH": ChangeType.CODE_PATCH,
 }
-"""Seed 003's action words (and the ChangeType names) the text format accepts."""
+"""The action words of the improver's text format (and the ChangeType names) it accepts."""
 
 _DEFAULT_FIELD = {
     "MODIFY_PROMPT": "system_prompt",
@@ -183,10 +183,10 @@ _REPORT_KEYS = (
 
 
 def parse_analysis_report(text: str, issue: IssueReport) -> RootCauseAnalysis:
-    """Read seed 003's ROOT CAUSE ANALYSIS REPORT into a ``RootCauseAnalysis``.
+    """Read a ROOT CAUSE ANALYSIS REPORT into a ``RootCauseAnalysis``.
 
     The responsible agent is ``Responsible Agent`` when given, else ``Analyzed Agent``, else
-    the issue's agent. A missing confidence is 0.5 (the seed's default; the mediator's evidence
+    the issue's agent. A missing confidence is 0.5 (neither sure nor unsure; the mediator's evidence
     check lowers it when the evidence does not hold). An unknown cause category becomes
     ``unknown``.
 
@@ -251,7 +251,7 @@ def _blocks(text: str) -> list[list[tuple[str, str]]]:
 
 
 def parse_improvement_actions(text: str) -> list[ProposedAction]:
-    """Read seed 003's ACTION blocks into ``ProposedAction``s.
+    """Read the improver's ACTION blocks into ``ProposedAction``s.
 
     ``ADJUST_PARAMETER`` takes its field from ``FIELD:`` or from a ``New:`` written as
     ``max_tokens: 4096`` (or ``=``); ``ADD_TOOL``/``REMOVE_TOOL`` become a ``tools`` change of

@@ -2,15 +2,16 @@
 
 Every runtime returns these (the LLM runtimes through structured output, the offline playbooks
 directly), so the cycle never parses prose unless a model failed to give structure, in which
-case seed 003's text formats are the fallback.
+case the plain-text report and ACTION formats (``report_parsing``) are the fallback.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infrastructure.frozen import FrozenJson
 from infrastructure.models import ChangeType
 
 __all__ = [
@@ -38,17 +39,17 @@ class _Schema(BaseModel):
 
 
 class MediatorReport(_Schema):
-    """The mediator's final report (seed 003's ROOT CAUSE ANALYSIS REPORT, structured)."""
+    """The mediator's final report: the ROOT CAUSE ANALYSIS REPORT, structured."""
 
     responsible_agent: str = Field(description="The agent whose configuration causes the issue")
     cause_category: CauseCategory
     identified_cause: str = Field(description="The fundamental cause, in one or two sentences")
     confidence: float = Field(ge=0.0, le=1.0)
-    evidence: list[str] = Field(
-        default_factory=list,
+    evidence: tuple[str, ...] = Field(
+        default_factory=tuple,
         description="Verbatim quotes from agent answers or recorded errors supporting the cause",
     )
-    recommendations: list[str] = Field(default_factory=list)
+    recommendations: tuple[str, ...] = Field(default_factory=tuple)
 
 
 class ProposedAction(_Schema):
@@ -62,7 +63,7 @@ class ProposedAction(_Schema):
     action_type: ChangeType
     target_agent: str
     target_field: str | None = None
-    new_value: Any = None
+    new_value: FrozenJson = None
     rationale: str
     confidence: float = Field(ge=0.0, le=1.0)
 
@@ -70,14 +71,14 @@ class ProposedAction(_Schema):
 class ImprovementPlan(_Schema):
     """The improver's answer: the actions to take (possibly none) and why."""
 
-    actions: list[ProposedAction] = Field(default_factory=list)
+    actions: tuple[ProposedAction, ...] = Field(default_factory=tuple)
     summary: str = ""
 
 
 class SupervisorReview(_Schema):
-    """The supervisor's verdict on one concrete change (seed 001's machine check)."""
+    """The supervisor's verdict on one concrete change: the automated review before a write."""
 
     approved: bool
     risk: Literal["low", "medium", "high"]
     reason: str
-    concerns: list[str] = Field(default_factory=list)
+    concerns: tuple[str, ...] = Field(default_factory=tuple)

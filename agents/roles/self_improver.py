@@ -2,7 +2,7 @@
 
 The improver's definition runs on the roles' runtime with the analysis, the responsible agent's
 current configuration and the available models as tagged blocks, and answers with an
-``ImprovementPlan`` (seed 003's ACTION text is parsed when a model gives prose). Then, action
+``ImprovementPlan`` (ACTION blocks in its text are parsed when a model gives prose). Then, action
 by action, in order:
 
 1. **validate**: the target agent must exist (except for a creation) and the field must be one
@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.trace import Tracer
+
 from agents.roles.outcomes import ActionOutcome
 from agents.roles.prompt_blocks import render_block
 from agents.roles.report_parsing import (
@@ -51,6 +53,7 @@ from infrastructure.models import ChangeRecord, ChangeType, ImprovementAction, R
 from infrastructure.principal import Principal
 from infrastructure.spec import AgentSpec, load_agent_specs
 from infrastructure.structured_logger import get_logger
+from infrastructure.telemetry.tracing import agentmend_tracer, work_span
 
 __all__ = [
     "KNOWN_FIELDS",
@@ -175,6 +178,9 @@ class SelfImprover:
         specs_provider: the team's current definitions (default: read ``root`` each time, so
             a plan is never made on a stale view).
     """
+
+    tracer: Tracer = agentmend_tracer()
+    """Where its spans go; the orchestrator sets its own (``tracer_provider``)."""
 
     def __init__(
         self,
@@ -343,12 +349,24 @@ class SelfImprover:
                 await _notify(on_verdict, item.index, item.change, None, item.error)
                 continue
             for gate in self.gates:
-                verdict = await gate.check(item.change)
-                if verdict.passed and gate.name == "budget" and remaining <= 0:
-                    verdict = GateVerdict(
-                        gate="budget",
-                        passed=False,
-                        reason="the session budget is used up by the earlier actions of this cycle",
+                with work_span(
+                    self.tracer,
+                    "agentmend.gate",
+                    **{"agentmend.gate": gate.name, "gen_ai.agent.name": item.action.target_agent},
+                ) as span:
+                    verdict = await gate.check(item.change)
+                    if verdict.passed and gate.name == "budget" and remaining <= 0:
+                        verdict = GateVerdict(
+                            gate="budget",
+                            passed=False,
+                            reason="the session budget is used up by the earlier actions of "
+                            "this cycle",
+                        )
+                    span.set_attributes(
+                        {
+                            "agentmend.gate.passed": verdict.passed,
+                            "agentmend.gate.reason": verdict.reason,
+                        }
                     )
                 item.verdicts.append(verdict)
                 log.debug(
@@ -368,8 +386,7 @@ class SelfImprover:
         return list(planned)
 
     def _budget_left(self) -> int:
-        manager = self.manager
-        return manager.max_improvements_per_session - manager.session_improvement_count
+        return self.manager.improvements_left()
 
     # -- apply -----------------------------------------------------------------------------
 
@@ -404,7 +421,7 @@ class SelfImprover:
         return records
 
     async def apply_improvements(self, analysis: RootCauseAnalysis) -> list[ImprovementAction]:
-        """Seed 003's API: propose, plan, gate and apply; returns the applied actions.
+        """Propose, plan, gate and apply; returns the applied actions.
 
         No verification happens here (``MetaOrchestrator.run_improvement_cycle`` verifies and
         keeps or rolls back); the changes stay APPLIED.

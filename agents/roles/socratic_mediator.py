@@ -3,7 +3,7 @@
 The mediator's own definition (``agents/definitions/socratic-mediator.md``) runs on the roles'
 runtime with one tool, ``ask_agent``, limited to ``max_questions`` calls: the next call gets a
 tool error telling the model to give its final report now. The report comes back structured
-(``MediatorReport``); when a model fails to give structure, seed 003's text report in the
+(``MediatorReport``); when a model fails to give structure, the plain-text report in the
 run's text is parsed instead; when neither works the analysis says so with confidence 0.
 
 The evidence check (what it guarantees, and what it does not)
@@ -50,7 +50,7 @@ from agents.roles.prompt_blocks import render_block
 from agents.roles.report_parsing import ReportParseError, parse_analysis_report
 from agents.roles.schemas import MediatorReport
 from agents.roles.team import load_role_spec
-from infrastructure.errors import AgentmendError
+from infrastructure.errors import AgentmendError, InvalidArgument
 from infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec
 from infrastructure.models import IssueReport, RootCauseAnalysis
 from infrastructure.spec import AgentSpec
@@ -142,7 +142,7 @@ def _percent(value: Any) -> str:
 
 
 def build_analysis_context(issue: IssueReport) -> str:
-    """Seed 003's ``_build_analysis_context``: the issue in words, for a model to read."""
+    """The issue in words (agent, error type, metrics, recent errors), for a model to read."""
     metrics = issue.metrics
     duration = metrics.get("avg_duration_ms")
     errors = "\n".join(f"- {error}" for error in issue.error_logs[-5:]) or "- (none recorded)"
@@ -168,7 +168,7 @@ class SocraticMediator:
         runtime: the roles' runtime (offline playbooks, a model API, or a fake).
         ask_agent_tool: the team's ``AskAgentTool``.
         spec: the mediator's definition (default: the shipped one).
-        max_questions: ``ask_agent`` calls allowed per analysis (seed 003: 10).
+        max_questions: ``ask_agent`` calls allowed per analysis.
         known_agents: names a responsible agent may have (default: the ask tool's registry
             plus the issue's ``available_agents``).
         on_question: called after each question with the exchange (live progress).
@@ -185,7 +185,7 @@ class SocraticMediator:
         on_question: OnQuestion | None = None,
     ) -> None:
         if max_questions < 1:
-            raise ValueError(f"max_questions must be at least 1, got {max_questions}")
+            raise InvalidArgument("max_questions", max_questions, "must be at least 1")
         self.runtime = runtime
         self.ask_agent_tool = ask_agent_tool
         self.spec = spec if spec is not None else load_role_spec("socratic-mediator")
@@ -198,8 +198,17 @@ class SocraticMediator:
 
     def build_prompt(self, issue: IssueReport) -> str:
         """The prompt contract: the context in words plus the ``<issue_report>`` block."""
+        unreachable = (
+            f"{issue.agent_name!r} cannot be questioned: agentmend only sees its recorded runs "
+            "(for example from OpenTelemetry spans), not the agent itself. Say so in your "
+            "report and reason from the recorded errors and metrics; question the agents you "
+            "can reach.\n\n"
+            if issue.agent_name not in self.ask_agent_tool.agent_registry
+            else ""
+        )
         return (
             "Analyze this performance issue:\n\n"
+            f"{unreachable}"
             f"{build_analysis_context(issue)}\n\n"
             f"{render_block('issue_report', issue.model_dump(mode='json'))}"
         )
@@ -316,7 +325,7 @@ class SocraticMediator:
         return analysis.model_copy(
             update={
                 "responsible_agent": responsible,
-                "evidence": supported,
+                "evidence": tuple(supported),
                 "confidence_score": confidence,
             }
         )

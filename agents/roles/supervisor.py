@@ -1,4 +1,4 @@
-"""``Supervisor``: a separate review of one concrete change before it is applied (seed 001).
+"""``Supervisor``: a separate review of one concrete change before it is applied.
 
 It implements ``infrastructure.changes.safety.ChangeReviewer`` so the ``SupervisorGate`` can call
 it: the supervisor's definition runs on the roles' runtime with the ``<proposed_change>`` block (the
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from opentelemetry.trace import Tracer
+
 from agents.roles.prompt_blocks import render_block
 from agents.roles.schemas import SupervisorReview
 from agents.roles.team import load_role_spec
@@ -27,6 +29,7 @@ from infrastructure.errors import AgentmendError
 from infrastructure.llm.base import AgentResult, AgentRuntime
 from infrastructure.spec import AgentSpec, PermissionProfile
 from infrastructure.structured_logger import get_logger
+from infrastructure.telemetry.tracing import agentmend_tracer, role_span
 
 __all__ = ["Supervisor", "agent_config", "proposed_change_payload"]
 
@@ -81,6 +84,9 @@ class Supervisor:
         spec: the supervisor's definition (default: the shipped one).
     """
 
+    tracer: Tracer = agentmend_tracer()
+    """Where its spans go; the orchestrator sets its own (``tracer_provider``)."""
+
     name = "supervisor"
 
     def __init__(self, runtime: AgentRuntime, *, spec: AgentSpec | None = None) -> None:
@@ -108,9 +114,14 @@ class Supervisor:
     async def review(self, change: ProposedChange) -> GateVerdict:
         """Approve or reject ``change``; a run that gives no verdict rejects."""
         try:
-            result: AgentResult[SupervisorReview] = await self.runtime.run(
-                self.spec, self.build_prompt(change), output_type=SupervisorReview
-            )
+            with role_span(
+                self.tracer,
+                "supervisor",
+                **{"agentmend.reviewed_agent": change.action.target_agent},
+            ):
+                result: AgentResult[SupervisorReview] = await self.runtime.run(
+                    self.spec, self.build_prompt(change), output_type=SupervisorReview
+                )
         except AgentmendError as exc:
             return self._unavailable(change, str(exc))
         self.last_result = result

@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from agents.roles.ask_agent_tool import AgentCallable
-from infrastructure.errors import AgentmendError, AgentRunError, ConfigurationError, ErrorKind
+from infrastructure.errors import (
+    AgentmendError,
+    AgentRunError,
+    ConfigurationError,
+    ErrorKind,
+    SpecError,
+)
 from infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
 from infrastructure.monitoring.performance_monitor import RUN, PerformanceMonitor
 from infrastructure.spec import AgentSpec, load_agent_specs
@@ -78,17 +84,31 @@ class AgentTeam:
         self.runtime = runtime
         self.monitor = monitor
         self._specs: dict[str, AgentSpec] = {}
+        self._broken: dict[str, SpecError] = {}
         self.reload()
 
     # -- definitions -----------------------------------------------------------------------
 
     def reload(self) -> dict[str, AgentSpec]:
-        """Read the definitions again (after a change was applied or rolled back)."""
-        specs = load_agent_specs(self.directory)
+        """Read the definitions again (after a change was applied or rolled back).
+
+        A definition that does not load fails only its own agent (:attr:`broken`, and
+        :meth:`spec` raises its ``SpecError``); the others load.
+        """
+        broken: dict[str, SpecError] = {}
+        specs = load_agent_specs(self.directory, broken=broken)
         if not specs:
+            if broken:
+                raise next(iter(broken.values()))
             raise ConfigurationError(f"{self.directory}: no agent definitions (*.md) found")
         self._specs = specs
+        self._broken = broken
         return dict(specs)
+
+    @property
+    def broken(self) -> Mapping[str, SpecError]:
+        """The definitions that did not load, by file stem, with why."""
+        return dict(self._broken)
 
     @property
     def specs(self) -> Mapping[str, AgentSpec]:
@@ -103,11 +123,14 @@ class AgentTeam:
         """One agent's definition.
 
         Raises:
+            SpecError: the agent's own definition file is broken.
             UnknownAgent: the team has no agent of that name.
         """
         try:
             return self._specs[name]
         except KeyError:
+            if name in self._broken:
+                raise self._broken[name] from None
             raise UnknownAgent(name, self.names) from None
 
     def __contains__(self, name: object) -> bool:
@@ -234,4 +257,11 @@ class AgentTeam:
         if errors:
             lines.append("Your latest errors were:")
             lines.extend(f"- {error}" for error in errors)
+        earlier = list(metrics.errors_before_change)[-_SUMMARY_ERRORS:]
+        if earlier:
+            lines.append(
+                f"History only, from before {metrics.errors_before_change_label} (already"
+                " addressed, not current):"
+            )
+            lines.extend(f"- {error}" for error in earlier)
         return "\n".join(lines)

@@ -12,11 +12,12 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
+from infrastructure import confined
 from infrastructure.changes.audit import AuditLog
 from infrastructure.changes.change_log import ChangeLog, StoredFile
 from infrastructure.changes.protocol_files import AGENT_DIR, backup, describe, sha
 from infrastructure.errors import PathNotAllowed
-from infrastructure.files import atomic_write_or_delete, read_if_exists, resolve_inside
+from infrastructure.files import resolve_inside
 from infrastructure.models import ChangeRecord, ChangeStatus, FileChange, ImprovementAction, utc_now
 from infrastructure.store import Store
 
@@ -100,7 +101,7 @@ def record_intent(
     ``link`` puts the changes under their owner's lease in the same transaction.
     """
     for item in items:
-        item.old = read_if_exists(item.target)
+        item.old = confined.read(root, item.target)
     created = utc_now()
     with store.transaction(durable=True) as conn:
         for item in items:
@@ -140,7 +141,7 @@ def write_and_commit(
         if item.old is not None:
             backup(root, item.rel, item.change_id, item.old, created)
     for item in items:
-        atomic_write_or_delete(item.target, item.new)
+        confined.write_or_delete(root, item.target, item.new)
     with audit.transaction() as txn:
         changes.set_status(txn.conn, [i.change_id for i in items], ChangeStatus.APPLIED)
         for item in items:

@@ -1,6 +1,6 @@
 """The audit log: who changed which agent, how, and when, in a chain that shows tampering.
 
-Seed 002's audit table (agent name, edit type, old and new value truncated to 500 characters,
+The audit table (agent name, edit type, old and new value truncated to 500 characters,
 user id, user name, timestamp) lives in the one store. Each row also carries the hash of the
 row before it and its own hash over its content and that link, so editing, deleting or
 reordering a row breaks the chain at a row id that :meth:`AuditLog.verify_chain` names. The
@@ -31,11 +31,13 @@ share a ``batch`` id, the id of the commit's first row) link to it, verify, and 
 :meth:`AuditLog.verify_chain` accepts exactly that state, reports it as "head behind by one
 commit (n row(s)), repaired" and rewrites the head; any other disagreement is a problem.
 
-An unreadable head
--------------------
-A head file that does not parse must not stop the loop: a write that finds it so carries on
-and its head write rewrites it; the event is kept in ``audit_head_events`` and reported by
-:meth:`AuditLog.verify_chain` (see :mod:`infrastructure.changes.audit_head_events`).
+A head that disagrees
+---------------------
+Any other disagreement between the head file and the database (including a missing, empty or
+unreadable head file while rows exist) is a *break*: applies and keeps are refused with
+``AuditChainBroken``; rollbacks, recovery and acknowledgements go on and start a new segment
+whose first row records the break; ``verify_chain`` reports it until an administrator
+acknowledges it. See :mod:`infrastructure.changes.audit_breaks`.
 
 The head file's format and in-place writes are in :mod:`infrastructure.changes.audit_head`;
 the row and head checks in :mod:`infrastructure.changes.audit_verification` (whose result
@@ -55,9 +57,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from infrastructure.changes.audit_entry import AuditEntry
-from infrastructure.changes.audit_head import clear_head, read_head, write_head
-from infrastructure.changes.audit_head_events import head_event_findings, record_head_event
+from infrastructure.changes.audit_breaks import (
+    AuditChainBroken,
+    HeadBreak,
+    acknowledged_ids,
+    break_findings,
+    find_break,
+)
+from infrastructure.changes.audit_entry import (
+    ACK_EDIT_TYPE,
+    AUDIT_AGENT,
+    BREAK_EDIT_TYPE,
+    AuditEntry,
+)
+from infrastructure.changes.audit_head import read_head, write_head
+from infrastructure.changes.audit_head_events import head_event_findings
 from infrastructure.changes.audit_verification import (
     GENESIS_HASH,
     ChainProblem,
@@ -65,9 +79,10 @@ from infrastructure.changes.audit_verification import (
     check_head,
     check_rows,
 )
-from infrastructure.errors import AuditChainError, StoreError
+from infrastructure.errors import AuditChainError, PermissionRequired, StoreError
 from infrastructure.files import locked_file
 from infrastructure.models import utc_now
+from infrastructure.principal import ADMIN, Principal
 from infrastructure.store import Store
 from infrastructure.structured_logger import get_logger
 
@@ -75,6 +90,7 @@ __all__ = [
     "AUDIT_HMAC_KEY_ENV",
     "GENESIS_HASH",
     "VALUE_LIMIT",
+    "AuditChainBroken",
     "AuditEntry",
     "AuditLog",
     "AuditTransaction",
@@ -133,6 +149,10 @@ def audit_key_from_env(environ: Mapping[str, str] | None = None) -> bytes | None
     return value.encode("utf-8") if value else None
 
 
+def _said(found: HeadBreak) -> dict[str, str]:
+    return {"expected": found.expected, "found": found.found}
+
+
 def _clip(value: Any) -> str | None:
     return None if value is None else str(value)[:VALUE_LIMIT]
 
@@ -144,14 +164,13 @@ class AuditTransaction:
         self,
         audit: AuditLog,
         conn: sqlite3.Connection,
-        head: tuple[int, str] | None,
-        unreadable: str | None = None,
+        tail: tuple[int, str],
+        head_break: HeadBreak | None = None,
     ):
         self.conn = conn
         self._audit = audit
-        self._head = head
-        self._unreadable = unreadable  # why the head file could not be read, if it could not
-        self._tail: tuple[int, str] | None = None  # (next id, prev hash) once known
+        self._tail = tail  # (next id, prev hash)
+        self._break = head_break  # recorded by the first row of this commit, if any
         self._batch: int | None = None
         self.last: tuple[int, str] | None = None  # (id, hash) of the last row appended
 
@@ -167,18 +186,38 @@ class AuditTransaction:
         change_id: str | None = None,
         timestamp: datetime | None = None,
     ) -> AuditEntry:
-        """Append one row linked to the row before it (values are truncated to 500 chars)."""
-        if self._tail is None:
-            self._tail = self._read_tail()
+        """Append one row linked to the row before it (values are truncated to 500 chars).
+
+        The first row of a commit made over a broken head is preceded by the break row that
+        starts a new segment (see :mod:`infrastructure.changes.audit_breaks`).
+        """
+        self.open_segment()
+        return self._insert(
+            agent_name, edit_type, old_value, new_value, user_id, user_name, change_id, timestamp
+        )
+
+    def open_segment(self) -> AuditEntry | None:
+        """Write the pending break row now (None when the head was in step)."""
+        if self._break is None:
+            return None
+        found, self._break = self._break, None
+        return self._insert(AUDIT_AGENT, BREAK_EDIT_TYPE, found.expected, found.found, "agentmend")
+
+    def _insert(
+        self,
+        agent_name: str,
+        edit_type: str,
+        old_value: Any,
+        new_value: Any,
+        user_id: str,
+        user_name: str | None = None,
+        change_id: str | None = None,
+        timestamp: datetime | None = None,
+    ) -> AuditEntry:
         row_id, prev_hash = self._tail
         stamp = timestamp or utc_now()
         if self._batch is None:
             self._batch = row_id
-            if self._unreadable is not None:
-                # This commit's head write replaces the unreadable head: keep the evidence.
-                record_head_event(
-                    self.conn, self._audit.head_path, self._unreadable, row_id, reported=False
-                )
         fields = (
             row_id,
             stamp.isoformat(),
@@ -203,31 +242,6 @@ class AuditTransaction:
             row_id, stamp, agent_name, edit_type, fields[4], fields[5], fields[6],
             user_name, change_id, prev_hash, row_hash, self._audit.keyed, self._batch,
         )  # fmt: skip
-
-    def _read_tail(self) -> tuple[int, str]:
-        # The next id comes from sqlite_sequence, not max(id): rows cut off the end leave a gap
-        # that verification reports even after new rows are appended.
-        seq = self.conn.execute(
-            "SELECT seq FROM sqlite_sequence WHERE name = 'audit_log'"
-        ).fetchone()
-        last = self.conn.execute(
-            "SELECT id, row_hash, prev_hash FROM audit_log ORDER BY id DESC LIMIT 1"
-        ).fetchone()
-        next_id = max(int(seq[0]) if seq else 0, int(last[0]) if last else 0) + 1
-        prev_hash = str(last[1]) if last else GENESIS_HASH
-        head = self._head
-        in_step = head is None and last is None
-        in_step = in_step or (head is not None and last is not None and head[1] == last[1])
-        behind_by_one = head is not None and last is not None and head[1] == last[2]
-        behind_by_one = behind_by_one or (head is None and last is not None and last[0] == 1)
-        if not in_step and not behind_by_one and self._unreadable is None:
-            log.warning(
-                "audit_head_disagrees",
-                head_row=head[0] if head else None,
-                last_row=int(last[0]) if last else None,
-                hint="run verify_audit_chain()",
-            )
-        return next_id, prev_hash
 
 
 class AuditLog:
@@ -261,19 +275,40 @@ class AuditLog:
             return hmac.new(self._key, message, hashlib.sha256).hexdigest()
         return hashlib.sha256(message).hexdigest()
 
+    def _verifies(self, row: AuditEntry) -> bool:
+        """Whether ``row``'s content matches its hash under this log's key (and keying)."""
+        return row.keyed == self.keyed and hmac.compare_digest(
+            self._hash(_fields(row)), row.row_hash
+        )
+
     @contextmanager
-    def transaction(self) -> Iterator[AuditTransaction]:
+    def transaction(self, *, safety: bool = False) -> Iterator[AuditTransaction]:
         """A durable write transaction in which :meth:`AuditTransaction.append` adds rows.
 
         Other writes in the same transaction (a change's new status) commit atomically with
         their audit rows. The head file is written after the commit, under the same lock.
+
+        Args:
+            safety: a rollback, recovery or acknowledgement, which a broken head never stops:
+                its first row is preceded by a break row that starts a new segment (see
+                :mod:`infrastructure.changes.audit_breaks`).
+
+        Raises:
+            AuditChainBroken: the head file and the database disagree and this is not a
+                ``safety`` write; nothing is written.
         """
         with locked_file(self.head_path) as fd:
             head, unreadable = self._head_or_reason(fd)
             with self.store.transaction(durable=True) as conn:
-                txn = AuditTransaction(self, conn, head, unreadable)
+                tail, found = self._tail_state(conn, head, unreadable)
+                if found is not None and not safety:
+                    log.error("audit_append_refused", path=str(self.head_path), **_said(found))
+                    raise AuditChainBroken(found.expected, found.found)
+                txn = AuditTransaction(self, conn, tail, found)
                 yield txn
             if txn.last is not None:
+                if found is not None:
+                    log.warning("audit_segment_started", path=str(self.head_path), **_said(found))
                 try:
                     write_head(fd, *txn.last)
                 except OSError as exc:
@@ -281,17 +316,91 @@ class AuditLog:
                     # shows up in verify_chain(), which is where the operator looks.
                     log.error("audit_head_write_failed", path=str(self.head_path), error=str(exc))
 
+    def _tail_state(
+        self, conn: sqlite3.Connection, head: tuple[int, str] | None, unreadable: str | None
+    ) -> tuple[tuple[int, str], HeadBreak | None]:
+        """(next id, prev hash) for the next row, and the break between head and rows if any."""
+        # The next id comes from sqlite_sequence, not max(id): rows cut off the end leave a gap
+        # that verification reports even after new rows are appended.
+        seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'audit_log'").fetchone()
+        newest = conn.execute(
+            "SELECT id, row_hash, batch FROM audit_log ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        tail: list[AuditEntry] = []
+        if newest is not None:
+            start = min(int(newest[2]), int(newest[0]))
+            before = conn.execute(
+                f"SELECT {_COLUMNS} FROM audit_log WHERE id < ? ORDER BY id DESC LIMIT 1",
+                (start,),
+            ).fetchall()
+            commit = conn.execute(
+                f"SELECT {_COLUMNS} FROM audit_log WHERE id >= ? ORDER BY id", (start,)
+            ).fetchall()
+            tail = [_entry(r) for r in (*before, *commit)]
+        next_id = max(int(seq[0]) if seq else 0, int(newest[0]) if newest else 0) + 1
+        prev_hash = str(newest[1]) if newest else GENESIS_HASH
+        return (next_id, prev_hash), find_break(head, unreadable, tail, self._verifies)
+
+    def ensure_appendable(self) -> None:
+        """Check, before an apply or keep starts work, that the head and the database agree.
+
+        Raises:
+            AuditChainBroken: they disagree (see :mod:`infrastructure.changes.audit_breaks`).
+        """
+        with locked_file(self.head_path) as fd:
+            head, unreadable = self._head_or_reason(fd)
+            _, found = self._tail_state(self.store.connection(), head, unreadable)
+        if found is not None:
+            raise AuditChainBroken(found.expected, found.found)
+
+    def acknowledge_breaks(
+        self, principal: Principal, *, note: str | None = None
+    ) -> AuditEntry | None:
+        """An administrator's acknowledgement of every unacknowledged break, as an audit row.
+
+        A head that disagrees with the database now is recorded as a break first (the
+        acknowledgement is a safety write), so after this call the head and the database agree
+        and applies resume. Returns the acknowledgement row, or None when there was nothing to
+        acknowledge (nothing is written then).
+
+        Raises:
+            PermissionRequired: ``principal`` is not an administrator; nothing is written.
+        """
+        if not principal.is_admin:
+            raise PermissionRequired(
+                principal.user_id, ADMIN, "acknowledge a break in the audit chain"
+            )
+        with self.transaction(safety=True) as txn:
+            txn.open_segment()
+            rows = [
+                _entry(r)
+                for r in txn.conn.execute(
+                    f"SELECT {_COLUMNS} FROM audit_log WHERE edit_type IN (?, ?) ORDER BY id",
+                    (BREAK_EDIT_TYPE, ACK_EDIT_TYPE),
+                )
+            ]
+            forged = {r.id for r in rows if not self._verifies(r)}
+            done = acknowledged_ids(rows, forged)
+            ids = [r.id for r in rows if r.edit_type == BREAK_EDIT_TYPE and r.id not in done]
+            if not ids:
+                return None
+            entry = txn.append(
+                agent_name=AUDIT_AGENT,
+                edit_type=ACK_EDIT_TYPE,
+                old_value=note,
+                new_value=json.dumps(ids),
+                user_id=principal.user_id,
+                user_name=principal.name,
+            )
+        log.warning("audit_breaks_acknowledged", rows=ids, by=principal.user_id)
+        return entry
+
     def _head_or_reason(self, fd: int) -> tuple[tuple[int, str] | None, str | None]:
-        """The head, or None and why it cannot be read: a damaged head never blocks a write."""
+        """The head, or None and why it cannot be read (a break: see ``audit_breaks``)."""
         try:
             return read_head(fd, self.head_path), None
         except AuditChainError as exc:
-            log.error(
-                "audit_head_unreadable",
-                path=str(self.head_path),
-                error=str(exc),
-                hint="the next commit rewrites it; verify_audit_chain() reports the event",
-            )
+            log.error("audit_head_unreadable", path=str(self.head_path), error=str(exc))
             return None, str(exc)
 
     def append(
@@ -344,15 +453,16 @@ class AuditLog:
         return [_entry(row) for row in reversed(rows)]
 
     def verify_chain(self, *, repair: bool = True) -> ChainVerification:
-        """Check every row, every link, the head file and the head's history.
+        """Check every row, every link, the head file, its history and the chain's breaks.
 
         Returns a result listing each problem with its row id (truthy when there is none).
-        The one tolerated disagreement, a head exactly one row behind after a crash, is
-        reported in ``notes`` and, with ``repair``, fixed by rewriting the head. With
-        ``repair`` and every row verifying, an unreadable head is rewritten too (still
-        reported as ``head_unreadable`` in this result), and heads rewritten by writes after
-        being found unreadable are marked reported; see "An unreadable head" in the module
-        docstring.
+        The one tolerated disagreement, a head exactly one commit behind after a crash, is
+        reported in ``notes`` and, with ``repair``, fixed by rewriting the head; it is the only
+        repair (an unreadable or missing head is reported until a safety write records the
+        break and an administrator acknowledges it). Each unacknowledged break row is a
+        ``chain_break`` problem, an acknowledged one a note. Heads rewritten by earlier
+        versions after being found unreadable are reported until a ``repair`` run whose rows
+        all verify has reported them (see :mod:`infrastructure.changes.audit_head_events`).
         """
         with locked_file(self.head_path) as fd:
             conn = self.store.connection()
@@ -367,27 +477,19 @@ class AuditLog:
             head_problems, notes, needs_repair = check_head(
                 fd, self.head_path, rows, problems, repair
             )
+            breaks, break_notes = break_findings(rows, {p.row_id for p in problems if p.row_id})
             problems.extend(head_problems)
-            unreadable = next((p for p in head_problems if p.kind == "head_unreadable"), None)
+            problems.extend(breaks)
             repaired = False
-            if repair and rows_ok and (needs_repair or unreadable is not None):
-                if unreadable is not None:  # the evidence is on disk before the head changes
-                    with self.store.transaction(durable=True) as wconn:
-                        last_id = rows[-1].id if rows else None
-                        record_head_event(
-                            wconn, self.head_path, unreadable.detail, last_id, reported=True
-                        )
-                if rows:
-                    write_head(fd, rows[-1].id, rows[-1].row_hash)
-                else:
-                    clear_head(fd)
+            if repair and rows_ok and needs_repair:
+                write_head(fd, rows[-1].id, rows[-1].row_hash)
                 repaired = True
-                log.warning("audit_head_repaired", row_id=rows[-1].id if rows else None)
+                log.warning("audit_head_repaired", row_id=rows[-1].id)
             events, event_notes = head_event_findings(
                 self.store, conn, acknowledge=repair and rows_ok
             )
             problems.extend(events)
-            notes = event_notes + notes
+            notes = event_notes + break_notes + notes
         return ChainVerification(len(rows), tuple(problems), tuple(notes), repaired)
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["AuditEntry"]
+__all__ = ["ACK_EDIT_TYPE", "AUDIT_AGENT", "BREAK_EDIT_TYPE", "AuditEntry"]
+
+BREAK_EDIT_TYPE = "audit_chain_break"
+"""The first row of a segment started over a broken head (it may follow a gap in row ids)."""
+ACK_EDIT_TYPE = "audit_break_acknowledged"
+"""An administrator's acknowledgement of break rows (their ids, as JSON, in ``new_value``)."""
+AUDIT_AGENT = "(audit)"
+"""The ``agent_name`` of the chain's own rows (breaks and acknowledgements)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,16 +1,14 @@
-"""Heads rewritten after being unreadable: the evidence, and how verification reports it.
+"""Heads rewritten after being unreadable by earlier versions: how verification reports them.
 
-A head file that does not parse (torn, garbled, edited) must not stop the loop: a write that
-finds it so logs ``audit_head_unreadable`` naming the file, carries on, and its post-commit
-head write rewrites it. That rewrite would erase the evidence (rows cut off before it can no
-longer be told from rows never written), so the event is kept in the store, in
-``audit_head_events``, committed with the rows whose head replaced the unreadable one.
+Writes now treat an unreadable head as a break (see :mod:`infrastructure.changes.audit_breaks`)
+and record it in the chain itself; databases written before keep their events here, and
+:meth:`~infrastructure.changes.audit.AuditLog.verify_chain` goes on reporting them. Earlier, a
+write that found the head unparseable logged ``audit_head_unreadable``, carried on, and its
+post-commit head write rewrote it, keeping the event in ``audit_head_events``.
 :meth:`~infrastructure.changes.audit.AuditLog.verify_chain` reports each event as a
 ``head_was_unreadable`` problem until a ``repair`` run whose rows all verify has reported it;
 from then on it is a note ("head was rewritten after being unreadable at <time>: <reason naming
 the file>"), on every run, for good.
-``verify_chain(repair=True)`` itself rewrites an unreadable head when every row verifies,
-reports ``head_unreadable`` in that run's problems, and keeps the same note afterwards.
 
 The events share the ``audit`` migration component with the audit table
 (:mod:`infrastructure.changes.audit` creates ``audit_head_events``); callers hold the head

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrastructure.changes.audit_entry import AuditEntry
+from infrastructure.changes.audit_entry import BREAK_EDIT_TYPE, AuditEntry
 from infrastructure.changes.audit_head import read_head
 from infrastructure.errors import AuditChainError
 
@@ -31,7 +31,9 @@ class ChainProblem:
     ``kind`` is one of: edited, broken_link, missing_rows, unkeyed, keyed_without_key (rows);
     head_missing, head_unreadable, head_mismatch, cut_off (the head file now);
     head_was_unreadable (a write found the head unreadable and rewrote it; reported until a
-    ``repair`` run has reported it, a note after).
+    ``repair`` run has reported it, a note after); chain_break (a segment started over a
+    broken head, reported until an administrator acknowledges it, a note after; see
+    :mod:`infrastructure.changes.audit_breaks`).
     """
 
     row_id: int | None
@@ -100,7 +102,8 @@ def check_rows(
             gap = f"rows {prev_id + 1}..{row.id - 1} are missing" if row.id > prev_id + 1 else ""
             detail = gap or f"does not link to row {prev_id} (deleted, reordered or edited)"
             problems.append(ChainProblem(row.id, "broken_link", detail))
-        elif row.id != prev_id + 1:
+        # A break row may follow a gap: the rows cut off the end that it records and reports.
+        elif row.id != prev_id + 1 and row.edit_type != BREAK_EDIT_TYPE:
             problems.append(
                 ChainProblem(row.id, "missing_rows", f"rows {prev_id + 1}..{row.id - 1} gone")
             )

@@ -127,7 +127,7 @@ class ChangeLog:
 
     @staticmethod
     def new_id() -> str:
-        # 48 random bits: the seed's 8 hex digits collide within ~10^5 changes.
+        # 48 random bits: 8 hex digits (32 bits) would collide within ~10^5 changes.
         return uuid4().hex[:12]
 
     def insert(

@@ -10,8 +10,9 @@ Apply
 1. finish any unfinished work a dead process left on this root (see recovery);
 2. read each file's old bytes and hash;
 3. record the intent: the changes as PENDING with the old bytes, committed and synced;
-4. write a human backup ``<root>/.agent/backups/<path>_<time>_<change id>.bak`` (seed 001);
-5. write the new bytes with ``files.atomic_write`` (or ``atomic_delete``);
+4. write a human backup ``<root>/.agent/backups/<path>_<time>_<change id>.bak`` (for people);
+5. write the new bytes with ``confined.write`` (or ``confined.delete``), which reach the file
+   from the root's descriptor without following any symlink;
 6. mark the changes APPLIED and append their audit rows in one synced transaction.
 
 An apply returns only after step 6, so an acknowledged change is APPLIED on disk and is never
@@ -85,7 +86,7 @@ from infrastructure.changes.audit import AuditLog
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
 from infrastructure.changes.leases import Leases
 from infrastructure.changes.owners import HostIdentity, LeaseTerms
-from infrastructure.changes.protocol_files import lock_path
+from infrastructure.changes.protocol_files import root_lock
 from infrastructure.changes.recovery import Recovery
 from infrastructure.changes.rollback import (
     LIVE_STATUSES,
@@ -93,7 +94,6 @@ from infrastructure.changes.rollback import (
     RollbackPlan,
     Rollbacks,
 )
-from infrastructure.files import locked_file
 from infrastructure.models import ChangeRecord, ChangeStatus
 from infrastructure.store import Store
 from infrastructure.structured_logger import get_logger
@@ -154,11 +154,14 @@ class ChangeProtocol:
                 appears twice, or ``root`` is not an existing directory; nothing is written
                 or recorded.
             LeaseLost: ``lease_id`` is no longer held; nothing is written or recorded.
+            AuditChainBroken: the audit head and the database disagree (an administrator
+                acknowledges the break first); nothing is written or recorded.
         """
         items = prepare(entries, root)
         root = Path(root).resolve()
-        with locked_file(lock_path(root)):
+        with root_lock(root):
             self.recovery.recover_root(root)
+            self.audit.ensure_appendable()  # before any byte is written
             created = record_intent(
                 self.store,
                 self.changes,
@@ -205,7 +208,7 @@ class ChangeProtocol:
         """
         assert row.root is not None, "a change without files rolls back as a status change"
         root = Path(row.root)
-        with locked_file(lock_path(root)):
+        with root_lock(root):
             self.recovery.recover_root(root)
             fresh = self.changes.get(row.change_id)
             if fresh is None or fresh.status not in LIVE_STATUSES:
@@ -252,7 +255,7 @@ class ChangeProtocol:
         release = None
         if lease_id is not None:
             release = partial(self.leases.release, lease_id=lease_id, reason="rolled_back")
-        with locked_file(lock_path(root)):
+        with root_lock(root):
             self.recovery.recover_root(root)
             if lease_id is not None:
                 self.leases.require_held(lease_id)

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 from uuid import uuid4
 
+from infrastructure.errors import InvalidArgument, NotFound
 from infrastructure.models import utc_now
 from infrastructure.store import Store
 
@@ -158,7 +159,7 @@ def update_plan(
             ),
         )
         if cursor.rowcount == 0:
-            raise KeyError(f"no plan with id {plan_id!r}")
+            raise NotFound("plan", plan_id)
     plan = get_plan(store, plan_id)
     assert plan is not None
     return plan
@@ -188,7 +189,7 @@ def list_plans(
         params.append(status)
     for key, value in (payload or {}).items():
         if not key.isidentifier():
-            raise ValueError(f"payload filter key {key!r} is not a plain field name")
+            raise InvalidArgument("payload filter key", key, "is not a plain field name")
         where.append("json_extract(payload, ?) = ?")
         params.extend((f"$.{key}", value))
     clause = f"WHERE {' AND '.join(where)}" if where else ""

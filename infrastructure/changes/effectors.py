@@ -39,9 +39,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from infrastructure import confined
 from infrastructure.changes.safety import FileEdit, ProposedChange
-from infrastructure.errors import AgentmendError, PathNotAllowed, SpecError
+from infrastructure.errors import AgentmendError, FileOperationError, PathNotAllowed, SpecError
 from infrastructure.files import resolve_inside
+from infrastructure.frozen import freeze
 from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.spec import CLAUDE_CODE_KEYS, AgentSpec, PermissionProfile, SpecWarning
 from infrastructure.structured_logger import get_logger
@@ -161,11 +163,11 @@ def _current(ctx: _Context) -> _Current:
         raise _unknown_agent(ctx)
     rel = _definition_path(ctx, spec)
     try:
-        data = (ctx.root / rel).read_bytes()
-    except FileNotFoundError:
-        raise ctx.fail(None, f"its definition file {rel} does not exist") from None
-    except OSError as exc:
-        raise ctx.fail(None, f"cannot read {rel}: {exc.strerror or exc}") from None
+        data = confined.read(ctx.root, rel)
+    except (PathNotAllowed, FileOperationError) as exc:
+        raise ctx.fail(None, f"cannot read {rel}: {exc}") from None
+    if data is None:
+        raise ctx.fail(None, f"its definition file {rel} does not exist")
     try:
         loaded = spec.to_markdown().encode("utf-8")
     except SpecError as exc:
@@ -214,7 +216,7 @@ def _proposed(
     old_spec: AgentSpec | None,
     new_spec: AgentSpec | None,
 ) -> ProposedChange:
-    action = ctx.action.model_copy(update={"old_value": old_value})
+    action = ctx.action.model_copy(update={"old_value": freeze(old_value)})
     return ProposedChange(
         action=action,
         root=ctx.root,
@@ -403,11 +405,9 @@ def _plan_docs(ctx: _Context) -> ProposedChange:
         raise ctx.fail(field, f"{relative!r} is a directory, not a file")
     _check_not_an_eval_suite(ctx, field, target)
     try:
-        old = target.read_bytes()
-    except FileNotFoundError:
-        old = None
-    except OSError as exc:
-        raise ctx.fail(field, f"cannot read {relative!r}: {exc.strerror or exc}") from None
+        old = confined.read(ctx.root, target.relative_to(ctx.root))
+    except (PathNotAllowed, FileOperationError) as exc:
+        raise ctx.fail(field, f"cannot read {relative!r}: {exc}") from None
     content = ctx.action.new_value
     if content is None:
         if old is None:

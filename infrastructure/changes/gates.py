@@ -1,11 +1,11 @@
 """The six gates every concrete change passes, in order, before a byte is written.
 
-1. ``BudgetGate``: the improvement manager's session budget and rollback brake (seed 003).
+1. ``BudgetGate``: the improvement manager's session budget and rollback brake.
 2. ``ConfidenceGate``: an action less sure than ``min_confidence`` is not applied.
 3. ``ScopeGate``: every file inside the team directory, with an allowed extension; never an
    eval suite, never the ``evals`` key (a change must not make its own exam easier).
-4. ``RoleGate``: no change grants more than the invoking principal could (seed 002).
-5. ``SupervisorGate``: a separate review of the concrete change (seed 001).
+4. ``RoleGate``: no change grants more than the invoking principal could.
+5. ``SupervisorGate``: a separate review of the concrete change.
 6. ``HumanApprovalGate``: a person says yes within the timeout, or ``yolo_mode`` skips it and
    the verdict says so.
 
@@ -20,13 +20,17 @@ every change except one that needs admin, which is one that:
 
 - sets ``permission_profile`` to ``open`` or to a custom allow/deny profile (setting ``locked``
   or ``standard`` is always allowed; keeping a profile an admin set earlier is not a grant);
-- adds to ``tools`` a shell or file-writing tool (``SHELL_AND_WRITE_TOOLS``, also in Claude
-  Code's specifier form such as ``Bash(git log:*)``) or a wildcard pattern; adding any other
-  tool stays within ``standard`` and is allowed, removing tools always is;
+- adds to ``tools`` a privileged tool (see ``permissions.tool_class``: shell or file-writing,
+  also in Claude Code's specifier form such as ``Bash(git log:*)``; ``Task``/``Agent``; an MCP
+  tool ``mcp__*``; any tool nobody classed) unless the ``read_only_tools`` setting lists it,
+  or a wildcard pattern; adding a read-only or self-edit tool stays within ``standard`` and is
+  allowed, removing tools always is;
 - drops the ``tools`` declaration (or creates an agent without one): an agent that declares
   no tools is offered every tool, which is a grant of everything;
-- newly lets the agent call a shell or file-writing tool, as ``permissions.allowed_tools``
-  computes it before and after (the same function the runtimes enforce);
+- newly lets the agent call a privileged tool (shell or file-writing, ``Task``/``Agent``, an
+  MCP tool, a tool nobody classed; see ``permissions.tool_class``), as
+  ``permissions.allowed_tools`` computes it before and after with the ``read_only_tools``
+  setting (the same function and setting the runtimes enforce);
 - changes a Claude Code key that widens what the agent may do: ``permissionMode`` to anything
   but ``default`` or ``plan``, new ``mcpServers``, any change to ``hooks`` (they run
   commands), or removing an entry from ``disallowedTools``;
@@ -59,8 +63,10 @@ from infrastructure.models import ChangeType
 from infrastructure.permissions import (
     ANY_OTHER_TOOL,
     SHELL_AND_WRITE_TOOLS,
+    SUBAGENT_TOOLS,
     allowed_tools,
     describe_profile,
+    is_privileged,
 )
 from infrastructure.principal import Principal
 from infrastructure.structured_logger import get_logger
@@ -150,8 +156,12 @@ class BudgetGate:
             )
             if hasattr(self.manager, attribute)
         }
+        frees_up_at = getattr(self.manager, "budget_frees_up_at", None)
+        when = frees_up_at() if frees_up_at is not None else None
+        if when is not None:  # a rolling budget: say when improving can resume
+            details["budget_frees_up_at"] = when.isoformat()
         if allowed:
-            return _pass(self.name, "within the session budget", **details)
+            return _pass(self.name, "within the improvement budget", **details)
         return _refuse(self.name, reason, **details)
 
 
@@ -256,11 +266,12 @@ class RoleGate:
 
     name = "role"
 
-    def __init__(self, principal: Principal) -> None:
+    def __init__(self, principal: Principal, *, read_only_tools: Iterable[str] = ()) -> None:
         self.principal = principal
+        self.read_only_tools = tuple(read_only_tools)
 
     async def check(self, change: ProposedChange) -> GateVerdict:
-        needs = admin_requirements(change)
+        needs = admin_requirements(change, read_only_tools=self.read_only_tools)
         who = {"user_id": self.principal.user_id, "user_name": self.principal.name}
         if not needs:
             return _pass(self.name, "grants nothing beyond a standard principal's rights", **who)
@@ -281,8 +292,11 @@ class RoleGate:
         )
 
 
-def admin_requirements(change: ProposedChange) -> list[str]:
-    """What in ``change`` needs the admin permission (empty: any principal may make it)."""
+def admin_requirements(change: ProposedChange, *, read_only_tools: Iterable[str] = ()) -> list[str]:
+    """What in ``change`` needs the admin permission (empty: any principal may make it).
+
+    ``read_only_tools`` is the setting of that name, as the runtimes apply it.
+    """
     action = change.action
     if action.action_type is ChangeType.CODE_PATCH:
         return ["apply a code patch (it can change anything)"]
@@ -300,27 +314,29 @@ def admin_requirements(change: ProposedChange) -> list[str]:
     if new.tools is None and (old is None or old.tools is not None):
         needs.append("leave the tools undeclared (an agent that declares none gets every tool)")
     added = sorted(frozenset(new.tools or ()) - old_tools)
-    risky = [tool for tool in added if _is_shell_or_write(tool) or _is_pattern(tool)]
+    listed = tuple(read_only_tools)
+    risky = [tool for tool in added if is_privileged(tool, listed) or _is_pattern(tool)]
     if risky:
-        needs.append(f"add shell, file-writing or wildcard tools: {', '.join(risky)}")
-    granted = _newly_callable(old, new)
+        needs.append(
+            "add privileged (shell, file-writing, subagent, MCP or unclassed) or wildcard "
+            f"tools: {', '.join(risky)}"
+        )
+    granted = _newly_callable(old, new, tuple(read_only_tools))
     if granted:
         needs.append(f"let the agent call {', '.join(granted)}")
     needs.extend(_widened_claude_code_keys(old, new))
     return list(dict.fromkeys(needs))
 
 
-def _is_shell_or_write(tool: str) -> bool:
-    return tool.split("(", 1)[0].strip() in SHELL_AND_WRITE_TOOLS
-
-
 def _is_pattern(tool: str) -> bool:
     return any(char in tool for char in "*?[")
 
 
-def _newly_callable(old: AgentSpec | None, new: AgentSpec) -> list[str]:
-    """Shell and write tools the new definition lets the agent call that the old did not."""
-    universe = set(SHELL_AND_WRITE_TOOLS) | {ANY_OTHER_TOOL} | set(new.tools or ())
+def _newly_callable(
+    old: AgentSpec | None, new: AgentSpec, read_only_tools: tuple[str, ...]
+) -> list[str]:
+    """Privileged tools the new definition lets the agent call that the old did not."""
+    universe = set(SHELL_AND_WRITE_TOOLS | SUBAGENT_TOOLS) | {ANY_OTHER_TOOL} | set(new.tools or ())
     profiles = [new.permission_profile]
     if old is not None:
         universe |= set(old.tools or ())
@@ -328,11 +344,15 @@ def _newly_callable(old: AgentSpec | None, new: AgentSpec) -> list[str]:
     for profile in profiles:
         if not isinstance(profile, str):
             universe |= set(profile.allow) | set(profile.deny)
-    after = allowed_tools(new.permission_profile, new.tools, universe)
-    before = (
-        allowed_tools(old.permission_profile, old.tools, universe) if old is not None else set()
+    after = allowed_tools(
+        new.permission_profile, new.tools, universe, read_only_tools=read_only_tools
     )
-    return sorted(tool for tool in after - before if _is_shell_or_write(tool))
+    before = (
+        allowed_tools(old.permission_profile, old.tools, universe, read_only_tools=read_only_tools)
+        if old is not None
+        else set()
+    )
+    return sorted(tool for tool in after - before if is_privileged(tool, read_only_tools))
 
 
 def _widened_claude_code_keys(old: AgentSpec | None, new: AgentSpec) -> list[str]:
@@ -475,7 +495,7 @@ def default_gates(
         BudgetGate(manager),
         ConfidenceGate(pick(min_confidence, "min_confidence", 0.7)),
         ScopeGate(allowed_suffixes),
-        RoleGate(principal),
+        RoleGate(principal, read_only_tools=pick(None, "read_only_tools", ())),
         SupervisorGate(reviewer),
         HumanApprovalGate(
             approval_callback,

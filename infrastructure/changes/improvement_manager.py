@@ -1,8 +1,8 @@
 """Change history with real rollback: apply a change to agent files, log it, undo it exactly.
 
-Seed 003's ``ImprovementManager`` API on top of the one store. Where the seed only flipped a
-status, a rollback here restores the old bytes of every file the change touched and checks
-their hash; where the seed rewrote a JSON file on every change, logging is one INSERT.
+The long-standing ``ImprovementManager`` API on top of the one store. Where a rollback could
+just flip a status, a rollback here restores the old bytes of every file the change touched and
+checks their hash; where a JSON history would be rewritten on every change, logging is one INSERT.
 
 Sessions and history
 --------------------
@@ -34,12 +34,15 @@ hold no lease and are never undone by recovery.
 from __future__ import annotations
 
 import threading
+import time
+from collections import deque
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from infrastructure.changes.audit import AuditLog, ChainVerification
+from infrastructure.changes.audit import AuditEntry, AuditLog, ChainVerification
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
 from infrastructure.changes.change_protocol import (
     LIVE_STATUSES,
@@ -51,6 +54,7 @@ from infrastructure.changes.change_protocol import (
 from infrastructure.changes.leases import LeaseKeeper, LeaseLost, Leases
 from infrastructure.changes.owners import HostIdentity, LeaseTerms
 from infrastructure.errors import ChangeNotFound, ChangeStateError, ConfigurationError
+from infrastructure.limits import InputLimits
 from infrastructure.models import (
     ChangeRecord,
     ChangeStatus,
@@ -58,6 +62,7 @@ from infrastructure.models import (
     ImprovementAction,
     utc_now,
 )
+from infrastructure.principal import Principal
 from infrastructure.store import Store
 
 __all__ = [
@@ -81,18 +86,26 @@ class ImprovementManager:
     """Tracks, applies and rolls back changes to agent files; see the module docstring.
 
     Args:
-        history_file: the SQLite store to open, whatever its suffix (seed 003 passes
+        history_file: the SQLite store to open, whatever its suffix (older callers pass
             ``*.json`` paths). Defaults to ``.agent/agentmend.db``.
         store: an open store to use instead (not closed by :meth:`close`).
         audit_hmac_key: key for HMAC-keyed audit rows (the caller reads
             ``AGENTMEND_AUDIT_HMAC_KEY``; see ``infrastructure.changes.audit``).
-        max_improvements_per_session: the session budget seed 003 calls the same.
+        max_improvements_per_session: the session budget (changes per session); it applies
+            when ``improvement_window_s`` is None (the interactive session).
+        improvement_window_s: for a process that runs for days (a library user's service,
+            the MCP server), a rolling budget instead: at most ``max_improvements_per_window``
+            changes applied in any such window, so improving resumes as old changes age out.
+        max_improvements_per_window: the rolling budget's size.
         applied_by: who the changes are attributed to by default.
         recover: settle work that crashed processes left unfinished, on open, and the
             unproven changes whose owner is gone (see "Unproven changes" above).
         lease_terms: how long a verification's lease lasts and how often it is renewed
             (default ``LeaseTerms()``: 30 s, renewed every 5 s, 5 s of clock skew).
         host: the host this process claims in leases (default: read from the system).
+        limits: the bounds on rationales, reasons, file contents and files per group
+            (``InputLimits.of(settings)``; the documented defaults when None). Over one is an
+            ``InputTooLarge`` and nothing is written or recorded.
     """
 
     def __init__(
@@ -102,13 +115,20 @@ class ImprovementManager:
         store: Store | None = None,
         audit_hmac_key: bytes | str | None = None,
         max_improvements_per_session: int = 5,
+        improvement_window_s: float | None = None,
+        max_improvements_per_window: int = 5,
         applied_by: str = "self-improver",
         recover: bool = True,
         lease_terms: LeaseTerms | None = None,
         host: HostIdentity | None = None,
+        limits: InputLimits | None = None,
     ) -> None:
         if store is not None and history_file is not None:
             raise ConfigurationError("give history_file or store, not both")
+        if improvement_window_s is not None and not improvement_window_s > 0:
+            raise ConfigurationError(
+                f"improvement_window_s must be > 0 or None, got {improvement_window_s}"
+            )
         self._owns_store = store is None
         self.store = store if store is not None else Store(history_file or DEFAULT_HISTORY_FILE)
         self.history_file = self.store.path
@@ -127,7 +147,11 @@ class ImprovementManager:
         self.session_id = uuid4().hex
         self.max_improvements_per_session = max_improvements_per_session
         self.session_improvement_count = 0
+        self.improvement_window_s = improvement_window_s
+        self.max_improvements_per_window = max_improvements_per_window
+        self._applied_at: deque[float] = deque()  # wall-clock times of applied changes
         self.applied_by = applied_by
+        self.limits = limits if limits is not None else InputLimits()
         self._count_lock = threading.Lock()
         if recover:
             self.recover()
@@ -143,10 +167,39 @@ class ImprovementManager:
         self.close()
 
     def _count(self, n: int) -> None:
+        now = time.time()
         with self._count_lock:
             self.session_improvement_count += n
+            self._applied_at.extend([now] * n)
 
-    # -- seed 003's API --------------------------------------------------------------------
+    def _in_window(self, now: float) -> int:
+        """Changes applied in the rolling window ending at ``now`` (drops older ones)."""
+        assert self.improvement_window_s is not None
+        with self._count_lock:
+            while self._applied_at and self._applied_at[0] <= now - self.improvement_window_s:
+                self._applied_at.popleft()
+            return len(self._applied_at)
+
+    def improvements_left(self) -> int:
+        """How many more changes the budget allows now (session or rolling window)."""
+        if self.improvement_window_s is None:
+            return self.max_improvements_per_session - self.session_improvement_count
+        return self.max_improvements_per_window - self._in_window(time.time())
+
+    def budget_frees_up_at(self) -> datetime | None:
+        """When the rolling budget allows another change; None when it allows one now.
+
+        Always None for the session budget, which never frees up within the session.
+        """
+        if self.improvement_window_s is None or self.improvements_left() > 0:
+            return None
+        with self._count_lock:
+            # the oldest change that must age out for one more to fit
+            index = len(self._applied_at) - self.max_improvements_per_window
+            oldest = self._applied_at[max(index, 0)] if self._applied_at else time.time()
+        return datetime.fromtimestamp(oldest + self.improvement_window_s, UTC)
+
+    # -- the long-standing API ---------------------------------------------------------------
 
     @property
     def history(self) -> list[ChangeRecord]:
@@ -168,9 +221,11 @@ class ImprovementManager:
         One INSERT, plus an audit row when the change counts as applied. Such a change rolls
         back as a status change only.
         """
+        self.limits.action(action)
         change_id = ChangeLog.new_id()
         by = applied_by or self.applied_by
-        with self.audit.transaction() as txn:
+        # Only a change that counts as applied is refused over a broken audit head.
+        with self.audit.transaction(safety=status not in _COUNTS_AS_APPLIED) as txn:
             self.changes.insert(
                 txn.conn,
                 change_id=change_id,
@@ -302,8 +357,17 @@ class ImprovementManager:
 
     def can_make_improvement(self) -> tuple[bool, str]:
         """(allowed, reason): the session budget, then recent rollbacks in the durable history."""
-        if self.session_improvement_count >= self.max_improvements_per_session:
-            return False, f"Max improvements ({self.max_improvements_per_session}) reached"
+        if self.improvement_window_s is None:
+            if self.session_improvement_count >= self.max_improvements_per_session:
+                return False, f"Max improvements ({self.max_improvements_per_session}) reached"
+        else:
+            frees_up_at = self.budget_frees_up_at()
+            if frees_up_at is not None:
+                return False, (
+                    f"Max improvements ({self.max_improvements_per_window} per "
+                    f"{_duration(self.improvement_window_s)}) reached; the budget frees up at "
+                    f"{frees_up_at:%Y-%m-%d %H:%M:%S} UTC"
+                )
         recent = self.changes.recent_statuses(5)
         if sum(1 for s in recent if s is ChangeStatus.ROLLED_BACK) >= 3:
             return False, "Too many recent rollbacks (3+ in last 5 changes)"
@@ -330,6 +394,12 @@ class ImprovementManager:
     def verify_audit_chain(self, *, repair: bool = True) -> ChainVerification:
         return self.audit.verify_chain(repair=repair)
 
+    def acknowledge_audit_breaks(
+        self, principal: Principal, *, note: str | None = None
+    ) -> AuditEntry | None:
+        """An administrator acknowledges the audit chain's breaks; see ``AuditLog``."""
+        return self.audit.acknowledge_breaks(principal, note=note)
+
     # -- state changes without files -------------------------------------------------------
 
     def _require(self, change_id: str) -> ChangeRow:
@@ -353,16 +423,17 @@ class ImprovementManager:
         Raises:
             LeaseLost: ``lease`` is no longer held: recovery settled the change; nothing is
                 written.
+            AuditChainBroken: the audit head and the database disagree; nothing changes.
         """
-        with self.store.transaction(durable=True) as conn:
+        with self.audit.transaction() as txn:  # refused over a broken audit head
             if lease is not None:
-                self.leases.release(conn, lease, "kept")
+                self.leases.release(txn.conn, lease, "kept")
             row = self._require(change_id)
             if row.status is not ChangeStatus.APPLIED:
                 raise ChangeStateError(change_id, row.status.value, "kept")
             members = [m.change_id for m in self.changes.live_group(row)]
             self.changes.set_status(
-                conn, members, ChangeStatus.KEPT, verification=verification_result
+                txn.conn, members, ChangeStatus.KEPT, verification=verification_result
             )
         return self._require(change_id).record
 
@@ -457,6 +528,10 @@ class ImprovementManager:
         user_name: str | None,
         lease: str | None,
     ) -> list[ChangeRecord]:
+        self.limits.files("change group", entries)
+        self.limits.contents("change group", [content for _, _, content in entries])
+        for action, _, _ in entries:
+            self.limits.action(action)
         records = self.protocol.apply(
             entries,
             root,
@@ -481,6 +556,7 @@ class ImprovementManager:
         user_id: str | None,
         user_name: str | None,
     ) -> bool:
+        self.limits.text("reason", reason)
         if row.status not in LIVE_STATUSES:
             return False
         if row.root is None:
@@ -492,7 +568,7 @@ class ImprovementManager:
     def _rollback_logged(
         self, row: ChangeRow, reason: str, user_id: str | None, user_name: str | None
     ) -> bool:
-        with self.audit.transaction() as txn:
+        with self.audit.transaction(safety=True) as txn:
             fresh = self.changes.get(row.change_id)
             if fresh is None or fresh.status not in LIVE_STATUSES:
                 return False
@@ -543,3 +619,12 @@ class ImprovementManager:
     def recover(self) -> list[ChangeRecord]:
         """Settle the work crashed processes left unfinished; returns the changes settled."""
         return self.protocol.recover()
+
+
+def _duration(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        hours = int(seconds // 3600)
+        return "hour" if hours == 1 else f"{hours} hours"
+    if seconds % 60 == 0:
+        return f"{int(seconds // 60)} min"
+    return f"{seconds:g} s"

@@ -6,15 +6,20 @@ files by the same hashes; keeping these in one place keeps the three in step.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from infrastructure.files import atomic_write, sha256_bytes
+from infrastructure import confined
+from infrastructure.files import sha256_bytes
 
-__all__ = ["AGENT_DIR", "backup", "backups_dir", "describe", "lock_path", "root_busy", "sha"]
+__all__ = [
+    "AGENT_DIR", "backup", "backups_dir", "describe", "lock_path", "root_busy", "root_lock", "sha"
+]  # fmt: skip
 
 AGENT_DIR = ".agent"
 """The directory under a root reserved for agentmend: the lock and the backups live there."""
@@ -33,8 +38,8 @@ def root_busy(root: Path) -> bool:
     waits for a later open instead.
     """
     try:
-        fd = os.open(lock_path(root), os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
+        fd = os.open(lock_path(root), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # absent, or not a plain file: nobody holds a lock there
         return False
     try:
         try:
@@ -45,6 +50,13 @@ def root_busy(root: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def root_lock(root: Path) -> Iterator[int]:
+    """Hold the root's lock (:func:`lock_path`), reached from the root without symlinks."""
+    with confined.locked(root, lock_path(root)) as fd:
+        yield fd
 
 
 def backups_dir(root: Path) -> Path:
@@ -60,23 +72,18 @@ def sha(data: bytes | None) -> str | None:
 def backup(
     root: Path, rel: str, change_id: str, data: bytes, when: datetime, tag: str = ""
 ) -> None:
-    """Seed 001's human backup of the bytes about to be replaced.
+    """A human-readable backup of the bytes about to be replaced.
 
     The path and change id are in the name, so two files or two changes in one second never
     collide. The backup is a hard link to the file, which the caller then replaces with
     ``atomic_write`` (a new inode), so the backup keeps the old bytes without a copy; it also
     makes the replace ten times cheaper on ext4, which otherwise frees the old blocks
-    synchronously (~1 ms). A copy is written where links are not possible.
+    synchronously (~1 ms). A copy is written where links are not possible. A retried step
+    (recovery) in the same second keeps the first backup.
     """
-    backups = backups_dir(root)
     name = f"{rel.replace('/', '__')}_{when.strftime('%Y%m%dT%H%M%S')}_{change_id}{tag}.bak"
-    backups.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(root / rel, backups / name)
-    except FileExistsError:
-        pass  # a retried step (recovery) in the same second: keep the first backup
-    except OSError:
-        atomic_write(backups / name, data)
+    name = name[-confined.NAME_MAX :]  # a deep path: keep the end, which holds the change id
+    confined.link_or_copy(root, rel, backups_dir(root) / name, data)
 
 
 def describe(value: Any, data: bytes | str | None, *, absent: bool = False) -> Any:

@@ -10,15 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from infrastructure import confined
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
-from infrastructure.changes.protocol_files import backups_dir, lock_path, sha
+from infrastructure.changes.protocol_files import backups_dir, root_lock, sha
 from infrastructure.changes.rollback import Rollbacks
-from infrastructure.files import (
-    atomic_write_or_delete,
-    locked_file,
-    read_if_exists,
-    remove_atomic_write_leftovers,
-)
 from infrastructure.models import ChangeRecord, ChangeStatus, utc_now
 from infrastructure.store import Store
 from infrastructure.structured_logger import get_logger
@@ -42,7 +37,7 @@ class Recovery:
             if not root.is_dir():
                 log.warning("recovery_root_missing", root=root_text)
                 continue
-            with locked_file(lock_path(root)):
+            with root_lock(root):
                 settled.extend(self.recover_root(root))
         return settled
 
@@ -100,17 +95,15 @@ class Recovery:
         left: dict[str, list[str]] = {}
         for file in self.changes.files([r.change_id for r in rows]):
             target = Path(file.path)
-            current = sha(read_if_exists(target))
+            current = sha(confined.read(root, target))
             if current == file.new_sha256 and current != file.old_sha256:
-                atomic_write_or_delete(target, file.old_bytes)
+                confined.write_or_delete(root, target, file.old_bytes)
                 restored.setdefault(file.change_id, []).append(file.path)
             elif current != file.old_sha256:
                 left.setdefault(file.change_id, []).append(file.path)
-            remove_atomic_write_leftovers(target)
-        backups = backups_dir(root)
+            confined.remove_leftovers(root, target)
         for row in rows:
-            for stale in backups.glob(f"*_{row.change_id}.bak"):
-                stale.unlink(missing_ok=True)
+            confined.remove_named(root, backups_dir(root), f"_{row.change_id}.bak")
         now = utc_now().isoformat()
         with self.store.transaction(durable=True) as conn:
             for row in rows:

@@ -15,15 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infrastructure import confined
 from infrastructure.changes.audit import AuditLog, AuditTransaction
 from infrastructure.changes.change_log import ChangeLog, ChangeRow, StoredFile
 from infrastructure.changes.protocol_files import backup, describe, sha
 from infrastructure.errors import RollbackConflict
-from infrastructure.files import (
-    atomic_write_or_delete,
-    read_if_exists,
-    remove_atomic_write_leftovers,
-)
 from infrastructure.models import ChangeStatus, utc_now
 from infrastructure.store import Store
 
@@ -109,8 +105,9 @@ class Rollbacks:
                 dependents=dependents,
             )
         targets = restore_targets(files)
+        root = _root_of(fresh)
         changed = tuple(
-            p for p, (_, expected, _) in targets.items() if sha(read_if_exists(Path(p))) != expected
+            p for p, (_, expected, _) in targets.items() if sha(confined.read(root, p)) != expected
         )
         if changed and not force:
             raise RollbackConflict(
@@ -152,10 +149,11 @@ class Rollbacks:
                 there, or the transaction fails with ``LeaseLost`` and nothing is recorded).
         """
         members = self.changes.live_group(fresh)
+        root = _root_of(fresh)
         edited = {
             f.path
             for f in self.changes.files([m.change_id for m in members])
-            if sha(read_if_exists(Path(f.path))) != f.new_sha256
+            if sha(confined.read(root, f.path)) != f.new_sha256
         }
         left = {_agent(m) for m in members if any(f.path in edited for f in m.record.files)}
         rest = [m for m in members if _agent(m) not in left]
@@ -176,7 +174,7 @@ class Rollbacks:
             "user_name": user_name,
             "status": settle_as.value,
         }
-        with self.audit.transaction() as txn:
+        with self.audit.transaction(safety=True) as txn:
             if release is not None:
                 release(txn.conn)
             self._mark_blocked(txn, blocked, reason, edited, conflict, user_id, user_name)
@@ -276,15 +274,15 @@ class Rollbacks:
         targets = restore_targets(files)
         for path, (data, _, change_id) in targets.items():
             target = Path(path)
-            current = replaced[path] = read_if_exists(target)
+            current = replaced[path] = confined.read(root, target)
             if current is not None and sha(current) != sha(data):
-                rel = target.relative_to(root).as_posix()
+                rel = "/".join(confined.relative_parts(root, target))
                 backup(root, rel, change_id, current, now, ".rolled-back")
-            atomic_write_or_delete(target, data)
-            if sha(read_if_exists(target)) != sha(data):
+            confined.write_or_delete(root, target, data)
+            if sha(confined.read(root, target)) != sha(data):
                 raise RollbackConflict(change_id, f"{path} did not read back as restored")
             if recovered:
-                remove_atomic_write_leftovers(target)
+                confined.remove_leftovers(root, target)
         by_change: dict[str, list[StoredFile]] = {}
         newest = {file.path: file.change_id for file in files}  # files are oldest first
         for file in files:
@@ -293,7 +291,7 @@ class Rollbacks:
         own_group = _group_of(members, requested)
         # FAILED when recovery undid an owner's interrupted change; a rollback otherwise
         settled = ChangeStatus(request.get("status", ChangeStatus.ROLLED_BACK.value))
-        with self.audit.transaction() as txn:
+        with self.audit.transaction(safety=True) as txn:
             for member in reversed(members):  # newest first, as a cascade undoes them
                 action = member.record.action
                 mine = by_change.get(member.change_id, [])
@@ -349,6 +347,11 @@ def restore_targets(files: list[StoredFile]) -> dict[str, tuple[bytes | None, st
         if sha(data) != next(f.old_sha256 for f in files if f.path == path):
             raise RollbackConflict(change_id, f"the stored old bytes of {path} fail their hash")
     return out
+
+
+def _root_of(row: ChangeRow) -> str:
+    assert row.root is not None, "a change without files rolls back as a status change"
+    return row.root
 
 
 def _agent(row: ChangeRow) -> str:

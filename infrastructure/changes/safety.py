@@ -1,6 +1,6 @@
 """Gates: what a concrete change must pass, in order, before a byte is written.
 
-Budget, confidence, scope, role, supervisor review, human approval (seeds 001-003). Each gate is
+Budget, confidence, scope, role, supervisor review, human approval. Each gate is
 a one-method policy returning a ``GateVerdict``; ``run_gates`` runs them in order, stops at the
 first refusal and returns every verdict so the cycle can record them. The supervisor and the
 human are protocols here and implemented above (agents/, main.py), since infrastructure never
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infrastructure.frozen import FrozenDict
 from infrastructure.models import ImprovementAction
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class GateVerdict(BaseModel):
     gate: str
     passed: bool
     reason: str
-    details: dict[str, Any] = Field(default_factory=dict)
+    details: FrozenDict[str, Any] = Field(default_factory=FrozenDict)
 
 
 class Gate(Protocol):

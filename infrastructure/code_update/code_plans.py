@@ -26,7 +26,8 @@ from infrastructure.changes.safety import FileEdit, GateVerdict, ProposedChange
 from infrastructure.code_update.code_validation import ValidationReport
 from infrastructure.code_update.unified_diff import DiffError, apply_patch, parse_unified_diff
 from infrastructure.errors import AgentmendError, PathNotAllowed
-from infrastructure.files import resolve_inside, sha256_bytes
+from infrastructure.files import read_if_exists, resolve_inside, sha256_bytes
+from infrastructure.frozen import FrozenDict
 from infrastructure.models import ChangeType, ImprovementAction
 
 __all__ = [
@@ -151,12 +152,14 @@ class CodePlan(_Model):
     change_ids: tuple[str, ...] = ()
     group_id: str | None = None
     lease_id: str | None = None
-    result: dict[str, Any] | None = None
-    rollback: dict[str, Any] | None = None
+    result: FrozenDict[str, Any] | None = None
+    rollback: FrozenDict[str, Any] | None = None
+    test_files: tuple[str, ...] = ()  # paths that configure, select or are tests (flagged)
+    tests_approved_by: str | None = None  # who approved the test changes, on a terminal
 
 
 class ExecutionResult(_Model):
-    """The outcome of executing a plan (seed 000's fields, plus why and the gate verdicts)."""
+    """The outcome of executing a plan: what was written, validated, tested; why; the verdicts."""
 
     plan_id: str
     success: bool
@@ -207,6 +210,8 @@ def code_plan(plan: Plan) -> CodePlan:
         lease_id=p.get("lease_id"),
         result=p.get("result"),
         rollback=p.get("rollback"),
+        test_files=tuple(p.get("test_files", ())),
+        tests_approved_by=p.get("tests_approved_by"),
     )
 
 
@@ -214,11 +219,12 @@ def code_plan(plan: Plan) -> CodePlan:
 
 
 def read_file(path: Path) -> bytes | None:
-    """The file's bytes, None when there is no file."""
-    try:
-        return path.read_bytes()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
+    """The file's bytes, None when there is no file.
+
+    Raises:
+        PathNotAllowed: a symlink at the name, or not a regular file.
+    """
+    return read_if_exists(path)
 
 
 def _encode(content: str | None) -> bytes | None:

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -43,10 +43,22 @@ class ValidationReport(BaseModel):
     timed_out: bool = False
     duration_s: float = 0.0
     output_tail: str = ""
+    sandbox: str = ""  # "namespace" (outside read-only), "copy" (a copy only), "" (in place)
+    tests_collected: int | None = None  # from the JUnit report (pytest only)
+    tests_passed_count: int | None = None
+    baseline_collected: int | None = None  # the same counts on the unchanged copy
+    baseline_passed: int | None = None
+    real_tree_imports: tuple[str, ...] = ()  # modules imported from the real tree, not the copy
+    needs_test_approval: str | None = None  # why the counts need the test approval
 
     @property
     def passed(self) -> bool:
-        return not self.compile_errors and self.tests_passed is not False
+        return (
+            not self.compile_errors
+            and self.tests_passed is not False
+            and not self.real_tree_imports
+            and self.needs_test_approval is None
+        )
 
 
 def compile_error(path: Path, name: str) -> str | None:
@@ -87,7 +99,11 @@ def validate_files(
 
 
 def run_tests(
-    command: tuple[str, ...], cwd: Path, timeout_s: float
+    command: tuple[str, ...],
+    cwd: Path,
+    timeout_s: float,
+    *,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[int | None, bool, str, float]:
     """(exit code, timed out, output, seconds) of ``command`` run in its own process group."""
     started = time.monotonic()
@@ -95,6 +111,7 @@ def run_tests(
         process = subprocess.Popen(
             list(command),
             cwd=cwd,
+            env=None if env is None else dict(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -124,6 +141,15 @@ def failure_reason(report: ValidationReport) -> str:
     if report.compile_errors:
         return "does not compile: " + "; ".join(report.compile_errors)
     command = " ".join(report.test_command)
+    if report.real_tree_imports:
+        return "the tests imported the real tree, not the validated copy: " + ", ".join(
+            report.real_tree_imports[:5]
+        )
+    if report.tests_passed and report.needs_test_approval is not None:
+        return (
+            f"{report.needs_test_approval}; only an approval of the test changes on a terminal "
+            "allows that (agentmend code approve-tests)"
+        )
     if report.timed_out:
         return f"the tests ran past the time limit ({command})"
     return f"the tests failed (exit code {report.exit_code}: {command})"

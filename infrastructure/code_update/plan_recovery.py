@@ -14,8 +14,11 @@ change group is restored byte for byte (FAILED ``interrupted``, see
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from infrastructure.changes.change_log import ChangeRow
 from infrastructure.changes.decisions import get_plan, list_plans, update_plan
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.code_update.code_plans import (
@@ -80,14 +83,11 @@ def _settle(manager: ImprovementManager, plan: CodePlan, lease_id: str, *, wait:
     if any(row is not None and row.status is ChangeStatus.APPLIED for row in rows):
         return False
     restored = any(
-        row is not None and row.status is ChangeStatus.FAILED and (row.record.rollback_info or {})
-        .get("restored") for row in rows
+        row is not None and row.status is ChangeStatus.FAILED and _info(row).get("restored")
+        for row in rows
     )  # fmt: skip
     attention = sorted(
-        path
-        for row in rows
-        if row is not None
-        for path in (row.record.rollback_info or {}).get("left_unchanged", [])
+        path for row in rows if row is not None for path in _info(row).get("left_unchanged", [])
     )
     reason = INTERRUPTED_REASON
     if attention:
@@ -109,3 +109,8 @@ def _settle(manager: ImprovementManager, plan: CodePlan, lease_id: str, *, wait:
         update_plan(manager.store, plan.plan_id, status="failed", payload=payload)
     log.warning("code_plan_recovered", plan_id=plan.plan_id, rolled_back=restored)
     return True
+
+
+def _info(row: ChangeRow) -> Mapping[str, Any]:
+    """The change's rollback information; empty when it has none."""
+    return row.record.rollback_info or {}

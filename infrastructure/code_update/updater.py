@@ -1,4 +1,4 @@
-"""Code-level updates (seeds 000 and 001): plan, approve, execute with validation, roll back.
+"""Code-level updates: plan, approve, execute with validation, roll back.
 
 A plan (``infrastructure.code_update.code_plans``) is a set of file operations, or a unified diff
 turned
@@ -6,7 +6,7 @@ into them, under a project root, with a description. It lives in the store's ``p
 and moves through::
 
     planned --approve--> approved --execute--> completed --rollback--> rolled_back
-                                       |---> rolled_back   (validation failed: undone at once)
+                                       |---> rolled_back   (validation failed: never applied)
                                        |---> refused       (a gate said no; nothing written)
                                        '---> failed        (the apply failed; nothing left)
 
@@ -18,15 +18,18 @@ of the concrete diff) and ``HumanApprovalGate``, which passes only for a plan a 
 for admins) nor the budget gate: the caller is the person who approves them, and every change
 is proven by the project's own tests or undone.
 
-Executing applies the whole plan as ONE change group of ``ImprovementManager.apply_group``
+Executing first validates the plan in a throwaway copy of the project
+(``infrastructure.code_update.copy_validation``): every ``.py`` file written compiles, then
+``Settings.test_command`` passes within ``Settings.test_timeout_s``, the code under test came
+from the copy, and the test counts did not drop. A plan that changes what configures or selects
+the tests (``infrastructure.code_update.suite_guard``) is refused unless its test changes were
+approved with ``approve_test_changes``, which the MCP server never calls. Only a plan that
+passes is applied to the real tree, as ONE change group of ``ImprovementManager.apply_group``
 (old bytes in the store, human-readable backups under ``<root>/.agent/backups/``, crash
 recovery that restores a group whole). The root's lock (``<root>/.agent/agentmend.lock``, the
-manager's own, re-entrant) is held from the hash check through the write and the validation,
-so no other update of that root interleaves. Validation
-(``infrastructure.code_update.code_validation``): every ``.py`` file written compiles, then
-``Settings.test_command`` passes within ``Settings.test_timeout_s``. On any failure the group
-is rolled back, every file byte for byte (created files removed, deleted files back), and the
-result says ``rollback_performed``.
+manager's own, re-entrant) is held from the hash check through the validation and the write,
+so no other update of that root interleaves. A plan that fails validation ends
+``rolled_back`` with the real tree never touched.
 
 A plan is executed under a lease of the executing process (its id stored with ``executing``);
 the plan's change group is held by it. A plan whose process died (or stopped past the lease's
@@ -54,6 +57,7 @@ from infrastructure.changes.decisions import (
 )
 from infrastructure.changes.gates import HumanApprovalGate, ScopeGate, SupervisorGate
 from infrastructure.changes.improvement_manager import ImprovementManager, LeaseLost
+from infrastructure.changes.protocol_files import root_lock
 from infrastructure.changes.safety import (
     ChangeReviewer,
     Gate,
@@ -81,14 +85,12 @@ from infrastructure.code_update.code_plans import (
     stale_reason,
     state_hint,
 )
-from infrastructure.code_update.code_validation import (
-    ValidationReport,
-    failure_reason,
-    validate_files,
-)
+from infrastructure.code_update.code_validation import ValidationReport, failure_reason
+from infrastructure.code_update.copy_validation import validate_in_copy
 from infrastructure.code_update.plan_recovery import plan_is_live, settle_interrupted_plans
+from infrastructure.code_update.suite_guard import flagged_test_files
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
-from infrastructure.files import locked_file
+from infrastructure.limits import InputLimits
 from infrastructure.models import ChangeType, ImprovementAction, utc_now
 from infrastructure.settings import Settings, load_settings
 from infrastructure.structured_logger import get_logger
@@ -218,6 +220,12 @@ class CodeUpdater:
         """
         if not description or not description.strip():
             raise CodeUpdateError("description is required to make a plan", field="description")
+        limits = InputLimits.of(self.settings)
+        limits.text("description", description)
+        limits.file("diff", diff)
+        if files:
+            limits.files("plan", files)
+            limits.contents("plan", [_content(f) for f in files])
         has_files = bool(files)
         has_diff = diff is not None and bool(diff.strip())
         if has_files == has_diff:
@@ -248,6 +256,7 @@ class CodeUpdater:
             "files": [p.model_dump() for p in planned],
             "diff": change.diff,
             "created_by": created_by,
+            "test_files": list(flagged_test_files(p.path for p in planned)),
         }
         stored = save_plan(
             self.store, description=text, payload=payload, status="planned", plan_id=plan_id
@@ -266,7 +275,10 @@ class CodeUpdater:
 
         Raises:
             PlanNotFound, PlanStateError: unknown plan, or not ``planned``.
+            AuditChainBroken: the audit head and the database disagree.
         """
+        if self.get(plan_id).status == "planned":  # the unknown and the settled fail below
+            self.manager.audit.ensure_appendable()
         with self.store.transaction():
             plan = self.get(plan_id)
             if plan.status != "planned":
@@ -286,6 +298,38 @@ class CodeUpdater:
             "code_update.approved",
             agent_name=CODE_TARGET,
             payload={"plan_id": plan_id, "by": approved_by},
+        )
+        return updated
+
+    def approve_test_changes(self, plan_id: str, *, approved_by: str) -> CodePlan:
+        """Approve a plan's changes to its own tests (see ``code_update.suite_guard``).
+
+        Only a channel the MCP client cannot drive calls this: ``agentmend code approve-tests``
+        on a terminal or the interactive session. It also lets the test counts drop.
+
+        Raises:
+            PlanNotFound, PlanStateError: unknown plan, or already executed.
+            AuditChainBroken: the audit head and the database disagree.
+        """
+        plan = self.get(plan_id)
+        if plan.status not in ("planned", "approved"):
+            raise PlanStateError(
+                plan_id, plan.status, "have its test changes approved", state_hint(plan.status)
+            )
+        self.manager.audit.append(
+            agent_name=CODE_TARGET,
+            edit_type="code_plan_tests_approved",
+            old_value=None,
+            new_value=f"{plan_id}: {', '.join(plan.test_files) or '(test counts may drop)'}",
+            user_id=approved_by,
+        )
+        with self.store.transaction():
+            updated = self._set(self.get(plan_id), plan.status, tests_approved_by=approved_by)
+        record_decision(
+            self.store,
+            "code_update.tests_approved",
+            agent_name=CODE_TARGET,
+            payload={"plan_id": plan_id, "by": approved_by, "paths": list(plan.test_files)},
         )
         return updated
 
@@ -352,7 +396,7 @@ class CodeUpdater:
         result = ExecutionResult(
             plan_id=plan_id, success=False, status="refused", reason=reason, verdicts=verdicts
         )
-        with locked_file(self._lock_path()):
+        with root_lock(self.root):  # the manager's root lock (re-entrant)
             plan = self.get(plan_id)
             self._check_executable(plan)  # not executed by someone else meanwhile
             self._set(plan, "refused", result=result)
@@ -368,13 +412,20 @@ class CodeUpdater:
     def _apply_and_validate(
         self, plan_id: str, verdicts: tuple[GateVerdict, ...]
     ) -> ExecutionResult:
-        with locked_file(self._lock_path()):
+        with root_lock(self.root):  # the manager's root lock (re-entrant)
             self._recover_interrupted()
             plan = self.get(plan_id)
             self._check_executable(plan)
             stale = stale_reason(plan, self.root)
             if stale:  # the files changed while the gates ran
                 return self._refuse(plan_id, stale, verdicts)
+            if plan.test_files and plan.tests_approved_by is None:
+                why = (
+                    f"the plan changes what configures or selects the tests "
+                    f"({', '.join(plan.test_files)}); that needs an approval on a terminal: "
+                    f"agentmend code approve-tests {plan_id}"
+                )
+                return self._refuse(plan_id, why, verdicts)
             if plan.approved_by is None:  # only reachable with yolo_mode
                 self.manager.audit.append(
                     agent_name=CODE_TARGET,
@@ -404,12 +455,42 @@ class CodeUpdater:
     def _apply_validate_locked(
         self, plan: CodePlan, verdicts: tuple[GateVerdict, ...], lease: str
     ) -> ExecutionResult:
-        """Apply, validate, keep or undo, under the root's lock and ``lease``.
+        """Validate in a throwaway copy; only a plan that passes is applied to the real tree.
 
-        A result with status ``executing`` means the lease was lost (this process was stopped
-        past its expiry): recovery settles the plan and its changes, and nothing more is
-        written here.
+        All under the root's lock and ``lease``. A result with status ``executing`` means the
+        lease was lost (this process was stopped past its expiry): recovery settles the plan
+        and its changes, and nothing more is written here.
         """
+        base = {"plan_id": plan.plan_id, "verdicts": verdicts}
+        changes = {f.path: None if f.content is None else f.content.encode("utf-8")
+                   for f in plan.files}  # fmt: skip
+        skip = [
+            folder.relative_to(self.root).as_posix()
+            for folder in self.paths.protected
+            if folder.is_relative_to(self.root) and folder != self.root
+        ]
+        try:
+            report = validate_in_copy(
+                self.root,
+                changes,
+                self.settings.test_command,
+                self.settings.test_timeout_s,
+                skip=skip,
+                tests_approved=plan.tests_approved_by is not None,
+            )
+        except BaseException as exc:
+            self._set(plan, "failed")
+            self.manager.release_lease(lease, "failed")
+            log.error("code_plan_validation_error", plan_id=plan.plan_id, error=str(exc))
+            raise
+        checked = {**base, "files_modified": 0, "tests_passed": report.tests_passed,
+                   "validation": report}  # fmt: skip
+        if not report.passed:
+            why = f"validation failed: {failure_reason(report)}"
+            return ExecutionResult(
+                **checked, success=False, status="rolled_back", reason=why,
+                restored_identical=not stale_reason(plan, self.root),
+            )  # fmt: skip
         actions = [
             (
                 ImprovementAction(
@@ -420,11 +501,10 @@ class CodeUpdater:
                     confidence_score=1.0,
                 ),
                 f.path,
-                None if f.content is None else f.content.encode("utf-8"),
+                changes[f.path],
             )
             for f in plan.files
         ]
-        base = {"plan_id": plan.plan_id, "verdicts": verdicts}
         try:
             records = self.manager.apply_group(
                 actions,
@@ -449,43 +529,24 @@ class CodeUpdater:
         change_ids = tuple(r.change_id for r in records)
         plan = self._set(plan, "executing", change_ids=list(change_ids),
                          group_id=records[0].group_id)  # fmt: skip
+        done = {**checked, "files_modified": len(plan.files), "change_ids": change_ids}
         try:
-            report = validate_files(
-                self.root,
-                [f.path for f in plan.files if f.content is not None and f.path.endswith(".py")],
-                self.settings.test_command,
-                self.settings.test_timeout_s,
-            )
+            self.manager.mark_kept(change_ids[0], report.model_dump(mode="json"), lease=lease)
+        except LeaseLost as exc:
+            log.warning("code_plan_lease_lost", plan_id=plan.plan_id, lease_id=lease)
+            return ExecutionResult(**done, success=False, status="executing", reason=str(exc))
         except BaseException as exc:
-            self._undo(plan, f"error while validating: {type(exc).__name__}: {exc}", lease)
+            self._undo(plan, f"could not keep: {type(exc).__name__}: {exc}", lease)
             self._set(plan, "failed")
             raise
-        done = {**base, "files_modified": len(plan.files), "change_ids": change_ids,
-                "tests_passed": report.tests_passed, "validation": report}  # fmt: skip
-        if report.passed:
-            try:
-                self.manager.mark_kept(change_ids[0], report.model_dump(mode="json"), lease=lease)
-            except LeaseLost as exc:
-                log.warning("code_plan_lease_lost", plan_id=plan.plan_id, lease_id=lease)
-                return ExecutionResult(**done, success=False, status="executing", reason=str(exc))
-            return ExecutionResult(
-                **done,
-                success=True,
-                status="completed",
-                reason="applied, compiled and tested"
-                if report.tests_run
-                else "applied, compiled (no test command configured)",
-                validation_passed=True,
-            )
-        why = f"validation failed: {failure_reason(report)}"
-        identical = self._undo(plan, why, lease)
         return ExecutionResult(
             **done,
-            success=False,
-            status="rolled_back",
-            reason=why,
-            rollback_performed=True,
-            restored_identical=identical,
+            success=True,
+            status="completed",
+            reason="validated in a copy, then applied"
+            if report.tests_run
+            else "compiled in a copy, then applied (no test command configured)",
+            validation_passed=True,
         )
 
     def _undo(self, plan: CodePlan, reason: str, lease: str) -> bool:
@@ -532,7 +593,7 @@ class CodeUpdater:
         """
         if not reason or not reason.strip():
             raise CodeUpdateError("reason is required to roll back", field="reason")
-        with locked_file(self._lock_path()):
+        with root_lock(self.root):  # the manager's root lock (re-entrant)
             self._recover_interrupted()
             if plan_id is None:
                 done = self._with_status("completed")
@@ -579,7 +640,7 @@ class CodeUpdater:
         plan of this root (it holds the root's lock), so a live execution is never taken for
         a dead one.
         """
-        with locked_file(self._lock_path()):
+        with root_lock(self.root):  # the manager's root lock (re-entrant)
             return self._recover_interrupted()
 
     def _recover_interrupted(self) -> list[str]:
@@ -613,9 +674,6 @@ class CodeUpdater:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _lock_path(self) -> Path:
-        return self.root / ".agent" / "agentmend.lock"  # the manager's root lock (re-entrant)
-
     def _set(
         self, plan: CodePlan, status: str, *, result: ExecutionResult | None = None, **extra: Any
     ) -> CodePlan:
@@ -626,3 +684,8 @@ class CodeUpdater:
         if result is not None:
             payload["result"] = result.model_dump(mode="json")
         return code_plan(update_plan(self.store, plan.plan_id, status=status, payload=payload))
+
+
+def _content(item: FileOperation | dict[str, Any]) -> str | None:
+    content = item.content if isinstance(item, FileOperation) else item.get("content")
+    return content if isinstance(content, str) else None

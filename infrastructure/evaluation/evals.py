@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from infrastructure.errors import SpecError
 from infrastructure.files import sha256_bytes
+from infrastructure.frozen import FrozenDict, thaw
 from infrastructure.llm.base import AgentResult
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ class EvalCheck(BaseModel):
 
     contains: tuple[str, ...] | None = None
     regex: str | None = None
-    json_schema: dict[str, Any] | None = None
+    json_schema: FrozenDict[str, Any] | None = None
     python: str | None = None
 
     @field_validator("contains", mode="before")
@@ -145,12 +146,13 @@ class EvalCheck(BaseModel):
 
     @field_validator("json_schema")
     @classmethod
-    def _schema_is_valid(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _schema_is_valid(cls, value: FrozenDict[str, Any] | None) -> FrozenDict[str, Any] | None:
         if value is None:
             return value
         jsonschema = _json_schema_module()
+        schema = thaw(value)  # jsonschema takes only lists as JSON arrays
         try:
-            jsonschema.validators.validator_for(value).check_schema(value)
+            jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.exceptions.SchemaError as exc:
             raise ValueError(f"not a valid JSON schema: {exc.message}") from None
         return value
@@ -212,7 +214,8 @@ class EvalCheck(BaseModel):
             except ValueError as exc:
                 return CheckOutcome(False, f"answer is not JSON: {exc}")
         jsonschema = _json_schema_module()
-        validator = jsonschema.validators.validator_for(self.json_schema)(self.json_schema)
+        schema = thaw(self.json_schema)  # jsonschema takes only lists as JSON arrays
+        validator = jsonschema.validators.validator_for(schema)(schema)
         error = jsonschema.exceptions.best_match(validator.iter_errors(data))
         if error is not None:
             return CheckOutcome(False, f"schema violated: {error.message}")

@@ -24,7 +24,7 @@ runs into a ``VerificationVerdict``. The acceptance rule (each part is needed):
    faults. With no such run on either side the latency criterion cannot be judged and is not
    held against the change (the reason says so).
 
-Without a suite, the weaker check (marked ``weaker``) runs seed 003's single sample query
+Without a suite, the weaker check (marked ``weaker``) runs a single sample query
 before the change (``run_sample_query`` on the old definition) and after it, and accepts only
 when it failed before and passes after; latency is compared with the run before, and only when
 that run finished (``judge_sample_query``). Verification runs reach the caller through
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from infrastructure.errors import AgentmendError, AgentRunError
+from infrastructure.errors import AgentmendError, AgentRunError, InvalidArgument
 from infrastructure.evaluation.evals import CheckOutcome, EvalCase, EvalSuite
 from infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
 from infrastructure.structured_logger import get_logger
@@ -96,7 +96,7 @@ def mcnemar_one_sided_p(b: int, c: int) -> float:
     division. With no discordant case the p-value is 1.
     """
     if b < 0 or c < 0:
-        raise ValueError(f"counts must be non-negative, got b={b}, c={c}")
+        raise InvalidArgument("counts (b, c)", (b, c), "must be non-negative")
     n = b + c
     return sum(math.comb(n, k) for k in range(c, n + 1)) / (1 << n)
 
@@ -212,7 +212,7 @@ async def run_suite(
     cancels the remaining runs and propagates.
     """
     if concurrency < 1:
-        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        raise InvalidArgument("concurrency", concurrency, "must be at least 1")
     gate = asyncio.Semaphore(concurrency)
     slots: list[list[RunOutcome | None]] = [[None] * suite.repeats for _ in suite.cases]
 
@@ -321,12 +321,12 @@ def compare(
 
     Raises:
         SuiteMismatch: the two runs are not over the same case ids.
-        ValueError: ``alpha`` not in (0, 1) or ``max_latency_ratio`` not positive.
+        InvalidArgument: ``alpha`` not in (0, 1) or ``max_latency_ratio`` not positive.
     """
     if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        raise InvalidArgument("alpha", alpha, "must be in (0, 1)")
     if max_latency_ratio <= 0:
-        raise ValueError(f"max_latency_ratio must be positive, got {max_latency_ratio}")
+        raise InvalidArgument("max_latency_ratio", max_latency_ratio, "must be positive")
     after_by_id = {case.case_id: case for case in after.cases}
     before_ids = [case.case_id for case in before.cases]
     if sorted(before_ids) != sorted(after_by_id) or len(set(before_ids)) != len(before_ids):
@@ -458,7 +458,7 @@ async def run_sample_query(
     query: str = SAMPLE_QUERY,
     on_result: OnResult | None = None,
 ) -> SampleRun:
-    """Run ``query`` once on ``spec`` and judge the answer (seed 003's single-query check).
+    """Run ``query`` once on ``spec`` and judge the answer (the single-query check).
 
     It passes when the run finished without error and untruncated (a cut-off answer is the
     commonest fault a change fixes) and the answer has at least ``SAMPLE_MIN_CHARS``
@@ -507,10 +507,10 @@ def judge_sample_query(
     not judged (the reason says so). One query is thin evidence, hence ``weaker``.
 
     Raises:
-        ValueError: ``max_latency_ratio`` not positive.
+        InvalidArgument: ``max_latency_ratio`` not positive.
     """
     if max_latency_ratio <= 0:
-        raise ValueError(f"max_latency_ratio must be positive, got {max_latency_ratio}")
+        raise InvalidArgument("max_latency_ratio", max_latency_ratio, "must be positive")
     failures: list[Failure] = []
     problems: list[str] = []
     if before.passed:
@@ -568,7 +568,7 @@ async def sample_query_check(
     max_latency_ratio: float = 2.0,
     on_result: OnResult | None = None,
 ) -> VerificationVerdict:
-    """Seed 003's check for an agent without a suite, made a before/after comparison.
+    """The single-query check for an agent without a suite, made a before/after comparison.
 
     ``before`` is ``run_sample_query`` on the definition before the change; this runs the same
     query on ``spec`` (the definition after it) and judges the pair (``judge_sample_query``).

@@ -319,6 +319,7 @@ class AnthropicRuntime(RuntimeBase):
             default_max_turns=self._default_max_turns,
             default_max_tokens=self._default_max_tokens,
             cost=estimate_cost_usd,
+            read_only_tools=self.read_only_tools,
         )
 
     async def _call_model(self, request: ModelRequest) -> ModelResponse:

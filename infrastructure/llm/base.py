@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload, run
 
 from pydantic import BaseModel
 
-from infrastructure.errors import AgentRunError, ErrorKind
+from infrastructure.errors import AgentRunError, ErrorKind, InvalidArgument
 
 if TYPE_CHECKING:
     from infrastructure.spec import AgentSpec
@@ -52,7 +52,7 @@ class ToolSpec:
 
     ``input_model`` (a pydantic model) or ``input_schema`` (a JSON schema) describes the
     arguments; with a model, arguments are validated before the handler runs.
-    ``permission_action`` is the action string a permission gate checks (seed 002's
+    ``permission_action`` is the action string a permission gate checks (such as
     ``tool:self_edit:model <model>`` and friends), if the tool needs one.
     """
 
@@ -65,7 +65,11 @@ class ToolSpec:
 
     def __post_init__(self) -> None:
         if (self.input_model is None) == (self.input_schema is None):
-            raise ValueError(f"tool {self.name!r}: give exactly one of input_model, input_schema")
+            raise InvalidArgument(
+                f"tool {self.name!r}",
+                self.input_schema,
+                "needs exactly one of input_model, input_schema",
+            )
 
     def json_schema(self) -> dict[str, Any]:
         if self.input_model is not None:
@@ -172,6 +176,10 @@ class RuntimeBase(ABC):
     Subclassing is optional (``AgentRuntime`` is a protocol), but it gives callers of the
     concrete class the same inferred result types as callers of the protocol.
     """
+
+    read_only_tools: tuple[str, ...] = ()
+    """The ``read_only_tools`` setting: tools ``standard`` lets the agent call although they
+    are not known to be read-only (see ``infrastructure.permissions``)."""
 
     @overload
     async def run(

@@ -23,7 +23,10 @@ How a run is set up:
 - Environment: base URL, key, ``HOME``, ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1``,
   ``CLAUDE_CODE_MAX_RETRIES`` (when ``max_retries`` is given) and
   ``CLAUDE_CODE_MAX_OUTPUT_TOKENS`` (the spec's ``max_tokens``) go to the CLI through
-  ``ClaudeAgentOptions(env=...)``; ``os.environ`` is never changed.
+  ``ClaudeAgentOptions(env=...)``; ``os.environ`` is never changed. So do ``TRACEPARENT`` of the
+  current span (the CLI's own OpenTelemetry spans then nest under the caller's) and
+  ``agentmend.recorded=true`` in ``OTEL_RESOURCE_ATTRIBUTES`` (the run is recorded by agentmend
+  already, so its exported spans are skipped on the way in).
 
 Wire facts (claude-agent-sdk 0.2.187, CLI 2.1.330, observed against a local fake server):
 
@@ -103,6 +106,8 @@ from infrastructure.llm.network_guard import refuse_real_api_under_tests
 from infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME, index_tools
 from infrastructure.permissions import allowed_tools, describe_profile
 from infrastructure.structured_logger import get_logger
+from infrastructure.telemetry.span import RECORDED_ATTRIBUTE
+from infrastructure.telemetry.tracing import trace_environment
 
 if TYPE_CHECKING:
     from claude_agent_sdk import ClaudeAgentOptions
@@ -277,7 +282,9 @@ class ClaudeAgentRuntime(RuntimeBase):
                 if bare not in index and not bare.startswith("mcp__"):
                     builtins.append(bare)
         offered = [*index, *builtins]
-        allowed = allowed_tools(spec.permission_profile, declared, offered)
+        allowed = allowed_tools(
+            spec.permission_profile, declared, offered, read_only_tools=self.read_only_tools
+        )
         wire = sorted(prefix + name if name in index else name for name in allowed)
         return _ToolPlan(
             sdk_tools=tuple(tools),
@@ -298,7 +305,15 @@ class ClaudeAgentRuntime(RuntimeBase):
             env["CLAUDE_CODE_MAX_RETRIES"] = str(self._max_retries)
         if spec.max_tokens:
             env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(spec.max_tokens)
+        env.update(trace_environment())  # the CLI's own spans nest under the caller's span
         env.update(self._extra_env)
+        # The run is agentmend's, recorded by it already: its spans are skipped on the way in.
+        resources = self._extra_env.get("OTEL_RESOURCE_ATTRIBUTES") or os.environ.get(
+            "OTEL_RESOURCE_ATTRIBUTES", ""
+        )
+        env["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(
+            part for part in (resources, f"{RECORDED_ATTRIBUTE}=true") if part
+        )
         env[RUN_MARKER_ENV] = run_id
         refuse_real_api_under_tests(self._effective_base_url())
         return env

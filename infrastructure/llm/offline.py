@@ -17,7 +17,13 @@ from pydantic import BaseModel, ValidationError
 
 from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
 from infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolCallRecord, ToolSpec
-from infrastructure.llm.tool_loop import ToolUseBlock, index_tools, run_tool_call
+from infrastructure.llm.tool_loop import (
+    ToolUseBlock,
+    denied_call,
+    index_tools,
+    is_denied,
+    run_tool_call,
+)
 
 if TYPE_CHECKING:
     from infrastructure.spec import AgentSpec
@@ -34,13 +40,23 @@ class OfflineCall:
     tools: Sequence[ToolSpec]
     output_type: type[BaseModel] | None
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    permission_denials: list[str] = field(default_factory=list)
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> ToolCallRecord:
-        """Call a tool as a model would; failures come back as ``is_error`` records."""
+        """Call a tool as a model would; failures come back as ``is_error`` records.
+
+        A tool the spec's permission profile refuses is not run: its record says so and its name
+        joins ``permission_denials``, as with every other runtime.
+        """
         call = ToolUseBlock(
             id=f"offline_{len(self.tool_calls) + 1}", name=name, input=dict(arguments)
         )
-        record = await run_tool_call(index_tools(self.tools), call)
+        tools = index_tools(self.tools)
+        if is_denied(self.spec, tools, name):
+            self.permission_denials.append(name)
+            record = denied_call(self.spec, call)
+        else:
+            record = await run_tool_call(tools, call)
         self.tool_calls.append(record)
         return record
 
@@ -108,5 +124,6 @@ class OfflineRuntime(RuntimeBase):
             duration_ms=(time.perf_counter() - started) * 1000,
             stop_reason="end_turn" if error is None else None,
             error=error,
+            permission_denials=tuple(call.permission_denials),
             model="offline",
         )

@@ -27,7 +27,7 @@ from tenacity import (
     retry_if_exception,
 )
 
-from infrastructure.errors import AgentRunError, ErrorKind
+from infrastructure.errors import AgentRunError, ErrorKind, InvalidArgument
 from infrastructure.structured_logger import get_logger
 
 __all__ = ["RetryPolicy", "is_retryable", "run_with_retry"]
@@ -77,9 +77,15 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
-            raise ValueError("RetryPolicy.max_attempts must be at least 1")
+            raise InvalidArgument(
+                "RetryPolicy.max_attempts", self.max_attempts, "must be at least 1"
+            )
         if min(self.initial_wait_s, self.max_wait_s, self.deadline_s) < 0:
-            raise ValueError("RetryPolicy waits and deadline must not be negative")
+            raise InvalidArgument(
+                "RetryPolicy waits and deadline",
+                (self.initial_wait_s, self.max_wait_s, self.deadline_s),
+                "must not be negative",
+            )
 
     @classmethod
     def no_retry(cls) -> RetryPolicy:

@@ -15,6 +15,9 @@ truncation and turn limits behave the same. Only the model's answers are made up
 
 Both record every run in ``runs`` (spec, prompt, tools, output type, each ``ModelRequest`` the
 loop made, and the result).
+
+``run_runtime_conformance(factory)`` (from ``conformance``) holds any runtime, yours too, to the
+``AgentRuntime`` contract.
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ from pydantic import BaseModel
 
 from infrastructure.errors import AgentmendError, AgentRunError, ErrorKind
 from infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
+from infrastructure.llm.conformance import (
+    ConformanceReport,
+    RuntimeConformanceError,
+    Scenario,
+    run_runtime_conformance,
+)
 from infrastructure.llm.tool_loop import (
     OUTPUT_TOOL_NAME,
     Message,
@@ -44,12 +53,16 @@ if TYPE_CHECKING:
     from infrastructure.spec import AgentSpec
 
 __all__ = [
+    "ConformanceReport",
     "FunctionRuntime",
     "RecordedRun",
+    "RuntimeConformanceError",
+    "Scenario",
     "ScriptedRuntime",
     "Step",
     "TurnInfo",
     "UnexpectedModelCall",
+    "run_runtime_conformance",
 ]
 
 
@@ -208,6 +221,7 @@ class _FakeRuntime(RuntimeBase):
             model=spec.model or self.model,
             tools=tools,
             output_type=output_type,
+            read_only_tools=self.read_only_tools,
         )
         record.result = result
         return result

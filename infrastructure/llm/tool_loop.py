@@ -60,6 +60,8 @@ __all__ = [
     "ToolDefinition",
     "ToolResultBlock",
     "ToolUseBlock",
+    "denied_call",
+    "is_denied",
     "run_agent_loop",
     "run_tool_call",
     "run_tool_calls",
@@ -237,6 +239,7 @@ class _RunState:
     model: str | None = None
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     permission_denials: list[str] = field(default_factory=list)
+    read_only_tools: tuple[str, ...] = ()  # the setting, for the permission check
 
 
 async def run_agent_loop(
@@ -250,8 +253,11 @@ async def run_agent_loop(
     default_max_turns: int = DEFAULT_MAX_TURNS,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     cost: CostFunction | None = None,
+    read_only_tools: Sequence[str] = (),
 ) -> AgentResult[OutputT]:
     """Run one agent to completion over ``call_model``; failures come back in ``error``.
+
+    ``read_only_tools`` is the setting of that name (see ``infrastructure.permissions``).
 
     Raises:
         ConfigurationError: duplicate tool names, or a tool named like the output tool.
@@ -265,7 +271,7 @@ async def run_agent_loop(
         schema = output_type.model_json_schema()
         definitions.append(ToolDefinition(OUTPUT_TOOL_NAME, _OUTPUT_TOOL_DESCRIPTION, schema))
     max_turns = spec.max_turns or default_max_turns
-    state = _RunState(model=model)
+    state = _RunState(model=model, read_only_tools=tuple(read_only_tools))
     output: OutputT | None = None
     error: AgentRunError | None = None
     try:
@@ -385,26 +391,37 @@ async def _run_permitted(
     tool its profile does not allow; the refusal is an ``is_error`` result the model sees and
     a ``permission_denials`` entry the improvement loop sees, never hidden.
     """
-    allowed = allowed_tools(spec.permission_profile, spec.tools, tools)
+    allowed = allowed_tools(
+        spec.permission_profile, spec.tools, tools, read_only_tools=state.read_only_tools
+    )
     permitted = [c for c in calls if c.name in allowed or c.name not in tools]
     records = dict(
         zip((c.id for c in permitted), await run_tool_calls(tools, permitted), strict=True)
     )
-    profile = describe_profile(spec.permission_profile)
     for call in calls:
         if call.id not in records:
             state.permission_denials.append(call.name)
-            records[call.id] = ToolCallRecord(
-                id=call.id,
-                name=call.name,
-                input=dict(call.input),
-                output=(
-                    f"Permission denied: tool {call.name!r} is not allowed for agent "
-                    f"{spec.name!r} (permission profile: {profile})."
-                ),
-                is_error=True,
-            )
+            records[call.id] = denied_call(spec, call)
     return [records[c.id] for c in calls]
+
+
+def is_denied(spec: AgentSpec, tools: Mapping[str, ToolSpec], name: str) -> bool:
+    """Whether a call of ``name`` (one of ``tools``) is refused by the spec's permission profile."""
+    return name in tools and name not in allowed_tools(spec.permission_profile, spec.tools, tools)
+
+
+def denied_call(spec: AgentSpec, call: ToolUseBlock) -> ToolCallRecord:
+    """The ``is_error`` result of a call the permission profile refused, naming the profile."""
+    return ToolCallRecord(
+        id=call.id,
+        name=call.name,
+        input=dict(call.input),
+        output=(
+            f"Permission denied: tool {call.name!r} is not allowed for agent "
+            f"{spec.name!r} (permission profile: {describe_profile(spec.permission_profile)})."
+        ),
+        is_error=True,
+    )
 
 
 def _check_turns_left(state: _RunState, max_turns: int, purpose: str) -> None:

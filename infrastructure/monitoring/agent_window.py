@@ -134,8 +134,10 @@ class AgentStats:
     """
 
     __slots__ = (
+        "change_label",
         "consecutive_failures",
         "cost_usd",
+        "errors_before_change",
         "executions",
         "failures",
         "input_tokens",
@@ -153,6 +155,28 @@ class AgentStats:
         self.cost_usd = 0.0
         self.consecutive_failures = 0
         self.recent_errors: deque[str] = deque(maxlen=RECENT_ERRORS)
+        self.errors_before_change: deque[str] = deque(maxlen=RECENT_ERRORS)
+        self.change_label: str | None = None
+
+    def new_period(self, label: str | None) -> None:
+        """A change was kept: errors so far become history, labelled with that change.
+
+        Evidence that predates a fix must not pass for current evidence (it would point the
+        diagnosis at the cause already fixed); the failure streak restarts for the same reason.
+        """
+        self.errors_before_change.clear()
+        self.errors_before_change.extend(self.recent_errors)
+        self.recent_errors.clear()
+        self.change_label = label or "the last kept change"
+        self.consecutive_failures = 0
+
+    def undo_period(self) -> None:
+        """The kept change was rolled back: its earlier errors are current evidence again."""
+        merged = [*self.errors_before_change, *self.recent_errors]
+        self.recent_errors.clear()
+        self.recent_errors.extend(merged)
+        self.errors_before_change.clear()
+        self.change_label = None
 
     def add(self, rows: list[Row], successes: list[bool], durations: list[float]) -> None:
         """Count consecutive runs of this agent (``successes``/``durations`` are their columns,
@@ -194,5 +218,7 @@ class AgentStats:
             cost_usd=self.cost_usd,
             last_error=self.recent_errors[-1] if self.recent_errors else None,
             recent_errors=tuple(self.recent_errors),
+            errors_before_change=tuple(self.errors_before_change),
+            errors_before_change_label=self.change_label if self.errors_before_change else None,
             recent_outcomes=tuple(s for s, _ in self.window),
         )

@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from infrastructure.errors import InvalidArgument
+
 __all__ = [
     "BernoulliChart",
     "NormalChart",
@@ -38,6 +40,7 @@ __all__ = [
     "posterior_arl",
     "regularized_beta",
     "siegmund_arl",
+    "smallest_threshold",
 ]
 
 # Posterior strata for the failure-rate average: (probability mass, quantile at which the
@@ -119,7 +122,7 @@ def integer_weights(gain: float, loss: float, max_unit: float = _MAX_UNIT_NATS) 
     nats (default 0.05); that keeps the exact threshold within about 5 % of any ARL0 target.
     """
     if gain <= 0 or loss <= 0:
-        raise ValueError(f"log-likelihood weights must be positive, got {gain}, {loss}")
+        raise InvalidArgument("log-likelihood weights", (gain, loss), "must be positive")
     ratio = gain / loss
     down = max(1, math.ceil(loss / max_unit))
     while True:
@@ -179,7 +182,7 @@ def bernoulli_arl(up: int, down: int, threshold: int, p: float) -> float:
     return x[0]
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=8192)
 def calibrate_bernoulli(
     failures: int, n: int, target_arl: float, relative_drop: float = 0.15
 ) -> BernoulliChart | None:
@@ -201,9 +204,9 @@ def calibrate_bernoulli(
     than 90 % of the time (no meaningful further degradation to detect) or is too uncertain.
     """
     if not 0 <= failures <= n or n <= 0:
-        raise ValueError(f"need 0 <= failures <= n, got failures={failures}, n={n}")
+        raise InvalidArgument("(failures, n)", (failures, n), "need 0 <= failures <= n, n > 0")
     if target_arl <= 1:
-        raise ValueError(f"target ARL must exceed 1, got {target_arl}")
+        raise InvalidArgument("target_arl", target_arl, "must exceed 1")
     a_post = failures + 0.5
     b_post = n - failures + 0.5
     p0 = a_post / (a_post + b_post)
@@ -217,23 +220,17 @@ def calibrate_bernoulli(
     nodes = _posterior_nodes(failures, n)
     budget = 1.0 / target_arl
 
-    def rate(threshold: int) -> float:
-        return sum(w / bernoulli_arl(up, down, threshold, p) for w, p in nodes)
+    rates: dict[int, float] = {}
 
-    # Bracket: start at the plug-in guess from Lorden's bound (ARL0 >= e^h for an LLR chart).
-    guess = max(1, math.ceil(math.log(target_arl) / unit / 2))
-    lo, hi = 0, guess
-    while rate(hi) > budget:
-        lo = hi
-        hi = math.ceil(hi * 1.5) + 1
-        if hi > _MAX_STATES:
-            return None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if rate(mid) <= budget:
-            hi = mid
-        else:
-            lo = mid
+    def rate(threshold: int) -> float:
+        if threshold not in rates:
+            rates[threshold] = sum(w / bernoulli_arl(up, down, threshold, p) for w, p in nodes)
+        return rates[threshold]
+
+    threshold = smallest_threshold(rate, budget, max(1, math.ceil(math.log(target_arl) / unit)))
+    if threshold is None:
+        return None
+    hi = threshold
     return BernoulliChart(
         up=up,
         down=down,
@@ -245,6 +242,49 @@ def calibrate_bernoulli(
         target_arl=target_arl,
         arl0=1.0 / rate(hi),
     )
+
+
+def smallest_threshold(
+    rate: Callable[[int], float], budget: float, guess: int, limit: int = _MAX_STATES
+) -> int | None:
+    """The smallest integer threshold ``t >= 1`` with ``rate(t) <= budget``, or None past ``limit``.
+
+    ``rate`` must decrease with ``t``. Each evaluation is a full exact ARL solve, so the search
+    interpolates on ``log(rate)``, which is close to linear in the threshold (the ARL of a CUSUM
+    grows about exponentially with it), then probes the neighbour of the guess so a good guess
+    settles the bracket in two evaluations; a poor one still halves the bracket every round.
+    """
+    lo, r_lo = 0, 1.0  # the chart at threshold 0 alarms on every run
+    hi = guess
+    r_hi = rate(hi)
+    while r_hi > budget:
+        lo, r_lo = hi, r_hi
+        hi = math.ceil(hi * 1.5) + 1
+        if hi > limit:
+            return None
+        r_hi = rate(hi)
+    log_budget = math.log(budget)
+    bisect = False
+    while hi - lo > 1:
+        if bisect or r_hi <= 0.0:
+            mid = (lo + hi) // 2
+        else:
+            frac = (math.log(r_lo) - log_budget) / (math.log(r_lo) - math.log(r_hi))
+            mid = min(hi - 1, max(lo + 1, lo + round(frac * (hi - lo))))
+        width = hi - lo
+        r = rate(mid)
+        if r <= budget:
+            hi, r_hi, probe = mid, r, mid - 1
+        else:
+            lo, r_lo, probe = mid, r, mid + 1
+        if lo < probe < hi:
+            r = rate(probe)
+            if r <= budget:
+                hi, r_hi = probe, r
+            else:
+                lo, r_lo = probe, r
+        bisect = (hi - lo) * 2 > width  # the guess did not halve the bracket: bisect next
+    return hi
 
 
 def _posterior_nodes(failures: int, n: int) -> list[tuple[float, float]]:
@@ -283,7 +323,7 @@ def _solve_threshold(f: Callable[[float], float], target: float) -> float:
     while f(hi) < target:
         hi *= 2.0
         if hi > 1e6:
-            raise ValueError("threshold search diverged")
+            raise InvalidArgument("target", target, "is out of the threshold search's reach")
     lo = 0.0
     for _ in range(60):
         mid = (lo + hi) / 2.0
@@ -342,9 +382,11 @@ def calibrate_normal(
     """
     n = len(values)
     if n < 2:
-        raise ValueError(f"need at least 2 baseline values, got {n}")
+        raise InvalidArgument("baseline values", n, "need at least 2")
     if target_arl <= 1 or shift <= 0:
-        raise ValueError(f"need target_arl > 1 and shift > 0, got {target_arl}, {shift}")
+        raise InvalidArgument(
+            "(target_arl, shift)", (target_arl, shift), "need target_arl > 1, shift > 0"
+        )
     ordered = sorted(values)
     median = _median(ordered)
     mad_sd = 1.4826 * _median(sorted(abs(v - median) for v in ordered))

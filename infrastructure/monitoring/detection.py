@@ -1,6 +1,6 @@
-"""Turns the monitor's stream of runs into IssueReports: calibrated CUSUMs, or seed 003's rules.
+"""Turns the monitor's stream of runs into IssueReports: calibrated CUSUMs, or fixed rules.
 
-Why not just the seed's rules: fixed thresholds ("success below 80 % over the last 10 runs")
+Why not just fixed rules: thresholds ("success below 80 % over the last 10 runs")
 raise about 0.5 false alarms per 1,000 healthy runs for an agent that succeeds 99 % of the time
 but 3.6 for one at 95 % and 17 at 90 % (benchmarks/bench_detection.py), so a team of agents
 with different healthy rates drowns in false alarms or misses real drops. The ``statistical``
@@ -11,9 +11,22 @@ by construction:
   success rate, and
 * a normal CUSUM on log-duration (``cusum_log_duration``), tuned to a 1.5x slowdown,
 
-calibrated (``infrastructure.monitoring.cusum``) so the two together alarm on a healthy agent at
-most ``false_alarm_rate`` times per run, whatever its healthy success rate. The budget is split 95 %
-to failures and 5 % to durations (``failure_share``): failures are what loses work, and durations
+calibrated (``infrastructure.monitoring.cusum``) against the agent's own baseline of ``n`` runs.
+The budget ``false_alarm_rate`` is split 95 % to failures and 5 % to durations
+(``failure_share``), and what is promised is per agent:
+
+* failure chart: for every true healthy failure rate ``p`` and every baseline size ``n`` at or
+  above ``min_baseline_n`` (default 30), the expected false-alarm rate, taken over the baselines
+  of size ``n`` that such an agent produces, is at most ``false_alarm_rate * failure_share``.
+  Computed exactly (``infrastructure.monitoring.guarantee``), not simulated.
+* duration chart: the same statement for every log-normal healthy duration distribution, at most
+  ``false_alarm_rate * (1 - failure_share)``; its calibration is an approximation made
+  conservative (see ``calibrate_normal``), so this one is checked by simulation only.
+
+Below ``min_baseline_n`` the charts do not run: an agent whose baseline is still filling is
+*warming up* (``state`` in :meth:`IssueDetector.statistics`), and a detector configured with a
+``baseline_n`` below the minimum runs the fixed rules instead, every alarm labelled as outside
+the guarantee. Failures are what loses work, and durations
 are the less trustworthy distributionally (heavy tails), so a smaller share there also buys
 robustness. The duration chart's calibration is conservative (it raised 0.03 false alarms per 1,000
 runs on a 0.1 share), so halving its share costs little in real alarms (0.01) and gives the failure
@@ -22,7 +35,15 @@ chart's threshold that room: about 1-2 % less delay on a failure-rate drop, for 
 ``baseline_n`` runs since its last kept change, held by the monitor) is full; after an alarm a
 statistic restarts at 0 against the same baseline.
 
-``rules`` reproduces seed 003's trigger set (3 consecutive failures; success below 80 % over
+One alarm per condition (``infrastructure.monitoring.issue_ledger``): an alarm opens an issue
+in the ledger, and while that agent's issue of that kind is open or held, its chart's later
+crossings raise nothing. :meth:`IssueDetector.cycle_finished` records how the cycle ended: a
+kept change resolves the issue, anything else holds it for ``backoff_runs`` runs (doubling per
+repeat, at most ``backoff_max_runs``); an issue whose statistic stays at or below
+``clear_level`` of its threshold for ``clear_window`` runs closes as cleared without change. The
+suppression only removes alarms, so the false-alarm guarantee still bounds what is raised.
+
+``rules`` is the classic trigger set (3 consecutive failures; success below 80 % over
 the last 10 runs; mean duration of the last 10 above 1.5x the baseline mean; error rate above
 30 % over the monitor's window), evaluated after every run and reported on each rising edge (a
 condition that stays true is reported once).
@@ -40,32 +61,51 @@ from __future__ import annotations
 import math
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from infrastructure.errors import ConfigurationError
 from infrastructure.models import IssueReport
 from infrastructure.monitoring.agent_window import Baseline, log_duration
-from infrastructure.monitoring.cusum import (
-    BernoulliChart,
-    NormalChart,
-    calibrate_bernoulli,
-    calibrate_normal,
-)
+from infrastructure.monitoring.cusum import BernoulliChart, NormalChart, calibrate_normal
+from infrastructure.monitoring.guarantee import DEFAULT_MIN_BASELINE_N, failure_chart
+from infrastructure.monitoring.issue_ledger import IssueLedger, IssueRow, SavedState
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.monitoring.run_feed import EventCursor, RunChunk
+from infrastructure.structured_logger import get_logger
 
-__all__ = ["DetectionMode", "IssueDetector", "RuleThresholds"]
+__all__ = [
+    "CHART_OF_KIND",
+    "OUTSIDE_GUARANTEE",
+    "DetectionMode",
+    "DetectorState",
+    "IssueDetector",
+    "RuleThresholds",
+]
 
 DetectionMode = Literal["statistical", "rules"]
 
 CUSUM_FAILURE = "cusum_failure_rate"
 CUSUM_DURATION = "cusum_log_duration"
+LOW_SUCCESS = "low_success_rate"  # the kinds of issue the charts raise
+SLOWDOWN = "performance_regression"
+
+CHART_OF_KIND = {LOW_SUCCESS: CUSUM_FAILURE, SLOWDOWN: CUSUM_DURATION}
+"""The chart that raises each kind of issue."""
+
+log = get_logger(__name__)
+
+DetectorState = Literal["warming_up", "watching", "outside_guarantee"]
+"""``warming_up``: the baseline is still filling, nothing is tested yet; ``watching``: the
+calibrated charts run, under the guarantee; ``outside_guarantee``: the fixed rules run (rules
+mode, or a baseline below ``min_baseline_n``), with no promise on false alarms."""
+
+OUTSIDE_GUARANTEE = "outside the false-alarm guarantee"
 
 
 @dataclass(frozen=True, slots=True)
 class RuleThresholds:
-    """Seed 003's improvement thresholds (its defaults)."""
+    """The fixed rules' thresholds (defaults: the classic trigger set)."""
 
     max_consecutive_failures: int = 3
     min_success_rate: float = 0.8
@@ -92,6 +132,20 @@ class _Alarm:
     context: str
     baseline: Baseline
     charts: _Charts | None
+    issue_id: str | None = None
+
+
+class _Watch:
+    """This process's view of an agent's active issue of one kind, and its hold counters."""
+
+    __slots__ = ("hold_runs", "issue_id", "quiet", "runs_since", "status")
+
+    def __init__(self, row: IssueRow, runs_since: int = 0, quiet: int = 0) -> None:
+        self.issue_id = row.issue_id
+        self.status = row.status
+        self.hold_runs = row.hold_runs
+        self.runs_since = runs_since  # runs since the issue was (re)opened or held
+        self.quiet = quiet  # consecutive runs with the statistic near zero
 
 
 class _AgentState:
@@ -113,6 +167,7 @@ class _AgentState:
         "s_dur",
         "s_fail",
         "streak",
+        "watches",
     )
 
     def __init__(self, baseline: Baseline, rules: RuleThresholds, window: int) -> None:
@@ -131,22 +186,35 @@ class _AgentState:
         self.errwin: deque[bool] = deque(maxlen=window)
         self.errwin_failures = 0
         self.active_rules: set[str] = set()
+        self.watches: dict[str, _Watch] = {}
 
 
 class IssueDetector:
     """Finds degraded agents in a :class:`PerformanceMonitor`'s runs.
 
     Args:
-        mode: ``"statistical"`` (calibrated CUSUMs, the default) or ``"rules"`` (seed 003).
+        mode: ``"statistical"`` (calibrated CUSUMs, the default) or ``"rules"`` (fixed thresholds).
         false_alarm_rate: expected alarms per healthy run, both CUSUMs together.
         baseline_n: runs in the baseline the CUSUMs are calibrated on: the first
             ``baseline_n`` of the monitor's baseline, so at most the monitor's ``baseline_n``
             (default 500), which None (the default) means.
+        min_baseline_n: the smallest baseline the guarantee covers (default 30); with a
+            smaller ``baseline_n`` the statistical mode runs the fixed rules, labelled
+            ``OUTSIDE_GUARANTEE``.
         failure_share: the part of the false-alarm budget given to the failure CUSUM.
         relative_drop: the success-rate drop (relative) the failure CUSUM is tuned for.
         regression_factor: the slowdown the duration CUSUM is tuned for.
         rules: thresholds for ``"rules"`` mode.
         monitor: bind to this monitor now (else the first ``check`` binds it).
+        ledger: where open issues and the detector's state are kept (default: in memory; an
+            orchestrator passes one on its store, shared by every process on it).
+        backoff_runs: after a cycle ends with no change, the issue is held (not raised again)
+            for this many of the agent's runs, doubling at each repeat ...
+        backoff_max_runs: ... up to this ceiling. An issue still open (no outcome recorded)
+            is also raised again after ``backoff_runs`` runs, so a crashed cycle is retried.
+        clear_window: an issue whose statistic stays at or below ``clear_level`` of its
+            threshold for this many consecutive runs is closed as cleared without change.
+        clear_level: what "near zero" means, as a fraction of the threshold.
     """
 
     def __init__(
@@ -155,11 +223,17 @@ class IssueDetector:
         *,
         false_alarm_rate: float = 0.001,
         baseline_n: int | None = None,
+        min_baseline_n: int = DEFAULT_MIN_BASELINE_N,
         failure_share: float = 0.95,
         relative_drop: float = 0.15,
         regression_factor: float = 1.5,
         rules: RuleThresholds | None = None,
         monitor: PerformanceMonitor | None = None,
+        ledger: IssueLedger | None = None,
+        backoff_runs: int = 100,
+        backoff_max_runs: int = 6400,
+        clear_window: int = 100,
+        clear_level: float = 0.25,
     ) -> None:
         if mode not in ("statistical", "rules"):
             raise ConfigurationError(f"IssueDetector: mode must be statistical or rules: {mode!r}")
@@ -169,6 +243,10 @@ class IssueDetector:
             )
         if baseline_n is not None and baseline_n < 10:
             raise ConfigurationError(f"IssueDetector: baseline_n must be >= 10, got {baseline_n}")
+        if min_baseline_n < 10:
+            raise ConfigurationError(
+                f"IssueDetector: min_baseline_n must be >= 10, got {min_baseline_n}"
+            )
         if not 0.0 <= failure_share <= 1.0:
             raise ConfigurationError(
                 f"IssueDetector: failure_share must be in [0, 1], got {failure_share}"
@@ -178,9 +256,26 @@ class IssueDetector:
                 "IssueDetector: need 0 < relative_drop < 1 and regression_factor > 1, got "
                 f"{relative_drop}, {regression_factor}"
             )
+        if not 1 <= backoff_runs <= backoff_max_runs or clear_window < 1:
+            raise ConfigurationError(
+                "IssueDetector: need 1 <= backoff_runs <= backoff_max_runs and clear_window >= 1,"
+                f" got {backoff_runs}, {backoff_max_runs}, {clear_window}"
+            )
+        if not 0.0 <= clear_level < 1.0:
+            raise ConfigurationError(
+                f"IssueDetector: clear_level must be in [0, 1), got {clear_level}"
+            )
         self.mode: DetectionMode = mode
+        self.ledger = ledger if ledger is not None else IssueLedger()
+        self.backoff_runs = backoff_runs
+        self.backoff_max_runs = backoff_max_runs
+        self.clear_window = clear_window
+        self.clear_level = clear_level
+        self._saved = self.ledger.load_states()
+        self._touched: set[str] = set()
         self.false_alarm_rate = false_alarm_rate
         self._baseline_n = baseline_n
+        self.min_baseline_n = min_baseline_n
         self.failure_share = failure_share
         self.relative_drop = relative_drop
         self.regression_factor = regression_factor
@@ -203,17 +298,63 @@ class IssueDetector:
         mon = self._bind(monitor)
         assert self._cursor is not None
         chunks = mon.read_chunks(self._cursor)
-        if self.mode == "statistical":
-            alarms = self._run_cusums(chunks)
-        else:
+        if not self.guaranteed:
             alarms = self._run_rules(chunks, mon.window)
+        else:
+            alarms = self._run_cusums(chunks)
+            self._save_touched()
         if not alarms:
             return []
         return self._reports(mon, alarms)
 
-    def on_change_kept(self, agent_name: str, monitor: PerformanceMonitor | None = None) -> None:
-        """A change to ``agent_name`` was kept: start its new baseline (see the monitor's)."""
-        self._bind(monitor).start_new_baseline(agent_name)
+    def cycle_finished(
+        self, issue: IssueReport, *, kept: bool, outcome: str, change_id: str | None = None
+    ) -> IssueRow | None:
+        """Record how the cycle for ``issue`` ended on its issue row.
+
+        A kept change resolves the issue. Anything else (no change proposed, refused, not
+        proven, declined) holds it: the detector does not raise that kind of issue for that
+        agent again until its statistic has stayed near zero for ``clear_window`` runs (then the
+        issue closes as cleared without change) or the hold has passed (``backoff_runs``,
+        doubled for each cycle that already ended this way, at most ``backoff_max_runs``).
+        Returns the updated row (None for a report that no issue row stands behind, such as a
+        requested analysis).
+        """
+        if issue.issue_id is None:
+            return None
+        st = self._states.get(issue.agent_name)
+        watch = st.watches.get(issue.error_type) if st is not None else None
+        if kept:
+            if st is not None:
+                st.watches.pop(issue.error_type, None)
+            return self.ledger.resolve(issue.issue_id, change_id=change_id)
+        current = self.ledger.get(issue.issue_id)
+        if current is None:
+            return None
+        hold = min(self.backoff_max_runs, self.backoff_runs * 2**current.cycles)
+        row = self.ledger.hold(issue.issue_id, outcome=outcome, hold_runs=hold)
+        if watch is not None and row is not None and row.status == "held":
+            watch.status, watch.hold_runs, watch.runs_since = "held", hold, 0
+        log.info(
+            "issue_held",
+            agent=issue.agent_name,
+            kind=issue.error_type,
+            issue_id=issue.issue_id,
+            outcome=outcome,
+            hold_runs=hold,
+        )
+        return row
+
+    def on_change_kept(
+        self,
+        agent_name: str,
+        monitor: PerformanceMonitor | None = None,
+        *,
+        label: str | None = None,
+    ) -> None:
+        """A change to ``agent_name`` was kept: start its new baseline (see the monitor's);
+        ``label`` names the change, which the errors from before it are shown with."""
+        self._bind(monitor).start_new_baseline(agent_name, label=label)
 
     def on_change_rolled_back(
         self, agent_name: str, monitor: PerformanceMonitor | None = None
@@ -229,6 +370,20 @@ class IssueDetector:
         return self._monitor.baseline_n if self._monitor is not None else 500
 
     @property
+    def guaranteed(self) -> bool:
+        """True when the calibrated charts run under the false-alarm guarantee."""
+        return self.mode == "statistical" and self.baseline_n >= self.min_baseline_n
+
+    def state(self, agent_name: str) -> DetectorState:
+        """Whether the agent is warming up, watched under the guarantee, or outside it."""
+        if not self.guaranteed:
+            return "outside_guarantee"
+        st = self._states.get(agent_name)
+        if st is None or st.charts is None:
+            return "warming_up"
+        return "watching"
+
+    @property
     def missed_runs(self) -> int:
         """Runs skipped: more than the monitor's ``detection_backlog`` arrived between checks."""
         return self._cursor.missed if self._cursor is not None else 0
@@ -239,8 +394,12 @@ class IssueDetector:
         if st is None:
             return None
         charts = st.charts
-        out: dict[str, Any] = {"baseline": st.baseline.summary()}
-        if self.mode == "rules":
+        out: dict[str, Any] = {"baseline": st.baseline.summary(), "state": self.state(agent_name)}
+        if st.watches:
+            out["issues"] = {
+                kind: {"issue_id": w.issue_id, "status": w.status} for kind, w in st.watches.items()
+            }
+        if self.mode == "rules" or not self.guaranteed:
             out["consecutive_failures"] = st.streak
             out["active_rules"] = sorted(st.active_rules)
         if charts is not None and charts.failure is not None:
@@ -261,7 +420,8 @@ class IssueDetector:
         for base, start, rows, _ in chunks:
             st = states.get(base.agent)
             if st is None or st.baseline is not base:
-                st = states[base.agent] = _AgentState(base, self.rules, 1)
+                st = states[base.agent] = self._new_state(base, st)
+            self._touched.add(base.agent)
             if start + len(rows) <= n_base:
                 continue  # still the baseline: nothing to test yet
             charts = st.charts
@@ -280,20 +440,26 @@ class IssueDetector:
     ) -> None:
         s, runs, failures = st.s_fail, st.fail_n, st.fail_k
         up, down, threshold = fc.up, fc.down, fc.threshold
+        watch = st.watches.get(LOW_SUCCESS)
+        quiet_level = threshold * self.clear_level
         for row in rows:
             if row[2]:
                 s -= down
                 if s <= 0:
                     s = runs = failures = 0
-                    continue
-                runs += 1
+                else:
+                    runs += 1
             else:
                 s += up
                 runs += 1
                 failures += 1
             if s >= threshold:
-                alarms.append(self._failure_alarm(st, fc, s, runs, failures))
+                alarm = self._failure_alarm(st, fc, s, runs, failures)
                 s = runs = failures = 0
+                self._admit(st, alarm, alarms)
+                watch = st.watches.get(LOW_SUCCESS)
+            elif watch is not None and self._tick(st, watch, s <= quiet_level):
+                watch = None
         st.s_fail, st.fail_n, st.fail_k = s, runs, failures
 
     def _duration_cusum(
@@ -301,18 +467,140 @@ class IssueDetector:
     ) -> None:
         s, runs, total = st.s_dur, st.dur_n, st.dur_sum
         k, h, standardise = dc.k, dc.h, dc.standardise
+        watch = st.watches.get(SLOWDOWN)
+        quiet_level = h * self.clear_level
         for row in rows:
             y = log_duration(row[3])
             s += standardise(y) - k
             if s <= 0.0:
                 s, runs, total = 0.0, 0, 0.0
-                continue
-            runs += 1
-            total += y
+            else:
+                runs += 1
+                total += y
             if s >= h:
-                alarms.append(self._duration_alarm(st, dc, s, runs, total))
+                alarm = self._duration_alarm(st, dc, s, runs, total)
                 s, runs, total = 0.0, 0, 0.0
+                self._admit(st, alarm, alarms)
+                watch = st.watches.get(SLOWDOWN)
+            elif watch is not None and self._tick(st, watch, s <= quiet_level):
+                watch = None
         st.s_dur, st.dur_n, st.dur_sum = s, runs, total
+
+    def _new_state(self, base: Baseline, previous: _AgentState | None) -> _AgentState:
+        """A fresh state for a new baseline: open issues carry over; a saved state of this very
+        baseline (a restart) is resumed."""
+        st = _AgentState(base, self.rules, 1)
+        if previous is not None:
+            st.watches = previous.watches
+        for kind in (LOW_SUCCESS, SLOWDOWN):
+            saved = self._saved.pop((base.agent, kind), None)
+            if saved is None:
+                continue
+            if saved.epoch == base.epoch:
+                if kind == LOW_SUCCESS:
+                    st.s_fail, st.fail_n, st.fail_k = (
+                        int(saved.statistic),
+                        saved.runs,
+                        int(saved.total),
+                    )
+                else:
+                    st.s_dur, st.dur_n, st.dur_sum = saved.statistic, saved.runs, saved.total
+            row = self.ledger.get(saved.issue_id) if saved.issue_id is not None else None
+            if row is not None and row.status in ("open", "held") and kind not in st.watches:
+                st.watches[kind] = _Watch(row, saved.runs_since_hold, saved.quiet_runs)
+        return st
+
+    def _admit(self, st: _AgentState, alarm: _Alarm, alarms: list[_Alarm]) -> None:
+        """One alarm per condition: report ``alarm`` only if it opens (or re-opens) an issue."""
+        agent, kind = alarm.agent, alarm.error_type
+        watch = st.watches.get(kind)
+        if watch is not None:
+            row = self.ledger.get(watch.issue_id)  # another process may have settled it
+            if row is None or row.status not in ("open", "held"):
+                del st.watches[kind]
+                watch = None
+            else:
+                watch.status, watch.hold_runs = row.status, row.hold_runs
+        if watch is None:
+            row, created = self.ledger.open(
+                agent,
+                kind,
+                detector=alarm.detector,
+                context=alarm.context,
+                hold_runs=self.backoff_runs,
+            )
+            st.watches[kind] = _Watch(row)
+            if created:
+                alarms.append(replace(alarm, issue_id=row.issue_id))
+            else:
+                log.info("issue_already_open", agent=agent, kind=kind, issue_id=row.issue_id)
+            return
+        watch.quiet = 0
+        if watch.runs_since < watch.hold_runs:
+            return  # held, or open and being dealt with: the same condition, not a new issue
+        if watch.status == "held":
+            self.ledger.reopen(watch.issue_id, context=alarm.context)
+        watch.status, watch.runs_since = "open", 0
+        log.info("issue_raised_again", agent=agent, kind=kind, issue_id=watch.issue_id)
+        alarms.append(replace(alarm, issue_id=watch.issue_id))
+
+    def _tick(self, st: _AgentState, watch: _Watch, quiet: bool) -> bool:
+        """Count one run for an active issue; True if it just cleared by itself (and is closed)."""
+        watch.runs_since += 1
+        watch.quiet = watch.quiet + 1 if quiet else 0
+        if watch.quiet < self.clear_window:
+            return False
+        kind = next(k for k, w in st.watches.items() if w is watch)
+        del st.watches[kind]
+        self.ledger.clear(watch.issue_id)
+        log.info(
+            "issue_cleared_without_change",
+            agent=st.baseline.agent,
+            kind=kind,
+            issue_id=watch.issue_id,
+        )
+        return True
+
+    def _save_touched(self) -> None:
+        """Keep the state of the agents this check moved in the ledger (for a restart)."""
+        if self.ledger.store is None or not self._touched:
+            self._touched.clear()
+            return
+        saved: list[SavedState] = []
+        for agent in sorted(self._touched):
+            st = self._states[agent]
+            charts = st.charts
+            if charts is None:
+                continue
+            shown: dict[str, tuple[float, float]] = {}
+            if charts.failure is not None:
+                fc = charts.failure
+                shown[LOW_SUCCESS] = (fc.unit, fc.threshold * fc.unit)
+            if charts.duration is not None:
+                shown[SLOWDOWN] = (1.0, charts.duration.h)
+            for kind, statistic, runs, total in (
+                (LOW_SUCCESS, float(st.s_fail), st.fail_n, float(st.fail_k)),
+                (SLOWDOWN, st.s_dur, st.dur_n, st.dur_sum),
+            ):
+                if kind not in shown:
+                    continue
+                w = st.watches.get(kind)
+                saved.append(
+                    SavedState(
+                        agent,
+                        kind,
+                        st.baseline.epoch,
+                        statistic,
+                        runs,
+                        total,
+                        w.issue_id if w is not None else None,
+                        w.runs_since if w is not None else 0,
+                        w.quiet if w is not None else 0,
+                        *shown[kind],
+                    )
+                )
+        self._touched.clear()
+        self.ledger.save_states(saved)
 
     def _calibrate(self, base: Baseline) -> _Charts:
         charts = self._charts.get(base)
@@ -321,10 +609,10 @@ class IssueDetector:
             share = self.failure_share
             failure = duration = None
             if share > 0.0:
-                failure = calibrate_bernoulli(
+                failure = failure_chart(
                     sum(base.outcomes[:n]),
                     n,
-                    1.0 / (self.false_alarm_rate * share),
+                    self.false_alarm_rate * share,
                     self.relative_drop,
                 )
             if share < 1.0:
@@ -345,7 +633,7 @@ class IssueDetector:
         return _Alarm(
             agent=agent,
             detector=CUSUM_FAILURE,
-            error_type="low_success_rate",
+            error_type=LOW_SUCCESS,
             statistic=s * fc.unit,
             threshold=fc.threshold * fc.unit,
             severity=1.0 + excess,
@@ -369,7 +657,7 @@ class IssueDetector:
         return _Alarm(
             agent=agent,
             detector=CUSUM_DURATION,
-            error_type="performance_regression",
+            error_type=SLOWDOWN,
             statistic=s,
             threshold=dc.h,
             severity=max(0.0, min(1.0, math.log2(ratio))) if ratio > 0 else 0.0,
@@ -515,6 +803,7 @@ class IssueDetector:
                     threshold=alarm.threshold,
                     baseline=self._baseline_dict(alarm),
                     severity=alarm.severity,
+                    issue_id=alarm.issue_id,
                 )
             )
         reports.sort(key=lambda r: r.severity, reverse=True)
@@ -553,6 +842,7 @@ def _rising(st: _AgentState, rule: str, firing: bool) -> bool:
 def _rule_alarm(
     st: _AgentState, rule: str, statistic: float, threshold: float, severity: float, context: str
 ) -> _Alarm:
+    context = f"{context} (the fixed rules: {OUTSIDE_GUARANTEE})"
     return _Alarm(
         agent=st.baseline.agent,
         detector=f"rules:{rule}",

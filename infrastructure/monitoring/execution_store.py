@@ -80,7 +80,9 @@ _MIGRATIONS = [
         end_id INTEGER,
         PRIMARY KEY (agent, epoch, start_id)
     )
-    """
+    """,
+    # the kept change that started an epoch, so errors from before it can be labelled with it
+    "ALTER TABLE baseline_epochs ADD COLUMN label TEXT",
 ]
 
 
@@ -183,6 +185,8 @@ class ExecutionStore:
                 ).fetchone()
                 epoch = int(row[0]) if row else 0
                 baselines[agent] = self.load_baseline(agent, epoch, capacity)
+                if epoch and agent in stats[RUN]:
+                    _split_errors(conn, stats[RUN][agent], agent, epoch, upto)
         finally:
             conn.execute("COMMIT")
         return LoadedState(stats, baselines)
@@ -212,8 +216,11 @@ class ExecutionStore:
         )
         return base
 
-    def start_epoch(self, agent: str) -> int:
-        """Close the active epoch at the current last row and open a new child epoch."""
+    def start_epoch(self, agent: str, label: str | None = None) -> int:
+        """Close the active epoch at the current last row and open a new child epoch.
+
+        ``label`` names what started it (the kept change), shown with the errors before it.
+        """
         with self.store.transaction() as conn:
             boundary = _last_id(conn)
             row = conn.execute(
@@ -222,7 +229,8 @@ class ExecutionStore:
             current = 0 if row is None else int(row[0])
             if row is None:  # the implicit first epoch: every run so far
                 conn.execute(
-                    "INSERT OR IGNORE INTO baseline_epochs VALUES (?, 0, NULL, 'active', ?)",
+                    "INSERT OR IGNORE INTO baseline_epochs (agent, epoch, parent, status,"
+                    " created_ts) VALUES (?, 0, NULL, 'active', ?)",
                     (agent, time.time()),
                 )
                 conn.execute(
@@ -236,8 +244,9 @@ class ExecutionStore:
             )
             _close_segment(conn, agent, current, boundary, "superseded")
             conn.execute(
-                "INSERT INTO baseline_epochs VALUES (?, ?, ?, 'active', ?)",
-                (agent, epoch, current, time.time()),
+                "INSERT INTO baseline_epochs (agent, epoch, parent, status, created_ts, label)"
+                " VALUES (?, ?, ?, 'active', ?, ?)",
+                (agent, epoch, current, time.time(), label),
             )
             conn.execute(
                 "INSERT INTO baseline_segments VALUES (?, ?, ?, NULL)", (agent, epoch, boundary)
@@ -300,6 +309,30 @@ def _load_stats(
     ).fetchall()
     st.recent_errors.extend(e for (e,) in reversed(errors))
     return st
+
+
+def _split_errors(
+    conn: sqlite3.Connection, st: AgentStats, agent: str, epoch: int, upto: int
+) -> None:
+    """Errors since the epoch's kept change are recent; the ones before it are history."""
+    since, label = conn.execute(
+        "SELECT MIN(s.start_id), MAX(e.label) FROM baseline_segments s JOIN baseline_epochs e"
+        " ON e.agent = s.agent AND e.epoch = s.epoch WHERE s.agent = ? AND s.epoch = ?",
+        (agent, epoch),
+    ).fetchone()
+    if since is None:
+        return
+    query = (
+        "SELECT error FROM executions WHERE agent = ? AND source = ? AND error IS NOT NULL"
+        " AND error != '' AND id <= ? AND {} ORDER BY id DESC LIMIT ?"
+    )
+    after = conn.execute(query.format("id > ?"), (agent, RUN, upto, since, RECENT_ERRORS))
+    before = conn.execute(query.format("id <= ?"), (agent, RUN, upto, since, RECENT_ERRORS))
+    st.recent_errors.clear()
+    st.recent_errors.extend(e for (e,) in reversed(after.fetchall()))
+    st.errors_before_change.clear()
+    st.errors_before_change.extend(e for (e,) in reversed(before.fetchall()))
+    st.change_label = label or f"the change that started baseline {epoch}"
 
 
 def _last_id(conn: sqlite3.Connection) -> int:

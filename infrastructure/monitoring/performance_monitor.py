@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import threading
 import time
 import uuid
@@ -156,6 +157,7 @@ class PerformanceMonitor:
         self._epochs: dict[str, int] = {}  # highest epoch number used per agent
         self._feed = RunFeed(detection_backlog)
         self._unwritten: list[Row] = []
+        self._write_error: str | None = None  # why the last write failed; None once one works
         self._closed = False
         self._table = ExecutionStore(store, uuid.uuid4().hex) if store is not None else None
         if self._table is not None:
@@ -164,16 +166,35 @@ class PerformanceMonitor:
             for agent, base in loaded.baselines.items():
                 self._epochs[agent] = base.epoch
                 self._baselines[agent] = [base]
+        self._start_flusher()
+        _register_for_exit(self)
+
+    def _start_flusher(self) -> None:
         self._wake = threading.Event()
         self._waking = False
         self._thread = threading.Thread(
             target=_flusher_loop,
-            args=(weakref.ref(self), self._wake, flush_interval_s),
+            args=(weakref.ref(self), self._wake, self.flush_interval_s),
             name="agentmend-monitor-flusher",
             daemon=True,
         )
         self._thread.start()
-        _register_for_exit(self)
+
+    def _reinit_after_fork(self) -> None:
+        """In a forked child: new locks, no unwritten runs, and a flusher of its own.
+
+        The parent keeps (and writes, once) every run recorded before the fork; the child
+        starts with an empty buffer. Its per-agent state is the parent's at the fork. The
+        parent's flusher does not exist in the child and may have held a lock at the fork, so
+        the locks are new ones.
+        """
+        self._state_lock = threading.RLock()
+        self._write_lock = threading.Lock()
+        self._unwritten = []
+        if self._closed:
+            return
+        self._buffer = deque()
+        self._start_flusher()
 
     # ----------------------------------------------------------------- the hot path
 
@@ -353,11 +374,13 @@ class PerformanceMonitor:
 
     # ----------------------------------------------------------------- baselines
 
-    def start_new_baseline(self, agent_name: str) -> Baseline:
+    def start_new_baseline(self, agent_name: str, *, label: str | None = None) -> Baseline:
         """A change to the agent was kept: its next ``baseline_n`` runs become its baseline.
 
         Runs recorded before this call stay in the old baseline, which is kept (up to 32
-        deep) so :meth:`restore_baseline` can reinstate it.
+        deep) so :meth:`restore_baseline` can reinstate it. The agent's recent errors so far
+        become history (``errors_before_change``, labelled with ``label``, the kept change):
+        from now on ``recent_errors`` holds only errors from after the change.
         """
         with self._write_lock, self._state_lock:
             self._drain()
@@ -366,9 +389,12 @@ class PerformanceMonitor:
                 stack.append(Baseline(agent_name, self._epochs.get(agent_name, 0), self.baseline_n))
             if self._table is not None:
                 self._write_unwritten()
-                epoch = self._table.start_epoch(agent_name)
+                epoch = self._table.start_epoch(agent_name, label)
             else:
                 epoch = self._epochs.get(agent_name, 0) + 1
+            stats = self._stats[RUN].get(agent_name)
+            if stats is not None:
+                stats.new_period(label)
             self._epochs[agent_name] = epoch
             fresh = Baseline(agent_name, epoch, self.baseline_n)
             stack.append(fresh)
@@ -384,15 +410,20 @@ class PerformanceMonitor:
         with self._write_lock, self._state_lock:
             self._drain()
             stack = self._baselines.get(agent_name, [])
+            stats = self._stats[RUN].get(agent_name)
             if self._table is None:
                 if len(stack) < 2:
                     return None
                 stack.pop()
+                if stats is not None:
+                    stats.undo_period()
                 return stack[-1]
             self._write_unwritten()
             parent = self._table.restore_epoch(agent_name)
             if parent is None:
                 return None
+            if stats is not None:
+                stats.undo_period()
             if len(stack) >= 2 and stack[-2].epoch == parent:
                 stack.pop()
             else:
@@ -459,7 +490,19 @@ class PerformanceMonitor:
         except Exception as exc:
             with self._state_lock:
                 self._unwritten[:0] = batch
+            self._write_error = f"{type(exc).__name__}: {exc}"
             raise StoreError(f"cannot write {len(batch)} runs to the store: {exc}") from exc
+        self._write_error = None
+
+    def write_backlog(self) -> tuple[int, str | None]:
+        """(runs recorded but not yet in the store, why the last write failed or None).
+
+        While the store fails (a full disk, a locked or broken database) the background
+        writer keeps the runs and retries; this is what a status shows meanwhile.
+        """
+        with self._state_lock:
+            count = len(self._unwritten) + len(self._buffer)
+        return count, self._write_error
 
     def _background_flush(self) -> None:
         with self._write_lock:
@@ -601,6 +644,19 @@ def _register_for_exit(monitor: PerformanceMonitor) -> None:
         if not _exit_hook:
             atexit.register(_close_all)
             _exit_hook.append(True)
+
+
+def _reinit_monitors_in_child() -> None:
+    # As OpenTelemetry's SDK does: the live monitors (weakly held) are re-initialised in a
+    # forked child, so buffered runs are not written twice and the child's runs get a flusher.
+    global _exit_lock
+    _exit_lock = threading.Lock()
+    for monitor in list(_open_monitors):
+        monitor._reinit_after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # absent on Windows, which has no fork
+    os.register_at_fork(after_in_child=_reinit_monitors_in_child)
 
 
 def _close_all() -> None:

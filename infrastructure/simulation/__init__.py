@@ -1,6 +1,6 @@
 """A simulated team with injectable faults: what the demo, ``main.py`` offline and pytest run on.
 
-Seed 003's six agents ship as definition files (``copy_team`` puts them in a workspace, where the
+The team's six agents ship as definition files (``copy_team`` puts them in a workspace, where the
 loop may edit them). ``SimulatedRuntime`` runs them as a deterministic function of the seed, each
 agent's configuration and the faults injected at run time; ``faults.py`` documents, for each
 fault, the configuration condition under which a run fails and the edit that fixes it. Agents

@@ -37,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from infrastructure.errors import InvalidArgument
+
 __all__ = ["Fault", "FaultKind"]
 
 
@@ -76,12 +78,12 @@ class Fault:
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, FaultKind):
-            raise ValueError(f"kind must be a FaultKind, got {self.kind!r}")
+            raise InvalidArgument("kind", self.kind, "must be a FaultKind")
         if self.token_factor < 1:
-            raise ValueError(f"token_factor must be at least 1, got {self.token_factor}")
+            raise InvalidArgument("token_factor", self.token_factor, "must be at least 1")
         if self.latency_factor < 1:
-            raise ValueError(f"latency_factor must be at least 1, got {self.latency_factor}")
+            raise InvalidArgument("latency_factor", self.latency_factor, "must be at least 1")
         if self.calls < 1:
-            raise ValueError(f"calls must be at least 1, got {self.calls}")
+            raise InvalidArgument("calls", self.calls, "must be at least 1")
         if self.tool is not None and not self.tool.strip():
-            raise ValueError("tool must be a tool name, got an empty string")
+            raise InvalidArgument("tool", self.tool, "must be a tool name")

@@ -1,4 +1,4 @@
-"""The simulated team: seed 003's six agents, the models they can run on, and their definitions.
+"""The simulated team: six agents, the models they can run on, and their definitions.
 
 The numbers here are the ground truth the simulated runtime behaves by: how many tokens each
 agent's answers need, which tools its work calls, which tool a changed task would need, how fast
@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from infrastructure.errors import ConfigurationError
-from infrastructure.files import atomic_write
+from infrastructure.files import atomic_write, read_if_exists
 
 __all__ = [
     "AVAILABLE_MODELS",
@@ -95,7 +95,7 @@ AVAILABLE_MODELS: Mapping[str, ModelProfile] = MappingProxyType(
         )
     }
 )
-"""The models a model change is validated against (seed 002's ``available_models.json``)."""
+"""The models a model change is validated against (what ``available_models.json`` lists)."""
 
 RETIRED_MODELS: frozenset[str] = frozenset(
     {"claude-2.1", "claude-2.0", "claude-instant-1.2", "claude-3-sonnet-20240229"}
@@ -274,7 +274,8 @@ def copy_team(destination_dir: str | Path, *, overwrite: bool = False) -> Path:
     if not overwrite:
         for name, data in files.items():
             target = destination / name
-            if target.exists() and target.read_bytes() != data:
+            current = read_if_exists(target)
+            if current is not None and current != data:
                 raise ConfigurationError(
                     f"{target}: a different file is already there; "
                     "pass overwrite=True to replace it"
@@ -282,6 +283,6 @@ def copy_team(destination_dir: str | Path, *, overwrite: bool = False) -> Path:
     destination.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         target = destination / name
-        if not (target.exists() and target.read_bytes() == data):
+        if read_if_exists(target) != data:
             atomic_write(target, data)
     return destination

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from agents.roles.ask_agent_tool import fenced_answer
 from agents.roles.playbooks.signatures import (
     Finding,
     classify,
@@ -80,15 +81,12 @@ _REFERENCED_QUESTIONS: tuple[str, ...] = (
     "What model, max_tokens, timeout and tools are you configured with?",
 )
 
-_FENCE = re.compile(r"^\s*<agent_answer\b[^>]*>\n?(.*?)\n?</agent_answer>\s*$", re.DOTALL)
 _CAPPED_NOTE = re.compile(r"\n?\[answer truncated: \d+ characters, showing \d+\]\s*$")
 
 
 def answer_text(tool_output: str) -> str:
     """An ``ask_agent`` result without its ``<agent_answer>`` fence and the length-cap note."""
-    match = _FENCE.match(tool_output)
-    text = match.group(1) if match else tool_output
-    return _CAPPED_NOTE.sub("", text).strip()
+    return _CAPPED_NOTE.sub("", fenced_answer(tool_output)).strip()
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The offline supervisor: a rule-based review of one concrete change (seed 001's machine check).
+"""The offline supervisor: a rule-based review of one concrete change, before it is written.
 
 It reads the ``<proposed_change>`` block (the action, the diff, the agent's configuration before
 and after, the paths written) and rejects the change when any rule below finds a concern:
@@ -145,7 +145,7 @@ def _added_tools(change: _ProposedChange) -> tuple[set[str], bool]:
     value = action.new_value
     if isinstance(value, Mapping):
         return {str(t) for t in value.get("add", ()) or ()}, False
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return {str(t) for t in value} - set(old or ()), False
     if value is None and action.target_field == "tools" and old is not None:
         return set(), True

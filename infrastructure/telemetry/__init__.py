@@ -1,0 +1,1 @@
+"""OpenTelemetry both ways: agent runs from spans (in) and agentmend's own work as spans (out)."""

@@ -1,0 +1,283 @@
+"""The assembly buffer: spans in, one execution per agent span out, each span counted once.
+
+Spans do not arrive as executions. A child ends (and is exported) before its parent, a trace can
+be split across export requests, and exporters resend a batch they think failed. So spans are
+buffered per trace; an agent span, when it arrives, takes the spans of its subtree that arrived
+before it and becomes one execution; chat spans with no agent span above them become one
+execution each once their trace's local root has arrived. A trace idle for ``orphan_timeout_s``
+is flushed: what is left in it is counted as orphans (its agent span never came) and dropped.
+
+``(trace_id, span_id)`` is the idempotency key: the keys of the last ``remember`` spans are kept
+(two generations of sets, so memory is bounded and lookups O(1)), and a span seen again is
+counted as a duplicate and ignored, so a retried batch records nothing twice. The buffer holds at
+most ``max_open_traces`` traces; past that the oldest is flushed as orphans.
+
+Thread-safe: one lock around every call (the receiver serves requests on several threads).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from infrastructure.models import ExecutionRecord
+from infrastructure.structured_logger import get_logger
+from infrastructure.telemetry.mapping import (
+    SpanMapping,
+    is_agent_span,
+    is_chat_span,
+    is_recorded_by_agentmend,
+)
+from infrastructure.telemetry.span import SpanData
+
+__all__ = ["TelemetryCounts", "TraceAssembler"]
+
+log = get_logger(__name__)
+
+Record = Callable[[ExecutionRecord], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryCounts:
+    """What came in and what became of it; ``status`` shows these, so losses are visible."""
+
+    spans_received: int = 0
+    executions_recorded: int = 0
+    duplicates: int = 0
+    """Spans seen before (an exporter's retry): ignored."""
+    own_spans: int = 0
+    """agentmend's own spans (``agentmend.recorded``): recorded already, skipped."""
+    unmappable: int = 0
+    """Agent or chat spans no rule could name an agent for."""
+    orphans: int = 0
+    """Spans flushed from a trace that timed out or was evicted before its agent span came."""
+    ignored: int = 0
+    """Spans of a finished trace that were neither agent nor chat spans (HTTP, DB, ...)."""
+    dropped_queue_full: int = 0
+    """Spans a span processor dropped because its queue was full."""
+    rejected: int = 0
+    """Spans a receiver refused as malformed (reported in ``partial_success``)."""
+    open_traces: int = 0
+
+
+class _Trace:
+    __slots__ = ("agents", "last_seen", "own", "own_new", "root_seen", "spans")
+
+    def __init__(self, now: float) -> None:
+        self.spans: dict[bytes, SpanData] = {}
+        self.agents: list[SpanData] = []
+        self.own: set[bytes] = set()
+        self.own_new: list[SpanData] = []
+        self.root_seen = False
+        self.last_seen = now
+
+
+class TraceAssembler:
+    """Turns spans into recorded executions (see the module docstring).
+
+    Args:
+        record: where executions go (``PerformanceMonitor.record``).
+        mapping: the mapping rules (agent naming).
+        orphan_timeout_s: a trace idle this long is flushed as orphans.
+        max_open_traces: traces buffered at most; the oldest is flushed past it.
+        remember: span keys remembered for the idempotency check.
+        clock: seconds, monotonic (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        record: Record,
+        mapping: SpanMapping | None = None,
+        *,
+        orphan_timeout_s: float = 60.0,
+        max_open_traces: int = 10_000,
+        remember: int = 1_000_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._record = record
+        self.mapping = mapping or SpanMapping()
+        self.orphan_timeout_s = orphan_timeout_s
+        self._max_open = max_open_traces
+        self._half = max(remember // 2, 1)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._traces: OrderedDict[bytes, _Trace] = OrderedDict()
+        self._seen: set[bytes] = set()
+        self._seen_before: set[bytes] = set()
+        self._received = self._recorded = self._duplicates = self._own = 0
+        self._unmappable = self._orphans = self._ignored = 0
+        self.dropped_queue_full = 0
+        self.rejected = 0
+
+    def add(self, spans: Iterable[SpanData], *, rejected: int = 0) -> int:
+        """Buffer ``spans`` and record every execution they complete; how many were recorded.
+
+        ``rejected`` counts the spans of the same request a decoder refused as malformed.
+        """
+        now = self._clock()
+        records: list[ExecutionRecord] = []
+        with self._lock:
+            self.rejected += rejected
+            touched: dict[bytes, _Trace] = {}
+            for span in spans:
+                self._received += 1
+                key = span.key
+                if key in self._seen or key in self._seen_before:
+                    self._duplicates += 1
+                    continue
+                self._remember(key)
+                trace = touched.get(span.trace_id) or self._open(span.trace_id, now)
+                touched[span.trace_id] = trace
+                if is_recorded_by_agentmend(span) or span.parent_span_id in trace.own:
+                    # agentmend's own work and everything below it (a role's chat spans)
+                    self._own += 1
+                    trace.own.add(span.span_id)
+                    trace.own_new.append(span)
+                    if not span.parent_span_id or span.parent_is_remote:
+                        trace.root_seen = True
+                    continue
+                trace.spans[span.span_id] = span
+                if is_agent_span(span):
+                    trace.agents.append(span)
+                if not span.parent_span_id or span.parent_is_remote:
+                    trace.root_seen = True
+            for trace_id, trace in touched.items():
+                self._assemble(trace_id, trace, records)
+            self._expire(now)
+        for record in records:
+            self._record(record)
+        return len(records)
+
+    def flush_expired(self) -> int:
+        """Flush the traces idle longer than the timeout; how many spans became orphans."""
+        with self._lock:
+            before = self._orphans
+            self._expire(self._clock())
+            return self._orphans - before
+
+    def flush_all(self) -> int:
+        """Flush every open trace as orphans (at shutdown); how many spans that was."""
+        with self._lock:
+            before = self._orphans
+            while self._traces:
+                self._drop_oldest()
+            return self._orphans - before
+
+    def counts(self) -> TelemetryCounts:
+        with self._lock:
+            return TelemetryCounts(
+                spans_received=self._received,
+                executions_recorded=self._recorded,
+                duplicates=self._duplicates,
+                own_spans=self._own,
+                unmappable=self._unmappable,
+                orphans=self._orphans,
+                ignored=self._ignored,
+                dropped_queue_full=self.dropped_queue_full,
+                rejected=self.rejected,
+                open_traces=len(self._traces),
+            )
+
+    # ------------------------------------------------------------------ internals
+
+    def _remember(self, key: bytes) -> None:
+        seen = self._seen
+        seen.add(key)
+        if len(seen) >= self._half:
+            self._seen_before = seen
+            self._seen = set()
+
+    def _open(self, trace_id: bytes, now: float) -> _Trace:
+        trace = self._traces.get(trace_id)
+        if trace is None:
+            trace = self._traces[trace_id] = _Trace(now)
+            if len(self._traces) > self._max_open:
+                self._drop_oldest()
+        else:
+            trace.last_seen = now
+            self._traces.move_to_end(trace_id)
+        return trace
+
+    def _assemble(self, trace_id: bytes, trace: _Trace, records: list[ExecutionRecord]) -> None:
+        if trace.own_new:
+            children = _children(trace.spans.values())
+            for own in trace.own_new:
+                for span in _subtree(own, children, trace.spans, into_agents=True):
+                    trace.spans.pop(span.span_id, None)
+                    trace.own.add(span.span_id)
+                    self._own += 1
+            trace.own_new.clear()
+            trace.agents = [a for a in trace.agents if a.span_id in trace.spans]
+        if trace.agents:
+            children = _children(trace.spans.values())
+            # Innermost first: a nested agent run claims its own subtree before its parent.
+            for agent in sorted(trace.agents, key=lambda s: s.end_ns):
+                subtree = _subtree(agent, children, trace.spans)
+                chats = [s for s in subtree if is_chat_span(s)]
+                record = self.mapping.execution(agent, chats)
+                self._keep(record, records)
+                for span in subtree:
+                    trace.spans.pop(span.span_id, None)
+                trace.spans.pop(agent.span_id, None)
+                children = _children(trace.spans.values())
+            trace.agents.clear()
+        if trace.root_seen:
+            for span in trace.spans.values():
+                if is_chat_span(span):
+                    self._keep(self.mapping.chat_execution(span), records)
+                else:
+                    self._ignored += 1
+            trace.spans.clear()
+        if not trace.spans and trace_id in self._traces:
+            del self._traces[trace_id]
+
+    def _keep(self, record: ExecutionRecord | None, records: list[ExecutionRecord]) -> None:
+        if record is None:
+            self._unmappable += 1
+        else:
+            self._recorded += 1
+            records.append(record)
+
+    def _expire(self, now: float) -> None:
+        deadline = now - self.orphan_timeout_s
+        while self._traces:
+            oldest = next(iter(self._traces.values()))
+            if oldest.last_seen > deadline:
+                break
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        trace_id, trace = self._traces.popitem(last=False)
+        if trace.spans:
+            self._orphans += len(trace.spans)
+            log.info("otel_orphans_flushed", trace_id=trace_id.hex(), spans=len(trace.spans))
+
+
+def _children(spans: Iterable[SpanData]) -> dict[bytes, list[SpanData]]:
+    children: dict[bytes, list[SpanData]] = {}
+    for span in spans:
+        if span.parent_span_id:
+            children.setdefault(span.parent_span_id, []).append(span)
+    return children
+
+
+def _subtree(
+    agent: SpanData,
+    children: dict[bytes, list[SpanData]],
+    spans: dict[bytes, SpanData],
+    *,
+    into_agents: bool = False,
+) -> list[SpanData]:
+    """The spans below ``agent`` still buffered, not descending into nested agents unless told."""
+    found: list[SpanData] = []
+    stack = list(children.get(agent.span_id, ()))
+    while stack:
+        span = stack.pop()
+        if span.span_id not in spans or (not into_agents and is_agent_span(span)):
+            continue
+        found.append(span)
+        stack.extend(children.get(span.span_id, ()))
+    return found

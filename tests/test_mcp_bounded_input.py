@@ -1,0 +1,61 @@
+"""Oversized and absurdly nested JSON-RPC over real stdio: an error answer, the server stays up."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from mcp_wire import McpProcess, deep_request, large_request
+from tiny_project import make_project
+
+from agents.faces.mcp_stdin import INVALID_REQUEST, nesting_exceeds, request_id
+
+
+def test_the_depth_check_counts_brackets_outside_strings_only() -> None:
+    assert not nesting_exceeds(b'{"a": [[1, 2], {"b": "[[[[[[[[[[["}]}', 3)
+    assert nesting_exceeds(b'{"a": [[[1]]]}', 3)
+    assert not nesting_exceeds(b'{"a": [[[1]]]}', 4)
+    assert nesting_exceeds(b'{"a": [}', 4)  # brackets that do not pair are never parsed
+    assert nesting_exceeds(deep_request(1, 200_000), 64)
+    assert not nesting_exceeds(deep_request(1, 10), 64)
+
+
+def test_the_request_id_is_found_at_the_top_level_only() -> None:
+    assert request_id(b'{"params": {"id": 5}, "id": 9, "jsonrpc": "2.0"}') == 9
+    assert request_id(b'{"jsonrpc": "2.0", "id": "abc"}') == "abc"
+    assert request_id(b'{"jsonrpc": "2.0", "method": "x"}') is None
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> McpProcess:
+    project = make_project(tmp_path / "proj")
+    return McpProcess(project / ".agentmend", project, AGENTMEND_MAX_REQUEST_BYTES="1000000")
+
+
+def test_oversized_and_deep_requests_get_an_error_and_the_server_stays_up(
+    server: McpProcess,
+) -> None:
+    try:
+        assert server.initialize()["id"] == 0
+        started = time.monotonic()
+        server.send(large_request(7, 3_000_000))  # three times the limit set above
+        big = server.receive(10.0)
+        assert big["id"] == 7
+        assert big["error"]["code"] == INVALID_REQUEST
+        assert "over the limit of 1000000 bytes" in big["error"]["message"]
+        server.send(deep_request(8, 200_000))
+        deep = server.receive(10.0)
+        assert time.monotonic() - started < 10.0
+        assert deep["id"] == 8
+        assert "nested deeper than 64 levels" in deep["error"]["message"]
+        server.request(9, "tools/list")
+        listed = server.receive(30.0)
+        assert listed["id"] == 9
+        assert {tool["name"] for tool in listed["result"]["tools"]} >= {"status", "memory"}
+        server.send(large_request(10, 900_000))  # under the limit: passed on and answered
+        within = server.receive(60.0)
+        assert within["id"] == 10
+        assert "error" not in within
+    finally:
+        server.close()
