@@ -97,9 +97,6 @@ class LeaseLost(AgentmendError):
             f"lease {lease_id} is {state}: its changes were settled by recovery, not by its owner"
         )
 
-    def __reduce__(self) -> tuple[type[LeaseLost], tuple[str, str]]:
-        return (LeaseLost, (self.lease_id, self.state))
-
 
 @dataclass(frozen=True, slots=True)
 class Lease:

@@ -7,8 +7,6 @@ files by the same hashes; keeping these in one place keeps the three in step.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -37,19 +35,7 @@ def root_busy(root: Path) -> bool:
     holding the lock (SIGSTOP in the middle of a step) never hangs the next open; the work
     waits for a later open instead.
     """
-    try:
-        fd = os.open(lock_path(root), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:  # absent, or not a plain file: nobody holds a lock there
-        return False
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    return confined.is_locked(root, lock_path(root))
 
 
 @contextlib.contextmanager
