@@ -494,7 +494,7 @@ def _config(workspace: Workspace, root: Path, agent: str | None) -> dict[str, An
         specs = {agent: specs[agent]}
     return {
         "workspace": str(workspace.path),
-        "store": str(workspace.store_path),
+        "store": workspace.store.display,
         "team_dir": str(workspace.team_dir),
         "project_root": str(root),
         "settings": settings,

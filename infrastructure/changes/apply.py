@@ -7,7 +7,6 @@ an apply is either acknowledged APPLIED or undone; see that module's docstring f
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +19,7 @@ from infrastructure.errors import PathNotAllowed
 from infrastructure.files import resolve_inside
 from infrastructure.models import ChangeRecord, ChangeStatus, FileChange, ImprovementAction, utc_now
 from infrastructure.store import Store
+from infrastructure.store_sql import StoreConnection
 
 __all__ = [
     "Content",
@@ -93,7 +93,7 @@ def record_intent(
     group_id: str | None,
     session_id: str,
     applied_by: str,
-    link: Callable[[sqlite3.Connection, list[str]], None] | None = None,
+    link: Callable[[StoreConnection, list[str]], None] | None = None,
 ) -> datetime:
     """Steps 2 and 3: read the old bytes, record the changes PENDING; returns their time.
 

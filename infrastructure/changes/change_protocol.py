@@ -68,7 +68,6 @@ live with their concept: :mod:`~infrastructure.changes.apply` (steps 2 to 6),
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -96,6 +95,7 @@ from infrastructure.changes.rollback import (
 )
 from infrastructure.models import ChangeRecord, ChangeStatus
 from infrastructure.store import Store
+from infrastructure.store_sql import StoreConnection
 from infrastructure.structured_logger import get_logger
 
 __all__ = ["LIVE_STATUSES", "ChangeProtocol", "Content", "FileEntry", "PartialRollback"]
@@ -294,8 +294,8 @@ class ChangeProtocol:
         owner is gone (:mod:`~infrastructure.changes.abandoned`); returns the changes settled."""
         return self.recovery.recover() + self.abandoned.settle()
 
-    def _linker(self, lease_id: str) -> Callable[[sqlite3.Connection, list[str]], None]:
-        def link(conn: sqlite3.Connection, change_ids: list[str]) -> None:
+    def _linker(self, lease_id: str) -> Callable[[StoreConnection, list[str]], None]:
+        def link(conn: StoreConnection, change_ids: list[str]) -> None:
             self.leases.link(conn, lease_id, change_ids)
 
         return link

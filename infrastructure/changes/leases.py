@@ -23,7 +23,6 @@ slack. A record owner's lease (a watch or rollout) has no expiry.
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from infrastructure.changes.owners import (
 )
 from infrastructure.errors import AgentmendError
 from infrastructure.store import Store
+from infrastructure.store_sql import StoreConnection, backend_of
 from infrastructure.structured_logger import get_logger
 
 __all__ = ["Lease", "LeaseKeeper", "LeaseLost", "LeaseState", "Leases"]
@@ -165,7 +165,7 @@ class Leases:
         )
         return [_lease(row) for row in rows]
 
-    def link(self, conn: sqlite3.Connection, lease_id: str, change_ids: Sequence[str]) -> None:
+    def link(self, conn: StoreConnection, lease_id: str, change_ids: Sequence[str]) -> None:
         """Put ``change_ids`` under the lease, inside the caller's transaction.
 
         Raises:
@@ -178,7 +178,7 @@ class Leases:
             [(change_id, lease_id) for change_id in change_ids],
         )
 
-    def release(self, conn: sqlite3.Connection, lease_id: str, reason: str) -> None:
+    def release(self, conn: StoreConnection, lease_id: str, reason: str) -> None:
         """held -> released, inside the transaction that records the owner's settlement.
 
         Raises:
@@ -223,7 +223,7 @@ class Leases:
             )
         return cursor.rowcount == 1
 
-    def mark_settled(self, conn: sqlite3.Connection, lease_id: str) -> None:
+    def mark_settled(self, conn: StoreConnection, lease_id: str) -> None:
         """lost -> settled: every change it held is settled."""
         conn.execute(
             "UPDATE leases SET state = 'settled' WHERE lease_id = ? AND state = 'lost'",
@@ -232,8 +232,16 @@ class Leases:
 
     def changes_of(self, lease_id: str) -> list[str]:
         """The ids of the changes the lease holds, oldest first."""
-        rows = self.store.connection().execute(
-            "SELECT change_id FROM lease_changes WHERE lease_id = ? ORDER BY rowid", (lease_id,)
+        conn = self.store.connection()
+        # insertion order: SQLite's rowid; PostgreSQL keeps none, so the changes' own order
+        order = (
+            "rowid"
+            if backend_of(conn) == "sqlite"
+            else "(SELECT seq FROM changes c WHERE c.change_id = lease_changes.change_id)"
+        )
+        rows = conn.execute(
+            f"SELECT change_id FROM lease_changes WHERE lease_id = ? ORDER BY {order}",
+            (lease_id,),
         )
         return [str(r[0]) for r in rows]
 
@@ -241,13 +249,13 @@ class Leases:
         """Raise :class:`LeaseLost` unless ``lease_id`` is held now."""
         self._require_held(self.store.connection(), lease_id)
 
-    def _require_held(self, conn: sqlite3.Connection, lease_id: str) -> None:
+    def _require_held(self, conn: StoreConnection, lease_id: str) -> None:
         state = self._state(conn, lease_id)
         if state != "held":
             raise LeaseLost(lease_id, state)
 
     @staticmethod
-    def _state(conn: sqlite3.Connection, lease_id: str) -> str:
+    def _state(conn: StoreConnection, lease_id: str) -> str:
         row = conn.execute("SELECT state FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
         return "unknown" if row is None else str(row[0])
 

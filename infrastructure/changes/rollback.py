@@ -9,7 +9,6 @@ particular how ``rollback_unproven`` leaves an agent whose file was edited since
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from infrastructure.changes.protocol_files import backup, describe, sha
 from infrastructure.errors import RollbackConflict
 from infrastructure.models import ChangeStatus, utc_now
 from infrastructure.store import Store
+from infrastructure.store_sql import StoreConnection
 
 __all__ = ["LIVE_STATUSES", "PartialRollback", "RollbackPlan", "Rollbacks", "restore_targets"]
 
@@ -133,7 +133,7 @@ class Rollbacks:
         user_id: str | None,
         user_name: str | None,
         settle_as: ChangeStatus = ChangeStatus.ROLLED_BACK,
-        release: Callable[[sqlite3.Connection], None] | None = None,
+        release: Callable[[StoreConnection], None] | None = None,
     ) -> tuple[RollbackPlan, PartialRollback]:
         """Split live ``fresh``'s group into agents to restore and agents to leave as edited.
 
