@@ -193,10 +193,22 @@ class PostgresBackend:
 
     @contextmanager
     def team_lock(self, team_id: str) -> Iterator[None]:
-        """Hold the team's session-level advisory lock on a connection of its own."""
+        """Hold the team's session-level advisory lock on a connection of its own.
+
+        Re-entrant within a thread, as the root's ``flock`` it is taken with is.
+        """
         pg = self._psycopg
         key = _lock_key("team:" + team_id)
+        held: dict[int, int] = self._local.__dict__.setdefault("team_locks", {})
+        if held.get(key):
+            held[key] += 1
+            try:
+                yield
+            finally:
+                held[key] -= 1
+            return
         holder = self._connect()
+        held[key] = 1
         try:
             try:
                 holder.raw.execute("SELECT pg_advisory_lock(%s)", (key,))
@@ -209,6 +221,7 @@ class PostgresBackend:
             except pg.Error as exc:
                 log.warning("store_team_unlock_failed", store=self.display, error=str(exc))
             holder.raw.close()
+            held.pop(key, None)
 
     def translate_script(self, script: str) -> str:
         return translate_script(script)

@@ -27,7 +27,7 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         {"os.open(", ".mkdir("},
         "lock files and the parent folder of a workspace file (the store, the audit head)",
     ),
-    "infrastructure/store.py": ({".mkdir("}, "the folder of the database file"),
+    "infrastructure/store_sqlite.py": ({".mkdir("}, "the folder of the database file"),
     "infrastructure/changes/audit_head.py": ({"os.pwrite("}, "the audit head file, in place"),
     "agents/faces/workspace.py": ({".mkdir("}, "the workspace folder"),
     "agents/faces/cli.py": ({"os.open("}, "/dev/null, for stdout after a broken pipe"),

@@ -15,6 +15,7 @@ from infrastructure import confined
 from infrastructure.changes.audit import AuditLog
 from infrastructure.changes.change_log import ChangeLog, StoredFile
 from infrastructure.changes.protocol_files import AGENT_DIR, backup, describe, sha
+from infrastructure.changes.team_ids import team_id as team_id_of
 from infrastructure.errors import PathNotAllowed
 from infrastructure.files import resolve_inside
 from infrastructure.models import ChangeRecord, ChangeStatus, FileChange, ImprovementAction, utc_now
@@ -115,6 +116,7 @@ def record_intent(
                 created=created,
                 group_id=group_id,
                 root=str(root),
+                team_id=team_id_of(root, store),
             )
             changes.insert_file(conn, item.stored())
         if link is not None:

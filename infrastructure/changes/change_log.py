@@ -68,7 +68,12 @@ _CHANGE_MIGRATIONS = [
         PRIMARY KEY (change_id, path)
     );
     CREATE INDEX change_files_path ON change_files (path, seq)
+    """,
+    # the team the root holds (its id is the same on every host; the root path is not)
     """
+    ALTER TABLE changes ADD COLUMN team_id TEXT;
+    CREATE INDEX changes_team ON changes (team_id, seq)
+    """,
 ]
 
 _ROW_COLUMNS = (
@@ -143,6 +148,7 @@ class ChangeLog:
         group_id: str | None = None,
         root: str | None = None,
         verification: dict[str, Any] | None = None,
+        team_id: str | None = None,
     ) -> int:
         """Insert one change; returns its ``seq`` (its place in the history)."""
         now = created.isoformat()
@@ -150,7 +156,7 @@ class ChangeLog:
         cursor = conn.execute(
             "INSERT INTO changes (change_id, created, updated, target_agent, action_type, action,"
             " status, applied_by, session_id, group_id, root, applied_at, verification,"
-            " unfinished) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING seq",
+            " unfinished, team_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING seq",
             (
                 change_id,
                 now,
@@ -166,6 +172,7 @@ class ChangeLog:
                 now if applied else None,
                 _dump(verification),
                 int(root is not None and status is ChangeStatus.PENDING),
+                team_id,
             ),
         )
         return int(cursor.fetchone()[0])

@@ -85,7 +85,6 @@ from infrastructure.changes.audit import AuditLog
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
 from infrastructure.changes.leases import Leases
 from infrastructure.changes.owners import HostIdentity, LeaseTerms
-from infrastructure.changes.protocol_files import root_lock
 from infrastructure.changes.recovery import Recovery
 from infrastructure.changes.rollback import (
     LIVE_STATUSES,
@@ -93,6 +92,7 @@ from infrastructure.changes.rollback import (
     RollbackPlan,
     Rollbacks,
 )
+from infrastructure.changes.team_ids import team_guard
 from infrastructure.models import ChangeRecord, ChangeStatus
 from infrastructure.store import Store
 from infrastructure.store_sql import StoreConnection
@@ -159,7 +159,7 @@ class ChangeProtocol:
         """
         items = prepare(entries, root)
         root = Path(root).resolve()
-        with root_lock(root):
+        with team_guard(self.store, root):
             self.recovery.recover_root(root)
             self.audit.ensure_appendable()  # before any byte is written
             created = record_intent(
@@ -208,7 +208,7 @@ class ChangeProtocol:
         """
         assert row.root is not None, "a change without files rolls back as a status change"
         root = Path(row.root)
-        with root_lock(root):
+        with team_guard(self.store, root):
             self.recovery.recover_root(root)
             fresh = self.changes.get(row.change_id)
             if fresh is None or fresh.status not in LIVE_STATUSES:
@@ -255,7 +255,7 @@ class ChangeProtocol:
         release = None
         if lease_id is not None:
             release = partial(self.leases.release, lease_id=lease_id, reason="rolled_back")
-        with root_lock(root):
+        with team_guard(self.store, root):
             self.recovery.recover_root(root)
             if lease_id is not None:
                 self.leases.require_held(lease_id)

@@ -12,8 +12,9 @@ from typing import Any
 
 from infrastructure import confined
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
-from infrastructure.changes.protocol_files import backups_dir, root_lock, sha
+from infrastructure.changes.protocol_files import backups_dir, sha
 from infrastructure.changes.rollback import Rollbacks
+from infrastructure.changes.team_ids import team_guard
 from infrastructure.models import ChangeRecord, ChangeStatus, utc_now
 from infrastructure.store import Store
 from infrastructure.structured_logger import get_logger
@@ -37,7 +38,7 @@ class Recovery:
             if not root.is_dir():
                 log.warning("recovery_root_missing", root=root_text)
                 continue
-            with root_lock(root):
+            with team_guard(self.store, root):
                 settled.extend(self.recover_root(root))
         return settled
 

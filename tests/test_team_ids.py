@@ -1,0 +1,56 @@
+"""Team ids: one id per team folder, kept in its ``.agent/`` and registered in the store."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.team_ids import TEAM_ID_FILE, team_id, team_roots
+from infrastructure.models import ChangeType, ImprovementAction
+from infrastructure.store import Store
+
+
+def test_a_team_keeps_its_id_and_the_store_knows_where_each_host_has_it(
+    store_url: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "team"
+    root.mkdir()
+    with Store(store_url, files_dir=tmp_path) as store:
+        first = team_id(root, store)
+        assert (root / ".agent" / TEAM_ID_FILE).read_text().strip() == first
+        assert team_id(root, store) == first
+        assert team_roots(store, first) == {socket.gethostname(): str(root.absolute())}
+        (root / ".agent" / TEAM_ID_FILE).write_text("not an id\n")
+        assert team_id(root, store) != first  # a damaged file gets a new identity
+
+
+def test_changes_record_their_team(store_url: str, tmp_path: Path) -> None:
+    root = tmp_path / "team"
+    (root / "agents").mkdir(parents=True)
+    (root / "agents" / "writer.md").write_text("---\nname: writer\n---\nBe thorough.\n")
+    with Store(store_url, files_dir=tmp_path) as store:
+        manager = ImprovementManager(store=store)
+        try:
+            action = ImprovementAction(
+                target_agent="writer",
+                action_type=ChangeType.PROMPT_MODIFICATION,
+                old_value="Be thorough.",
+                new_value="Be brief.",
+                rationale="shorter answers",
+                confidence_score=0.9,
+            )
+            record = manager.apply(
+                action,
+                path="agents/writer.md",
+                new_content="---\nname: writer\n---\nBe brief.\n",
+                root=root,
+            )
+            row = (
+                store.connection()
+                .execute("SELECT team_id FROM changes WHERE change_id = ?", (record.change_id,))
+                .fetchone()
+            )
+            assert row[0] == team_id(root, store)
+        finally:
+            manager.close()
