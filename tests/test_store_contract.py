@@ -191,3 +191,25 @@ def test_a_workspace_on_a_store_url_keeps_its_files_in_the_folder(
         assert head.is_file()
         if ws.store.backend == "postgresql":
             assert head.parent == (tmp_path / "ws").absolute()
+
+
+def test_a_batch_sent_again_after_its_commit_landed_is_not_counted_twice(
+    store_url: str, tmp_path: Path
+) -> None:
+    from infrastructure.monitoring.agent_window import Row
+    from infrastructure.monitoring.execution_store import ExecutionStore
+
+    with Store(store_url, files_dir=tmp_path) as store:
+        table = ExecutionStore(store, "a1b2c3")
+        rows: list[Row] = [
+            ("writer", "run", True, 5.0, None, 0, 0, 0.0, 1_700_000_000.0 + i, None)
+            for i in range(150)
+        ]
+        table.insert(rows[:120])
+        # as if that commit's answer had been lost: the same row objects come again, first,
+        # with new ones behind them
+        table._numbered = {id(row): n + 1 for n, row in enumerate(rows[:120])}
+        table.insert(rows)
+        conn = store.connection()
+        assert conn.execute("SELECT COUNT(*) FROM executions").fetchone()[0] == 150
+        assert conn.execute("SELECT runs FROM run_totals").fetchone()[0] == 150

@@ -191,6 +191,8 @@ class PerformanceMonitor:
         self._state_lock = threading.RLock()
         self._write_lock = threading.Lock()
         self._unwritten = []
+        if self._table is not None:
+            self._table.fork_writer(uuid.uuid4().hex)
         if self._closed:
             return
         self._buffer = deque()
