@@ -214,7 +214,7 @@ def run_crash_trial(work: Path, seed: int, *, count: int = 1000, max_delay_s: fl
 
 
 def check_history(
-    db: Path,
+    db: Path | str,
     root: Path,
     initial: dict[str, bytes | None],
     acked: list[str],
