@@ -102,7 +102,7 @@ def json_text(conn: StoreConnection, column: str, key: str) -> str:
     return f"(CAST({column} AS jsonb) ->> '{key}')"
 
 
-def next_id(conn: StoreConnection, table: str) -> int:
+def next_id(conn: StoreConnection, table: str, column: str = "id") -> int:
     """The id the next insert into ``table`` will get from its generated ``id`` column.
 
     Not ``MAX(id) + 1``: rows cut off the end leave the counter where it was, so a reader can
@@ -112,7 +112,7 @@ def next_id(conn: StoreConnection, table: str) -> int:
         row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
         return (int(row[0]) if row else 0) + 1
     row = conn.execute(
-        f"SELECT last_value, is_called FROM {_sequence_name(conn, table)}"
+        f"SELECT last_value, is_called FROM {_sequence_name(conn, table, column)}"
     ).fetchone()
     return int(row[0]) + 1 if row[1] else int(row[0])
 
@@ -130,7 +130,7 @@ def note_id_used(conn: StoreConnection, table: str, row_id: int) -> None:
     )
 
 
-def set_next_id(conn: StoreConnection, table: str, after: int) -> None:
+def set_next_id(conn: StoreConnection, table: str, after: int, column: str = "id") -> None:
     """Make ``table``'s next generated id ``after + 1`` (after rows were copied in with ids)."""
     if backend_of(conn) == "sqlite":
         conn.execute("DELETE FROM sqlite_sequence WHERE name = ?", (table,))
@@ -138,13 +138,13 @@ def set_next_id(conn: StoreConnection, table: str, after: int) -> None:
             conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, after))
         return
     conn.execute(
-        "SELECT setval(pg_get_serial_sequence(?, 'id'), CAST(? AS BIGINT), ? = 1)",
-        (table, max(after, 1), int(after > 0)),
+        "SELECT setval(pg_get_serial_sequence(?, ?), CAST(? AS BIGINT), ? = 1)",
+        (table, column, max(after, 1), int(after > 0)),
     )
 
 
-def _sequence_name(conn: StoreConnection, table: str) -> str:
-    row = conn.execute("SELECT pg_get_serial_sequence(?, 'id')", (table,)).fetchone()
+def _sequence_name(conn: StoreConnection, table: str, column: str = "id") -> str:
+    row = conn.execute("SELECT pg_get_serial_sequence(?, ?)", (table, column)).fetchone()
     if row is None or row[0] is None:
         raise StoreError(f"table {table} has no generated id column")
     return str(row[0])
