@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -152,8 +152,11 @@ class Store:
             return nullcontext()
         return self._backend.team_lock(team_id)
 
-    def migrate(self, component: str, migrations: Sequence[str]) -> None:
+    def migrate(self, component: str, migrations: Sequence[str | Mapping[Backend, str]]) -> None:
         """Bring ``component``'s tables up to ``len(migrations)``, applying what is missing.
+
+        A migration is one script for both backends, or ``{backend: script}`` where they
+        differ (an empty script does nothing on that backend but still counts as a version).
 
         Each migration is a SQL script run in its own transaction with its version bump, so a
         crash or a failing script leaves the component at the last version that completed.
@@ -177,7 +180,9 @@ class Store:
                     )
                 if current == len(migrations):
                     break
-                script = self._backend.translate_script(migrations[current])
+                migration = migrations[current]
+                text = migration if isinstance(migration, str) else migration[self.backend]
+                script = self._backend.translate_script(text)
                 for statement in _split_sql(script):
                     conn.execute(statement)
                 conn.execute(

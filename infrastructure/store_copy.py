@@ -10,6 +10,7 @@ its newest row, and the audit chain is verified on both sides.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ from infrastructure.errors import StoreError
 from infrastructure.files import locked_file
 from infrastructure.monitoring import execution_store, issue_ledger, run_series
 from infrastructure.store import Store
-from infrastructure.store_sql import has_table, next_id, set_next_id
+from infrastructure.store_sql import Backend, has_table, next_id, set_next_id
 from infrastructure.structured_logger import get_logger
 
 __all__ = ["CopyReport", "copy_store"]
@@ -31,7 +32,7 @@ log = get_logger(__name__)
 _CHUNK = 500
 
 # (component, migrations) in the order the components make them
-_COMPONENTS: tuple[tuple[str, list[str]], ...] = (
+_COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
     ("teams", team_ids._MIGRATIONS),
     ("executions", execution_store._MIGRATIONS),
     (run_series.COMPONENT, run_series.MIGRATIONS),

@@ -21,6 +21,7 @@ from agents.loop.cycle import cycle_events
 from infrastructure.changes.audit import AuditLog
 from infrastructure.changes.decisions import list_decisions, list_plans, record_decision, save_plan
 from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.errors import StoreError
 from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, utc_now
 from infrastructure.monitoring.issue_ledger import IssueLedger
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
@@ -213,3 +214,46 @@ def test_a_batch_sent_again_after_its_commit_landed_is_not_counted_twice(
         conn = store.connection()
         assert conn.execute("SELECT COUNT(*) FROM executions").fetchone()[0] == 150
         assert conn.execute("SELECT runs FROM run_totals").fetchone()[0] == 150
+
+
+def test_concurrent_appends_make_one_chain(store_url: str, tmp_path: Path) -> None:
+    import threading
+
+    with Store(store_url, files_dir=tmp_path) as store:
+        audit = AuditLog(store, hmac_key="k" * 32)
+
+        def append(worker: int) -> None:
+            for n in range(10):
+                with audit.transaction() as txn:
+                    txn.append(
+                        agent_name="writer",
+                        edit_type="prompt",
+                        old_value=n,
+                        new_value=n + 1,
+                        user_id=f"w{worker}",
+                    )
+
+        threads = [threading.Thread(target=append, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        rows = store.connection().execute("SELECT id, prev_hash FROM audit_log ORDER BY id")
+        ids, predecessors = zip(*rows, strict=True)
+        assert ids == tuple(range(1, 41))
+        assert len(set(predecessors)) == 40  # no fork: every row has its own predecessor
+        assert audit.verify_chain().ok
+
+
+def test_a_second_successor_is_refused_on_postgresql(pg_url: str, tmp_path: Path) -> None:
+    with Store(pg_url, files_dir=tmp_path) as store:
+        audit = AuditLog(store)
+        with audit.transaction() as txn:
+            txn.append(agent_name="w", edit_type="e", old_value=1, new_value=2, user_id="u")
+        with pytest.raises(StoreError), store.transaction() as conn:
+            conn.execute(
+                "INSERT INTO audit_log (id, timestamp, agent_name, edit_type, user_id,"
+                " prev_hash, row_hash, keyed, batch)"
+                " SELECT 2, timestamp, agent_name, edit_type, user_id, prev_hash, 'x', 0, 2"
+                " FROM audit_log WHERE id = 1"
+            )

@@ -83,7 +83,7 @@ from infrastructure.files import locked_file
 from infrastructure.models import utc_now
 from infrastructure.principal import ADMIN, Principal
 from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection, next_id, note_id_used
+from infrastructure.store_sql import Backend, StoreConnection, next_id, note_id_used
 from infrastructure.structured_logger import get_logger
 
 __all__ = [
@@ -105,7 +105,7 @@ log = get_logger(__name__)
 AUDIT_HMAC_KEY_ENV = "AGENTMEND_AUDIT_HMAC_KEY"
 VALUE_LIMIT = 500
 
-_MIGRATIONS = [
+_MIGRATIONS: list[str | dict[Backend, str]] = [
     """
     CREATE TABLE audit_log (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -135,6 +135,13 @@ _MIGRATIONS = [
         reported TEXT
     )
     """,
+    # no two rows may take the same predecessor: a backstop behind the one sequencer (the
+    # store's write lock). Only on PostgreSQL: an existing SQLite file may hold a tampered
+    # chain, which must still open so that verification can report it.
+    {
+        "sqlite": "",
+        "postgresql": "CREATE UNIQUE INDEX audit_log_one_successor ON audit_log (prev_hash)",
+    },
 ]
 
 _COLUMNS = (
