@@ -22,9 +22,13 @@ from pathlib import Path
 
 from infrastructure import confined
 from infrastructure.changes.protocol_files import AGENT_DIR, root_lock
+from infrastructure.errors import FileOperationError
 from infrastructure.store import Store
+from infrastructure.structured_logger import get_logger
 
 __all__ = ["TEAM_ID_FILE", "team_guard", "team_id", "team_roots"]
+
+log = get_logger(__name__)
 
 TEAM_ID_FILE = "team-id"
 _VALID = re.compile(r"^[0-9a-f]{32}$")
@@ -46,17 +50,24 @@ _MIGRATIONS = [
 def team_id(root: Path, store: Store) -> str:
     """The id of the team at ``root`` (made and registered on first use).
 
-    A file that does not hold an id (edited by hand, truncated) is replaced by a new one: the
-    team then starts a new identity rather than borrowing a wrong one.
+    A new id is derived from the host and the folder's path, so a file that cannot be written
+    (a full disk, a read-only folder) leaves the team known by the same id on this host until
+    it can be: the change that needed the id then fails on its own file, as it would have. A
+    file that does not hold an id (edited by hand, truncated) is replaced, the team starting a
+    new identity (its path's) rather than borrowing a wrong one.
     """
     store.migrate("teams", _MIGRATIONS)
     rel = f"{AGENT_DIR}/{TEAM_ID_FILE}"
+    host, where = socket.gethostname(), str(root.absolute())
     raw = confined.read(root, rel, max_bytes=256)
     text = raw.decode("utf-8", "replace").strip() if raw is not None else ""
     if not _VALID.match(text):
-        text = uuid.uuid4().hex
-        confined.write(root, rel, text + "\n")
-    host, where = socket.gethostname(), str(root.absolute())
+        fresh = uuid.uuid5(uuid.NAMESPACE_URL, f"agentmend-team://{host}{where}").hex
+        text = fresh if raw is None else uuid.uuid4().hex
+        try:
+            confined.write(root, rel, text + "\n")
+        except FileOperationError as exc:
+            log.warning("team_id_not_written", root=where, error=str(exc))
     known = (
         store.connection()
         .execute(
