@@ -28,6 +28,7 @@ from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.monitoring.run_series import (
     DURATION_BINS,
     MIGRATIONS,
+    ROLLUP_WIDTHS,
     duration_quantile,
     read_series,
 )
@@ -129,11 +130,15 @@ def test_opening_an_old_store_backfills_its_series(tmp_path: Path) -> None:
     with store.transaction() as conn:  # as a store written before the series existed
         conn.execute("DROP TABLE run_series")
         conn.execute("DROP TABLE run_totals")
+        conn.execute("DROP TABLE run_rollups")
         conn.execute("DELETE FROM schema_versions WHERE component = 'run_series'")
     store.close()
     reopened = Store(path)
     PerformanceMonitor(reopened).close()
     assert sum(p.runs for p in read_series(reopened, raw_runs=0)["a"]) == 50
+    with reopened.transaction() as conn:
+        rollups = conn.execute("SELECT width, SUM(runs) FROM run_rollups GROUP BY width")
+        assert dict(rollups.fetchall()) == dict.fromkeys(ROLLUP_WIDTHS, 50)
     reopened.close()
 
 
