@@ -16,11 +16,10 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
+from cli_run import demo_workspace, run_cli
 
 from agents.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, EXIT_USAGE, main
 from agents.faces.report_data import STATUS_SCHEMA
@@ -37,34 +36,7 @@ from infrastructure.store import Store, _split_sql
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def demo_workspace(target: Path) -> Path:
-    """The demo's workspace: two kept fixes and one rolled back, on the simulated team."""
-    result = subprocess.run(
-        [sys.executable, "-m", "agents.faces.cli", "demo", "--workspace", str(target)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
-    assert result.returncode == 0, result.stderr
-    return target
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +120,7 @@ def test_opening_an_old_store_backfills_its_series(tmp_path: Path) -> None:
 def test_status_json_has_a_schema_and_counts_every_run(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
-    code, out, _ = _run(capsys, "status", "--workspace", str(workspace), "--json")
+    code, out, _ = run_cli(capsys, "status", "--workspace", str(workspace), "--json")
     assert code == EXIT_OK
     report = json.loads(out)
     assert report["schema"] == STATUS_SCHEMA
@@ -162,7 +134,7 @@ def test_status_json_has_a_schema_and_counts_every_run(
 
 
 def test_status_as_a_table(capsys: pytest.CaptureFixture[str], workspace: Path) -> None:
-    code, out, _ = _run(capsys, "status", "--workspace", str(workspace))
+    code, out, _ = run_cli(capsys, "status", "--workspace", str(workspace))
     assert code == EXIT_OK
     assert "research-agent" in out
     assert "p95 ms" in out
@@ -178,7 +150,7 @@ def test_an_unavailable_workspace_exits_3(
         target.write_text("x")
     elif kind == "no store":
         target.mkdir()
-    code, _out, err = _run(capsys, command, "--workspace", str(target))
+    code, _out, err = run_cli(capsys, command, "--workspace", str(target))
     assert code == EXIT_UNAVAILABLE
     assert err.startswith("agentmend: workspace ")
     assert len(err.strip().splitlines()) == 1
@@ -189,7 +161,7 @@ def test_an_unavailable_workspace_exits_3(
 
 
 def _changes(capsys: pytest.CaptureFixture[str], workspace: Path) -> list[dict[str, object]]:
-    _run(capsys, "history", "--workspace", str(workspace), "--json")
+    run_cli(capsys, "history", "--workspace", str(workspace), "--json")
     main(["history", "--workspace", str(workspace), "--json"])
     changes: list[dict[str, object]] = json.loads(capsys.readouterr().out)["changes"]
     return changes
@@ -199,7 +171,7 @@ def test_show_gives_the_diff_gates_scores_and_audit_of_a_change(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
     kept = next(c for c in _changes(capsys, workspace) if c["status"] == "kept")
-    code, out, _ = _run(
+    code, out, _ = run_cli(
         capsys, "show", str(kept["change_id"]), "--workspace", str(workspace), "--json"
     )
     assert code == EXIT_OK
@@ -211,7 +183,7 @@ def test_show_gives_the_diff_gates_scores_and_audit_of_a_change(
     assert all(g["passed"] for g in shown["gates"])
     assert shown["verification"]["accepted"] is True
     assert shown["audit"]
-    code, out, _ = _run(capsys, "show", str(kept["change_id"]), "--workspace", str(workspace))
+    code, out, _ = run_cli(capsys, "show", str(kept["change_id"]), "--workspace", str(workspace))
     assert code == EXIT_OK
     assert "verification: score" in out
     assert "gate " in out
@@ -220,7 +192,7 @@ def test_show_gives_the_diff_gates_scores_and_audit_of_a_change(
 def test_show_of_an_unknown_change_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
-    code, out, err = _run(capsys, "show", "nope", "--workspace", str(workspace))
+    code, out, err = run_cli(capsys, "show", "nope", "--workspace", str(workspace))
     assert code == EXIT_USAGE
     assert out == ""
     assert "unknown change id 'nope'" in err
@@ -261,7 +233,7 @@ def test_improve_shows_each_step_as_plain_lines_off_a_terminal(tmp_path: Path) -
 def test_improve_of_an_unknown_agent_names_the_agents(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
-    code, _, err = _run(capsys, "improve", "nobody", "--workspace", str(workspace))
+    code, _, err = run_cli(capsys, "improve", "nobody", "--workspace", str(workspace))
     assert code == EXIT_USAGE
     assert "nobody" in err
     assert "research-agent" in err
@@ -274,7 +246,7 @@ def test_the_report_is_one_self_contained_file_with_every_section(
     capsys: pytest.CaptureFixture[str], workspace: Path, tmp_path: Path
 ) -> None:
     target = tmp_path / "report.html"
-    code, _out, err = _run(capsys, "report", "--workspace", str(workspace), "-o", str(target))
+    code, _out, err = run_cli(capsys, "report", "--workspace", str(workspace), "-o", str(target))
     assert code == EXIT_OK, err
     page = target.read_text(encoding="utf-8")
     # nothing loaded from anywhere: no external src/href, no @import, no url(http
@@ -301,7 +273,7 @@ def test_the_report_marks_a_tampered_audit(
     with sqlite3.connect(ws / "agentmend.db") as conn:
         conn.execute("UPDATE audit_log SET new_value = 'forged' WHERE id = 1")
     target = tmp_path / "r.html"
-    code, _, _ = _run(capsys, "report", "--workspace", str(ws), "-o", str(target))
+    code, _, _ = run_cli(capsys, "report", "--workspace", str(ws), "-o", str(target))
     assert code == EXIT_OK
     assert "audit chain does NOT verify" in target.read_text(encoding="utf-8")
 
@@ -309,7 +281,7 @@ def test_the_report_marks_a_tampered_audit(
 def test_report_into_a_folder_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], workspace: Path, tmp_path: Path
 ) -> None:
-    code, _, err = _run(capsys, "report", "--workspace", str(workspace), "-o", str(tmp_path))
+    code, _, err = run_cli(capsys, "report", "--workspace", str(workspace), "-o", str(tmp_path))
     assert code == EXIT_USAGE
     assert "is a folder" in err
 
@@ -394,7 +366,7 @@ def test_serve_on_a_taken_port_is_one_line(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        code, _, err = _run(capsys, "serve", "--workspace", str(workspace), "--port", str(port))
+        code, _, err = run_cli(capsys, "serve", "--workspace", str(workspace), "--port", str(port))
     assert code == EXIT_USAGE
     assert f"cannot listen on 127.0.0.1:{port}" in err
     assert len(err.strip().splitlines()) == 1

@@ -155,19 +155,14 @@ def _show_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_show(args: argparse.Namespace) -> int:
-    from agents.loop.cycle import list_cycle_ids, replay_cycle
+    from agents.loop.cycle_history import cycle_of_change
 
     with open_store(args) as opened:
         record = opened.manager.get_change(args.change)
         if record is None:
             raise CommandError(f"unknown change id {args.change!r} (see `agentmend history`)")
         audit = opened.manager.audit.entries(change_id=args.change, limit=100)
-        cycle = None
-        for cycle_id in reversed(list_cycle_ids(opened.store, limit=500)):
-            candidate = replay_cycle(opened.store, cycle_id)
-            if args.change in candidate.change_ids:
-                cycle = candidate
-                break
+        cycle = cycle_of_change(opened.store, args.change)
     outcome = None
     if cycle is not None:
         outcome = next(

@@ -3,8 +3,8 @@
 Reading never opens a ``PerformanceMonitor`` (whose start-up replays the history) and never
 writes: per-agent totals and the charts come from the downsampled series the monitor keeps as
 runs arrive (``infrastructure.monitoring.run_series``), recent figures from each agent's last
-runs through the executions index, changes from the change log, cycles by replaying their
-recorded events, and the audit trail with its chain check.
+runs through the executions index, changes from the change log, the latest cycles by folding their
+recorded events (read in one pass), and the audit trail with its chain check.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from agents.loop.cycle import CycleResult, list_cycle_ids, replay_cycle
+from agents.loop.cycle import CycleResult
+from agents.loop.cycle_history import latest_cycles
 from infrastructure.changes.audit import AuditEntry
 from infrastructure.changes.audit_verification import ChainVerification
 from infrastructure.changes.improvement_manager import ImprovementManager
@@ -208,8 +209,7 @@ def collect_report(
     max_points: int = 200,
 ) -> ReportData:
     """Read what the page shows; ``full_cycles`` latest cycles in full, the rest summarised."""
-    cycle_ids = list(reversed(list_cycle_ids(store, limit=max_cycles)))
-    cycles = [replay_cycle(store, cycle_id) for cycle_id in cycle_ids]
+    cycles = latest_cycles(store, limit=max_cycles)
     return ReportData(
         generated_at=datetime.now(UTC),
         agents=agent_statuses(store, baseline_n=baseline_n),
