@@ -263,6 +263,9 @@ def test_the_report_is_one_self_contained_file_with_every_section(
     assert "audit chain verified" in page
     summary = json.loads(re.search(r"id='summary'>(.*?)</script>", page).group(1))  # type: ignore[union-attr]
     assert summary["audit_verified"] is True
+    with sqlite3.connect(workspace / "agentmend.db") as conn:
+        audit_rows = conn.execute("SELECT COUNT(*) FROM audit_log").fetchone()[0]
+    assert summary["audit_rows_checked"] == audit_rows  # the whole chain, not the rows shown
     assert summary["agents"] == len(agents)
 
 

@@ -280,12 +280,14 @@ def _older_cycles(cycles: Sequence[CycleResult]) -> str:
 def _audit(data: ReportData) -> str:
     chain = data.chain
     verdict = (
-        f'<p class="ok" id="chain">audit chain verified ({chain.rows_checked} rows)</p>'
+        f'<p class="ok" id="chain">audit chain verified: every hash and link of its '
+        f"{chain.rows_checked} rows and its head checked in {data.chain_ms:.0f} ms</p>"
         if chain.ok
         else '<p class="bad" id="chain">audit chain does NOT verify: '
         + _e("; ".join(f"{p.kind}: {p.detail}" for p in chain.problems))
         + "</p>"
     )
+    verdict += "".join(f"<p class='muted'>{_e(note)}</p>" for note in chain.notes)
     rows = "".join(
         f"<tr data-agent='{_e(entry.agent_name)}'><td class='num'>{entry.id}</td>"
         f"<td>{_e(_when(entry.timestamp))}</td><td>{_e(entry.agent_name)}</td>"
@@ -335,6 +337,8 @@ def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
         "changes": len(data.changes),
         "cycles": len(data.cycles) + len(data.older_cycles),
         "audit_verified": data.chain.ok,
+        "audit_rows_checked": data.chain.rows_checked,
+        "audit_verify_ms": round(data.chain_ms, 1),
     }
     notes = "".join(f"<p class='muted'>{_e(note)}</p>" for note in data.notes)
     return (
