@@ -10,7 +10,7 @@ import pytest
 from cli_run import demo_workspace
 
 from agents.loop.cycle import DECISION_PREFIX, cycle_events, list_cycle_ids, replay_cycle
-from agents.loop.cycle_history import cycle_of_change, latest_cycles
+from agents.loop.cycle_history import cycle_of_change, cycle_summaries, latest_cycles
 from infrastructure.changes.decisions import record_decision
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.store import Store
@@ -29,6 +29,17 @@ def test_the_latest_cycles_equal_their_replays_newest_first(demo_store: Path) ->
         assert latest_cycles(store, limit=50) == replayed
         assert latest_cycles(store, limit=2) == replayed[:2]
         assert latest_cycles(store, limit=0) == []
+
+
+def test_older_cycles_are_summarised_as_their_fold_says(demo_store: Path) -> None:
+    with Store(demo_store) as store:
+        replayed = [replay_cycle(store, i) for i in reversed(list_cycle_ids(store, limit=50))]
+        for skip in (0, 1, len(replayed)):
+            summaries = cycle_summaries(store, skip=skip, limit=50)
+            assert [(s.cycle_id, s.started_at, s.issue, s.status) for s in summaries] == [
+                (c.cycle_id, c.started_at, c.issue, c.status) for c in replayed[skip:]
+            ]
+        assert len(cycle_summaries(store, skip=1, limit=1)) == 1
 
 
 def test_each_change_is_found_in_the_cycle_that_applied_it(demo_store: Path) -> None:

@@ -269,6 +269,30 @@ def test_the_report_is_one_self_contained_file_with_every_section(
     assert summary["agents"] == len(agents)
 
 
+def test_cycles_beyond_the_latest_are_a_table_row_each(
+    capsys: pytest.CaptureFixture[str], workspace: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "report.html"
+    args = ["report", "--workspace", str(workspace), "-o", str(target), "--cycles", "1"]
+    code, _out, err = run_cli(capsys, *args)
+    assert code == EXIT_OK, err
+    page = target.read_text(encoding="utf-8")
+    with sqlite3.connect(workspace / "agentmend.db") as conn:
+        finished = conn.execute(
+            "SELECT json_extract(payload, '$.cycle_id'), json_extract(payload, '$.data.status') "
+            "FROM decisions WHERE kind = 'cycle.cycle_finished' ORDER BY id DESC"
+        ).fetchall()
+    assert len(finished) >= 3
+    assert page.count('<section class="cycle"') == 1
+    assert f'id="cycle-{finished[0][0]}"' in page  # the newest in full
+    table = page[page.index("<table id='older-cycles'>") :]
+    table = table[: table.index("</table>")]
+    assert table.count("<tr") == len(finished)  # the header and one row per older cycle
+    for cycle_id, status in finished[1:]:
+        row = table[table.index(cycle_id) :]
+        assert row[: row.index("</tr>")].endswith(f"<td>{status}</td>")
+
+
 def test_the_report_marks_a_tampered_audit(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

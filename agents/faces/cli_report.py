@@ -236,31 +236,19 @@ def _improve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_improve(args: argparse.Namespace) -> int:
-    from agents.faces.console_views import cycle_event_line, cycle_summary_line
-    from agents.loop.cycle import CycleEvent
+    from agents.faces.console_views import cycle_summary_line
+    from agents.faces.improve_progress import ImproveProgress
     from agents.roles.team import UnknownAgent
     from infrastructure.errors import AgentmendError
 
     out = console()
-    live = sys.stdout.isatty()
-    counts = {"question_asked": 0, "verification_completed": 0}
-
-    async def on_progress(event: CycleEvent) -> None:
-        if event.step in counts:
-            counts[event.step] += 1
-        line = cycle_event_line(event)
-        if live:
-            status.update(
-                f"{event.step.replace('_', ' ')} · {counts['question_asked']} questions · "
-                f"{counts['verification_completed']} verifications"
-            )
-        out.print(line)
-
+    progress = ImproveProgress(out, live=sys.stdout.isatty())
     with open_workspace(args) as workspace:
         try:
-            orchestrator = workspace.orchestrator(seed=args.seed, on_progress=on_progress)
+            orchestrator = workspace.orchestrator(seed=args.seed, on_progress=progress.on_event)
         except AgentmendError as exc:
             raise CommandError(str(exc), EXIT_USAGE) from exc
+        orchestrator.verifier.on_eval_run = progress.on_eval_run
 
         async def one_cycle() -> Any:
             if args.agent:
@@ -272,7 +260,7 @@ def _run_improve(args: argparse.Namespace) -> int:
                 return None
             return await orchestrator.run_improvement_cycle(urgent)
 
-        with out.status("starting the cycle…") if live else _nothing() as status:
+        with progress:
             try:
                 result = asyncio.run(one_cycle())
             except UnknownAgent as exc:
@@ -282,19 +270,6 @@ def _run_improve(args: argparse.Namespace) -> int:
         return EXIT_OK
     out.print(cycle_summary_line(result))
     return EXIT_OK if result.status in ("kept", "not_reproduced") else EXIT_PROBLEM
-
-
-class _nothing:
-    """A stand-in for a live status when output is not a terminal (plain lines only)."""
-
-    def __enter__(self) -> _nothing:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-    def update(self, _: str) -> None:
-        return None
 
 
 # -- report and serve ---------------------------------------------------------------------------

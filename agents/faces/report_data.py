@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agents.loop.cycle import CycleResult
-from agents.loop.cycle_history import latest_cycles
+from agents.loop.cycle_history import CycleSummary, cycle_summaries, latest_cycles
 from infrastructure.changes.audit import AuditEntry
 from infrastructure.changes.audit_verification import ChainVerification
 from infrastructure.changes.improvement_manager import ImprovementManager
@@ -191,7 +191,7 @@ class ReportData:
     changes: list[ChangeRecord]
     cycles: list[CycleResult]
     """The latest cycles, newest first, in full."""
-    older_cycles: list[CycleResult]
+    older_cycles: list[CycleSummary]
     """Cycles beyond the latest, newest first, shown as a table."""
     audit: list[AuditEntry]
     chain: ChainVerification
@@ -212,7 +212,9 @@ def collect_report(
     max_points: int = 200,
 ) -> ReportData:
     """Read what the page shows; ``full_cycles`` latest cycles in full, the rest summarised."""
-    cycles = latest_cycles(store, limit=max_cycles)
+    full = min(full_cycles, max_cycles)
+    cycles = latest_cycles(store, limit=full)
+    older = cycle_summaries(store, skip=full, limit=max_cycles - full)
     started = time.perf_counter()
     chain = manager.verify_audit_chain(repair=False)  # the whole chain, once: never a sample
     chain_ms = (time.perf_counter() - started) * 1000
@@ -221,8 +223,8 @@ def collect_report(
         agents=agent_statuses(store, baseline_n=baseline_n),
         series=read_series(store, max_points=max_points),
         changes=manager.get_history(limit=max_changes),
-        cycles=cycles[:full_cycles],
-        older_cycles=cycles[full_cycles:],
+        cycles=cycles,
+        older_cycles=older,
         audit=manager.audit.entries(limit=max_audit_rows),
         chain=chain,
         chain_ms=chain_ms,

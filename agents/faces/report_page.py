@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from agents.faces.report_data import AgentStatus, ReportData
 from agents.loop.cycle import CycleResult
+from agents.loop.cycle_history import CycleSummary
 from infrastructure.models import ChangeRecord, ChangeStatus
 from infrastructure.monitoring.run_series import SeriesPoint
 
@@ -262,7 +263,7 @@ def _cycle(cycle: CycleResult) -> str:
     return "".join(parts)
 
 
-def _older_cycles(cycles: Sequence[CycleResult]) -> str:
+def _older_cycles(cycles: Sequence[CycleSummary]) -> str:
     if not cycles:
         return ""
     rows = "".join(
@@ -311,10 +312,8 @@ def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
     else:
         span = (0.0, 1.0)
     issues_by_agent: dict[str, list[tuple[datetime, str]]] = {}
-    for cycle in [*data.cycles, *data.older_cycles]:
-        issues_by_agent.setdefault(cycle.issue.agent_name, []).append(
-            (cycle.issue.timestamp, cycle.issue.error_type)
-        )
+    for issue in [c.issue for c in data.cycles] + [c.issue for c in data.older_cycles]:
+        issues_by_agent.setdefault(issue.agent_name, []).append((issue.timestamp, issue.error_type))
     changes_by_agent: dict[str, list[ChangeRecord]] = {}
     for change in data.changes:
         changes_by_agent.setdefault(change.action.target_agent, []).append(change)

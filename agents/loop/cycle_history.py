@@ -5,22 +5,27 @@ which is right for one cycle and quadratic for a page of hundreds. These readers
 instead: a cycle's events all come after its ``cycle_started`` decision, so the latest N cycles
 are one range read from the oldest of their starts, and a change's cycle is found through the
 ``change_applied`` event that names it. Both fold the same events ``replay_cycle`` folds, so
-the results are equal to it.
+the results are equal to it. Older cycles, shown as a table row each, are read as a summary from
+their first and last events alone (``cycle_summaries``): folding every event of hundreds of
+cycles costs seconds, and a row shows none of them.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass
 from datetime import datetime
 
 from agents.loop.cycle import DECISION_PREFIX, CycleEvent, CycleResult, fold_events
 from infrastructure.changes.decisions import migrate_plan_tables
+from infrastructure.models import IssueReport
 from infrastructure.store import Store
 
-__all__ = ["cycle_of_change", "latest_cycles"]
+__all__ = ["CycleSummary", "cycle_of_change", "cycle_summaries", "latest_cycles"]
 
 _STARTED = DECISION_PREFIX + "cycle_started"
+_FINISHED = DECISION_PREFIX + "cycle_finished"
 _APPLIED = DECISION_PREFIX + "change_applied"
 # every cycle event kind sorts in [cycle., cycle/); the unary + keeps SQLite on the id range
 # (the decisions since one start) rather than the kind index (every cycle event ever)
@@ -41,6 +46,52 @@ def latest_cycles(store: Store, *, limit: int = 50) -> list[CycleResult]:
     wanted = [str(cycle_id) for _, cycle_id in starts]
     events = _events_from(conn, int(starts[-1][0]), set(wanted))
     return [fold_events(events[cycle_id]) for cycle_id in wanted if cycle_id in events]
+
+
+@dataclass(frozen=True, slots=True)
+class CycleSummary:
+    """A cycle as one row of a table: its id, start, issue and outcome (as its fold says)."""
+
+    cycle_id: str
+    started_at: datetime
+    issue: IssueReport
+    status: str
+    """How it ended; ``error`` for a cycle that never finished, as ``fold_events`` has it."""
+
+
+def cycle_summaries(store: Store, *, skip: int = 0, limit: int = 500) -> list[CycleSummary]:
+    """Up to ``limit`` cycles after the newest ``skip``, newest first, from their first and
+    last events only."""
+    migrate_plan_tables(store)
+    conn = store.connection()
+    starts = conn.execute(
+        "SELECT id, timestamp, payload FROM decisions WHERE kind = ? "
+        "ORDER BY id DESC LIMIT ? OFFSET ?",
+        (_STARTED, limit, skip),
+    ).fetchall()
+    if not starts:
+        return []
+    statuses = {
+        str(cycle_id): str(status)
+        for cycle_id, status in conn.execute(
+            "SELECT json_extract(payload, '$.cycle_id'), json_extract(payload, '$.data.status') "
+            "FROM decisions WHERE kind = ? AND id >= ? ORDER BY id",
+            (_FINISHED, int(starts[-1][0])),
+        )
+    }
+    summaries = []
+    for _, stamp, payload in starts:
+        started = json.loads(payload)
+        cycle_id = str(started["cycle_id"])
+        summaries.append(
+            CycleSummary(
+                cycle_id=cycle_id,
+                started_at=datetime.fromisoformat(stamp),
+                issue=IssueReport.model_validate(started["data"]["issue"]),
+                status=statuses.get(cycle_id, "error"),
+            )
+        )
+    return summaries
 
 
 def cycle_of_change(store: Store, change_id: str) -> CycleResult | None:
