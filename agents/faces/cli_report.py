@@ -103,6 +103,7 @@ def _run_status(args: argparse.Namespace) -> int:
 
     from agents.faces.report_data import agent_statuses
     from infrastructure.models import ChangeStatus
+    from infrastructure.telemetry.receiver_counts import read_receiver_counts
 
     with open_store(args) as opened:
         statuses = agent_statuses(opened.store, baseline_n=opened.settings.baseline_n)
@@ -110,15 +111,31 @@ def _run_status(args: argparse.Namespace) -> int:
             1 for r in opened.manager.get_history(limit=200) if r.status is ChangeStatus.APPLIED
         )
         chain = opened.manager.verify_audit_chain(repair=False)
+        receivers = read_receiver_counts(opened.store)
     problems = [{"row_id": p.row_id, "kind": p.kind, "detail": p.detail} for p in chain.problems]
     if args.json:
         print_json(
-            {**_status_json(statuses, pending), "audit": {"ok": chain.ok, "problems": problems}}
+            {
+                **_status_json(statuses, pending),
+                "audit": {"ok": chain.ok, "rows_checked": chain.rows_checked, "problems": problems},
+                "telemetry_receivers": [r.as_json() for r in receivers],
+            }
         )
         return EXIT_OK
     for p in problems:  # a break stays on screen until an administrator acknowledges it
         where = f"row {p['row_id']}: " if p["row_id"] is not None else ""
         console().print(f"audit chain: {where}{p['kind']}: {p['detail']}", style="red")
+    for r in receivers:
+        c = r.counts
+        console().print(
+            f"OpenTelemetry receiver {r.receiver}: {c.spans_received:,} spans received, "
+            f"{c.executions_recorded:,} runs recorded from them, {r.dropped:,} dropped "
+            f"({c.unmappable:,} naming no agent, {c.orphans:,} orphaned, {c.rejected:,} "
+            f"malformed, {c.dropped_queue_full:,} over the queue); as of "
+            f"{r.updated_at:%Y-%m-%d %H:%M:%S} UTC",
+            style="red" if r.dropped else None,
+            highlight=False,
+        )
     if not statuses:
         console().print("no runs recorded yet")
         return EXIT_OK
