@@ -397,3 +397,27 @@ def test_serve_on_a_taken_port_is_one_line(
     assert code == EXIT_USAGE
     assert f"cannot listen on 127.0.0.1:{port}" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("port", ["70000", "-5"])
+def test_serve_on_a_port_that_cannot_be_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], workspace: Path, port: str
+) -> None:
+    code, _, err = run_cli(capsys, "serve", "--workspace", str(workspace), "--port", port)
+    assert code == EXIT_USAGE
+    assert err == f"agentmend: --port {port}: a port is 0 to 65535 (0 picks a free one)\n"
+
+
+def test_a_usage_error_is_one_line_under_python_m_too(workspace: Path, tmp_path: Path) -> None:
+    target = tmp_path / "r.html"
+    command = [sys.executable, "-m", "agents.faces.cli", "report", "--cycles", "-1"]
+    result = subprocess.run(
+        [*command, "--workspace", str(workspace), "-o", str(target)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == EXIT_USAGE
+    assert result.stderr == "agentmend: --cycles must be 0 or more\n"
+    assert not target.exists()

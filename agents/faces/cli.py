@@ -204,4 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m agents.faces.cli`` runs this file as ``__main__``, whose CommandError is not
+    # the one the subcommands import and raise: run the imported module's main instead
+    from agents.faces.cli import main as imported_main
+
+    sys.exit(imported_main())

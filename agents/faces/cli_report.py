@@ -354,6 +354,9 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     from agents.faces.report_server import serve
 
+    if not 0 <= args.port <= 65_535:
+        raise CommandError(f"--port {args.port}: a port is 0 to 65535 (0 picks a free one)")
+
     with open_store(args) as opened:
         try:
             return serve(opened, port=args.port, render=render_workspace_report)
