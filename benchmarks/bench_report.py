@@ -1,14 +1,15 @@
 """How fast `agentmend status` and the report page are on a big store.
 
 Builds a store of AGENTS x RUNS_PER_AGENT runs (default 100 x 100,000: ten million) through the
-monitor's own write path in large batches (the executions rows and the per-minute series in the
-same transactions, as the monitor writes them), spread over 30 days, plus CHANGES real changes
+monitor's own write path in large batches (the executions rows, the per-minute series and its
+rollups in the same transactions, as the monitor writes them), over 30 days, plus CHANGES changes
 (applied and kept or rolled back through the ImprovementManager, so each has its audit rows),
 each with the recorded events of a real cycle (the demo's kept cycle, run once by the real
 command, re-recorded under a new cycle id naming the change), so the report folds CHANGES cycles.
-Then measures, in this process: the status read (`agent_statuses`), the audit chain's full
-verification on its own, `agentmend show` of the oldest change, the report's data read (which
-includes that verification) and its rendering, and the page's size; and, as whole processes,
+Then measures, in this process: the status read (`agent_statuses`), the whole `agentmend status
+--json` command (chain check included), the audit chain's full verification on its own,
+`agentmend show` of the oldest change, the report's data read (which includes that
+verification) and its rendering, and the page's size; and, as whole processes,
 `agentmend status --json` and `agentmend --version` (the command's start-up cost on its own).
 
     python benchmarks/bench_report.py                 # 100 agents x 100,000 runs, 500 changes
@@ -138,6 +139,15 @@ def _build(folder: Path, agents: int, runs: int, changes: int) -> tuple[Store, f
     return store, build_s
 
 
+def _status_command(folder: Path) -> None:
+    """``agentmend status --json`` in this process: the command's whole work, audit chain
+    verification included, without the interpreter's start-up."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = agentmend(["status", "--json", "--workspace", str(folder)])
+    if code != 0:
+        raise RuntimeError(f"agentmend status exited {code}")
+
+
 def _show(folder: Path, change_id: str) -> dict[str, object]:
     """``agentmend show CHANGE --json`` in this process, its output parsed."""
     with contextlib.redirect_stdout(io.StringIO()) as out:
@@ -171,6 +181,7 @@ def main() -> None:
             f"(built in {build_s:.0f} s, {total / build_s:,.0f} runs/s through the writer)"
         )
         status_ms, statuses = _median_ms(lambda: agent_statuses(store, baseline_n=500))
+        command_ms, _ = _median_ms(lambda: _status_command(folder))
         manager = ImprovementManager(store=store, recover=False)
         chain_ms, chain = _median_ms(lambda: manager.verify_audit_chain(repair=False))
         oldest = manager.get_history(limit=changes)[0].change_id
@@ -181,6 +192,10 @@ def main() -> None:
         print(
             f"status in-process (agent_statuses): {status_ms:.1f} ms for "
             f"{len(statuses):,} agents (goal < 100 ms)"
+        )
+        print(
+            f"`agentmend status --json` in-process (the whole command, chain check included): "
+            f"{command_ms:.1f} ms"
         )
         print(
             f"audit chain, full verification: {chain_ms:.1f} ms for {chain.rows_checked:,} rows "

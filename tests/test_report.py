@@ -23,6 +23,7 @@ from cli_run import demo_workspace, run_cli
 
 from agents.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, EXIT_USAGE, main
 from agents.faces.report_data import STATUS_SCHEMA
+from agents.faces.report_server import LatestPage
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.monitoring.run_series import (
     DURATION_BINS,
@@ -421,3 +422,32 @@ def test_a_usage_error_is_one_line_under_python_m_too(workspace: Path, tmp_path:
     assert result.returncode == EXIT_USAGE
     assert result.stderr == "agentmend: --cycles must be 0 or more\n"
     assert not target.exists()
+
+
+def test_serve_renders_again_only_when_the_store_or_the_audit_head_changed() -> None:
+    versions = iter([1, 1, 2, 2, 3])
+    page = LatestPage(lambda: f"page {page.renderings}", lambda: next(versions))
+    assert [page() for _ in range(5)] == ["page 0", "page 0", "page 1", "page 1", "page 2"]
+    assert page.renderings == 3
+
+
+def test_serve_shows_a_tampered_audit_at_once(tmp_path: Path) -> None:
+    ws = demo_workspace(tmp_path / "ws")
+    process, url = start_server(ws)
+    try:
+        assert "audit chain verified" in _get(url + "main")
+        assert _get(url + "main").count("audit chain verified") == 1  # served again as it was
+        with sqlite3.connect(ws / "agentmend.db") as conn:
+            original = conn.execute("SELECT new_value FROM audit_log WHERE id = 1").fetchone()[0]
+            conn.execute("UPDATE audit_log SET new_value = 'forged' WHERE id = 1")
+        conn.close()
+        assert "audit chain does NOT verify" in _get(url + "main")
+        with sqlite3.connect(ws / "agentmend.db") as conn:
+            conn.execute("UPDATE audit_log SET new_value = ? WHERE id = 1", (original,))
+        conn.close()
+        assert "audit chain verified" in _get(url + "main")
+        head = ws / "agentmend.db.audit-head"
+        head.write_bytes(b"x" * len(head.read_bytes()))  # the head file alone, same size
+        assert "audit chain does NOT verify" in _get(url + "main")
+    finally:
+        stop_server(process)

@@ -354,6 +354,17 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _store_version(opened: _OpenStore) -> tuple[object, ...]:
+    """What the page depends on: commits to the database by any other connection (SQLite's
+    ``data_version``), and the audit head file, which the chain check reads."""
+    data = opened.store.connection().execute("PRAGMA data_version").fetchone()[0]
+    try:
+        head = opened.manager.audit.head_path.stat()
+    except OSError:
+        return (data, None)
+    return (data, head.st_mtime_ns, head.st_size, head.st_ino)
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     from agents.faces.report_server import serve
 
@@ -362,7 +373,12 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     with open_store(args) as opened:
         try:
-            return serve(opened, port=args.port, render=render_workspace_report)
+            return serve(
+                opened,
+                port=args.port,
+                render=render_workspace_report,
+                version=lambda: _store_version(opened),
+            )
         except OSError as exc:
             raise CommandError(
                 f"cannot listen on 127.0.0.1:{args.port}: {exc.strerror} "

@@ -26,6 +26,7 @@ from infrastructure.monitoring.agent_window import RUN
 from infrastructure.monitoring.detection import CHART_OF_KIND
 from infrastructure.monitoring.issue_ledger import read_active_issues, read_detector_states
 from infrastructure.monitoring.run_series import SeriesPoint, read_series
+from infrastructure.read_snapshot import read_snapshot
 from infrastructure.store import Store
 
 __all__ = [
@@ -130,8 +131,9 @@ def _baseline_runs(conn: sqlite3.Connection, agent: str, cap: int) -> int:
 
 
 def agent_statuses(store: Store, *, baseline_n: int) -> list[AgentStatus]:
-    """Every agent with runs, by name: totals, recent figures, baseline fill, detector state."""
-    with store.transaction() as conn:
+    """Every agent with runs, by name: totals, recent figures, baseline fill, detector state
+    (one read snapshot, which never holds up a monitor writing runs)."""
+    with read_snapshot(store) as conn:
         if not _has_table(conn, "run_totals"):
             return []
         totals = conn.execute(

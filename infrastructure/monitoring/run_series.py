@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from infrastructure.monitoring.agent_window import RUN, Row
+from infrastructure.read_snapshot import read_snapshot
 from infrastructure.store import Store
 
 __all__ = [
@@ -289,8 +290,9 @@ def read_series(
     """Each agent's series in at most ``max_points`` steps: from the runs themselves when
     there are at most ``raw_runs`` in all, else summed from the coarsest stored buckets that
     give at least half of ``max_points`` over the span of all the runs (so the agents' charts
-    share one time axis, and a long history reads a few hundred rows per agent)."""
-    with store.transaction() as conn:
+    share one time axis, and a long history reads a few hundred rows per agent). One read
+    snapshot, which never holds up the writer."""
+    with read_snapshot(store) as conn:
         if not _has_table(conn, "run_series"):
             return {}
         total, first_ts, last_ts = conn.execute(

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
+from infrastructure.read_snapshot import read_snapshot
 from infrastructure.store import Store
 from infrastructure.telemetry.assembly import TelemetryCounts
 
@@ -94,7 +95,7 @@ def read_receiver_counts(store: Store) -> list[ReceiverCounts]:
 
     Reads only: a store no receiver wrote to has no table, and none is created.
     """
-    with store.transaction() as conn:
+    with read_snapshot(store) as conn:
         exists = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'telemetry_receivers'"
         ).fetchone()
