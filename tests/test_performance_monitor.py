@@ -18,7 +18,7 @@ import pytest
 import infrastructure.monitoring.performance_monitor as performance_monitor
 from infrastructure.errors import ConfigurationError, StoreError
 from infrastructure.models import ExecutionRecord
-from infrastructure.monitoring import agent_window, run_feed, run_tracker
+from infrastructure.monitoring import agent_window, record_backlog, run_feed, run_tracker
 from infrastructure.monitoring.performance_monitor import (
     InvalidExecution,
     MonitorClosed,
@@ -58,6 +58,7 @@ def test_public_names_are_served_from_the_monitor_module() -> None:
         "EventCursor": run_feed,
         "RunChunk": run_feed,
         "Tracker": run_tracker,
+        "BacklogStatus": record_backlog,
     }
     for name, home in homes.items():
         assert getattr(performance_monitor, name) is getattr(home, name), name
