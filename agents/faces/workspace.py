@@ -32,7 +32,7 @@ from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime, RuntimeBase
 from infrastructure.monitoring.issue_ledger import IssueLedger
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor, monitor_options
 from infrastructure.settings import Provider, Settings, load_settings
 from infrastructure.store import Store
 
@@ -205,7 +205,7 @@ class Workspace:
                 audit_hmac_key=key.get_secret_value() if key is not None else None,
                 limits=InputLimits.of(settings),
             )
-            monitor = PerformanceMonitor(store, baseline_n=settings.baseline_n)
+            monitor = PerformanceMonitor(store, **monitor_options(settings))
             # the detector's tables exist from the open on, so that a request that fails later
             # (an unknown agent, say) leaves the store as it found it
             IssueLedger(store)

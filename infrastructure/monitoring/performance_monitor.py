@@ -46,7 +46,7 @@ import weakref
 from collections import deque
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from infrastructure.errors import AgentmendError, ConfigurationError, StoreError
 from infrastructure.models import AgentMetrics, ExecutionRecord
@@ -84,7 +84,11 @@ __all__ = [
     "RunChunk",
     "Tracker",
     "log_duration",
+    "monitor_options",
 ]
+
+if TYPE_CHECKING:
+    from infrastructure.settings import Settings
 
 log = get_logger(__name__)
 
@@ -684,6 +688,17 @@ class PerformanceMonitor:
     def _active_epoch(self, agent: str) -> int | None:
         stack = self._baselines.get(agent)
         return stack[-1].epoch if stack else None
+
+
+def monitor_options(settings: Settings) -> dict[str, Any]:
+    """The :class:`PerformanceMonitor` arguments ``settings`` hold, for ``**`` into it."""
+    return {
+        "baseline_n": settings.baseline_n,
+        "max_backlog": settings.max_record_backlog,
+        "backlog_policy": settings.record_backlog_policy,
+        "backlog_wait_s": settings.record_backlog_wait_s,
+        "close_timeout_s": settings.close_timeout_s,
+    }
 
 
 def _checked_success(
