@@ -33,6 +33,7 @@ from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime, RuntimeBase
 from infrastructure.monitoring.issue_ledger import IssueLedger
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor, monitor_options
+from infrastructure.retention import RetentionPolicy, RetentionSweeper
 from infrastructure.settings import Provider, Settings, load_settings
 from infrastructure.store import Store
 
@@ -142,6 +143,9 @@ class Workspace:
         self._runtimes: list[AgentRuntime] = []
         self._orchestrators: list[MetaOrchestrator] = []
         self._closed = False
+        policy = RetentionPolicy.of(settings)
+        # old runs and decisions are pruned in the background when a policy is set
+        self._sweeper = RetentionSweeper(store, policy) if policy.enabled else None
 
     @classmethod
     def open(
@@ -281,6 +285,8 @@ class Workspace:
         self._closed = True
         for orchestrator in self._orchestrators:
             orchestrator.close()
+        if self._sweeper is not None:
+            self._sweeper.close()
         self.monitor.close()
         self.manager.close()
         self.store.close()
