@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pytest
 from log_capture import captured_records
+from tiny_project import PYTEST, make_project
 
+from agents.faces.mcp_tools import AgentmendTools
 from infrastructure.errors import ConfigurationError, StoreError
 from infrastructure.monitoring.performance_monitor import MonitorClosed, PerformanceMonitor
+from infrastructure.settings import Settings
 from infrastructure.store import Store
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -218,3 +221,19 @@ def test_the_exit_hook_gives_up_at_its_deadline_and_logs_the_runs_lost(tmp_path:
 def test_a_bad_backlog_setting_is_a_named_configuration_error(option: str, value: object) -> None:
     with pytest.raises(ConfigurationError, match=option):
         PerformanceMonitor(**{option: value})  # type: ignore[arg-type]
+
+
+async def test_the_mcp_status_shows_the_runs_refused_by_a_full_backlog(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "proj")
+    settings = Settings(test_command=PYTEST, max_record_backlog=10, record_backlog_policy="drop")
+    tools = AgentmendTools(project / ".agentmend", project_root=project, settings=settings)
+    try:
+        monitor = tools.workspace().monitor
+        made = _hammer(monitor, 20_000, threads=1)
+        refused = monitor.backlog_status().refused
+        assert 0 < refused < sum(made)
+        shown = await tools.status()
+    finally:
+        await tools.aclose()
+    assert shown.data["refusedRuns"] == refused
+    assert f"Runs refused because the record backlog was full: {refused}" in shown.text
