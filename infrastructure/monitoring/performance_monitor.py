@@ -16,10 +16,15 @@ Durability contract (store-backed): a run is durable once a flush has committed 
 commits every ``flush_interval_s`` (default 0.2 s) and is woken early when ``flush_max_batch``
 (default 1000) runs are waiting, so a crash loses at most the runs recorded in the last
 ``flush_interval_s`` plus the time one write takes (longer only while another process holds
-the database lock, up to the store's busy timeout). ``flush()`` and ``close()`` (also run at
-interpreter exit) make everything recorded so far durable; runs a failed ``close()`` could not
-write are kept and written by the next ``close()``, ``flush()`` or the exit hook, which logs
-how many runs are lost if its write fails too.
+the database lock, up to the store's busy timeout). ``flush()`` makes everything recorded so
+far durable, and ``close()`` (also run at interpreter exit) does too within its deadline
+(``close_timeout_s``); runs a failed or timed-out ``close()`` could not write are kept, reported
+and written by the next ``close()`` or ``flush()``, and the exit hook logs how many runs are
+lost if it cannot write them either. Writes go in transactions of at most 10,000 runs.
+
+Memory is bounded: at most ``max_backlog`` runs wait between ``record()`` and the store; past
+that ``record()`` waits for the writer or refuses the run, and counts it (see
+:mod:`infrastructure.monitoring.record_backlog`). A run ``record()`` accepted is never dropped.
 
 Sources: ``record(..., source="verification")`` stores a run apart. Verification runs are
 persisted and have their own metrics (``get_metrics(source="verification")``) but never feed
@@ -192,6 +197,7 @@ class PerformanceMonitor:
         self._epochs: dict[str, int] = {}  # highest epoch number used per agent
         self._feed = RunFeed(detection_backlog)
         self._unwritten: list[Row] = []
+        self._closing: deque[Row] = deque()  # runs close() took from the buffer, not yet ingested
         self._write_error: str | None = None  # why the last write failed; None once one works
         self._closed = False
         self._table = ExecutionStore(store, uuid.uuid4().hex) if store is not None else None
@@ -226,6 +232,8 @@ class PerformanceMonitor:
         self._state_lock = threading.RLock()
         self._write_lock = threading.Lock()
         self._unwritten = []
+        self._closing = deque()
+        self._unwritten_at_close = 0
         self._room = self._gate.limit
         self._gate.reinit_after_fork()
         if self._closed:
@@ -490,15 +498,16 @@ class PerformanceMonitor:
 
     # ----------------------------------------------------------------- ingestion
 
-    def _drain(self) -> None:
-        """Move buffered runs into per-agent state (caller holds ``_state_lock``)."""
-        buffer = self._buffer
-        count = len(buffer)
+    def _drain(self, buffer: deque[Row] | None = None, limit: int | None = None) -> None:
+        """Move buffered runs into per-agent state (caller holds ``_state_lock``): the
+        record buffer's, or up to ``limit`` of ``buffer``'s."""
+        source = self._buffer if buffer is None else buffer
+        count = len(source) if limit is None else min(limit, len(source))
         if not count:
             return
         if self._table is not None:  # still pending once out of the buffer: no room made
             self._room = self._gate.limit - len(self._unwritten) - count
-        pop = buffer.popleft  # type: ignore[union-attr]
+        pop = source.popleft  # type: ignore[union-attr]  # not the closed buffer: it is empty
         batch = [pop() for _ in range(count)]
         self._ingest(batch)
         if self._table is not None:
@@ -561,6 +570,9 @@ class PerformanceMonitor:
             if deadline is not None and time.monotonic() >= deadline:
                 return
             with self._state_lock:
+                if len(self._unwritten) < _WRITE_CHUNK and self._closing:
+                    # after close(): ingested a chunk at a time, so the deadline holds
+                    self._drain(self._closing, _WRITE_CHUNK)
                 batch = self._unwritten[:_WRITE_CHUNK]
             if not batch:
                 return
@@ -585,13 +597,13 @@ class PerformanceMonitor:
         writer keeps the runs and retries; this is what a status shows meanwhile.
         """
         with self._state_lock:
-            count = len(self._unwritten) + len(self._buffer)
+            count = len(self._unwritten) + len(self._buffer) + len(self._closing)
         return count, self._write_error
 
     def backlog_status(self) -> BacklogStatus:
         """The runs between ``record()`` and the store: pending, the bound, what was refused."""
         with self._state_lock:
-            pending = len(self._unwritten) + len(self._buffer)
+            pending = len(self._unwritten) + len(self._buffer) + len(self._closing)
         gate = self._gate
         return BacklogStatus(
             pending=pending,
@@ -642,14 +654,16 @@ class PerformanceMonitor:
             if not self._closed:
                 self._closed = True
                 with self._state_lock:
-                    self._drain()
-                    self._buffer = _ClosedBuffer()
+                    buffer, self._buffer = self._buffer, _ClosedBuffer()
+                    # popped, not iterated: a record() racing the swap may still append
+                    pop = buffer.popleft  # type: ignore[union-attr]
+                    self._closing.extend([pop() for _ in range(len(buffer))])
                 self._wake.set()
                 self._gate.freed(False)  # waiters see the monitor closed
-            elif not self._unwritten:
+            elif not self._unwritten and not self._closing:
                 return 0
             self._write_unwritten(deadline)
-            left = self._unwritten_at_close = len(self._unwritten)
+            left = self._unwritten_at_close = len(self._unwritten) + len(self._closing)
         if left:
             log.warning("close_deadline_passed", runs_unwritten=left, timeout_s=timeout)
         if self._thread is not threading.current_thread():
@@ -658,7 +672,7 @@ class PerformanceMonitor:
 
     def _unwritten_count(self) -> int:
         with self._state_lock:
-            return len(self._unwritten) + len(self._buffer)
+            return len(self._unwritten) + len(self._buffer) + len(self._closing)
 
     def __enter__(self) -> PerformanceMonitor:
         return self
