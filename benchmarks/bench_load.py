@@ -15,7 +15,8 @@ process where memory is measured):
    the queries the open ran before the rollups (a full-table ``GROUP BY`` and ``DISTINCT``);
 5. store bytes per run recorded, 60 days of runs with and without retention of 30 days.
 
-Run: ``.venv/bin/python benchmarks/bench_load.py [--seconds 30] [--sizes 10000,1000000,10000000]``.
+Run: ``.venv/bin/python benchmarks/bench_load.py [--seconds 30] [--sizes 10000,1000000,10000000]
+[--sections 1,2,3,4,5]``.
 """
 
 from __future__ import annotations
@@ -190,6 +191,7 @@ def close_time(
             left = monitor.close(timeout_s=timeout_s)
         elapsed = time.perf_counter() - began
         monitor._unwritten.clear()  # what a deadline left is not part of the figure
+        monitor._closing.clear()
         store.close()
     return elapsed, left
 
@@ -283,24 +285,40 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="overload duration")
     parser.add_argument("--runs", type=int, default=200_000, help="runs per writer process")
     parser.add_argument("--sizes", default="10000,1000000,10000000", help="open-time stores")
+    parser.add_argument("--sections", default="1,2,3,4,5", help="which figures (1-5) to measure")
+    parser.add_argument("--rate", type=float, help="section 2's writer rate without section 1")
     args = parser.parse_args()
+    sections = {int(s) for s in args.sections.split(",")}
+    rate = args.rate or 50_000.0
+    if 1 in sections:
+        rate = _section_rates(args.runs)[1]
+    if 2 in sections:
+        _section_overload(2 * rate, args.seconds)
+    if 3 in sections:
+        _section_close()
+    if 4 in sections:
+        _section_open([int(s) for s in args.sizes.split(",") if s])
+    if 5 in sections:
+        _section_bytes()
 
+
+def _section_rates(runs: int) -> dict[int, float]:
     print("1. writer's sustained rate (runs stored per second, all processes together)")
-    raw = raw_insert_rate(args.runs)
+    raw = raw_insert_rate(runs)
     print(f"   baseline: raw executemany, 1 process        {raw:>10,.0f} /s")
     rates = {}
     for processes in (1, 4, 8):
-        per = max(10_000, args.runs // processes)
+        per = max(10_000, runs // processes)
         rates[processes] = writer_rate(processes, per)
         print(
             f"   monitor, {processes} process(es) x {per:>7,} runs      "
             f"{rates[processes]:>10,.0f} /s  ({rates[processes] / raw:.2f}x raw)"
         )
+    return rates
 
-    target = 2 * rates[1]
-    print(
-        f"\n2. record() paced at 2x the 1-process rate ({target:,.0f}/s) for {args.seconds:.0f} s"
-    )
+
+def _section_overload(target: float, seconds: float) -> None:
+    print(f"\n2. record() paced at 2x the 1-process rate ({target:,.0f}/s) for {seconds:.0f} s")
     print(
         "   policy (max backlog)        recorded   rate/s   peak backlog  peak RSS"
         "   refused   stored  close"
@@ -311,7 +329,7 @@ def main() -> None:
         ("wait (100,000)", 100_000, "wait"),
         ("drop (100,000)", 100_000, "drop"),
     ):
-        r = overload(target, args.seconds, limit, policy)
+        r = overload(target, seconds, limit, policy)
         runs_of[label] = r
         print(
             f"   {label:<24} {r['recorded']:>11,} {r['achieved_rate']:>8,.0f}"
@@ -327,6 +345,8 @@ def main() -> None:
             f" peak RSS {r['peak_rss_mb'] / max(1e-9, base['peak_rss_mb']):.3f}x the unbounded"
         )
 
+
+def _section_close() -> None:
     print("\n3. close()")
     full, left_full = close_time(100_000, None)
     print(f"   a full default backlog (100,000 runs)        {full:6.2f} s, {left_full} left")
@@ -338,8 +358,9 @@ def main() -> None:
         f" unwritten ({bounded / old:.2f}x the old close)"
     )
 
+
+def _section_open(sizes: list[int]) -> None:
     print("\n4. opening a monitor (median of 5)")
-    sizes = [int(s) for s in args.sizes.split(",") if s]
     opened: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
@@ -357,6 +378,8 @@ def main() -> None:
             )
             db.unlink()
 
+
+def _section_bytes() -> None:
     print("\n5. store bytes per run recorded (executions table and its indexes)")
     runs = 200_000
     keep_all, kept_all = bytes_per_run(runs, None)
