@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import shutil
 import sqlite3
-import statistics
 import tempfile
 import threading
 import time
@@ -221,7 +221,7 @@ def build_store(db: Path, runs: int) -> None:
     PerformanceMonitor(Store(db)).close()  # the migration rebuilds the rollups
 
 
-def open_ms(db: Path, repeats: int = 5) -> float:
+def open_ms(db: Path, repeats: int = 7) -> float:
     times = []
     for _ in range(repeats):
         began = time.perf_counter()
@@ -230,7 +230,22 @@ def open_ms(db: Path, repeats: int = 5) -> float:
         times.append(time.perf_counter() - began)
         monitor.close()
         store.close()
-    return statistics.median(times) * 1000
+    return min(times) * 1000  # the best of 7: the machine is shared, and noise only adds
+
+
+def workspace_open_ms(folder: Path, repeats: int = 7) -> float:
+    """Opening a whole workspace (store, change manager, recovery, monitor, issue ledger)."""
+    from agents.faces.workspace import Workspace
+    from infrastructure.settings import load_settings
+
+    settings = load_settings(workspace=folder)
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        workspace = Workspace.open(folder, settings=settings, create=True)
+        times.append(time.perf_counter() - began)
+        workspace.close()
+    return min(times) * 1000
 
 
 def old_open_queries_ms(db: Path) -> float:
@@ -257,7 +272,9 @@ def bytes_per_run(runs: int, retention_days: float | None) -> tuple[float, int]:
     """(executions bytes per run recorded, runs kept) for ``runs`` spread over 60 days."""
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "b.db")
-        with PerformanceMonitor(store, baseline_n=500, close_timeout_s=None) as monitor:
+        with PerformanceMonitor(
+            store, baseline_n=500, backlog_wait_s=60.0, close_timeout_s=None
+        ) as monitor:
             for i in range(runs):
                 monitor.record(
                     f"agent-{i % 4}", success=i % 50 != 0, duration_ms=100.0 + i % 50,
@@ -360,23 +377,27 @@ def _section_close() -> None:
 
 
 def _section_open(sizes: list[int]) -> None:
-    print("\n4. opening a monitor (median of 5)")
+    print("\n4. opening a monitor (best of 7)")
     opened: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
-            db = Path(tmp) / f"{size}.db"
+            folder = Path(tmp) / f"ws-{size}"
+            folder.mkdir()
+            db = folder / "agentmend.db"
             began = time.perf_counter()
             build_store(db, size)
             built = time.perf_counter() - began
             opened[size] = open_ms(db)
+            whole = workspace_open_ms(folder)
             old_ms = old_open_queries_ms(db)
             print(
                 f"   {size:>12,} runs: open {opened[size]:8.2f} ms"
                 f" ({opened[size] / opened[sizes[0]]:.2f}x the {sizes[0]:,}-run open);"
                 f" baseline, the old history-wide queries alone {old_ms:9.1f} ms"
-                f" ({old_ms / opened[size]:.0f}x); built in {built:.0f} s"
+                f" ({old_ms / opened[size]:.0f}x); a whole workspace {whole:8.2f} ms;"
+                f" built in {built:.0f} s"
             )
-            db.unlink()
+            shutil.rmtree(folder)
 
 
 def _section_bytes() -> None:

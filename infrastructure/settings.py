@@ -64,7 +64,7 @@ class Settings(BaseSettings):
     # slows down ("wait") or has its newest runs refused and counted ("drop")
     max_record_backlog: int = Field(default=100_000, ge=1)
     record_backlog_policy: Literal["wait", "drop"] = "wait"
-    record_backlog_wait_s: float = Field(default=0.5, ge=0)
+    record_backlog_wait_s: float = Field(default=1.0, ge=0)
     # how long closing a monitor (and the exit hook) writes before reporting what is left
     close_timeout_s: float = Field(default=10.0, ge=0)
 

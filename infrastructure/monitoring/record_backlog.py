@@ -41,7 +41,7 @@ log = get_logger(__name__)
 BacklogPolicy = Literal["wait", "drop"]
 DEFAULT_MAX_BACKLOG: Final = 100_000
 """About 30 MB of runs: a second or two of the writer's work, so close() stays short too."""
-DEFAULT_WAIT_S: Final = 0.5
+DEFAULT_WAIT_S: Final = 1.0
 """Long enough to ride out a write or a checkpoint, short enough not to hang a caller."""
 
 
