@@ -22,6 +22,7 @@ Run: ``.venv/bin/python benchmarks/bench_load.py [--seconds 30] [--sizes 10000,1
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import os
 import shutil
@@ -169,8 +170,9 @@ def overload(rate: float, seconds: float, max_backlog: int, policy: str) -> dict
 
 def close_time(
     backlog: int, timeout_s: float | None, one_transaction: bool = False
-) -> tuple[float, int]:
-    """(seconds close() took with ``backlog`` runs waiting, runs it left unwritten)."""
+) -> tuple[float, int, int]:
+    """(seconds close() took with ``backlog`` runs waiting, runs it left unwritten, the WAL's
+    size after it: a WAL file never shrinks by itself, so this is the most it held)."""
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "c.db")
         monitor = PerformanceMonitor(
@@ -190,10 +192,11 @@ def close_time(
         else:
             left = monitor.close(timeout_s=timeout_s)
         elapsed = time.perf_counter() - began
+        wal = store.path.with_name(store.path.name + "-wal").stat().st_size
         monitor._unwritten.clear()  # what a deadline left is not part of the figure
         monitor._closing.clear()
         store.close()
-    return elapsed, left
+    return elapsed, left, wal
 
 
 # ------------------------------------------------------------------ 4. open time
@@ -364,12 +367,23 @@ def _section_overload(target: float, seconds: float) -> None:
 
 
 def _section_close() -> None:
-    print("\n3. close()")
-    full, left_full = close_time(100_000, None)
-    print(f"   a full default backlog (100,000 runs)        {full:6.2f} s, {left_full} left")
-    old, _ = close_time(1_000_000, None, one_transaction=True)
-    print(f"   baseline: 1,000,000 runs in one transaction  {old:6.2f} s (the old close)")
-    bounded, left = close_time(1_000_000, 2.0)
+    print("\n3. close() (and the most the WAL held)")
+    full, left_full, wal_full = close_time(100_000, math.inf)
+    print(
+        f"   a full default backlog (100,000 runs)        {full:6.2f} s, {left_full} left,"
+        f" WAL {wal_full / 2**20:6.1f} MB"
+    )
+    old, _, wal_old = close_time(1_000_000, None, one_transaction=True)
+    print(
+        f"   baseline: 1,000,000 runs in one transaction  {old:6.2f} s (the old close),"
+        f" WAL {wal_old / 2**20:6.1f} MB"
+    )
+    everything, _, wal_all = close_time(1_000_000, math.inf)
+    print(
+        f"   1,000,000 runs, no deadline                {everything:6.2f} s"
+        f" ({everything / old:.2f}x), WAL {wal_all / 2**20:6.1f} MB ({wal_all / wal_old:.3f}x)"
+    )
+    bounded, left, _ = close_time(1_000_000, 2.0)
     print(
         f"   1,000,000 runs, deadline 2 s               {bounded:6.2f} s, {left:,} reported"
         f" unwritten ({bounded / old:.2f}x the old close)"
