@@ -47,7 +47,10 @@ def _ids(db: Path, agent: str) -> list[int]:
 
 def _age(db: Path, seconds: float) -> None:
     with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE executions SET ts = ts - ?", (seconds,))
+        # a second apart in id order, on whole seconds: a change's creation time (kept to the
+        # microsecond) then falls exactly on the run it is dated by
+        base = float(int(time.time() - seconds) - 10_000)
+        conn.execute("UPDATE executions SET ts = ? + id", (base,))
         stamp = (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat()
         conn.execute("UPDATE decisions SET timestamp = ?", (stamp,))
 
