@@ -285,16 +285,15 @@ def _prune_runs(
     protected_since: float | None,
 ) -> int:
     conn = store.connection()
-    keep = max(KEEP_NEWEST, policy.runs_per_agent or 0)
-    row = conn.execute(
-        "SELECT id FROM executions WHERE agent = ? AND source = ? ORDER BY id DESC"
-        " LIMIT 1 OFFSET ?",
-        (agent, source, keep - 1),
-    ).fetchone()
-    if row is None:
+    floor = _nth_newest(conn, agent, source, KEEP_NEWEST)
+    if floor is None:
         return 0  # no more runs than are always kept
-    keep_from = int(row[0])  # rows with id >= keep_from are among the newest kept
-    by_count = policy.runs_per_agent is not None
+    # a run goes if it is beyond the newest ``runs_per_agent`` or older than ``run_days``
+    beyond = (
+        _nth_newest(conn, agent, source, policy.runs_per_agent)
+        if policy.runs_per_agent is not None
+        else None
+    )
     cutoff = now - policy.run_days * _DAY_S if policy.run_days is not None else None
     fence = float("inf") if protected_since is None else protected_since
     deleted, after = 0, 0
@@ -302,16 +301,17 @@ def _prune_runs(
         page = conn.execute(
             "SELECT id, ts FROM executions WHERE agent = ? AND source = ? AND id > ?"
             " AND id < ? ORDER BY id LIMIT ?",
-            (agent, source, after, keep_from, policy.batch),
+            (agent, source, after, floor, policy.batch),
         ).fetchall()
         if not page:
             break
         doomed: list[int] = []
-        reached_young = False
+        done = False
         for row_id, ts in page:
-            young = cutoff is not None and ts >= cutoff
-            if young and not by_count:
-                reached_young = True  # rows are written in time order: the rest are younger
+            too_many = beyond is not None and row_id < beyond
+            too_old = cutoff is not None and ts < cutoff
+            if not too_many and not too_old:
+                done = True  # rows are written in id and time order: none further goes
                 break
             if ts >= fence or any(low < row_id <= high for low, high in samples):
                 continue
@@ -325,9 +325,19 @@ def _prune_runs(
                 )
             deleted += len(doomed)
             budget.take()
-        if reached_young or len(page) < policy.batch:
+        if done or len(page) < policy.batch:
             break
     return deleted
+
+
+def _nth_newest(conn: sqlite3.Connection, agent: str, source: str, n: int) -> int | None:
+    """The id of the agent's ``n``-th newest run of ``source`` (None if it has fewer)."""
+    row = conn.execute(
+        "SELECT id FROM executions WHERE agent = ? AND source = ? ORDER BY id DESC"
+        " LIMIT 1 OFFSET ?",
+        (agent, source, n - 1),
+    ).fetchone()
+    return None if row is None else int(row[0])
 
 
 def _prune_decisions(

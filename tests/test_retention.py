@@ -285,3 +285,18 @@ def test_the_store_subcommand_shows_sizes_and_prunes(
     assert code == EXIT_USAGE
     assert "run_days" in err
     assert err.count("\n") == 1
+
+
+def test_with_both_limits_a_run_goes_when_either_says_so(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    before = _history(db)
+    store = Store(db)
+    # keeping 10,000 per agent would keep everything; 30 days still prunes the old runs
+    policy = RetentionPolicy(run_days=30, runs_per_agent=10_000, baseline_n=_BASELINE_N)
+    assert prune(store, policy).runs_deleted > 0
+    assert _ids(db, "a") == before["a"][:_BASELINE_N] + before["a"][-KEEP_NEWEST:]
+    # and the newest 150 per agent, whatever their age, with no age limit
+    db2 = tmp_path / "t.db"
+    before2 = _history(db2)
+    prune(Store(db2), RetentionPolicy(runs_per_agent=150, baseline_n=_BASELINE_N))
+    assert _ids(db2, "a") == before2["a"][:_BASELINE_N] + before2["a"][-150:]
