@@ -21,9 +21,10 @@ from log_capture import captured_records
 from tiny_project import PYTEST, make_project
 
 from agents.faces.mcp_tools import AgentmendTools
+from agents.faces.workspace import Workspace
 from infrastructure.errors import ConfigurationError, StoreError
 from infrastructure.monitoring.performance_monitor import MonitorClosed, PerformanceMonitor
-from infrastructure.settings import Settings
+from infrastructure.settings import InvalidSetting, Settings, load_settings
 from infrastructure.store import Store
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -237,3 +238,20 @@ async def test_the_mcp_status_shows_the_runs_refused_by_a_full_backlog(tmp_path:
         await tools.aclose()
     assert shown.data["refusedRuns"] == refused
     assert f"Runs refused because the record backlog was full: {refused}" in shown.text
+
+
+def test_the_backlog_settings_reach_the_monitor_a_workspace_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTMEND_MAX_RECORD_BACKLOG", "7")
+    monkeypatch.setenv("AGENTMEND_RECORD_BACKLOG_POLICY", "drop")
+    monkeypatch.setenv("AGENTMEND_CLOSE_TIMEOUT_S", "3")
+    folder = tmp_path / "ws"
+    with Workspace.open(folder, settings=load_settings(workspace=folder), create=True) as opened:
+        status = opened.monitor.backlog_status()
+        assert (status.limit, status.policy) == (7, "drop")
+        assert opened.monitor.close_timeout_s == 3.0
+    monkeypatch.setenv("AGENTMEND_RECORD_BACKLOG_POLICY", "block")
+    with pytest.raises(InvalidSetting) as caught:
+        load_settings()
+    assert caught.value.setting == "AGENTMEND_RECORD_BACKLOG_POLICY"
