@@ -23,6 +23,7 @@ KINDS: dict[str, tuple[str, ...]] = {
         "baseline_segments",
         "run_series",
         "run_totals",
+        "run_rollups",
     ),
     "decisions": ("decisions", "plans"),
     "changes": ("changes", "change_files"),
