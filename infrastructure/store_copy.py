@@ -20,7 +20,7 @@ from infrastructure.changes.audit import AuditLog, ChainVerification
 from infrastructure.changes.audit_head import write_head
 from infrastructure.errors import StoreError
 from infrastructure.files import locked_file
-from infrastructure.monitoring import execution_store, issue_ledger, run_series
+from infrastructure.monitoring import execution_rollup, execution_store, issue_ledger, run_series
 from infrastructure.store import Store
 from infrastructure.store_sql import Backend, has_table, next_id, set_next_id
 from infrastructure.structured_logger import get_logger
@@ -36,6 +36,7 @@ _COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
     ("teams", team_ids._MIGRATIONS),
     ("executions", execution_store._MIGRATIONS),
     (run_series.COMPONENT, run_series.MIGRATIONS),
+    (execution_rollup.COMPONENT, execution_rollup.MIGRATIONS),
     ("monitoring", issue_ledger._MIGRATIONS),
     ("changes", change_log._CHANGE_MIGRATIONS),
     ("leases", leases._MIGRATIONS),
@@ -52,6 +53,9 @@ _TABLES: tuple[tuple[str, str | None], ...] = (
     ("baseline_segments", None),
     ("run_series", None),
     ("run_totals", None),
+    ("run_rollups", None),
+    ("execution_totals", None),
+    ("baseline_runs", None),
     ("monitoring_issues", None),
     ("monitoring_detector_state", None),
     ("changes", "seq"),

@@ -32,12 +32,14 @@ __all__ = [
     "StoreConnection",
     "StoreCursor",
     "backend_of",
+    "data_version",
     "has_table",
     "join_in_order",
     "json_text",
     "next_id",
     "note_id_used",
     "set_next_id",
+    "table_names",
 ]
 
 Backend = Literal["sqlite", "postgresql"]
@@ -95,11 +97,28 @@ def join_in_order(conn: StoreConnection) -> str:
 
 
 def json_text(conn: StoreConnection, column: str, key: str) -> str:
-    """SQL for the text of top-level ``key`` (a constant name, not input) in the JSON object
-    held in TEXT ``column``."""
+    """SQL for the text at ``key`` (a constant name or dotted path, never input) in the JSON
+    object held in TEXT ``column``."""
     if backend_of(conn) == "sqlite":
         return f"json_extract({column}, '$.{key}')"
-    return f"(CAST({column} AS jsonb) ->> '{key}')"
+    return f"(CAST({column} AS jsonb) #>> '{{{key.replace('.', ',')}}}')"
+
+
+def data_version(conn: StoreConnection) -> object:
+    """A value that changes whenever another connection commits a write (a page's cue to
+    redraw): SQLite's ``data_version``, PostgreSQL's current WAL position."""
+    if backend_of(conn) == "sqlite":
+        return conn.execute("PRAGMA data_version").fetchone()[0]
+    return conn.execute("SELECT CAST(pg_current_wal_lsn() AS TEXT)").fetchone()[0]
+
+
+def table_names(conn: StoreConnection) -> set[str]:
+    """The names of the store's tables."""
+    if backend_of(conn) == "sqlite":
+        query = "SELECT name FROM sqlite_master WHERE type = 'table'"
+    else:
+        query = "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = current_schema()"
+    return {str(name) for (name,) in conn.execute(query)}
 
 
 def next_id(conn: StoreConnection, table: str, column: str = "id") -> int:

@@ -14,6 +14,9 @@
   it after the test. Test modules import the helpers with
   ``from fake_messages_api import Reply, FakeMessagesAPI`` (tests/ is on sys.path because this
   directory has no ``__init__.py``).
+- ``restore_logging`` puts structlog's configuration back after a test that ran ``main()``
+  (which configures logging onto the captured stderr, closed after the test); modules that
+  run the command use it with ``pytestmark = pytest.mark.usefixtures("restore_logging")``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from fake_messages_api import FakeMessagesAPI
 from pg_server import PgServer, PgUnavailable
 from services import unavailable
@@ -84,3 +88,10 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "agentmend.db")
     return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)

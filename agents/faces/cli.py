@@ -50,6 +50,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "agents.faces.cli_safeguards",
     "agents.faces.cli_otel",
     "agents.faces.cli_store",
+    "agents.faces.cli_store_copy",  # after cli_store: ``store copy`` sits under ``store``
 )
 """Modules whose ``SUBCOMMANDS`` (a sequence of ``Subcommand``) the command offers, in order."""
 
@@ -110,6 +111,7 @@ def build_parser(subcommands: Sequence[Subcommand] | None = None) -> argparse.Ar
     parser.add_argument("--version", action="version", version=f"agentmend {_version()}")
     groups: dict[tuple[str, ...], argparse._SubParsersAction[Any]] = {}
     parents: dict[tuple[str, ...], argparse.ArgumentParser] = {(): parser}
+    leaves: set[tuple[str, ...]] = set()
     for command in subcommands if subcommands is not None else _subcommands():
         for depth in range(1, len(command.path) + 1):
             prefix, name = command.path[: depth - 1], command.path[depth - 1]
@@ -119,7 +121,9 @@ def build_parser(subcommands: Sequence[Subcommand] | None = None) -> argparse.Ar
                 groups[prefix] = parents[prefix].add_subparsers(
                     title="commands", metavar="COMMAND", dest=f"command_{depth}"
                 )
-                groups[prefix].required = True
+                # a command that is also a group (``store`` and ``store copy``) runs itself
+                # when no subcommand follows
+                groups[prefix].required = prefix not in leaves
             leaf = depth == len(command.path)
             sub = groups[prefix].add_parser(
                 name,
@@ -133,6 +137,7 @@ def build_parser(subcommands: Sequence[Subcommand] | None = None) -> argparse.Ar
                 command.add_arguments(sub)
                 _common_arguments(sub, command)
                 sub.set_defaults(subcommand=command)
+                leaves.add(command.path)
     return parser
 
 
@@ -213,4 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m agents.faces.cli`` runs this file as ``__main__``, whose CommandError is not
+    # the one the subcommands import and raise: run the imported module's main instead
+    from agents.faces.cli import main as imported_main
+
+    sys.exit(imported_main())

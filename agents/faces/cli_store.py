@@ -1,62 +1,113 @@
-"""``agentmend store copy FROM TO``: move a workspace's whole history between stores."""
+"""``agentmend store``: the store's size by kind of record, and pruning by the retention policy.
+
+The policy is the ``AGENTMEND_RETENTION_*`` settings, which the flags override for one run;
+pruning never removes what the loop still needs (see :mod:`infrastructure.retention`).
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from agents.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, CommandError, Subcommand
+from agents.faces.cli import EXIT_OK, EXIT_USAGE, CommandError, Subcommand, print_json
+from agents.faces.cli_commands import console, open_workspace
 
 __all__ = ["SUBCOMMANDS"]
 
 
-def _arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", metavar="FROM_URL", help="the store to copy (a path or URL)")
-    parser.add_argument("target", metavar="TO_URL", help="an empty store to copy it into")
+def _store_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="delete what the retention policy lets go, then show the sizes",
+    )
+    parser.add_argument(
+        "--run-days", type=float, help="prune runs older than this (AGENTMEND_RETENTION_RUN_DAYS)"
+    )
+    parser.add_argument(
+        "--runs-per-agent",
+        type=int,
+        help="prune runs beyond the newest this many per agent"
+        " (AGENTMEND_RETENTION_RUNS_PER_AGENT)",
+    )
+    parser.add_argument(
+        "--decision-days",
+        type=float,
+        help="prune decisions older than this (AGENTMEND_RETENTION_DECISION_DAYS)",
+    )
 
 
-def _run(args: argparse.Namespace) -> int:
-    from agents.faces.cli import print_json, workspace_path
-    from agents.faces.cli_commands import _settings, console
-    from infrastructure.errors import AgentmendError
-    from infrastructure.store import Store
-    from infrastructure.store_copy import copy_store
+def _policy(args: argparse.Namespace, settings: Any) -> Any:
+    from infrastructure.errors import ConfigurationError
+    from infrastructure.retention import RetentionPolicy
 
-    settings = _settings()
-    key = settings.audit_hmac_key
-    folder = workspace_path(args)  # where a PostgreSQL store's per-host files (audit head) go
+    base = RetentionPolicy.of(settings)
     try:
-        with (
-            Store(args.source, files_dir=folder) as source,
-            Store(args.target, files_dir=folder) as target,
-        ):
-            report = copy_store(
-                source, target, hmac_key=key.get_secret_value() if key is not None else None
-            )
-    except AgentmendError as exc:
-        raise CommandError(f"cannot copy the store: {exc}", EXIT_UNAVAILABLE) from exc
-    chains = {"source": report.source_chain, "target": report.target_chain}
-    if args.json:
-        print_json(
-            {
-                "rows": report.rows,
-                "verified": {side: bool(chain) for side, chain in chains.items()},
-            }
+        return RetentionPolicy(
+            run_days=base.run_days if args.run_days is None else args.run_days,
+            runs_per_agent=(
+                base.runs_per_agent if args.runs_per_agent is None else args.runs_per_agent
+            ),
+            decision_days=base.decision_days if args.decision_days is None else args.decision_days,
+            baseline_n=base.baseline_n,
         )
-    else:
-        out = console()
-        out.print(f"copied {sum(report.rows.values())} rows ({len(report.rows)} tables)")
-        for side, chain in chains.items():
-            out.print(f"audit chain on the {side}: {'verified' if chain else 'DOES NOT VERIFY'}")
-    return EXIT_OK if report.ok else EXIT_PROBLEM
+    except ConfigurationError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from exc
 
 
-SUBCOMMANDS = (
+def _run_store(args: argparse.Namespace) -> int:
+    from infrastructure.retention import prune
+    from infrastructure.store_usage import store_usage
+
+    with open_workspace(args) as workspace:
+        policy = _policy(args, workspace.settings)
+        if args.prune and not policy.enabled:
+            raise CommandError(
+                "no retention policy: set AGENTMEND_RETENTION_RUN_DAYS, "
+                "AGENTMEND_RETENTION_RUNS_PER_AGENT or AGENTMEND_RETENTION_DECISION_DAYS "
+                "(or pass --run-days, --runs-per-agent, --decision-days)",
+                EXIT_USAGE,
+            )
+        workspace.monitor.flush()  # what is recorded is in the store before it is measured
+        result = prune(workspace.store, policy) if args.prune else None
+        usage = store_usage(workspace.store)
+    if args.json:
+        data: dict[str, Any] = {
+            "path": str(workspace.store.path),
+            "file_bytes": usage.file_bytes,
+            "wal_bytes": usage.wal_bytes,
+            "kinds": {k.kind: {"rows": k.rows, "bytes": k.bytes} for k in usage.kinds},
+        }
+        if result is not None:
+            data["pruned"] = {"runs": result.runs_deleted, "decisions": result.decisions_deleted}
+        print_json(data)
+        return EXIT_OK
+    out = console()
+    if result is not None:
+        out.print(f"pruned {result.runs_deleted} runs and {result.decisions_deleted} decisions")
+    out.print(f"{workspace.store.path}: {_size(usage.file_bytes)} (+ {_size(usage.wal_bytes)} WAL)")
+    for kind in usage.kinds:
+        size = "size unknown" if kind.bytes is None else _size(kind.bytes)
+        out.print(f"  {kind.kind:<10} {kind.rows:>12,} rows  {size:>10}")
+    return EXIT_OK
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
+
+
+SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand(
-        path=("store", "copy"),
-        help="copy a store's whole history into an empty store (SQLite <-> PostgreSQL)",
-        run=_run,
-        example="agentmend store copy .agentmend/agentmend.db postgresql://agentmend@db/agentmend",
-        add_arguments=_arguments,
+        path=("store",),
+        help="show the store's size by kind of record; --prune applies the retention policy",
+        example="agentmend store --prune --run-days 30 --workspace ./ws",
+        add_arguments=_store_arguments,
+        run=_run_store,
         json_output=True,
     ),
 )
