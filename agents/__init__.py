@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from infrastructure.changes.effectors import InvalidChange
     from infrastructure.changes.gates import ChangeRefused
     from infrastructure.changes.improvement_manager import ImprovementManager
+    from infrastructure.changes.leases import LeaseLost
     from infrastructure.changes.safety import GateVerdict, ProposedChange
     from infrastructure.code_update.code_plans import CodeUpdateError, PlanNotFound, PlanStateError
     from infrastructure.code_update.unified_diff import DiffError
@@ -173,6 +174,7 @@ __all__ = [
     "InvalidSetting",
     "IssueDetector",
     "IssueReport",
+    "LeaseLost",
     "MediatorReport",
     "MetaOrchestrator",
     "ModelRequired",
@@ -248,6 +250,7 @@ _EXPORTS: dict[str, str] = {
     "ImprovementManager": "infrastructure.changes.improvement_manager",
     "verify_audit_chain": "infrastructure.changes.audit",
     "AuditChainBroken": "infrastructure.changes.audit",
+    "LeaseLost": "infrastructure.changes.leases",
     "Store": "infrastructure.store",
     "Settings": "infrastructure.settings",
     "InvalidSetting": "infrastructure.settings",

@@ -41,6 +41,7 @@ __all__ = [
     "delete",
     "hold_flock",
     "is_directory",
+    "is_locked",
     "link_or_copy",
     "list_names",
     "locked",
@@ -522,6 +523,32 @@ def locked(root: str | Path, path: str | Path) -> Iterator[int]:
 
     with hold_flock(os.path.join(os.fspath(root), *parts), open_lock) as fd:
         yield fd
+
+
+def is_locked(root: str | Path, path: str | Path) -> bool:
+    """Whether someone holds the ``flock`` on lock file ``path`` under ``root`` now.
+
+    This thread too, if it holds it: the probe opens its own descriptor. False when the file
+    (or a directory on the way) does not exist; nothing is created or written.
+    """
+    parts = relative_parts(root, path)
+    with _directory(root, parts[:-1], create=False, operation="inspect") as parent:
+        if parent is None:
+            return False
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            where = _display(root, parts)
+            raise _walk_failure(exc, parent, parts[-1], root, where, "inspect") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the probe's own lock, if it got one
+    return False
 
 
 _held = threading.local()  # per thread: lock path -> [descriptor, depth] of the locks it holds

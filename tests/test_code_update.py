@@ -470,6 +470,7 @@ class _BrokenDiskManager(ImprovementManager):
         applied_by: str | None = None,
         user_id: str | None = None,
         user_name: str | None = None,
+        lease: str | None = None,
     ) -> list[ChangeRecord]:
         raise OSError(28, "No space left on device")
 
@@ -517,7 +518,7 @@ asyncio.run(updater.execute(plan.plan_id))
 
 
 @pytest.mark.slow
-def test_a_plan_interrupted_while_validating_is_undone_on_the_next_lock(
+def test_a_plan_interrupted_while_validating_is_undone_and_never_reported_active(
     project: Path, manager: ImprovementManager, tmp_path: Path
 ) -> None:
     scratch = tmp_path / "scratch"  # the executor's TMPDIR, where its copies are made
@@ -554,13 +555,16 @@ def test_a_plan_interrupted_while_validating_is_undone_on_the_next_lock(
             with_suppressed_kill(int(pid))
     updater = _updater(project, manager)
     [stuck] = updater.plans()
-    assert updater.status().active_improvement is not None
+    assert stuck.status == "executing"
+    assert updater.status().active_improvement is None  # its executor is gone
+    assert updater.get(stuck.plan_id).status == "executing"  # status only reads
     assert updater.recover() == [stuck.plan_id]
     settled = updater.get(stuck.plan_id)
     assert settled.status == "failed"
     assert settled.result is not None
     assert not settled.result["rollback_performed"]  # nothing had been applied
     assert settled.result["restored_identical"]
+    assert settled.result["reason"].startswith("interrupted")
     assert (project / "calc" / "__init__.py").read_text() == CALC
     assert (project / "tests" / "test_calc.py").read_text() == TEST_CALC
 

@@ -39,6 +39,7 @@ class _OpenStore:
     def __init__(self, args: argparse.Namespace) -> None:
         from agents.faces.workspace import DB_NAME
         from infrastructure.changes.improvement_manager import ImprovementManager
+        from infrastructure.code_update.plan_recovery import settle_interrupted_plans
         from infrastructure.errors import AgentmendError
         from infrastructure.store import Store
 
@@ -64,6 +65,8 @@ class _OpenStore:
                 store=self.store,
                 audit_hmac_key=key.get_secret_value() if key is not None else None,
             )
+            # like every face's start: settle the code plans of executors that are gone
+            settle_interrupted_plans(self.manager)
         except AgentmendError as exc:
             raise CommandError(
                 f"workspace {folder} cannot be opened: {exc}", EXIT_UNAVAILABLE

@@ -40,6 +40,7 @@ _STEP_MARKS: Mapping[str, tuple[str, str]] = {
     "change_kept": ("✓", "green"),
     "change_rolled_back": ("↺", "red"),
     "change_rollback_blocked": ("⚠", "bold red"),
+    "change_lease_lost": ("⚠", "bold red"),
     "cycle_finished": ("■", "bold"),
 }
 

@@ -9,6 +9,10 @@ they share one store and one team::
       agents/                     the team's definitions (<name>.md, <name>.evals.yaml)
         .agent/                   backups and the lock of changes to the definitions
 
+Opening settles what processes that are gone left unproven: changes being verified (restored,
+FAILED ``interrupted``) and code plans being executed (restored, ``failed``); see
+``infrastructure.changes.abandoned`` and ``infrastructure.code_update.plan_recovery``.
+
 On first open, with no definitions given, the simulated six-agent team is copied into
 ``agents/`` (the offline default needs no key and no network). ``Workspace.orchestrator()``
 builds a ``MetaOrchestrator`` on the workspace's store and monitor, with the runtimes of the
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.code_update.plan_recovery import settle_interrupted_plans
 from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime, RuntimeBase
@@ -205,6 +210,9 @@ class Workspace:
                 audit_hmac_key=key.get_secret_value() if key is not None else None,
                 limits=InputLimits.of(settings),
             )
+            # the manager settled the unproven changes of processes gone; now the code plans
+            # they were executing (every face opens here, so every start settles them)
+            settle_interrupted_plans(manager)
             monitor = PerformanceMonitor(store, baseline_n=settings.baseline_n)
             # the detector's tables exist from the open on, so that a request that fails later
             # (an unknown agent, say) leaves the store as it found it

@@ -17,7 +17,11 @@
 Verification runs that fail transiently (rate limit, overload) are run again: the weather of
 the API is not what a change is judged on. Any exception after the apply rolls the group back
 before it propagates (the exception raised is always the original one), so a crash in
-verification never leaves an unproven change silently in place.
+verification never leaves an unproven change silently in place. The group is held by a lease
+of this process (``ImprovementManager.hold_lease``) from its apply to its keep or rollback: if
+the process dies, or stops past the lease's expiry, the next open of the store settles the
+group (restored, FAILED ``interrupted``), and a resumed process that finds its lease lost stops
+without writing (``change_lease_lost``, outcome ``error``).
 Every step is recorded as a ``CycleEvent`` of the cycle it belongs to (``CycleRecorder``).
 
 Rolling back an unproven change
@@ -58,12 +62,17 @@ from agents.loop.cycle_verification import (
 )
 from agents.roles.self_improver import GatedAction, InvalidProposal, SelfImprover
 from agents.roles.team import AgentTeam
-from infrastructure.changes.improvement_manager import ImprovementManager, PartialRollback
+from infrastructure.changes.improvement_manager import (
+    ImprovementManager,
+    LeaseKeeper,
+    LeaseLost,
+    PartialRollback,
+)
 from infrastructure.changes.safety import Gate, GateVerdict, ProposedChange
 from infrastructure.errors import AgentmendError
 from infrastructure.evaluation.evals import EvalSuite
 from infrastructure.evaluation.verification import VerificationVerdict
-from infrastructure.models import ImprovementAction
+from infrastructure.models import ChangeRecord, ImprovementAction
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.spec import AgentSpec
@@ -184,11 +193,43 @@ class ChangePipeline:
         agent: str,
         applied_by: str,
     ) -> Outcome:
-        try:
-            records = self.improver.apply(changes, applied_by=applied_by)
-        except AgentmendError as exc:  # the manager wrote nothing (or put it all back)
-            return "error", f"could not apply: {exc}"
+        # the lease makes the group live but not yet proven: if this process stops (killed,
+        # stopped past the lease's expiry) the next open anywhere settles it (see
+        # infrastructure.changes.abandoned); the keep or the rollback releases it
+        with self.manager.hold_lease() as keeper:
+            try:
+                records = self.improver.apply(changes, applied_by=applied_by, lease=keeper.lease_id)
+            except AgentmendError as exc:  # the manager wrote nothing (or put it all back)
+                self.manager.release_lease(keeper.lease_id, "not_applied")
+                return "error", f"could not apply: {exc}"
+            try:
+                return await self._verify_and_settle(
+                    rec, records, changes, targets, suites, before, agent, keeper
+                )
+            except LeaseLost as exc:  # recovery settled the change: write nothing more
+                log.warning("change_lease_lost", lease_id=exc.lease_id)
+                await rec.emit(
+                    "change_lease_lost",
+                    agent,
+                    f"{exc}; this cycle stopped without keeping or rolling back",
+                    change_ids=[record.change_id for record in records],
+                    lease_id=exc.lease_id,
+                )
+                return "error", str(exc)
+
+    async def _verify_and_settle(
+        self,
+        rec: CycleRecorder,
+        records: Sequence[ChangeRecord],
+        changes: list[ProposedChange],
+        targets: dict[str, AgentSpec | None],
+        suites: dict[str, EvalSuite | None],
+        before: dict[str, BeforeRun],
+        agent: str,
+        keeper: LeaseKeeper,
+    ) -> Outcome:
         change_ids = [record.change_id for record in records]
+        lease = keeper.lease_id
         try:
             await rec.emit(
                 "change_applied",
@@ -204,21 +245,26 @@ class ChangePipeline:
             # fresh_baselines): production traffic is then still judged against the agent's
             # behaviour before the fault, which is what catches a fix one query misjudged
             fresh = fresh_baselines(verdicts, self.team)
+            keeper.ensure_held()  # a lease lost while verifying: the verdict is not ours
             if not rejected:
                 summary = {name: v.model_dump(mode="json") for name, v in verdicts.items()}
                 self.manager.mark_kept(
                     change_ids[0],
                     {"cycle_id": rec.cycle_id, "verdicts": summary, NEW_BASELINE: fresh},
+                    lease=lease,
                 )
+        except LeaseLost:
+            raise
         except BaseException as exc:  # nothing unproven stays applied, whatever went wrong
             why = f"error after the change was applied: {describe_failure(exc)}"
             try:
-                undone = await self._roll_back(rec, change_ids, why, targets)
+                undone = await self._roll_back(rec, change_ids, why, targets, lease=lease)
             except BaseException as failure:  # the first error is the one the caller must see
                 log.error("rollback_after_error_failed", change_ids=change_ids, error=repr(failure))
                 exc.add_note(
                     f"rolling the change back failed too ({type(failure).__name__}: {failure}); "
-                    f"change(s) {', '.join(change_ids)} may still be applied"
+                    f"change(s) {', '.join(change_ids)} may still be applied until recovery "
+                    "settles them once their lease expires"
                 )
             else:
                 if undone.blocked:
@@ -228,7 +274,7 @@ class ChangePipeline:
             reason = "verification failed: " + "; ".join(
                 f"{name}: {verdict.reason}" for name, verdict in rejected.items()
             )
-            undone = await self._roll_back(rec, change_ids, reason, targets, verdicts)
+            undone = await self._roll_back(rec, change_ids, reason, targets, verdicts, lease=lease)
             return ("rollback_blocked" if undone.blocked else "rolled_back"), None
         await self._keep(rec, agent, change_ids, targets, verdicts, fresh)
         return "kept", None
@@ -347,6 +393,8 @@ class ChangePipeline:
         reason: str,
         targets: dict[str, AgentSpec | None],
         verdicts: dict[str, VerificationVerdict] | None = None,
+        *,
+        lease: str | None = None,
     ) -> PartialRollback:
         """Undo the unproven group (see "Rolling back an unproven change") and record it."""
         with work_span(
@@ -354,7 +402,7 @@ class ChangePipeline:
             "agentmend.rollback",
             **{"agentmend.change_ids": change_ids, "agentmend.rollback.reason": reason},
         ) as span:
-            undone = self.manager.rollback_unproven(change_ids[0], reason=reason)
+            undone = self.manager.rollback_unproven(change_ids[0], reason=reason, lease=lease)
             set_outcome(span, not undone.blocked, "rollback blocked" if undone.blocked else None)
         self.team.reload()
         scores = {

@@ -62,6 +62,9 @@ CycleStep = Literal[
     "change_kept",
     "change_rolled_back",
     "change_rollback_blocked",
+    # the process lost its lease while verifying (stopped past its expiry): recovery settled
+    # the change, and the cycle stopped without writing
+    "change_lease_lost",
     "cycle_finished",
 ]
 

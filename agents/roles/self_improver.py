@@ -391,11 +391,17 @@ class SelfImprover:
     # -- apply -----------------------------------------------------------------------------
 
     def apply(
-        self, changes: Sequence[ProposedChange], *, applied_by: str = "self-improver"
+        self,
+        changes: Sequence[ProposedChange],
+        *,
+        applied_by: str = "self-improver",
+        lease: str | None = None,
     ) -> list[ChangeRecord]:
         """Write ``changes`` as one group (all or nothing); returns their change records.
 
-        ``applied_by`` is who the history attributes them to (a self-edit names the agent).
+        ``applied_by`` is who the history attributes them to (a self-edit names the agent);
+        ``lease``, the verifying owner's, makes the group live but not yet proven
+        (``ImprovementManager.apply``).
         """
         entries = [entry for change in changes for entry in group_entries(change)]
         records = self.manager.apply_group(
@@ -404,6 +410,7 @@ class SelfImprover:
             applied_by=applied_by,
             user_id=self.principal.user_id,
             user_name=self.principal.name,
+            lease=lease,
         )
         log.debug(
             "change_applied",

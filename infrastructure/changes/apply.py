@@ -7,7 +7,8 @@ an apply is either acknowledged APPLIED or undone; see that module's docstring f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sqlite3
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -92,10 +93,12 @@ def record_intent(
     group_id: str | None,
     session_id: str,
     applied_by: str,
+    link: Callable[[sqlite3.Connection, list[str]], None] | None = None,
 ) -> datetime:
     """Steps 2 and 3: read the old bytes, record the changes PENDING; returns their time.
 
     The caller holds the root's lock, so the old bytes read here are what the apply replaces.
+    ``link`` puts the changes under their owner's lease in the same transaction.
     """
     for item in items:
         item.old = confined.read(root, item.target)
@@ -114,6 +117,8 @@ def record_intent(
                 root=str(root),
             )
             changes.insert_file(conn, item.stored())
+        if link is not None:
+            link(conn, [item.change_id for item in items])
     return created
 
 

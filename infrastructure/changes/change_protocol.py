@@ -48,6 +48,15 @@ next open (or the next apply or rollback on the root) completes it. Between the 
 shows the change APPLIED with its rollback pending, and no new work on the root can start
 before recovery has run.
 
+Unproven changes
+----------------
+An apply may carry a lease (``lease_id``): the changes are linked to it in the intent's
+transaction, so from the first byte written they are live but not yet proven, owned by the
+lease. The root's lock cannot own them: verification runs without it, for minutes. The owner
+releases the lease with its keep or rollback; ``recover`` settles the changes of a lease whose
+owner is gone (:mod:`~infrastructure.changes.abandoned`) by ``rollback_unproven`` with the
+reason ``interrupted``, ending FAILED rather than ROLLED_BACK.
+
 Modules
 -------
 :class:`ChangeProtocol` is the one entry point; it holds the root's lock and runs the steps that
@@ -59,9 +68,12 @@ live with their concept: :mod:`~infrastructure.changes.apply` (steps 2 to 6),
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sqlite3
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
+from infrastructure.changes.abandoned import INTERRUPTED, AbandonedWork
 from infrastructure.changes.apply import (
     Content,
     FileEntry,
@@ -72,6 +84,8 @@ from infrastructure.changes.apply import (
 )
 from infrastructure.changes.audit import AuditLog
 from infrastructure.changes.change_log import ChangeLog, ChangeRow
+from infrastructure.changes.leases import Leases
+from infrastructure.changes.owners import HostIdentity, LeaseTerms
 from infrastructure.changes.protocol_files import root_lock
 from infrastructure.changes.recovery import Recovery
 from infrastructure.changes.rollback import (
@@ -80,7 +94,7 @@ from infrastructure.changes.rollback import (
     RollbackPlan,
     Rollbacks,
 )
-from infrastructure.models import ChangeRecord
+from infrastructure.models import ChangeRecord, ChangeStatus
 from infrastructure.store import Store
 from infrastructure.structured_logger import get_logger
 
@@ -96,10 +110,27 @@ class ChangeProtocol:
     number of them (in any number of processes) can work on one store and one root.
     """
 
-    def __init__(self, store: Store, changes: ChangeLog, audit: AuditLog) -> None:
+    def __init__(
+        self,
+        store: Store,
+        changes: ChangeLog,
+        audit: AuditLog,
+        *,
+        leases: Leases | None = None,
+        host: HostIdentity | None = None,
+        terms: LeaseTerms | None = None,
+    ) -> None:
         self.store, self.changes, self.audit = store, changes, audit
+        self.leases = leases if leases is not None else Leases(store)
         self.rollbacks = Rollbacks(store, changes, audit)
         self.recovery = Recovery(store, changes, self.rollbacks)
+        self.abandoned = AbandonedWork(
+            self.leases,
+            changes,
+            self._settle_interrupted,
+            host=host if host is not None else HostIdentity.current(),
+            terms=terms if terms is not None else LeaseTerms(),
+        )
 
     def apply(
         self,
@@ -111,13 +142,18 @@ class ChangeProtocol:
         applied_by: str,
         user_id: str | None,
         user_name: str | None,
+        lease_id: str | None = None,
     ) -> list[ChangeRecord]:
         """Steps 1 to 6 for ``entries``, all under ``root``; one APPLIED record per file.
+
+        With ``lease_id`` the changes are recorded, from their intent on, as held by that
+        lease: live but not yet proven, settled by recovery if the lease's owner goes.
 
         Raises:
             PathNotAllowed: a path leaves ``root``, is a directory, lies in ``.agent/`` or
                 appears twice, or ``root`` is not an existing directory; nothing is written
                 or recorded.
+            LeaseLost: ``lease_id`` is no longer held; nothing is written or recorded.
             AuditChainBroken: the audit head and the database disagree (an administrator
                 acknowledges the break first); nothing is written or recorded.
         """
@@ -134,6 +170,7 @@ class ChangeProtocol:
                 group_id=group_id,
                 session_id=session_id,
                 applied_by=applied_by,
+                link=None if lease_id is None else self._linker(lease_id),
             )
             try:
                 write_and_commit(
@@ -190,25 +227,49 @@ class ChangeProtocol:
         return True
 
     def rollback_unproven(
-        self, row: ChangeRow, reason: str, *, user_id: str | None, user_name: str | None
+        self,
+        row: ChangeRow,
+        reason: str,
+        *,
+        user_id: str | None,
+        user_name: str | None,
+        lease_id: str | None = None,
+        settle_as: ChangeStatus = ChangeStatus.ROLLED_BACK,
     ) -> PartialRollback:
         """Undo ``row``'s live group except the agents with a file edited since the apply.
 
         An empty result when the change is no longer live (settled meanwhile).
 
+        Args:
+            lease_id: the owner's lease, released with the rollback's intent.
+            settle_as: ROLLED_BACK, or FAILED when recovery settles an interrupted change.
+
         Raises:
+            LeaseLost: ``lease_id`` is no longer held (recovery settled the change); nothing
+                is written.
             AgentmendError: the store or a file failed; what committed stays so, and recovery
                 completes the restore on the next open (or apply or rollback on the root).
         """
         assert row.root is not None, "a change without files rolls back as a status change"
         root = Path(row.root)
+        release = None
+        if lease_id is not None:
+            release = partial(self.leases.release, lease_id=lease_id, reason="rolled_back")
         with root_lock(root):
             self.recovery.recover_root(root)
+            if lease_id is not None:
+                self.leases.require_held(lease_id)
             fresh = self.changes.get(row.change_id)
             if fresh is None or fresh.status not in LIVE_STATUSES:
                 return PartialRollback()
             plan, outcome = self.rollbacks.plan_unproven(
-                row.change_id, fresh, reason, user_id=user_id, user_name=user_name
+                row.change_id,
+                fresh,
+                reason,
+                user_id=user_id,
+                user_name=user_name,
+                settle_as=settle_as,
+                release=release,
             )
             if plan.members:
                 self._finish(root, plan, plan.members[0].change_id)
@@ -229,5 +290,17 @@ class ChangeProtocol:
                 raise
 
     def recover(self) -> list[ChangeRecord]:
-        """Settle the work crashed processes left unfinished; returns the changes settled."""
-        return self.recovery.recover()
+        """Settle the work crashed processes left unfinished, then the unproven changes whose
+        owner is gone (:mod:`~infrastructure.changes.abandoned`); returns the changes settled."""
+        return self.recovery.recover() + self.abandoned.settle()
+
+    def _linker(self, lease_id: str) -> Callable[[sqlite3.Connection, list[str]], None]:
+        def link(conn: sqlite3.Connection, change_ids: list[str]) -> None:
+            self.leases.link(conn, lease_id, change_ids)
+
+        return link
+
+    def _settle_interrupted(self, row: ChangeRow) -> PartialRollback:
+        return self.rollback_unproven(
+            row, INTERRUPTED, user_id=None, user_name=None, settle_as=ChangeStatus.FAILED
+        )

@@ -18,6 +18,17 @@ Files ----- ``apply``, ``apply_group`` and the rollback of a change with files g
 is recorded and synced before any file is written, so a process killed at any instant loses no
 acknowledged change and leaves no file half-written; the next open settles what it left. A change
 logged with ``log_change`` has no file behind it and rolls back as a status change.
+
+Unproven changes
+----------------
+A change applied in order to verify it (the cycle, a self-edit, a code plan) is held by a lease
+(``hold_lease``, :mod:`infrastructure.changes.leases`): its owner's host, pid and pid start
+time, and an expiry the owner renews. It stays APPLIED, and is live but not yet proven, until
+its owner keeps it (``mark_kept``) or undoes it (``rollback_unproven``), each of which releases
+the lease in the same transaction. Opening a manager settles the changes whose owner is gone
+(:mod:`infrastructure.changes.abandoned`): restored byte for byte and FAILED with the reason
+``interrupted``, or FAILED needing attention when their files moved on. Changes applied by hand
+hold no lease and are never undone by recovery.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ from infrastructure.changes.change_protocol import (
     FileEntry,
     PartialRollback,
 )
+from infrastructure.changes.leases import LeaseKeeper, LeaseLost, Leases
+from infrastructure.changes.owners import HostIdentity, LeaseTerms
 from infrastructure.errors import ChangeNotFound, ChangeStateError, ConfigurationError
 from infrastructure.limits import InputLimits
 from infrastructure.models import (
@@ -59,6 +72,9 @@ __all__ = [
     "ChangeType",
     "ImprovementAction",
     "ImprovementManager",
+    "LeaseKeeper",
+    "LeaseLost",
+    "LeaseTerms",
     "PartialRollback",
 ]
 
@@ -82,7 +98,11 @@ class ImprovementManager:
             changes applied in any such window, so improving resumes as old changes age out.
         max_improvements_per_window: the rolling budget's size.
         applied_by: who the changes are attributed to by default.
-        recover: settle work that crashed processes left unfinished, on open.
+        recover: settle work that crashed processes left unfinished, on open, and the
+            unproven changes whose owner is gone (see "Unproven changes" above).
+        lease_terms: how long a verification's lease lasts and how often it is renewed
+            (default ``LeaseTerms()``: 30 s, renewed every 5 s, 5 s of clock skew).
+        host: the host this process claims in leases (default: read from the system).
         limits: the bounds on rationales, reasons, file contents and files per group
             (``InputLimits.of(settings)``; the documented defaults when None). Over one is an
             ``InputTooLarge`` and nothing is written or recorded.
@@ -99,6 +119,8 @@ class ImprovementManager:
         max_improvements_per_window: int = 5,
         applied_by: str = "self-improver",
         recover: bool = True,
+        lease_terms: LeaseTerms | None = None,
+        host: HostIdentity | None = None,
         limits: InputLimits | None = None,
     ) -> None:
         if store is not None and history_file is not None:
@@ -112,7 +134,16 @@ class ImprovementManager:
         self.history_file = self.store.path
         self.changes = ChangeLog(self.store)
         self.audit = AuditLog(self.store, hmac_key=audit_hmac_key)
-        self.protocol = ChangeProtocol(self.store, self.changes, self.audit)
+        self.lease_terms = lease_terms if lease_terms is not None else LeaseTerms()
+        self.leases = Leases(self.store)
+        self.protocol = ChangeProtocol(
+            self.store,
+            self.changes,
+            self.audit,
+            leases=self.leases,
+            host=host,
+            terms=self.lease_terms,
+        )
         self.session_id = uuid4().hex
         self.max_improvements_per_session = max_improvements_per_session
         self.session_improvement_count = 0
@@ -264,6 +295,7 @@ class ImprovementManager:
         reason: str,
         user_id: str | None = None,
         user_name: str | None = None,
+        lease: str | None = None,
     ) -> PartialRollback:
         """Undo a group that was not proven, except what someone edited since the apply.
 
@@ -275,10 +307,16 @@ class ImprovementManager:
         see ``infrastructure.changes.change_protocol``. Nothing happens when ``change_id`` is
         unknown or no longer APPLIED or KEPT (an empty result).
 
+        ``lease`` is the verifying owner's lease, released with the rollback's intent.
+
         Raises:
+            LeaseLost: ``lease`` is no longer held: recovery settled the change; nothing is
+                written.
             AgentmendError: the store or a file failed; what committed stays so, and the next
                 open completes an interrupted restore.
         """
+        if lease is not None:
+            self.leases.require_held(lease)
         row = self.changes.get(change_id)
         if row is None or row.status not in LIVE_STATUSES:
             return PartialRollback()
@@ -290,7 +328,9 @@ class ImprovementManager:
                 if done
                 else PartialRollback()
             )
-        return self.protocol.rollback_unproven(row, reason, user_id=user_id, user_name=user_name)
+        return self.protocol.rollback_unproven(
+            row, reason, user_id=user_id, user_name=user_name, lease_id=lease
+        )
 
     def rollback_closure(self, change_id: str) -> list[ChangeRow]:
         """The changes a cascade rollback of ``change_id`` would undo now, newest first.
@@ -369,14 +409,25 @@ class ImprovementManager:
         return row
 
     def mark_kept(
-        self, change_id: str, verification_result: dict[str, Any] | None = None
+        self,
+        change_id: str,
+        verification_result: dict[str, Any] | None = None,
+        *,
+        lease: str | None = None,
     ) -> ChangeRecord:
         """APPLIED -> KEPT (the whole group): verification showed the change helped.
 
+        Args:
+            lease: the verifying owner's lease, released in the same transaction.
+
         Raises:
+            LeaseLost: ``lease`` is no longer held: recovery settled the change; nothing is
+                written.
             AuditChainBroken: the audit head and the database disagree; nothing changes.
         """
         with self.audit.transaction() as txn:  # refused over a broken audit head
+            if lease is not None:
+                self.leases.release(txn.conn, lease, "kept")
             row = self._require(change_id)
             if row.status is not ChangeStatus.APPLIED:
                 raise ChangeStateError(change_id, row.status.value, "kept")
@@ -431,15 +482,22 @@ class ImprovementManager:
         applied_by: str | None = None,
         user_id: str | None = None,
         user_name: str | None = None,
+        lease: str | None = None,
     ) -> ChangeRecord:
         """Change one file under ``root`` and log it (``new_content=None`` deletes it).
+
+        Without ``lease`` the change is simply in force (APPLIED) and recovery never undoes
+        it. With the lease of a :meth:`hold_lease` it is live but not yet proven: its owner
+        keeps (``mark_kept``) or undoes (``rollback_unproven``) it, and if the owner goes
+        first recovery undoes it.
 
         Raises:
             PathNotAllowed: ``path`` leaves ``root``, is a directory or lies in ``.agent/``;
                 nothing is written or recorded.
+            LeaseLost: ``lease`` is no longer held; nothing is written or recorded.
         """
         entry = (action, path, new_content)
-        return self._apply([entry], root, None, applied_by, user_id, user_name)[0]
+        return self._apply([entry], root, None, applied_by, user_id, user_name, lease)[0]
 
     def apply_group(
         self,
@@ -449,12 +507,16 @@ class ImprovementManager:
         applied_by: str | None = None,
         user_id: str | None = None,
         user_name: str | None = None,
+        lease: str | None = None,
     ) -> list[ChangeRecord]:
-        """Apply several file changes as one group that commits or rolls back whole."""
+        """Apply several file changes as one group that commits or rolls back whole.
+
+        ``lease``: as for :meth:`apply`, the group is then live but not yet proven.
+        """
         if not actions_and_files:
             raise ConfigurationError("apply_group needs at least one change")
         group_id = "g-" + ChangeLog.new_id()
-        return self._apply(actions_and_files, root, group_id, applied_by, user_id, user_name)
+        return self._apply(actions_and_files, root, group_id, applied_by, user_id, user_name, lease)
 
     def _apply(
         self,
@@ -464,6 +526,7 @@ class ImprovementManager:
         applied_by: str | None,
         user_id: str | None,
         user_name: str | None,
+        lease: str | None,
     ) -> list[ChangeRecord]:
         self.limits.files("change group", entries)
         self.limits.contents("change group", [content for _, _, content in entries])
@@ -477,6 +540,7 @@ class ImprovementManager:
             applied_by=applied_by or self.applied_by,
             user_id=user_id,
             user_name=user_name,
+            lease_id=lease,
         )
         self._count(len(records))
         return records
@@ -529,7 +593,28 @@ class ImprovementManager:
             )
         return True
 
-    # -- recovery --------------------------------------------------------------------------
+    # -- ownership and recovery ------------------------------------------------------------
+
+    def hold_lease(self) -> LeaseKeeper:
+        """A lease owned by this process, renewed from a thread until the keeper is stopped.
+
+        Pass its ``lease_id`` to ``apply``/``apply_group`` and to ``mark_kept`` or
+        ``rollback_unproven``; use the keeper as a context manager around the verification.
+        """
+        return LeaseKeeper(self.leases, self.lease_terms)
+
+    def release_lease(self, lease: str, reason: str) -> bool:
+        """Release ``lease`` after its owner settled its changes some other way; False if lost.
+
+        For an owner that undid its changes with a plain rollback (``rollback_by_id``) while
+        holding the root's lock, so no recovery could interleave.
+        """
+        try:
+            with self.store.transaction(durable=True) as conn:
+                self.leases.release(conn, lease, reason)
+        except LeaseLost:
+            return False
+        return True
 
     def recover(self) -> list[ChangeRecord]:
         """Settle the work crashed processes left unfinished; returns the changes settled."""

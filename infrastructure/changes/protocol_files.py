@@ -15,7 +15,9 @@ from typing import Any
 from infrastructure import confined
 from infrastructure.files import sha256_bytes
 
-__all__ = ["AGENT_DIR", "backup", "backups_dir", "describe", "lock_path", "root_lock", "sha"]
+__all__ = [
+    "AGENT_DIR", "backup", "backups_dir", "describe", "lock_path", "root_busy", "root_lock", "sha"
+]  # fmt: skip
 
 AGENT_DIR = ".agent"
 """The directory under a root reserved for agentmend: the lock and the backups live there."""
@@ -24,6 +26,16 @@ AGENT_DIR = ".agent"
 def lock_path(root: Path) -> Path:
     """The root's lock file, held from a step's hash check to its last write."""
     return root / AGENT_DIR / "agentmend.lock"
+
+
+def root_busy(root: Path) -> bool:
+    """Whether someone holds ``root``'s lock now (this thread too, if it holds it).
+
+    Recovery at open asks before settling work on a root, so that a process stopped while
+    holding the lock (SIGSTOP in the middle of a step) never hangs the next open; the work
+    waits for a later open instead.
+    """
+    return confined.is_locked(root, lock_path(root))
 
 
 @contextlib.contextmanager

@@ -9,6 +9,8 @@ particular how ``rollback_unproven`` leaves an agent whose file was edited since
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,12 +132,21 @@ class Rollbacks:
         *,
         user_id: str | None,
         user_name: str | None,
+        settle_as: ChangeStatus = ChangeStatus.ROLLED_BACK,
+        release: Callable[[sqlite3.Connection], None] | None = None,
     ) -> tuple[RollbackPlan, PartialRollback]:
         """Split live ``fresh``'s group into agents to restore and agents to leave as edited.
 
         The blocked changes become FAILED and the rollback's intent is recorded in one
         transaction, before any file is restored; the result says what the rollback will have
         done once :meth:`finish` restores the plan's members.
+
+        Args:
+            settle_as: the status the restored changes end in: ROLLED_BACK when the owner
+                undoes its unproven change, FAILED when recovery settles an owner's
+                interrupted one.
+            release: called first inside that transaction (the owner's lease is released
+                there, or the transaction fails with ``LeaseLost`` and nothing is recorded).
         """
         members = self.changes.live_group(fresh)
         root = _root_of(fresh)
@@ -161,8 +172,11 @@ class Rollbacks:
             "forced": False,
             "user_id": user_id,
             "user_name": user_name,
+            "status": settle_as.value,
         }
         with self.audit.transaction(safety=True) as txn:
+            if release is not None:
+                release(txn.conn)
             self._mark_blocked(txn, blocked, reason, edited, conflict, user_id, user_name)
             self.changes.mark_rolling_back(txn.conn, [m.change_id for m in rest], request)
         outcome = PartialRollback(
@@ -224,8 +238,9 @@ class Rollbacks:
                 "left_unchanged": paths,
                 "edited_since_apply": [path for path in paths if path in edited],
                 "conflict": conflict,
-                "note": "a file of this agent was edited after the change was applied; the "
-                "rollback left its files as they are rather than overwrite that edit",
+                "note": "a file of this agent was edited after the change was applied ("
+                + ", ".join(p for p in paths if p in edited or not edited)
+                + "); the rollback left its files as they are rather than overwrite that edit",
             }
             self.changes.set_status(
                 txn.conn, [member.change_id], ChangeStatus.FAILED, rollback_info=info
@@ -274,6 +289,8 @@ class Rollbacks:
             by_change.setdefault(file.change_id, []).append(file)
         requested = request["requested"]
         own_group = _group_of(members, requested)
+        # FAILED when recovery undid an owner's interrupted change; a rollback otherwise
+        settled = ChangeStatus(request.get("status", ChangeStatus.ROLLED_BACK.value))
         with self.audit.transaction(safety=True) as txn:
             for member in reversed(members):  # newest first, as a cascade undoes them
                 action = member.record.action
@@ -292,9 +309,7 @@ class Rollbacks:
                 }
                 if recovered:
                     info["recovered"] = True
-                self.changes.set_status(
-                    txn.conn, [member.change_id], ChangeStatus.ROLLED_BACK, rollback_info=info
-                )
+                self.changes.set_status(txn.conn, [member.change_id], settled, rollback_info=info)
                 txn.append(
                     agent_name=action.target_agent,
                     edit_type="rollback",

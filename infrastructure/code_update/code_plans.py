@@ -151,6 +151,7 @@ class CodePlan(_Model):
     approved_at: str | None = None
     change_ids: tuple[str, ...] = ()
     group_id: str | None = None
+    lease_id: str | None = None
     result: FrozenDict[str, Any] | None = None
     rollback: FrozenDict[str, Any] | None = None
     test_files: tuple[str, ...] = ()  # paths that configure, select or are tests (flagged)
@@ -206,6 +207,7 @@ def code_plan(plan: Plan) -> CodePlan:
         approved_at=p.get("approved_at"),
         change_ids=tuple(p.get("change_ids", ())),
         group_id=p.get("group_id"),
+        lease_id=p.get("lease_id"),
         result=p.get("result"),
         rollback=p.get("rollback"),
         test_files=tuple(p.get("test_files", ())),

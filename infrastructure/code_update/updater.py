@@ -31,8 +31,13 @@ manager's own, re-entrant) is held from the hash check through the validation an
 so no other update of that root interleaves. A plan that fails validation ends
 ``rolled_back`` with the real tree never touched.
 
-A plan left ``executing`` by a process that died is settled the next time the root's lock is
-taken: its change group is rolled back and the plan marked failed.
+A plan is executed under a lease of the executing process (its id stored with ``executing``);
+the plan's change group is held by it. A plan whose process died (or stopped past the lease's
+expiry) is settled at the next start of any face (and by ``recover``, before every execute and
+rollback): its group restored and the plan marked failed (``interrupted``); ``status`` never
+reports it active
+(``infrastructure.code_update.plan_recovery``). A process that resumes after losing its lease
+writes nothing more.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from infrastructure.changes.decisions import (
     update_plan,
 )
 from infrastructure.changes.gates import HumanApprovalGate, ScopeGate, SupervisorGate
-from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.improvement_manager import ImprovementManager, LeaseLost
 from infrastructure.changes.protocol_files import root_lock
 from infrastructure.changes.safety import (
     ChangeReviewer,
@@ -82,6 +87,7 @@ from infrastructure.code_update.code_plans import (
 )
 from infrastructure.code_update.code_validation import ValidationReport, failure_reason
 from infrastructure.code_update.copy_validation import validate_in_copy
+from infrastructure.code_update.plan_recovery import plan_is_live, settle_interrupted_plans
 from infrastructure.code_update.suite_guard import flagged_test_files
 from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
 from infrastructure.limits import InputLimits
@@ -177,13 +183,21 @@ class CodeUpdater:
         ]
 
     def status(self) -> UpdateStatus:
-        """Pending plans, the last finished execution and the one running now, if any."""
+        """Pending plans, the last finished execution and the one running now, if any.
+
+        A plan is reported active only while its executing process lives; one whose process
+        is gone is settled at the next start of a face (``plan_recovery``) or by
+        :meth:`recover`, never by this read.
+        """
         plans = self.plans()
         finished = [p for p in plans if p.status in FINISHED_STATUSES and p.result is not None]
         return UpdateStatus(
             pending_plans=tuple(p for p in plans if p.status in PENDING_STATUSES),
             last_execution=max(finished, key=lambda p: p.updated) if finished else None,
-            active_improvement=next(iter(self._with_status("executing")), None),
+            active_improvement=next(
+                (p for p in self._with_status("executing") if plan_is_live(self.manager, p)),
+                None,
+            ),
         )
 
     # -- plan and approve ------------------------------------------------------------------
@@ -420,9 +434,15 @@ class CodeUpdater:
                     new_value=f"{plan_id}: yolo_mode is on; no person approved this plan",
                     user_id="yolo_mode",
                 )
-            plan = self._set(plan, "executing")
-            result = self._apply_validate_locked(plan, verdicts)
-            self._set(plan, result.status, result=result)
+            with self.manager.hold_lease() as keeper:
+                # the lease id is stored with "executing": if this process dies from here on,
+                # the next start of any face settles the plan (plan_recovery)
+                plan = self._set(plan, "executing", lease_id=keeper.lease_id)
+                result = self._apply_validate_locked(plan, verdicts, keeper.lease_id)
+                if result.status != "executing":  # settled here: nothing is left to own
+                    self.manager.release_lease(keeper.lease_id, result.status)
+            if result.status != "executing":
+                self._set(plan, result.status, result=result)
         record_decision(
             self.store,
             "code_update.executed",
@@ -433,9 +453,14 @@ class CodeUpdater:
         return result
 
     def _apply_validate_locked(
-        self, plan: CodePlan, verdicts: tuple[GateVerdict, ...]
+        self, plan: CodePlan, verdicts: tuple[GateVerdict, ...], lease: str
     ) -> ExecutionResult:
-        """Validate in a throwaway copy; only a plan that passes is applied to the real tree."""
+        """Validate in a throwaway copy; only a plan that passes is applied to the real tree.
+
+        All under the root's lock and ``lease``. A result with status ``executing`` means the
+        lease was lost (this process was stopped past its expiry): recovery settles the plan
+        and its changes, and nothing more is written here.
+        """
         base = {"plan_id": plan.plan_id, "verdicts": verdicts}
         changes = {f.path: None if f.content is None else f.content.encode("utf-8")
                    for f in plan.files}  # fmt: skip
@@ -455,6 +480,7 @@ class CodeUpdater:
             )
         except BaseException as exc:
             self._set(plan, "failed")
+            self.manager.release_lease(lease, "failed")
             log.error("code_plan_validation_error", plan_id=plan.plan_id, error=str(exc))
             raise
         checked = {**base, "files_modified": 0, "tests_passed": report.tests_passed,
@@ -485,6 +511,7 @@ class CodeUpdater:
                 root=self.root,
                 applied_by=f"code_update:{plan.plan_id}",
                 user_id=plan.approved_by or "yolo_mode",
+                lease=lease,
             )
         except AgentmendError as exc:  # the manager wrote nothing or put it all back
             return ExecutionResult(
@@ -502,15 +529,18 @@ class CodeUpdater:
         change_ids = tuple(r.change_id for r in records)
         plan = self._set(plan, "executing", change_ids=list(change_ids),
                          group_id=records[0].group_id)  # fmt: skip
+        done = {**checked, "files_modified": len(plan.files), "change_ids": change_ids}
         try:
-            self.manager.mark_kept(change_ids[0], report.model_dump(mode="json"))
+            self.manager.mark_kept(change_ids[0], report.model_dump(mode="json"), lease=lease)
+        except LeaseLost as exc:
+            log.warning("code_plan_lease_lost", plan_id=plan.plan_id, lease_id=lease)
+            return ExecutionResult(**done, success=False, status="executing", reason=str(exc))
         except BaseException as exc:
-            self._undo(plan, f"could not keep: {type(exc).__name__}: {exc}")
+            self._undo(plan, f"could not keep: {type(exc).__name__}: {exc}", lease)
             self._set(plan, "failed")
             raise
         return ExecutionResult(
-            **{**checked, "files_modified": len(plan.files)},
-            change_ids=change_ids,
+            **done,
             success=True,
             status="completed",
             reason="validated in a copy, then applied"
@@ -519,11 +549,17 @@ class CodeUpdater:
             validation_passed=True,
         )
 
-    def _undo(self, plan: CodePlan, reason: str) -> bool:
-        """Roll the plan's group back; True when every file is byte-identical to before."""
+    def _undo(self, plan: CodePlan, reason: str, lease: str) -> bool:
+        """Roll the plan's group back; True when every file is byte-identical to before.
+
+        This process holds the root's lock, so no recovery restores the files meanwhile, even
+        if the lease was lost: the rollback is consistent either way, and the lease is then
+        released (or recovery finds nothing left to settle).
+        """
         if plan.change_ids:
             # force: whatever the tests left in these files, the plan's "before" wins
             self.manager.rollback_by_id(plan.change_ids[0], reason=reason, force=True)
+        self.manager.release_lease(lease, "rolled_back")
         return not stale_reason(plan, self.root)
 
     def _settle_failed(self, plan: CodePlan, result: ExecutionResult) -> None:
@@ -608,9 +644,16 @@ class CodeUpdater:
             return self._recover_interrupted()
 
     def _recover_interrupted(self) -> list[str]:
-        """Settle plans a dead process left ``executing`` (the caller holds the root's lock)."""
-        settled: list[str] = []
+        """Settle plans a dead process left ``executing`` (the caller holds the root's lock).
+
+        A plan with a lease is settled by its lease (``plan_recovery``); one without (executed
+        by an older agentmend) is taken as dead because this process holds the lock its
+        executor held throughout.
+        """
+        settled = settle_interrupted_plans(self.manager, root=self.root, wait=True)
         for plan in self._with_status("executing"):
+            if plan.lease_id is not None:
+                continue
             by = f"code_update:{plan.plan_id}"
             live = [r.change_id for r in self.manager.changes.live_by(CODE_TARGET, by)]
             if live:
