@@ -51,6 +51,7 @@ class FollowerStatus:
     cut_off_since: float | None = None
     last_contact: float | None = None
     pinned: int | None = None
+    serving_since: float | None = None  # wall-clock time it began serving these releases
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +168,7 @@ class ReleaseFollower:
                 canary=canary.version if canary else None,
                 share=heads.share if canary else 0.0,
                 rollout_id=heads.rollout_id if canary else None,
+                serving_since=time.time(),
             )
         self.directories.prune(keep)
         log.info("release_followed", team=heads.team_id, stable=stable.version, canary=heads.canary)

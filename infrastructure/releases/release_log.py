@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -99,6 +100,7 @@ class ReleaseLog:
         self.store = store
         self.team_id = team_id
         self.audit = audit
+        self._identity = _file_identity(store.path)
 
     @contextlib.contextmanager
     def write(
@@ -300,8 +302,12 @@ class ReleaseLog:
         Raises:
             StoreError: the store cannot be reached (its file is gone, a statement failed).
         """
-        if not self.store.path.exists():  # a detached volume: the open handle would lie
-            raise StoreError(f"store {self.store.path} is unreachable: its file is gone")
+        # A detached volume or a replaced file: the open connections would go on reading the
+        # old file, and a new one would create an empty database at the path.
+        if _file_identity(self.store.path) != self._identity:
+            raise StoreError(
+                f"store {self.store.path} is unreachable: its file is gone or was replaced"
+            )
         try:
             return self.heads_in(self.store.connection())
         except sqlite3.Error as exc:
@@ -339,6 +345,14 @@ class ReleaseLog:
             "generation = release_heads.generation + 1, updated_at = excluded.updated_at",
             (self.team_id, stable, canary, share, rollout_id, time.time()),
         )
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
 
 
 def _release(row: tuple[object, ...], files: tuple[tuple[str, str], ...]) -> Release:
