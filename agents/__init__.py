@@ -113,6 +113,11 @@ if TYPE_CHECKING:
         PerformanceMonitor,
     )
     from infrastructure.principal import Principal
+    from infrastructure.releases.follower import ReleaseFollower
+    from infrastructure.releases.release_errors import ReleaseRefused, RolloutConflict
+    from infrastructure.releases.release_log import ReleaseLog
+    from infrastructure.releases.rollout import Rollouts
+    from infrastructure.releases.rollout_evidence import RolloutLimits
     from infrastructure.settings import InvalidSetting, Settings
     from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
     from infrastructure.spec import (
@@ -194,9 +199,15 @@ __all__ = [
     "PromptBlockError",
     "ProposedAction",
     "ProposedChange",
+    "ReleaseFollower",
+    "ReleaseLog",
+    "ReleaseRefused",
     "ReportParseError",
     "RoleNameClash",
     "RollbackConflict",
+    "RolloutConflict",
+    "RolloutLimits",
+    "Rollouts",
     "RootCauseAnalysis",
     "RuntimeConformanceError",
     "Scenario",
@@ -251,6 +262,12 @@ _EXPORTS: dict[str, str] = {
     "verify_audit_chain": "infrastructure.changes.audit",
     "AuditChainBroken": "infrastructure.changes.audit",
     "LeaseLost": "infrastructure.changes.leases",
+    "ReleaseFollower": "infrastructure.releases.follower",
+    "ReleaseLog": "infrastructure.releases.release_log",
+    "ReleaseRefused": "infrastructure.releases.release_errors",
+    "RolloutConflict": "infrastructure.releases.release_errors",
+    "RolloutLimits": "infrastructure.releases.rollout_evidence",
+    "Rollouts": "infrastructure.releases.rollout",
     "Store": "infrastructure.store",
     "Settings": "infrastructure.settings",
     "InvalidSetting": "infrastructure.settings",
