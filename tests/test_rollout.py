@@ -202,3 +202,28 @@ async def test_bad_rollout_input(fleet: Fleet) -> None:
     assert fleet.log.heads().canary is None  # nothing started
     with pytest.raises(WrongArgumentType, match="routing key"):
         await fleet.team.run(AGENT, "x", routing_key=42)  # type: ignore[arg-type]
+
+
+async def test_the_rollout_record_owns_its_changes_and_recovery_leaves_them(fleet: Fleet) -> None:
+    from infrastructure.changes.improvement_manager import ImprovementManager
+    from infrastructure.changes.leases import Leases
+    from infrastructure.changes.owners import RecordOwner
+
+    v2 = fleet.publish_edit("max_tokens: 2048", "max_tokens: 3000")
+    record = fleet.rollouts.start(v2, by=CYCLE)
+    leases = Leases(fleet.store)
+    assert record.lease_id is not None
+    lease = leases.get(record.lease_id)
+    assert lease is not None
+    assert lease.owner == RecordOwner("rollout", record.rollout_id)
+    assert leases.changes_of(record.lease_id) == ["chg-x"]
+    ImprovementManager(store=fleet.store)  # recovery at open
+    after = leases.get(record.lease_id)
+    assert after is not None
+    assert after.state == "held"
+    assert fleet.rollouts.get(record.rollout_id).state == "canary"  # continued, not undone
+    fleet.rollouts.promote(v2, by=OPS)
+    released = leases.get(record.lease_id)
+    assert released is not None
+    assert released.state == "released"
+    assert released.end_reason == "rollout promoted: by_hand"

@@ -8,6 +8,8 @@
   worker's poll compares one number.
 * ``rollouts``: one row per rollout; the record that owns it (state, limits, evidence, the
   cursor into the executions it has read), so whichever worker reads it next carries it on.
+  ``lease_id`` is its lease in the ownership records: the changes the canary carries are
+  owned by the rollout record, which recovery continues rather than rolls back.
 
 Version numbers are ``max + 1`` under the store's write lock, with the primary key behind it.
 Upserts use ``INSERT ... ON CONFLICT DO NOTHING``, which SQLite and PostgreSQL both take.
@@ -67,7 +69,8 @@ _MIGRATIONS = [
         evidence TEXT NOT NULL,
         cursor INTEGER NOT NULL,
         started_at REAL NOT NULL,
-        settled_at REAL
+        settled_at REAL,
+        lease_id TEXT
     );
     CREATE INDEX rollouts_by_team ON rollouts (team_id, state)
     """,

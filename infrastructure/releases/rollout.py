@@ -7,6 +7,11 @@ every poll) carries it one step on. A worker that crashes mid-step leaves the la
 step; the next worker continues from there, never undoes it. Settling is a compare-and-set on the
 record's state, so two workers deciding at once settle it once.
 
+The changes the canary carries are owned by the rollout too, through the ownership records of
+:mod:`infrastructure.changes.leases`: starting a rollout takes a lease whose owner is the record
+(``RecordOwner("rollout", id)``) and hands the release's changes over to it; recovery at any
+open leaves such a lease to the record, and settling the rollout releases it.
+
 States: ``canary`` (serving its share) -> ``promoted`` | ``rolled_back``; ``canary`` <->
 ``paused`` (share 0, evidence kept). Every step is an audit row with its evidence (runs and
 successes per arm, the test's wealth and its boundary). Promote, abort, pause and resume by hand
@@ -21,6 +26,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from infrastructure.changes.leases import Leases
+from infrastructure.changes.owners import LeaseTerms, RecordOwner
 from infrastructure.errors import NotFound, PermissionRequired
 from infrastructure.monitoring.agent_window import RUN
 from infrastructure.principal import ADMIN, Principal
@@ -39,7 +46,7 @@ ACTIVE = ("canary", "paused")
 
 _COLUMNS = (
     "rollout_id, team_id, canary, stable, share, claimed_fix, state, reason, limits, evidence, "
-    "cursor, started_at, settled_at"
+    "cursor, started_at, settled_at, lease_id"
 )
 _READ_BATCH = 5000  # executions read per step: bounded work per poll
 
@@ -61,6 +68,7 @@ class RolloutRecord:
     cursor: int
     started_at: float
     settled_at: float | None
+    lease_id: str | None  # its lease in the ownership records (owner: this record)
 
 
 class Rollouts:
@@ -68,6 +76,7 @@ class Rollouts:
 
     def __init__(self, releases: ReleaseLog) -> None:
         self.releases = releases
+        self.leases = Leases(releases.store)
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -89,8 +98,11 @@ class Rollouts:
         """
         share = check_share(share)
         limits = limits or RolloutLimits()
-        self.releases.get(version)
+        release = self.releases.get(version)
         rollout_id = f"rollout-{uuid.uuid4().hex[:12]}"
+        # The changes the canary carries are owned by this record from now on: recovery at any
+        # open leaves them to the rollout, which promotes or rolls them back.
+        lease = self.leases.acquire(RecordOwner("rollout", rollout_id), LeaseTerms())
         with self.releases.write() as (conn, txn):
             heads = self.releases.heads_in(conn)
             if heads.stable is None:
@@ -102,8 +114,9 @@ class Rollouts:
                     version, f"release {heads.canary} is the canary now ({heads.rollout_id})"
                 )
             cursor = _last_execution_id(conn)
+            self.leases.hand_over(conn, lease.lease_id, release.change_ids)
             conn.execute(
-                f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     rollout_id,
                     self.releases.team_id,
@@ -118,6 +131,7 @@ class Rollouts:
                     cursor,
                     time.time(),
                     None,
+                    lease.lease_id,
                 ),
             )
             self.releases.set_heads(
@@ -329,6 +343,9 @@ class Rollouts:
             ).rowcount
             if updated != 1:
                 return  # another worker settled it first
+            lease = self.leases.get(record.lease_id) if record.lease_id else None
+            if lease is not None and lease.state == "held":
+                self.leases.release(conn, lease.lease_id, f"rollout {outcome}: {reason}")
             stable = record.canary if outcome == "promoted" else record.stable
             self.releases.set_heads(conn, stable=stable, canary=None, share=0.0, rollout_id=None)
             if txn is not None:
@@ -393,7 +410,7 @@ def _arm_runs(
 
 def _record(row: tuple[object, ...]) -> RolloutRecord:
     (rollout_id, team_id, canary, stable, share, claimed_fix, state, reason, limits, evidence,
-     cursor, started_at, settled_at) = row  # fmt: skip
+     cursor, started_at, settled_at, lease_id) = row  # fmt: skip
     return RolloutRecord(
         rollout_id=str(rollout_id),
         team_id=str(team_id),
@@ -408,4 +425,5 @@ def _record(row: tuple[object, ...]) -> RolloutRecord:
         cursor=int(str(cursor)),
         started_at=float(str(started_at)),
         settled_at=float(str(settled_at)) if settled_at is not None else None,
+        lease_id=str(lease_id) if lease_id is not None else None,
     )
