@@ -17,6 +17,7 @@ import contextlib
 import os
 import secrets
 import stat
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 
 from infrastructure.confined import (
@@ -28,7 +29,7 @@ from infrastructure.confined import (
 )
 from infrastructure.errors import PathNotAllowed
 
-__all__ = ["link_target", "remove_tree", "rename_directory", "swap_link"]
+__all__ = ["link_target", "remove_tree", "rename_directory", "swap_link", "write_new_tree"]
 
 
 def link_target(root: str, link: str) -> str | None:
@@ -151,3 +152,71 @@ def _remove_entry(parent: int, name: str) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent)
+
+
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def write_new_tree(
+    root: str,
+    directory: str,
+    files: Mapping[str, bytes],
+    *,
+    same_as: Mapping[str, str] | None = None,
+) -> None:
+    """Fill the new, private directory ``directory`` with ``files``, durably, for one rename.
+
+    Meant for a directory nobody reads until it is renamed into place (a release being
+    materialized): files are created with ``O_EXCL`` and written in place (no temporary file,
+    no per-file rename), each file is synced, and each directory is synced once at the end.
+    A file whose bytes are known to equal an existing file under ``root`` (``same_as``: path ->
+    that file's path) is hard-linked to it instead of written, after checking its size.
+
+    Raises:
+        PathNotAllowed: a symlink on the way, an odd path. FileOperationError: the disk
+            refused, or a file already exists (the directory was not new).
+    """
+    base = relative_parts(root, directory)
+    folders: set[tuple[str, ...]] = {base}
+    for path, data in files.items():
+        parts = (*base, *relative_parts(root, path))
+        where = _display(root, parts)
+        folders.add(parts[:-1])
+        with _directory(root, parts[:-1], create=True, operation="write") as parent:
+            assert parent is not None
+            source = (same_as or {}).get(path)
+            if source is not None and _linked(root, source, parent, parts[-1], len(data)):
+                continue
+            try:
+                fd = os.open(parts[-1], _NEW_FILE, 0o644, dir_fd=parent)
+            except OSError as exc:
+                raise _failure(exc, root, where, "write") from None
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except OSError as exc:
+                raise _failure(exc, root, where, "write") from None
+            finally:
+                os.close(fd)
+    for folder in sorted(folders, key=len, reverse=True):
+        with _directory(root, folder, create=True, operation="sync") as folder_fd:
+            assert folder_fd is not None
+            _fsync_dir(folder_fd, root, _display(root, folder))
+
+
+def _linked(root: str, source: str, parent: int, name: str, size: int) -> bool:
+    """Hard-link ``source`` (under ``root``) to ``name`` in ``parent``; False: write instead."""
+    src = relative_parts(root, source)
+    with _directory(root, src[:-1], create=False, operation="link") as src_dir:
+        if src_dir is None:
+            return False
+        try:
+            info = os.stat(src[-1], dir_fd=src_dir, follow_symlinks=False)
+            if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+                return False
+            os.link(src[-1], name, src_dir_fd=src_dir, dst_dir_fd=parent, follow_symlinks=False)
+        except OSError:
+            return False  # another file system, a refusing one: write a copy
+    return True

@@ -24,8 +24,17 @@ WRITE_CALLS = re.compile(
 ALLOWED: dict[str, tuple[set[str], str]] = {
     "infrastructure/confined.py": (set(), "the confined layer itself"),
     "infrastructure/confined_links.py": (
-        {"os.symlink(", "os.rename(", "os.unlink(", "os.mkdir(", "os.rmdir(", "os.open("},
-        "the confined layer's link, directory rename and tree removal (walked by descriptors)",
+        {
+            "os.symlink(",
+            "os.rename(",
+            "os.unlink(",
+            "os.mkdir(",
+            "os.rmdir(",
+            "os.open(",
+            "os.write(",
+            "os.link(",
+        },
+        "the confined layer's link, new trees, directory rename and removal (by descriptors)",
     ),
     "infrastructure/releases/materialize.py": (
         {".mkdir("},

@@ -149,6 +149,17 @@ def test_a_harmful_canary_is_rolled_back_while_stable_serves_most_runs(fleet: Fl
     )
     counts = fleet.runs_by_release()
     assert counts[1] > 4 * counts[harmful], counts
+    # three workers stepped the rollout at once: every tagged run up to its cursor was
+    # counted exactly once
+    tagged = [
+        json.loads(extra)
+        for (extra,) in fleet.store.connection().execute(
+            "SELECT extra FROM executions WHERE id <= ?", (settled.cursor,)
+        )
+    ]
+    mine = [t for t in tagged if t.get("rollout") == record.rollout_id]
+    assert settled.evidence.canary_runs == sum(t["release"] == harmful for t in mine)
+    assert settled.evidence.stable_runs == sum(t["release"] == 1 for t in mine)
     assert fleet.audit.entries()[-1].edit_type == "rollout_rolled_back"
     assert fleet.audit.verify_chain().ok
 

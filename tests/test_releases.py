@@ -220,3 +220,21 @@ def test_a_share_outside_the_open_interval_is_refused(share: float) -> None:
 def test_a_routing_key_that_is_not_a_string_is_refused() -> None:
     with pytest.raises(WrongArgumentType, match="routing key"):
         choose_arm(12345, 0.1, "r")
+
+
+def test_unchanged_files_are_shared_with_the_linked_release(
+    team: Path, log: ReleaseLog, tmp_path: Path
+) -> None:
+    log.publish_directory(team, by=CYCLE)
+    dirs = ReleaseDirectories(tmp_path / "worker")
+    first = dirs.materialize(log, 1)
+    dirs.switch(first)
+    _edit(team, "research-agent.md", "max_tokens: 2048", "max_tokens: 4096")
+    log.publish_directory(team, by=CYCLE, stable=True)
+    second = dirs.materialize(log, 2)
+    same = (first.directory / "quality-agent.md").stat().st_ino
+    assert (second.directory / "quality-agent.md").stat().st_ino == same
+    changed = second.directory / "research-agent.md"
+    assert changed.stat().st_ino != (first.directory / "research-agent.md").stat().st_ino
+    assert "max_tokens: 4096" in changed.read_text()
+    assert log.files(2) == read_team_files(second.directory)

@@ -7,7 +7,8 @@ Layout under a worker's own folder (``root``), for the team link ``agents``::
     .releases/v8-9f8e7d6c5b4a/                 the canary, when there is one
     .releases/.staging-v9-...-<token>/         a release being written (never read)
 
-A release is written into a staging directory through the confined layer, its manifest last,
+A release is written into a staging directory through the confined layer (files the linked
+release already holds with the same bytes are hard-linked, not written), its manifest last,
 then the directory is renamed to its final name, and only then is the link switched
 (``rename(2)`` of a new link over the old one). So a reader (a running agent, Claude Code
 reading ``.claude/agents/``) sees one whole release or the next, never a mix; a worker killed at
@@ -24,7 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from infrastructure import confined
-from infrastructure.confined_links import link_target, remove_tree, rename_directory, swap_link
+from infrastructure.confined_links import (
+    link_target,
+    remove_tree,
+    rename_directory,
+    swap_link,
+    write_new_tree,
+)
 from infrastructure.errors import StoreError
 from infrastructure.files import sha256_bytes
 from infrastructure.releases.release_log import Release, ReleaseLog
@@ -105,15 +112,33 @@ class ReleaseDirectories:
         _check_hashes(release, files)
         staging = f"{self.store_dir}/{_STAGING}{name}-{secrets.token_hex(4)}"
         root = str(self.root)
-        for path, data in files.items():
-            confined.write(root, f"{staging}/{path}", data)
-        manifest = {"team": release.team_id, "version": version, "hash": release.content_hash}
+        hashes = dict(release.files)
+        manifest = {
+            "team": release.team_id,
+            "version": version,
+            "hash": release.content_hash,
+            "files": hashes,
+        }
+        write_new_tree(root, staging, files, same_as=self._unchanged(hashes))
         confined.write(root, f"{staging}/{MANIFEST}", json.dumps(manifest))
         rename_directory(root, staging, f"{self.store_dir}/{name}")
         log.info("release_materialized", version=version, directory=name, files=len(files))
         served = self._served(name)
         assert served is not None
         return served
+
+    def _unchanged(self, hashes: dict[str, str]) -> dict[str, str]:
+        """Files of the linked release with the same bytes (hard-linked rather than written).
+
+        Releases are immutable, so sharing an inode between two of them is safe.
+        """
+        linked = self.linked()
+        if linked is None:
+            return {}
+        raw = confined.read(str(self.root), f"{self.store_dir}/{linked.directory.name}/{MANIFEST}")
+        old = json.loads(raw or b"{}").get("files", {})
+        where = f"{self.store_dir}/{linked.directory.name}"
+        return {path: f"{where}/{path}" for path, sha in hashes.items() if old.get(path) == sha}
 
     def switch(self, served: ServedRelease) -> None:
         """Point the team link at ``served`` in one ``rename(2)``."""

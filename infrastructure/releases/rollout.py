@@ -207,31 +207,39 @@ class Rollouts:
         if heads.rollout_id is None:
             return None
         rollout_id = heads.rollout_id
-        with self.releases.store.transaction() as conn:
-            record = self._locked(conn, rollout_id)
-            if record.state != "canary":
-                return record
-            rows = conn.execute(
-                "SELECT id, source, success, duration_ms, extra FROM executions "
-                "WHERE id > ? ORDER BY id LIMIT ?",
-                (record.cursor, _READ_BATCH),
-            ).fetchall() if _has_executions(conn) else []  # fmt: skip
-            if rows:
-                evidence = record.evidence
-                evidence.add_all(_arm_runs(rows, rollout_id, record.canary))
-                conn.execute(
-                    "UPDATE rollouts SET evidence = ?, cursor = ? WHERE rollout_id = ?",
-                    (evidence.to_json(), int(rows[-1][0]), rollout_id),
-                )
         record = self.get(rollout_id)
+        if record.state != "canary":
+            return record
+        # Read and pair outside any write transaction (the monitors keep writing meanwhile),
+        # then store the step with a compare-and-set on the cursor: of two workers stepping
+        # at once, one step counts and the other is dropped, never counted twice.
+        conn = self.releases.store.connection()
+        rows = conn.execute(
+            "SELECT id, source, success, duration_ms, extra FROM executions "
+            "WHERE id > ? ORDER BY id LIMIT ?",
+            (record.cursor, _READ_BATCH),
+        ).fetchall() if _has_executions(conn) else []  # fmt: skip
         age_hours = ((now or time.time()) - record.started_at) / 3600.0
+        if not rows and age_hours < record.limits.max_hours:
+            return record  # nothing new to judge
+        evidence = record.evidence
+        if rows:
+            evidence.add_all(_arm_runs(rows, rollout_id, record.canary))
+            with self.releases.store.transaction() as conn:
+                stepped = conn.execute(
+                    "UPDATE rollouts SET evidence = ?, cursor = ? "
+                    "WHERE rollout_id = ? AND cursor = ? AND state = 'canary'",
+                    (evidence.to_json(), int(rows[-1][0]), rollout_id, record.cursor),
+                ).rowcount
+            if stepped != 1:
+                return self.get(rollout_id)  # another worker took this step
         decision, reason, test = decide(
-            record.evidence, record.limits, claimed_fix=record.claimed_fix, age_hours=age_hours
+            evidence, record.limits, claimed_fix=record.claimed_fix, age_hours=age_hours
         )
         if decision == "continue":
-            return record
+            return self.get(rollout_id)
         outcome = "promoted" if decision == "promote" else "rolled_back"
-        self._settle(record, outcome, reason, record.evidence.summary(test), by=None)
+        self._settle(record, outcome, reason, evidence.summary(test), by=None)
         return self.get(rollout_id)
 
     # -- steering by hand --------------------------------------------------------------------
@@ -315,14 +323,6 @@ class Rollouts:
             now = f"the canary is {heads.canary}" if heads.canary else "there is no canary"
             raise RolloutConflict(version, f"it is not the current canary ({now})")
         return self.get(heads.rollout_id)
-
-    def _locked(self, conn: sqlite3.Connection, rollout_id: str) -> RolloutRecord:
-        row = conn.execute(
-            f"SELECT {_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,)
-        ).fetchone()
-        if row is None:
-            raise NotFound("rollout", rollout_id)
-        return _record(row)
 
     def _settle(
         self,
