@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from infrastructure.errors import AgentmendError, NotFound
+from infrastructure.errors import AgentmendError, NotFound, StoreError
 from infrastructure.releases.materialize import ReleaseDirectories, ServedRelease
 from infrastructure.releases.release_log import ReleaseHeads, ReleaseLog
 from infrastructure.releases.rollout import Rollouts
@@ -132,12 +132,17 @@ class ReleaseFollower:
                 heads = ReleaseHeads(heads.team_id, self.pin, None, 0.0, None, 0)
             if heads.generation != self._generation or self._stable is None:
                 self._follow(heads)
-            if self.advance_rollouts and heads.rollout_id is not None:
-                self.rollouts.advance()
         except AgentmendError as exc:
             if isinstance(exc, NotFound) and self.pin is not None:
                 raise
             return self._cut_off(exc)
+        if self.advance_rollouts and heads.rollout_id is not None:
+            try:
+                self.rollouts.advance()
+            except StoreError as exc:
+                return self._cut_off(exc)
+            except AgentmendError as exc:  # a broken audit chain refusing a promotion, ...
+                log.error("rollout_step_failed", rollout=heads.rollout_id, error=str(exc))
         now = time.time()
         with self._lock:
             self._status = replace(
