@@ -43,7 +43,7 @@ class Fleet:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp = tmp_path
         self.source = copy_team(tmp_path / "team")
-        self.store_path = tmp_path / "agentmend.db"
+        self.store_path = tmp_path / "store" / "agentmend.db"  # its own folder: a volume
         self.store = Store(self.store_path)
         self.audit = AuditLog(self.store)
         self.log = ReleaseLog(self.store, TEAM, audit=self.audit)
@@ -235,8 +235,9 @@ def test_a_worker_cut_off_from_the_store_keeps_its_release(fleet: Fleet) -> None
     fleet.log.publish_directory(fleet.source, by=CYCLE)
     (k,) = fleet.start(1, "--serve")
     wait_for("the worker serving", lambda: fleet.status(k).get("runs", 0) > 0)
-    away = fleet.store_path.with_name("away.db")
-    fleet.store_path.rename(away)  # the store's volume is detached under the worker
+    volume = fleet.store_path.parent
+    away = volume.with_name("detached")
+    volume.rename(away)  # the store's volume is detached under the worker (database, WAL, head)
     try:
         wait_for("the worker to notice", lambda: fleet.status(k).get("connected") is False)
         runs = fleet.status(k)["runs"]
@@ -245,5 +246,5 @@ def test_a_worker_cut_off_from_the_store_keeps_its_release(fleet: Fleet) -> None
         assert status["stable"] == 1
         assert "unreachable" in str(status["problem"]), json.dumps(status)
     finally:
-        away.rename(fleet.store_path)
+        away.rename(volume)
     wait_for("the worker to reconnect", lambda: fleet.status(k).get("connected") is True)

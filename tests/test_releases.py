@@ -32,7 +32,7 @@ def team(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "agentmend.db")
+    return Store(tmp_path / "store" / "agentmend.db")
 
 
 @pytest.fixture
@@ -174,8 +174,9 @@ def test_follower_follows_publication_and_keeps_its_release_when_cut_off(
     log.publish_directory(team, by=CYCLE, stable=True)
     assert follower.poll().stable == 2
     assert "max_tokens: 4096" in (follower.team_dir / "research-agent.md").read_text()
-    away = store.path.with_name("moved.db")
-    store.path.rename(away)  # the store's volume is gone
+    volume = store.path.parent
+    away = volume.with_name("detached")
+    volume.rename(away)  # the store's volume is gone (database, WAL and all)
     try:
         status = follower.poll()
         assert not status.connected
@@ -184,7 +185,7 @@ def test_follower_follows_publication_and_keeps_its_release_when_cut_off(
         assert "unreachable" in status.problem
         assert follower.choose("user-1").version == 2  # still serving
     finally:
-        away.rename(store.path)
+        away.rename(volume)
     assert follower.poll().connected
 
 

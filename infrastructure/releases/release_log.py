@@ -30,6 +30,7 @@ from infrastructure.releases.content import (
     file_hashes,
     read_team_files,
 )
+from infrastructure.releases.release_errors import RolloutConflict
 from infrastructure.releases.release_tables import ensure_tables
 from infrastructure.store import Store
 from infrastructure.structured_logger import get_logger
@@ -216,8 +217,6 @@ class ReleaseLog:
         Raises:
             NotFound: no such release. RolloutConflict: it has no parent to go back to.
         """
-        from infrastructure.releases.release_errors import RolloutConflict
-
         release = self.get(version)
         if release.parent is None:
             raise RolloutConflict(version, "the first release has no parent to roll back to")
