@@ -64,11 +64,16 @@ async def test_a_kept_change_is_published_as_a_canary_and_a_rollback_as_stable(
         # the canary's changes are owned by the rollout record
         assert rollout.lease_id is not None
         assert orchestrator.manager.leases.changes_of(rollout.lease_id) == list(result.change_ids)
+        before = (team_dir / f"{AGENT}.md").read_bytes()
+        # the canary is rolled back (here by an administrator; live runs do it the same way):
+        # the loop takes the change out of the team folder too, and publishes that as stable
         Rollouts(releases).abort(2, by=Principal("ops", "Ops", frozenset({"admin"})))
-        orchestrator.rollback(reason="the owner prefers the old prompt")
+        assert orchestrator.follow_rollouts() == [result.change_ids[0]]
+        assert (team_dir / f"{AGENT}.md").read_bytes() != before
         back = releases.get(3)
         assert releases.heads().stable == 3
         assert back.content_hash == releases.get(1).content_hash
+        assert orchestrator.follow_rollouts() == []  # once
     finally:
         orchestrator.close()
 

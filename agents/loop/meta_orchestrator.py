@@ -345,6 +345,7 @@ class MetaOrchestrator:
         ``routing_key``: for a team that follows releases, the key (a user or conversation id)
         that picks the release serving this task; None draws a random one.
         """
+        self.follow_rollouts()
         results = await self.team.run_all(
             query,
             concurrency=self.concurrency,
@@ -537,6 +538,30 @@ class MetaOrchestrator:
             },
         )
         return self.manager.get_change(change_id)
+
+    def follow_rollouts(self) -> list[str]:
+        """Roll back, in the team folder, the kept changes whose canary release was rolled back.
+
+        With a ``publisher``, a kept change is judged again on live runs as a canary; when the
+        canary is rolled back (shown worse, slower, or not proven), the change must leave the
+        team folder too, or the next release would carry it again. Each is rolled back as a
+        rollback on request (its group with it), which publishes the restored folder as the
+        stable release. A change whose files moved on since is left as it is and logged.
+        Returns the ids rolled back now.
+        """
+        if self.publisher is None:
+            return []
+        undone: list[str] = []
+        for change_id in self.publisher.undone_change_ids():
+            record = self.manager.get_change(change_id)
+            if record is None or record.status is not ChangeStatus.KEPT:
+                continue
+            try:
+                if self.rollback(change_id, reason="its canary release was rolled back"):
+                    undone.append(change_id)
+            except RollbackConflict as exc:
+                log.warning("canary_change_not_rolled_back", change_id=change_id, error=str(exc))
+        return undone
 
     # -- the cycle (agents.loop.improvement_cycle) ------------------------------------------------
 

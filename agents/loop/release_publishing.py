@@ -58,6 +58,18 @@ class ReleasePublisher:
             log.warning("release_not_canaried", version=release.version, reason=exc.problem)
         return release
 
+    def undone_change_ids(self) -> list[str]:
+        """The changes carried by canaries that were rolled back (newest rollouts first).
+
+        The fleet never served them beyond the canary; the loop rolls them back in the team
+        folder too (:meth:`MetaOrchestrator.follow_rollouts`), or the next release would carry
+        them again.
+        """
+        found: list[str] = []
+        for record in Rollouts(self.releases).rolled_back():
+            found.extend(self.releases.get(record.canary).change_ids)
+        return found
+
     def rolled_back(
         self, directory: str | Path, change_ids: Sequence[str], *, by: Principal, reason: str
     ) -> Release:

@@ -190,6 +190,19 @@ class Rollouts:
         )
         return _record(row) if row is not None else None
 
+    def rolled_back(self, limit: int = 20) -> list[RolloutRecord]:
+        """The newest ``limit`` rollouts that ended rolled back, newest first."""
+        rows = (
+            self.releases.store.connection()
+            .execute(
+                f"SELECT {_COLUMNS} FROM rollouts WHERE team_id = ? AND state = 'rolled_back' "
+                "ORDER BY settled_at DESC LIMIT ?",
+                (self.releases.team_id, limit),
+            )
+            .fetchall()
+        )
+        return [_record(row) for row in rows]
+
     def active(self) -> RolloutRecord | None:
         """The rollout in progress (None when there is none)."""
         heads = self.releases.heads()
