@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         replay_cycle,
     )
     from agents.loop.meta_orchestrator import MetaOrchestrator
+    from agents.loop.release_publishing import ReleasePublisher
     from agents.loop.self_edit_tools import SelfEditNotKept
     from agents.roles.ask_agent_tool import (
         AskAgentTool,
@@ -201,6 +202,7 @@ __all__ = [
     "ProposedChange",
     "ReleaseFollower",
     "ReleaseLog",
+    "ReleasePublisher",
     "ReleaseRefused",
     "ReportParseError",
     "RoleNameClash",
@@ -264,6 +266,7 @@ _EXPORTS: dict[str, str] = {
     "LeaseLost": "infrastructure.changes.leases",
     "ReleaseFollower": "infrastructure.releases.follower",
     "ReleaseLog": "infrastructure.releases.release_log",
+    "ReleasePublisher": "agents.loop.release_publishing",
     "ReleaseRefused": "infrastructure.releases.release_errors",
     "RolloutConflict": "infrastructure.releases.release_errors",
     "RolloutLimits": "infrastructure.releases.rollout_evidence",
