@@ -37,7 +37,8 @@ from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime, RuntimeBase
 from infrastructure.monitoring.issue_ledger import IssueLedger
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor, monitor_options
+from infrastructure.retention import RetentionPolicy, RetentionSweeper
 from infrastructure.settings import Provider, Settings, load_settings
 from infrastructure.store import Store
 
@@ -147,6 +148,9 @@ class Workspace:
         self._runtimes: list[AgentRuntime] = []
         self._orchestrators: list[MetaOrchestrator] = []
         self._closed = False
+        policy = RetentionPolicy.of(settings)
+        # old runs and decisions are pruned in the background when a policy is set
+        self._sweeper = RetentionSweeper(store, policy) if policy.enabled else None
 
     @classmethod
     def open(
@@ -213,7 +217,7 @@ class Workspace:
             # the manager settled the unproven changes of processes gone; now the code plans
             # they were executing (every face opens here, so every start settles them)
             settle_interrupted_plans(manager)
-            monitor = PerformanceMonitor(store, baseline_n=settings.baseline_n)
+            monitor = PerformanceMonitor(store, **monitor_options(settings))
             # the detector's tables exist from the open on, so that a request that fails later
             # (an unknown agent, say) leaves the store as it found it
             IssueLedger(store)
@@ -289,6 +293,8 @@ class Workspace:
         self._closed = True
         for orchestrator in self._orchestrators:
             orchestrator.close()
+        if self._sweeper is not None:
+            self._sweeper.close()
         self.monitor.close()
         self.manager.close()
         self.store.close()
