@@ -52,7 +52,7 @@ from infrastructure.structured_logger import configure_logging  # noqa: E402
 
 AGENT = "research-agent"
 STABLE = AgentSpec.from_file(REPO / "infrastructure" / "simulated_team" / f"{AGENT}.md")
-HARMFUL_MAX_TOKENS = (1010, 990, 970, 950, 900)  # about 9 %, 17 %, 24 %, 31 %, 50 % failures
+HARMFUL_MAX_TOKENS = (1010, 990, 970, 950, 900)  # about 11 %, 19 %, 27 %, 34 %, 52 % failures
 STEP = 50  # runs between two decisions (a worker's poll)
 RUN_CAP = 200_000
 
