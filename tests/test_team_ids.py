@@ -5,8 +5,11 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.changes.team_ids import TEAM_ID_FILE, team_id, team_roots
+from infrastructure.errors import ConfigurationError
 from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.store import Store
 
@@ -18,11 +21,12 @@ def test_a_team_keeps_its_id_and_the_store_knows_where_each_host_has_it(
     root.mkdir()
     with Store(store_url, files_dir=tmp_path) as store:
         first = team_id(root, store)
-        assert (root / ".agent" / TEAM_ID_FILE).read_text().strip() == first
+        assert (root / TEAM_ID_FILE).read_text().strip() == first
         assert team_id(root, store) == first
         assert team_roots(store, first) == {socket.gethostname(): str(root.absolute())}
-        (root / ".agent" / TEAM_ID_FILE).write_text("not an id\n")
-        assert team_id(root, store) != first  # a damaged file gets a new identity
+        (root / TEAM_ID_FILE).write_text("not an id!\n")
+        with pytest.raises(ConfigurationError):  # a damaged file is named, never replaced
+            team_id(root, store)
 
 
 def test_changes_record_their_team(store_url: str, tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "agents.faces.cli_report",
     "agents.faces.cli_safeguards",
     "agents.faces.cli_otel",
+    "agents.faces.cli_release",
     "agents.faces.cli_store",
     "agents.faces.cli_store_copy",  # after cli_store: ``store copy`` sits under ``store``
 )

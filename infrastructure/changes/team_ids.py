@@ -1,9 +1,9 @@
 """Team ids: one name for a team folder that every host agrees on, and the lock that uses it.
 
 A team's root path differs on every host, so it cannot name the team in a store that many
-hosts share. The id is a random hex string kept in ``<root>/.agent/team-id`` (made on first
-use, written through the confined file layer) and registered in the store with the root this
-host knows it by (``team_roots``: one row per team and host). Changes record it beside their
+hosts share. The id is the one releases key a team by, kept in ``<root>/.agent/team-id``
+(:mod:`infrastructure.releases.team_id`), registered in the store with the root this host
+knows it by (``team_roots``: one row per team and host). Changes record it beside their
 root, and :func:`team_guard` serializes apply, verification, rollback and recovery of one team:
 the root's ``flock`` on this host, then the store's team lock, which on PostgreSQL is a
 session-level advisory lock held across hosts (on SQLite the ``flock`` alone, as every worker
@@ -13,16 +13,15 @@ of a SQLite store is on one host).
 from __future__ import annotations
 
 import contextlib
-import re
 import socket
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from infrastructure import confined
-from infrastructure.changes.protocol_files import AGENT_DIR, root_lock
+from infrastructure.changes.protocol_files import root_lock
 from infrastructure.errors import FileOperationError
+from infrastructure.releases.team_id import TEAM_ID_FILE, team_id_for
 from infrastructure.store import Store
 from infrastructure.structured_logger import get_logger
 
@@ -30,8 +29,6 @@ __all__ = ["TEAM_ID_FILE", "team_guard", "team_id", "team_roots"]
 
 log = get_logger(__name__)
 
-TEAM_ID_FILE = "team-id"
-_VALID = re.compile(r"^[0-9a-f]{32}$")
 
 _MIGRATIONS = [
     """
@@ -48,26 +45,23 @@ _MIGRATIONS = [
 
 
 def team_id(root: Path, store: Store) -> str:
-    """The id of the team at ``root`` (made and registered on first use).
+    """The id of the team at ``root`` (made on first use, as releases make it), registered in
+    the store with the path this host knows the folder by.
 
-    A new id is derived from the host and the folder's path, so a file that cannot be written
-    (a full disk, a read-only folder) leaves the team known by the same id on this host until
-    it can be: the change that needed the id then fails on its own file, as it would have. A
-    file that does not hold an id (edited by hand, truncated) is replaced, the team starting a
-    new identity (its path's) rather than borrowing a wrong one.
+    A file that cannot be written (a full disk, a read-only folder) leaves the team known by
+    an id derived from the host and the path until it can be: the change that needed the id
+    then fails on its own file, as it would have.
+
+    Raises:
+        ConfigurationError: the file holds something that is not an id.
     """
     store.migrate("teams", _MIGRATIONS)
-    rel = f"{AGENT_DIR}/{TEAM_ID_FILE}"
     host, where = socket.gethostname(), str(root.absolute())
-    raw = confined.read(root, rel, max_bytes=256)
-    text = raw.decode("utf-8", "replace").strip() if raw is not None else ""
-    if not _VALID.match(text):
-        fresh = uuid.uuid5(uuid.NAMESPACE_URL, f"agentmend-team://{host}{where}").hex
-        text = fresh if raw is None else uuid.uuid4().hex
-        try:
-            confined.write(root, rel, text + "\n")
-        except FileOperationError as exc:
-            log.warning("team_id_not_written", root=where, error=str(exc))
+    try:
+        text = team_id_for(root)
+    except FileOperationError as exc:
+        text = "team-" + uuid.uuid5(uuid.NAMESPACE_URL, f"agentmend-team://{host}{where}").hex[:12]
+        log.warning("team_id_not_written", root=where, error=str(exc))
     known = (
         store.connection()
         .execute(
