@@ -14,7 +14,12 @@ import pytest
 from crash_child import child_env, read_lines
 from watch_child import BEFORE, NEW, OLD, action
 
-from infrastructure.changes.improvement_manager import ChangeStatus, ImprovementManager
+from infrastructure.changes.improvement_manager import (
+    ChangeStatus,
+    ChangeType,
+    ImprovementAction,
+    ImprovementManager,
+)
 from infrastructure.changes.owners import RecordOwner
 from infrastructure.changes.watch import ChangeWatcher
 from infrastructure.errors import InvalidArgument
@@ -191,3 +196,30 @@ def test_a_killed_watcher_is_continued_by_the_next_open_not_undone(
         assert ended.pairs == 3 + used
         assert (root / "a.md").read_bytes() == OLD
         assert _status(manager) is ChangeStatus.ROLLED_BACK
+
+
+def test_opening_a_workspace_continues_a_watch_and_settles_what_it_decided(
+    tmp_path: Path,
+) -> None:
+    from agents.faces.workspace import Workspace
+    from infrastructure.settings import Settings
+
+    folder = tmp_path / "ws"
+    with Workspace.open(folder, settings=Settings()) as workspace:
+        target = sorted(p.name for p in workspace.team_dir.glob("*.md"))[0]
+        old = (workspace.team_dir / target).read_bytes()
+        agent = target.removesuffix(".md")
+        hurts = ImprovementAction(
+            target_agent=agent, action_type=ChangeType.PROMPT_MODIFICATION, confidence_score=0.9
+        )
+        watch = ChangeWatcher(workspace.manager).start(
+            hurts, path=target, new_content="changed\n", root=workspace.team_dir, before=BEFORE
+        )
+        for _ in range(30):
+            workspace.monitor.record(agent, success=False, duration_ms=100.0)
+        workspace.monitor.flush()
+    with Workspace.open(folder, settings=Settings(), create=False) as workspace:
+        ended = ChangeWatcher(workspace.manager).get(watch.watch_id)
+        assert ended is not None
+        assert (ended.state, ended.decision) == ("rolled_back", "hurts")
+        assert (workspace.team_dir / target).read_bytes() == old
