@@ -1,4 +1,4 @@
-"""The duration chart as a bank of CUSUMs: its budget split, its speed on small slowdowns, restarts."""
+"""The duration chart as a bank of CUSUMs: its budget split, its speed on small slowdowns."""
 
 from __future__ import annotations
 
