@@ -60,6 +60,21 @@ class Settings(BaseSettings):
     issue_backoff_runs: int = Field(default=100, ge=1)
     issue_backoff_max_runs: int = Field(default=6400, ge=1)
 
+    # the runs between record() and the store: bounded, so a caller that outruns the store
+    # slows down ("wait") or has its newest runs refused and counted ("drop")
+    max_record_backlog: int = Field(default=100_000, ge=1)
+    record_backlog_policy: Literal["wait", "drop"] = "wait"
+    record_backlog_wait_s: float = Field(default=1.0, ge=0)
+    # how long closing a monitor (and the exit hook) writes before reporting what is left
+    close_timeout_s: float = Field(default=10.0, ge=0)
+
+    # retention of old rows (None keeps them forever): raw runs older than the days, or
+    # beyond the newest runs per agent, and decisions older than their days; never an
+    # agent's baseline, the runs of an open issue or a change under verification, or audit
+    retention_run_days: float | None = Field(default=None, gt=0)
+    retention_runs_per_agent: int | None = Field(default=None, ge=1)
+    retention_decision_days: float | None = Field(default=None, gt=0)
+
     # improvement budget and gates
     max_improvements_per_session: int = Field(default=5, ge=0)  # the interactive session
     # long-running processes (library use, the MCP server): a rolling budget per team

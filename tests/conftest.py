@@ -10,6 +10,9 @@
   it after the test. Test modules import the helpers with
   ``from fake_messages_api import Reply, FakeMessagesAPI`` (tests/ is on sys.path because this
   directory has no ``__init__.py``).
+- ``restore_logging`` puts structlog's configuration back after a test that ran ``main()``
+  (which configures logging onto the captured stderr, closed after the test); modules that
+  run the command use it with ``pytestmark = pytest.mark.usefixtures("restore_logging")``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from fake_messages_api import FakeMessagesAPI
 
 from infrastructure.llm.network_guard import TESTING_ENV_VAR, NetworkGuard, refuse_non_loopback
@@ -47,3 +51,10 @@ def fake_api() -> Iterator[FakeMessagesAPI]:
         yield api
     finally:
         api.close()
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from agents.faces.cli import main
 from agents.faces.mcp_tools import AgentmendTools
@@ -17,13 +15,7 @@ from agents.faces.workspace import DB_NAME, Workspace
 from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
 from infrastructure.settings import Settings
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """``main()`` configures logging onto the captured stderr, which closes after the test."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def _broken_workspace(folder: Path) -> None:

@@ -8,16 +8,15 @@ the installed script itself, ``python -m agents`` and the session are run as sub
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
+from cli_run import demo_workspace as make_demo
+from cli_run import run_cli
 
 from agents.faces.cli import (
     EXIT_OK,
@@ -31,40 +30,12 @@ from agents.faces.cli import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """``main()`` configures logging onto the captured stderr, which closes after the test."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _demo(workspace: Path) -> Path:
-    """A workspace after the scripted demo: changes in the history, an audit trail."""
-    result = subprocess.run(
-        [sys.executable, "-m", "agents.faces.cli", "demo", "--workspace", str(workspace)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
-    assert result.returncode == 0, result.stderr
-    return workspace
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 @pytest.fixture(scope="module")
 def demo_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _demo(tmp_path_factory.mktemp("demo") / "ws")
+    return make_demo(tmp_path_factory.mktemp("demo") / "ws")
 
 
 @pytest.fixture
@@ -85,7 +56,7 @@ def _leaf_paths() -> list[tuple[str, ...]]:
 def test_top_level_help_lists_every_subcommand_examples_and_exit_codes(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, _ = _run(capsys, "--help")
+    code, out, _ = run_cli(capsys, "--help")
     assert code == EXIT_OK
     for name in ("session", "demo", "mcp", "history", "rollback", "audit"):
         assert name in out
@@ -97,7 +68,7 @@ def test_top_level_help_lists_every_subcommand_examples_and_exit_codes(
 def test_every_subcommand_has_help_with_an_example_and_the_workspace_flag(
     capsys: pytest.CaptureFixture[str], path: tuple[str, ...]
 ) -> None:
-    code, out, _ = _run(capsys, *path, "--help")
+    code, out, _ = run_cli(capsys, *path, "--help")
     assert code == EXIT_OK
     assert "example:\n  agentmend " + " ".join(path) in out
     assert "--workspace DIR" in out
@@ -106,7 +77,7 @@ def test_every_subcommand_has_help_with_an_example_and_the_workspace_flag(
 def test_a_group_without_its_subcommand_is_a_usage_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, _, err = _run(capsys, "audit")
+    code, _, err = run_cli(capsys, "audit")
     assert code == EXIT_USAGE
     assert err.startswith("agentmend: ")
     assert len(err.strip().splitlines()) == 1
@@ -125,7 +96,7 @@ def test_a_group_without_its_subcommand_is_a_usage_error(
 def test_bad_arguments_are_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]
 ) -> None:
-    code, out, err = _run(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert code == EXIT_USAGE
     assert out == ""
     assert err.startswith("agentmend: ")
@@ -135,15 +106,17 @@ def test_bad_arguments_are_one_line_and_exit_2(
 def test_history_as_a_table_and_as_json(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
-    code, out, _ = _run(capsys, "history", "--workspace", str(workspace))
+    code, out, _ = run_cli(capsys, "history", "--workspace", str(workspace))
     assert code == EXIT_OK
     assert "kept" in out
-    code, out, _ = _run(capsys, "history", "--workspace", str(workspace), "--json")
+    code, out, _ = run_cli(capsys, "history", "--workspace", str(workspace), "--json")
     assert code == EXIT_OK
     changes = json.loads(out)["changes"]
     assert changes, "the demo keeps a change"
     assert {"change_id", "status", "action"} <= set(changes[0])
-    code, out, _ = _run(capsys, "history", "--workspace", str(workspace), "--json", "--limit", "1")
+    code, out, _ = run_cli(
+        capsys, "history", "--workspace", str(workspace), "--json", "--limit", "1"
+    )
     assert len(json.loads(out)["changes"]) == 1
 
 
@@ -151,7 +124,7 @@ def test_the_workspace_comes_from_the_environment_when_not_given(
     capsys: pytest.CaptureFixture[str], workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AGENTMEND_WORKSPACE", str(workspace))
-    code, out, _ = _run(capsys, "history", "--json")
+    code, out, _ = run_cli(capsys, "history", "--json")
     assert code == EXIT_OK
     assert json.loads(out)["changes"]
 
@@ -164,7 +137,7 @@ def test_an_unavailable_workspace_exits_3_in_one_line_and_creates_nothing(
     if kind == "file":
         target.write_text("not a folder")
     for argv in (("history",), ("audit", "verify"), ("rollback", "abc")):
-        code, out, err = _run(capsys, *argv, "--workspace", str(target))
+        code, out, err = run_cli(capsys, *argv, "--workspace", str(target))
         assert code == EXIT_UNAVAILABLE, argv
         assert out == ""
         assert err.startswith("agentmend: workspace ")
@@ -176,7 +149,7 @@ def test_a_bad_setting_names_the_variable_and_exits_2(
     capsys: pytest.CaptureFixture[str], workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AGENTMEND_BASELINE_N", "lots")
-    code, _, err = _run(capsys, "history", "--workspace", str(workspace))
+    code, _, err = run_cli(capsys, "history", "--workspace", str(workspace))
     assert code == EXIT_USAGE
     assert "AGENTMEND_BASELINE_N" in err
     assert len(err.strip().splitlines()) == 1
@@ -185,19 +158,19 @@ def test_a_bad_setting_names_the_variable_and_exits_2(
 def test_audit_verify_passes_then_fails_with_exit_1_after_a_tamper(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
-    code, out, _ = _run(capsys, "audit", "verify", "--workspace", str(workspace), "--json")
+    code, out, _ = run_cli(capsys, "audit", "verify", "--workspace", str(workspace), "--json")
     assert code == EXIT_OK
     report = json.loads(out)
     assert report["verified"] is True
     assert report["rows_checked"] > 0
     with sqlite3.connect(workspace / "agentmend.db") as conn:
         conn.execute("UPDATE audit_log SET new_value = 'forged' WHERE id = 1")
-    code, out, _ = _run(capsys, "audit", "verify", "--workspace", str(workspace), "--json")
+    code, out, _ = run_cli(capsys, "audit", "verify", "--workspace", str(workspace), "--json")
     assert code == EXIT_PROBLEM
     report = json.loads(out)
     assert report["verified"] is False
     assert any(p["row_id"] == 1 for p in report["problems"])
-    code, out, _ = _run(capsys, "audit", "verify", "--workspace", str(workspace))
+    code, out, _ = run_cli(capsys, "audit", "verify", "--workspace", str(workspace))
     assert code == EXIT_PROBLEM
     assert "does NOT verify" in out
 
@@ -211,28 +184,30 @@ def _kept_change(workspace: Path, capsys: pytest.CaptureFixture[str]) -> dict[st
 def test_rollback_restores_the_files_and_a_second_rollback_is_a_problem(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    workspace = _demo(tmp_path / "ws")
+    workspace = make_demo(tmp_path / "ws")
     team = workspace / "agents"
     before = {p.name: p.read_bytes() for p in team.glob("*.md")}
     change = _kept_change(workspace, capsys)
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "rollback", str(change["change_id"]), "--workspace", str(workspace), "--json"
     )
     assert code == EXIT_OK, err
     assert json.loads(out)["change"]["status"] == "rolled_back"
     after = {p.name: p.read_bytes() for p in team.glob("*.md")}
     assert after != before, "the kept change's file went back to its old bytes"
-    code, _, err = _run(capsys, "rollback", str(change["change_id"]), "--workspace", str(workspace))
+    code, _, err = run_cli(
+        capsys, "rollback", str(change["change_id"]), "--workspace", str(workspace)
+    )
     assert code == EXIT_PROBLEM
     assert "already rolled_back" in err
-    code, _, _ = _run(capsys, "audit", "verify", "--workspace", str(workspace))
+    code, _, _ = run_cli(capsys, "audit", "verify", "--workspace", str(workspace))
     assert code == EXIT_OK
 
 
 def test_rollback_of_an_unknown_change_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
-    code, out, err = _run(capsys, "rollback", "no-such-id", "--workspace", str(workspace))
+    code, out, err = run_cli(capsys, "rollback", "no-such-id", "--workspace", str(workspace))
     assert code == EXIT_USAGE
     assert out == ""
     assert "unknown change id 'no-such-id'" in err

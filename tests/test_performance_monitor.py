@@ -18,7 +18,7 @@ import pytest
 import infrastructure.monitoring.performance_monitor as performance_monitor
 from infrastructure.errors import ConfigurationError, StoreError
 from infrastructure.models import ExecutionRecord
-from infrastructure.monitoring import agent_window, run_feed, run_tracker
+from infrastructure.monitoring import agent_window, record_backlog, run_feed, run_tracker
 from infrastructure.monitoring.performance_monitor import (
     InvalidExecution,
     MonitorClosed,
@@ -58,6 +58,7 @@ def test_public_names_are_served_from_the_monitor_module() -> None:
         "EventCursor": run_feed,
         "RunChunk": run_feed,
         "Tracker": run_tracker,
+        "BacklogStatus": record_backlog,
     }
     for name, home in homes.items():
         assert getattr(performance_monitor, name) is getattr(home, name), name
@@ -66,6 +67,7 @@ def test_public_names_are_served_from_the_monitor_module() -> None:
         "InvalidExecution",
         "MonitorClosed",
         "PerformanceMonitor",
+        "monitor_options",
     }
 
 
@@ -600,7 +602,8 @@ def test_rows_of_an_unknown_source_are_skipped_by_refresh_and_load_alike(db: Pat
         live.record("a", success=True, duration_ms=1.0)
         live.flush()
         _sql(db, insert.format(source="replay", success=0, error="'boom'"))
-        _sql(db, insert.format(source="run", success=1, error="NULL"))
+        with PerformanceMonitor(Store(db)) as other:  # another process's run, written as it is
+            other.record("a", success=True, duration_ms=5.0)
         assert live.refresh() == 1
         refreshed = live.get_agent_metrics("a")
     with PerformanceMonitor(Store(db)) as reopened:

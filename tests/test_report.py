@@ -16,18 +16,19 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
+from cli_run import demo_workspace, run_cli
 
 from agents.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, EXIT_USAGE, main
 from agents.faces.report_data import STATUS_SCHEMA
+from agents.faces.report_server import LatestPage
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.monitoring.run_series import (
     DURATION_BINS,
     MIGRATIONS,
+    ROLLUP_WIDTHS,
     duration_quantile,
     read_series,
 )
@@ -36,34 +37,7 @@ from infrastructure.store import Store, _split_sql
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def demo_workspace(target: Path) -> Path:
-    """The demo's workspace: two kept fixes and one rolled back, on the simulated team."""
-    result = subprocess.run(
-        [sys.executable, "-m", "agents.faces.cli", "demo", "--workspace", str(target)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
-    assert result.returncode == 0, result.stderr
-    return target
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 @pytest.fixture(scope="module")
@@ -129,11 +103,15 @@ def test_opening_an_old_store_backfills_its_series(tmp_path: Path) -> None:
     with store.transaction() as conn:  # as a store written before the series existed
         conn.execute("DROP TABLE run_series")
         conn.execute("DROP TABLE run_totals")
+        conn.execute("DROP TABLE run_rollups")
         conn.execute("DELETE FROM schema_versions WHERE component = 'run_series'")
     store.close()
     reopened = Store(path)
     PerformanceMonitor(reopened).close()
     assert sum(p.runs for p in read_series(reopened, raw_runs=0)["a"]) == 50
+    with reopened.transaction() as conn:
+        rollups = conn.execute("SELECT width, SUM(runs) FROM run_rollups GROUP BY width")
+        assert dict(rollups.fetchall()) == dict.fromkeys(ROLLUP_WIDTHS, 50)
     reopened.close()
 
 
@@ -143,7 +121,7 @@ def test_opening_an_old_store_backfills_its_series(tmp_path: Path) -> None:
 def test_status_json_has_a_schema_and_counts_every_run(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
-    code, out, _ = _run(capsys, "status", "--workspace", str(workspace), "--json")
+    code, out, _ = run_cli(capsys, "status", "--workspace", str(workspace), "--json")
     assert code == EXIT_OK
     report = json.loads(out)
     assert report["schema"] == STATUS_SCHEMA
@@ -157,7 +135,7 @@ def test_status_json_has_a_schema_and_counts_every_run(
 
 
 def test_status_as_a_table(capsys: pytest.CaptureFixture[str], workspace: Path) -> None:
-    code, out, _ = _run(capsys, "status", "--workspace", str(workspace))
+    code, out, _ = run_cli(capsys, "status", "--workspace", str(workspace))
     assert code == EXIT_OK
     assert "research-agent" in out
     assert "p95 ms" in out
@@ -173,7 +151,7 @@ def test_an_unavailable_workspace_exits_3(
         target.write_text("x")
     elif kind == "no store":
         target.mkdir()
-    code, _out, err = _run(capsys, command, "--workspace", str(target))
+    code, _out, err = run_cli(capsys, command, "--workspace", str(target))
     assert code == EXIT_UNAVAILABLE
     assert err.startswith("agentmend: workspace ")
     assert len(err.strip().splitlines()) == 1
@@ -184,7 +162,7 @@ def test_an_unavailable_workspace_exits_3(
 
 
 def _changes(capsys: pytest.CaptureFixture[str], workspace: Path) -> list[dict[str, object]]:
-    _run(capsys, "history", "--workspace", str(workspace), "--json")
+    run_cli(capsys, "history", "--workspace", str(workspace), "--json")
     main(["history", "--workspace", str(workspace), "--json"])
     changes: list[dict[str, object]] = json.loads(capsys.readouterr().out)["changes"]
     return changes
@@ -194,7 +172,7 @@ def test_show_gives_the_diff_gates_scores_and_audit_of_a_change(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
     kept = next(c for c in _changes(capsys, workspace) if c["status"] == "kept")
-    code, out, _ = _run(
+    code, out, _ = run_cli(
         capsys, "show", str(kept["change_id"]), "--workspace", str(workspace), "--json"
     )
     assert code == EXIT_OK
@@ -206,7 +184,7 @@ def test_show_gives_the_diff_gates_scores_and_audit_of_a_change(
     assert all(g["passed"] for g in shown["gates"])
     assert shown["verification"]["accepted"] is True
     assert shown["audit"]
-    code, out, _ = _run(capsys, "show", str(kept["change_id"]), "--workspace", str(workspace))
+    code, out, _ = run_cli(capsys, "show", str(kept["change_id"]), "--workspace", str(workspace))
     assert code == EXIT_OK
     assert "verification: score" in out
     assert "gate " in out
@@ -215,7 +193,7 @@ def test_show_gives_the_diff_gates_scores_and_audit_of_a_change(
 def test_show_of_an_unknown_change_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
-    code, out, err = _run(capsys, "show", "nope", "--workspace", str(workspace))
+    code, out, err = run_cli(capsys, "show", "nope", "--workspace", str(workspace))
     assert code == EXIT_USAGE
     assert out == ""
     assert "unknown change id 'nope'" in err
@@ -256,7 +234,7 @@ def test_improve_shows_each_step_as_plain_lines_off_a_terminal(tmp_path: Path) -
 def test_improve_of_an_unknown_agent_names_the_agents(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
-    code, _, err = _run(capsys, "improve", "nobody", "--workspace", str(workspace))
+    code, _, err = run_cli(capsys, "improve", "nobody", "--workspace", str(workspace))
     assert code == EXIT_USAGE
     assert "nobody" in err
     assert "research-agent" in err
@@ -269,7 +247,7 @@ def test_the_report_is_one_self_contained_file_with_every_section(
     capsys: pytest.CaptureFixture[str], workspace: Path, tmp_path: Path
 ) -> None:
     target = tmp_path / "report.html"
-    code, _out, err = _run(capsys, "report", "--workspace", str(workspace), "-o", str(target))
+    code, _out, err = run_cli(capsys, "report", "--workspace", str(workspace), "-o", str(target))
     assert code == EXIT_OK, err
     page = target.read_text(encoding="utf-8")
     # nothing loaded from anywhere: no external src/href, no @import, no url(http
@@ -286,7 +264,34 @@ def test_the_report_is_one_self_contained_file_with_every_section(
     assert "audit chain verified" in page
     summary = json.loads(re.search(r"id='summary'>(.*?)</script>", page).group(1))  # type: ignore[union-attr]
     assert summary["audit_verified"] is True
+    with sqlite3.connect(workspace / "agentmend.db") as conn:
+        audit_rows = conn.execute("SELECT COUNT(*) FROM audit_log").fetchone()[0]
+    assert summary["audit_rows_checked"] == audit_rows  # the whole chain, not the rows shown
     assert summary["agents"] == len(agents)
+
+
+def test_cycles_beyond_the_latest_are_a_table_row_each(
+    capsys: pytest.CaptureFixture[str], workspace: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "report.html"
+    args = ["report", "--workspace", str(workspace), "-o", str(target), "--cycles", "1"]
+    code, _out, err = run_cli(capsys, *args)
+    assert code == EXIT_OK, err
+    page = target.read_text(encoding="utf-8")
+    with sqlite3.connect(workspace / "agentmend.db") as conn:
+        finished = conn.execute(
+            "SELECT json_extract(payload, '$.cycle_id'), json_extract(payload, '$.data.status') "
+            "FROM decisions WHERE kind = 'cycle.cycle_finished' ORDER BY id DESC"
+        ).fetchall()
+    assert len(finished) >= 3
+    assert page.count('<section class="cycle"') == 1
+    assert f'id="cycle-{finished[0][0]}"' in page  # the newest in full
+    table = page[page.index("<table id='older-cycles'>") :]
+    table = table[: table.index("</table>")]
+    assert table.count("<tr") == len(finished)  # the header and one row per older cycle
+    for cycle_id, status in finished[1:]:
+        row = table[table.index(cycle_id) :]
+        assert row[: row.index("</tr>")].endswith(f"<td>{status}</td>")
 
 
 def test_the_report_marks_a_tampered_audit(
@@ -296,7 +301,7 @@ def test_the_report_marks_a_tampered_audit(
     with sqlite3.connect(ws / "agentmend.db") as conn:
         conn.execute("UPDATE audit_log SET new_value = 'forged' WHERE id = 1")
     target = tmp_path / "r.html"
-    code, _, _ = _run(capsys, "report", "--workspace", str(ws), "-o", str(target))
+    code, _, _ = run_cli(capsys, "report", "--workspace", str(ws), "-o", str(target))
     assert code == EXIT_OK
     assert "audit chain does NOT verify" in target.read_text(encoding="utf-8")
 
@@ -304,7 +309,7 @@ def test_the_report_marks_a_tampered_audit(
 def test_report_into_a_folder_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], workspace: Path, tmp_path: Path
 ) -> None:
-    code, _, err = _run(capsys, "report", "--workspace", str(workspace), "-o", str(tmp_path))
+    code, _, err = run_cli(capsys, "report", "--workspace", str(workspace), "-o", str(tmp_path))
     assert code == EXIT_USAGE
     assert "is a folder" in err
 
@@ -389,7 +394,60 @@ def test_serve_on_a_taken_port_is_one_line(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        code, _, err = _run(capsys, "serve", "--workspace", str(workspace), "--port", str(port))
+        code, _, err = run_cli(capsys, "serve", "--workspace", str(workspace), "--port", str(port))
     assert code == EXIT_USAGE
     assert f"cannot listen on 127.0.0.1:{port}" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("port", ["70000", "-5"])
+def test_serve_on_a_port_that_cannot_be_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], workspace: Path, port: str
+) -> None:
+    code, _, err = run_cli(capsys, "serve", "--workspace", str(workspace), "--port", port)
+    assert code == EXIT_USAGE
+    assert err == f"agentmend: --port {port}: a port is 0 to 65535 (0 picks a free one)\n"
+
+
+def test_a_usage_error_is_one_line_under_python_m_too(workspace: Path, tmp_path: Path) -> None:
+    target = tmp_path / "r.html"
+    command = [sys.executable, "-m", "agents.faces.cli", "report", "--cycles", "-1"]
+    result = subprocess.run(
+        [*command, "--workspace", str(workspace), "-o", str(target)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == EXIT_USAGE
+    assert result.stderr == "agentmend: --cycles must be 0 or more\n"
+    assert not target.exists()
+
+
+def test_serve_renders_again_only_when_the_store_or_the_audit_head_changed() -> None:
+    versions = iter([1, 1, 2, 2, 3])
+    page = LatestPage(lambda: f"page {page.renderings}", lambda: next(versions))
+    assert [page() for _ in range(5)] == ["page 0", "page 0", "page 1", "page 1", "page 2"]
+    assert page.renderings == 3
+
+
+def test_serve_shows_a_tampered_audit_at_once(tmp_path: Path) -> None:
+    ws = demo_workspace(tmp_path / "ws")
+    process, url = start_server(ws)
+    try:
+        assert "audit chain verified" in _get(url + "main")
+        assert _get(url + "main").count("audit chain verified") == 1  # served again as it was
+        with sqlite3.connect(ws / "agentmend.db") as conn:
+            original = conn.execute("SELECT new_value FROM audit_log WHERE id = 1").fetchone()[0]
+            conn.execute("UPDATE audit_log SET new_value = 'forged' WHERE id = 1")
+        conn.close()
+        assert "audit chain does NOT verify" in _get(url + "main")
+        with sqlite3.connect(ws / "agentmend.db") as conn:
+            conn.execute("UPDATE audit_log SET new_value = ? WHERE id = 1", (original,))
+        conn.close()
+        assert "audit chain verified" in _get(url + "main")
+        head = ws / "agentmend.db.audit-head"
+        head.write_bytes(b"x" * len(head.read_bytes()))  # the head file alone, same size
+        assert "audit chain does NOT verify" in _get(url + "main")
+    finally:
+        stop_server(process)

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_run import demo_workspace
 from services import chromium_path, unavailable
-from test_report import demo_workspace, start_server, stop_server
+from test_report import start_server, stop_server
 
 from agents.faces.cli import main
 

@@ -49,6 +49,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "agents.faces.cli_report",
     "agents.faces.cli_safeguards",
     "agents.faces.cli_otel",
+    "agents.faces.cli_store",
 )
 """Modules whose ``SUBCOMMANDS`` (a sequence of ``Subcommand``) the command offers, in order."""
 
@@ -204,4 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m agents.faces.cli`` runs this file as ``__main__``, whose CommandError is not
+    # the one the subcommands import and raise: run the imported module's main instead
+    from agents.faces.cli import main as imported_main
+
+    sys.exit(imported_main())

@@ -106,6 +106,7 @@ def _run_status(args: argparse.Namespace) -> int:
 
     from agents.faces.report_data import agent_statuses
     from infrastructure.models import ChangeStatus
+    from infrastructure.telemetry.receiver_counts import read_receiver_counts
 
     with open_store(args) as opened:
         statuses = agent_statuses(opened.store, baseline_n=opened.settings.baseline_n)
@@ -113,15 +114,31 @@ def _run_status(args: argparse.Namespace) -> int:
             1 for r in opened.manager.get_history(limit=200) if r.status is ChangeStatus.APPLIED
         )
         chain = opened.manager.verify_audit_chain(repair=False)
+        receivers = read_receiver_counts(opened.store)
     problems = [{"row_id": p.row_id, "kind": p.kind, "detail": p.detail} for p in chain.problems]
     if args.json:
         print_json(
-            {**_status_json(statuses, pending), "audit": {"ok": chain.ok, "problems": problems}}
+            {
+                **_status_json(statuses, pending),
+                "audit": {"ok": chain.ok, "rows_checked": chain.rows_checked, "problems": problems},
+                "telemetry_receivers": [r.as_json() for r in receivers],
+            }
         )
         return EXIT_OK
     for p in problems:  # a break stays on screen until an administrator acknowledges it
         where = f"row {p['row_id']}: " if p["row_id"] is not None else ""
         console().print(f"audit chain: {where}{p['kind']}: {p['detail']}", style="red")
+    for r in receivers:
+        c = r.counts
+        console().print(
+            f"OpenTelemetry receiver {r.receiver}: {c.spans_received:,} spans received, "
+            f"{c.executions_recorded:,} runs recorded from them, {r.dropped:,} dropped "
+            f"({c.unmappable:,} naming no agent, {c.orphans:,} orphaned, {c.rejected:,} "
+            f"malformed, {c.dropped_queue_full:,} over the queue); as of "
+            f"{r.updated_at:%Y-%m-%d %H:%M:%S} UTC",
+            style="red" if r.dropped else None,
+            highlight=False,
+        )
     if not statuses:
         console().print("no runs recorded yet")
         return EXIT_OK
@@ -158,19 +175,14 @@ def _show_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_show(args: argparse.Namespace) -> int:
-    from agents.loop.cycle import list_cycle_ids, replay_cycle
+    from agents.loop.cycle_history import cycle_of_change
 
     with open_store(args) as opened:
         record = opened.manager.get_change(args.change)
         if record is None:
             raise CommandError(f"unknown change id {args.change!r} (see `agentmend history`)")
         audit = opened.manager.audit.entries(change_id=args.change, limit=100)
-        cycle = None
-        for cycle_id in reversed(list_cycle_ids(opened.store, limit=500)):
-            candidate = replay_cycle(opened.store, cycle_id)
-            if args.change in candidate.change_ids:
-                cycle = candidate
-                break
+        cycle = cycle_of_change(opened.store, args.change)
     outcome = None
     if cycle is not None:
         outcome = next(
@@ -244,31 +256,19 @@ def _improve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_improve(args: argparse.Namespace) -> int:
-    from agents.faces.console_views import cycle_event_line, cycle_summary_line
-    from agents.loop.cycle import CycleEvent
+    from agents.faces.console_views import cycle_summary_line
+    from agents.faces.improve_progress import ImproveProgress
     from agents.roles.team import UnknownAgent
     from infrastructure.errors import AgentmendError
 
     out = console()
-    live = sys.stdout.isatty()
-    counts = {"question_asked": 0, "verification_completed": 0}
-
-    async def on_progress(event: CycleEvent) -> None:
-        if event.step in counts:
-            counts[event.step] += 1
-        line = cycle_event_line(event)
-        if live:
-            status.update(
-                f"{event.step.replace('_', ' ')} · {counts['question_asked']} questions · "
-                f"{counts['verification_completed']} verifications"
-            )
-        out.print(line)
-
+    progress = ImproveProgress(out, live=sys.stdout.isatty())
     with open_workspace(args) as workspace:
         try:
-            orchestrator = workspace.orchestrator(seed=args.seed, on_progress=on_progress)
+            orchestrator = workspace.orchestrator(seed=args.seed, on_progress=progress.on_event)
         except AgentmendError as exc:
             raise CommandError(str(exc), EXIT_USAGE) from exc
+        orchestrator.verifier.on_eval_run = progress.on_eval_run
 
         async def one_cycle() -> Any:
             if args.agent:
@@ -280,7 +280,7 @@ def _run_improve(args: argparse.Namespace) -> int:
                 return None
             return await orchestrator.run_improvement_cycle(urgent)
 
-        with out.status("starting the cycle…") if live else _nothing() as status:
+        with progress:
             try:
                 result = asyncio.run(one_cycle())
             except UnknownAgent as exc:
@@ -290,19 +290,6 @@ def _run_improve(args: argparse.Namespace) -> int:
         return EXIT_OK
     out.print(cycle_summary_line(result))
     return EXIT_OK if result.status in ("kept", "not_reproduced") else EXIT_PROBLEM
-
-
-class _nothing:
-    """A stand-in for a live status when output is not a terminal (plain lines only)."""
-
-    def __enter__(self) -> _nothing:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-    def update(self, _: str) -> None:
-        return None
 
 
 # -- report and serve ---------------------------------------------------------------------------
@@ -367,12 +354,31 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _store_version(opened: _OpenStore) -> tuple[object, ...]:
+    """What the page depends on: commits to the database by any other connection (SQLite's
+    ``data_version``), and the audit head file, which the chain check reads."""
+    data = opened.store.connection().execute("PRAGMA data_version").fetchone()[0]
+    try:
+        head = opened.manager.audit.head_path.stat()
+    except OSError:
+        return (data, None)
+    return (data, head.st_mtime_ns, head.st_size, head.st_ino)
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     from agents.faces.report_server import serve
 
+    if not 0 <= args.port <= 65_535:
+        raise CommandError(f"--port {args.port}: a port is 0 to 65535 (0 picks a free one)")
+
     with open_store(args) as opened:
         try:
-            return serve(opened, port=args.port, render=render_workspace_report)
+            return serve(
+                opened,
+                port=args.port,
+                render=render_workspace_report,
+                version=lambda: _store_version(opened),
+            )
         except OSError as exc:
             raise CommandError(
                 f"cannot listen on 127.0.0.1:{args.port}: {exc.strerror} "

@@ -292,6 +292,11 @@ def status_text(
             f"Runs not yet written to the store: {data['unwrittenRuns']} (kept in memory, "
             f"retried; last error: {data.get('storeWriteError') or 'none'})"
         )
+    if data.get("refusedRuns"):
+        lines.append(
+            f"Runs refused because the record backlog was full: {data['refusedRuns']} "
+            "(record() outran the store; see max_record_backlog)"
+        )
     lines.append(f"Pending plans: {len(data['pendingPlans'])}")
     last = data["lastExecution"]
     lines.append(

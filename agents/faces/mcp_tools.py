@@ -435,6 +435,7 @@ class AgentmendTools:
             },
             "unwrittenRuns": unwritten,
             "storeWriteError": write_error,
+            "refusedRuns": workspace.monitor.backlog_status().refused,
         }
         return ToolOutput(text=status_text(data, agents, cycle), data=data)
 

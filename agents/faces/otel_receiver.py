@@ -4,7 +4,9 @@
 (``application/json``, ids as hex strings), gzip-compressed or not, and records the agent runs
 its spans describe (``infrastructure.telemetry``) through a ``PerformanceMonitor``'s buffered
 path. ``GET /status`` answers the counts as JSON (spans received, executions recorded,
-duplicates, own spans skipped, unmappable, orphans, rejected), so what was lost is visible.
+duplicates, own spans skipped, unmappable, orphans, rejected), so what was lost is visible; the
+program also writes them to the store every few seconds and when it stops
+(``infrastructure.telemetry.receiver_counts``), where ``agentmend status`` shows them.
 
 Answers: 200 with an ``ExportTraceServiceResponse`` (its ``partial_success`` says how many
 spans were rejected and why); 400 with a reason for a body that does not decode (garbage,
@@ -28,6 +30,7 @@ import json
 import os
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -36,7 +39,7 @@ from typing import Any
 
 from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.structured_logger import get_logger
-from infrastructure.telemetry.assembly import TraceAssembler
+from infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
 from infrastructure.telemetry.otlp_decode import (
     DecodedBatch,
     OtlpDecodeError,
@@ -84,6 +87,9 @@ class OtlpReceiver:
         max_body_bytes: the largest request body read.
         max_decompressed_bytes: the largest a gzip body may inflate to.
         expire_every_s: how often idle traces are flushed as orphans.
+        publish: given the counts every ``publish_every_s`` and once more at ``close()`` (the
+            program writes them to the store); a failure is logged, never raised.
+        publish_every_s: how often ``publish`` is called while serving.
     """
 
     def __init__(
@@ -96,8 +102,12 @@ class OtlpReceiver:
         max_body_bytes: int = 16 * 1024 * 1024,
         max_decompressed_bytes: int = 64 * 1024 * 1024,
         expire_every_s: float = 1.0,
+        publish: Callable[[TelemetryCounts], None] | None = None,
+        publish_every_s: float = 5.0,
     ) -> None:
         self.assembler = assembler
+        self.publish = publish
+        self.publish_every_s = publish_every_s
         self.max_body_bytes = max_body_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
         self._token = token
@@ -151,10 +161,24 @@ class OtlpReceiver:
         self._server.server_close()
         for thread in self._threads:
             thread.join(timeout=5)
+        self.publish_counts()
+
+    def publish_counts(self) -> None:
+        """Hand the counts to ``publish``; a store that cannot take them never stops serving."""
+        if self.publish is None:
+            return
+        try:
+            self.publish(self.assembler.counts())
+        except AgentmendError as exc:
+            log.error("otlp_counts_not_written", error=str(exc))
 
     def _expire_loop(self) -> None:
+        published = time.monotonic()
         while not self._stop.wait(self._expire_every_s):
             self.assembler.flush_expired()
+            if time.monotonic() - published >= self.publish_every_s:
+                self.publish_counts()
+                published = time.monotonic()
 
     # ------------------------------------------------------------------ one request
 
@@ -382,6 +406,11 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
         monitor.close()
         store.close()
         return 3
+    from infrastructure.telemetry.receiver_counts import receiver_name, write_receiver_counts
+
+    name, started = receiver_name(*receiver.address), time.time()
+    receiver.publish = lambda counts: write_receiver_counts(store, name, started, counts)
+    receiver.publish_counts()  # the row from the start: status shows a receiver at zero
     sys.stderr.write(f"agentmend: receiving OTLP traces at {receiver.endpoint}{TRACES_PATH}\n")
     sys.stderr.flush()
     if ready is not None:

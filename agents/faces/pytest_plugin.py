@@ -131,9 +131,12 @@ def agentmend_team(
 ) -> Iterator[AgentTeam]:
     """The team in ``agentmend_team_dir`` on ``agentmend_runtime``, every run recorded."""
     from agents.roles.team import AgentTeam
-    from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+    from infrastructure.monitoring.performance_monitor import (
+        PerformanceMonitor,
+        monitor_options,
+    )
 
-    monitor = PerformanceMonitor(agentmend_store, baseline_n=agentmend_settings.baseline_n)
+    monitor = PerformanceMonitor(agentmend_store, **monitor_options(agentmend_settings))
     try:
         yield AgentTeam(agentmend_team_dir, agentmend_runtime, monitor=monitor)
     finally:

@@ -3,19 +3,21 @@
 Reading never opens a ``PerformanceMonitor`` (whose start-up replays the history) and never
 writes: per-agent totals and the charts come from the downsampled series the monitor keeps as
 runs arrive (``infrastructure.monitoring.run_series``), recent figures from each agent's last
-runs through the executions index, changes from the change log, cycles by replaying their
-recorded events, and the audit trail with its chain check.
+runs through the executions index, changes from the change log, the latest cycles by folding their
+recorded events (read in one pass), and the audit trail with its chain check.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from agents.loop.cycle import CycleResult, list_cycle_ids, replay_cycle
+from agents.loop.cycle import CycleResult
+from agents.loop.cycle_history import CycleSummary, cycle_summaries, latest_cycles
 from infrastructure.changes.audit import AuditEntry
 from infrastructure.changes.audit_verification import ChainVerification
 from infrastructure.changes.improvement_manager import ImprovementManager
@@ -24,6 +26,7 @@ from infrastructure.monitoring.agent_window import RUN
 from infrastructure.monitoring.detection import CHART_OF_KIND
 from infrastructure.monitoring.issue_ledger import read_active_issues, read_detector_states
 from infrastructure.monitoring.run_series import SeriesPoint, read_series
+from infrastructure.read_snapshot import read_snapshot
 from infrastructure.store import Store
 
 __all__ = [
@@ -128,8 +131,9 @@ def _baseline_runs(conn: sqlite3.Connection, agent: str, cap: int) -> int:
 
 
 def agent_statuses(store: Store, *, baseline_n: int) -> list[AgentStatus]:
-    """Every agent with runs, by name: totals, recent figures, baseline fill, detector state."""
-    with store.transaction() as conn:
+    """Every agent with runs, by name: totals, recent figures, baseline fill, detector state
+    (one read snapshot, which never holds up a monitor writing runs)."""
+    with read_snapshot(store) as conn:
         if not _has_table(conn, "run_totals"):
             return []
         totals = conn.execute(
@@ -189,10 +193,12 @@ class ReportData:
     changes: list[ChangeRecord]
     cycles: list[CycleResult]
     """The latest cycles, newest first, in full."""
-    older_cycles: list[CycleResult]
+    older_cycles: list[CycleSummary]
     """Cycles beyond the latest, newest first, shown as a table."""
     audit: list[AuditEntry]
     chain: ChainVerification
+    chain_ms: float = 0.0
+    """How long verifying the whole chain took: every row's hash and link, and the head."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -208,15 +214,20 @@ def collect_report(
     max_points: int = 200,
 ) -> ReportData:
     """Read what the page shows; ``full_cycles`` latest cycles in full, the rest summarised."""
-    cycle_ids = list(reversed(list_cycle_ids(store, limit=max_cycles)))
-    cycles = [replay_cycle(store, cycle_id) for cycle_id in cycle_ids]
+    full = min(full_cycles, max_cycles)
+    cycles = latest_cycles(store, limit=full)
+    older = cycle_summaries(store, skip=full, limit=max_cycles - full)
+    started = time.perf_counter()
+    chain = manager.verify_audit_chain(repair=False)  # the whole chain, once: never a sample
+    chain_ms = (time.perf_counter() - started) * 1000
     return ReportData(
         generated_at=datetime.now(UTC),
         agents=agent_statuses(store, baseline_n=baseline_n),
         series=read_series(store, max_points=max_points),
         changes=manager.get_history(limit=max_changes),
-        cycles=cycles[:full_cycles],
-        older_cycles=cycles[full_cycles:],
+        cycles=cycles,
+        older_cycles=older,
         audit=manager.audit.entries(limit=max_audit_rows),
-        chain=manager.verify_audit_chain(repair=False),
+        chain=chain,
+        chain_ms=chain_ms,
     )

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from agents.faces.report_data import AgentStatus, ReportData
 from agents.loop.cycle import CycleResult
+from agents.loop.cycle_history import CycleSummary
 from infrastructure.models import ChangeRecord, ChangeStatus
 from infrastructure.monitoring.run_series import SeriesPoint
 
@@ -262,7 +263,7 @@ def _cycle(cycle: CycleResult) -> str:
     return "".join(parts)
 
 
-def _older_cycles(cycles: Sequence[CycleResult]) -> str:
+def _older_cycles(cycles: Sequence[CycleSummary]) -> str:
     if not cycles:
         return ""
     rows = "".join(
@@ -280,12 +281,14 @@ def _older_cycles(cycles: Sequence[CycleResult]) -> str:
 def _audit(data: ReportData) -> str:
     chain = data.chain
     verdict = (
-        f'<p class="ok" id="chain">audit chain verified ({chain.rows_checked} rows)</p>'
+        f'<p class="ok" id="chain">audit chain verified: every hash and link of its '
+        f"{chain.rows_checked} rows and its head checked in {data.chain_ms:.0f} ms</p>"
         if chain.ok
         else '<p class="bad" id="chain">audit chain does NOT verify: '
         + _e("; ".join(f"{p.kind}: {p.detail}" for p in chain.problems))
         + "</p>"
     )
+    verdict += "".join(f"<p class='muted'>{_e(note)}</p>" for note in chain.notes)
     rows = "".join(
         f"<tr data-agent='{_e(entry.agent_name)}'><td class='num'>{entry.id}</td>"
         f"<td>{_e(_when(entry.timestamp))}</td><td>{_e(entry.agent_name)}</td>"
@@ -309,10 +312,8 @@ def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
     else:
         span = (0.0, 1.0)
     issues_by_agent: dict[str, list[tuple[datetime, str]]] = {}
-    for cycle in [*data.cycles, *data.older_cycles]:
-        issues_by_agent.setdefault(cycle.issue.agent_name, []).append(
-            (cycle.issue.timestamp, cycle.issue.error_type)
-        )
+    for issue in [c.issue for c in data.cycles] + [c.issue for c in data.older_cycles]:
+        issues_by_agent.setdefault(issue.agent_name, []).append((issue.timestamp, issue.error_type))
     changes_by_agent: dict[str, list[ChangeRecord]] = {}
     for change in data.changes:
         changes_by_agent.setdefault(change.action.target_agent, []).append(change)
@@ -335,6 +336,8 @@ def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
         "changes": len(data.changes),
         "cycles": len(data.cycles) + len(data.older_cycles),
         "audit_verified": data.chain.ok,
+        "audit_rows_checked": data.chain.rows_checked,
+        "audit_verify_ms": round(data.chain_ms, 1),
     }
     notes = "".join(f"<p class='muted'>{_e(note)}</p>" for note in data.notes)
     return (

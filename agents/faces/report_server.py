@@ -1,8 +1,10 @@
 """``agentmend serve``: the report page, live from the store, on 127.0.0.1 only.
 
-Read-only: GET only, every other method is refused. Each request renders the page afresh from
-the store; the page then fetches ``/main`` every few seconds and swaps it in, so new runs show
-without a reload (with JavaScript off it is the static page of that moment).
+Read-only: GET only, every other method is refused. A request gets the page as the store is
+now: it is rendered again when the store changed since the last rendering (``LatestPage``: the
+database's commits and the audit head file), else the last one is served, so an idle store costs
+nothing however often the page asks. The page fetches ``/main`` every few seconds and swaps it
+in, so new runs show without a reload (with JavaScript off it is the static page of that moment).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
-__all__ = ["LIVE_SCRIPT", "serve"]
+__all__ = ["LIVE_SCRIPT", "LatestPage", "serve"]
 
 LIVE_SCRIPT = """
 <script>(function(){function tick(){fetch('/main',{cache:'no-store'}).then(function(r){
@@ -24,6 +26,28 @@ nb.dispatchEvent(new Event('input'));}}).catch(function(){});}setInterval(tick,3
 </script>"""
 
 _MAIN = re.compile(r"<main>(.*)</main>", re.S)
+
+
+class LatestPage:
+    """The page, rendered again only when ``version()`` differs from the last rendering's.
+
+    The version is taken before rendering, so a change that lands during a rendering makes
+    the next request render again rather than being taken as shown.
+    """
+
+    def __init__(self, render: Callable[[], str], version: Callable[[], object]) -> None:
+        self.render = render
+        self.version = version
+        self.renderings = 0
+        self._page: str | None = None
+        self._key: object = None
+
+    def __call__(self) -> str:
+        key = self.version()
+        if self._page is None or key != self._key:
+            self._page, self._key = self.render(), key
+            self.renderings += 1
+        return self._page
 
 
 def _handler(render: Callable[[], str]) -> type[BaseHTTPRequestHandler]:
@@ -61,13 +85,25 @@ def _handler(render: Callable[[], str]) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve(opened: Any, *, port: int, render: Callable[..., str]) -> int:
+def serve(
+    opened: Any,
+    *,
+    port: int,
+    render: Callable[..., str],
+    version: Callable[[], object] | None = None,
+) -> int:
     """Serve until interrupted; prints the address first (``port=0`` picks a free one).
+
+    ``version()`` says what the page depends on (see ``LatestPage``); without it every request
+    renders the page afresh.
 
     Raises:
         OSError: the port cannot be bound (taken, or not allowed).
     """
-    server = HTTPServer(("127.0.0.1", port), _handler(lambda: render(opened)))
+    page: Callable[[], str] = lambda: render(opened)  # noqa: E731
+    if version is not None:
+        page = LatestPage(page, version)
+    server = HTTPServer(("127.0.0.1", port), _handler(page))
     try:
         host, bound = server.server_address[:2]
         sys.stdout.write(f"serving the report on http://{host!s}:{bound}/ (Ctrl-C stops)\n")

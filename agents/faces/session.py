@@ -316,6 +316,15 @@ class Session:
                     style="yellow",
                 )
             )
+        refused = orchestrator.monitor.backlog_status().refused
+        if refused:
+            self.console.print(
+                Text(
+                    f"{refused} runs refused because the record backlog was full "
+                    "(record() outran the store; see AGENTMEND_MAX_RECORD_BACKLOG)",
+                    style="yellow",
+                )
+            )
         for stem, error in orchestrator.team.broken.items():
             self.console.print(Text(f"{stem}: definition broken: {error}", style="red"))
         check = orchestrator.manager.verify_audit_chain(repair=False)

@@ -39,7 +39,8 @@ from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime, RuntimeBase
 from infrastructure.monitoring.issue_ledger import IssueLedger
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor, monitor_options
+from infrastructure.retention import RetentionPolicy, RetentionSweeper
 from infrastructure.settings import Provider, Settings, load_settings
 from infrastructure.store import Store
 
@@ -149,6 +150,9 @@ class Workspace:
         self._runtimes: list[AgentRuntime] = []
         self._orchestrators: list[MetaOrchestrator] = []
         self._closed = False
+        policy = RetentionPolicy.of(settings)
+        # old runs and decisions are pruned in the background when a policy is set
+        self._sweeper = RetentionSweeper(store, policy) if policy.enabled else None
 
     @classmethod
     def open(
@@ -218,7 +222,7 @@ class Workspace:
             # a change watched on live runs is not undone but continued: judged on the runs
             # recorded so far, so a watch whose process died is decided here if it can be
             ChangeWatcher(manager).continue_all()
-            monitor = PerformanceMonitor(store, baseline_n=settings.baseline_n)
+            monitor = PerformanceMonitor(store, **monitor_options(settings))
             # the detector's tables exist from the open on, so that a request that fails later
             # (an unknown agent, say) leaves the store as it found it
             IssueLedger(store)
@@ -294,6 +298,8 @@ class Workspace:
         self._closed = True
         for orchestrator in self._orchestrators:
             orchestrator.close()
+        if self._sweeper is not None:
+            self._sweeper.close()
         self.monitor.close()
         self.manager.close()
         self.store.close()

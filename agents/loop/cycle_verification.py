@@ -21,6 +21,10 @@ A keep that only the weaker check supports starts no new detection baseline
 Every run is recorded in the monitor apart from production runs (``source="verification"``),
 so proving a fix never feeds detection.
 
+Each eval run, as it finishes, is counted against the runs its phase will make
+(``CycleVerifier.on_eval_run``, an ``EvalProgress``), so a face can show "7 of 12" while a
+suite runs: a suite is cases times repeats, the sample query one run.
+
 Runs that fail transiently (rate limit, overload, server error, connection) are run again
 (``RetryTransient``): the weather of the API is not what a change is judged on, and counting it
 would roll back good fixes at random. Configuration faults are never retried: they are what is
@@ -29,8 +33,9 @@ measured.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from agents.roles.team import AgentTeam
 from infrastructure.errors import InvalidArgument
@@ -55,6 +60,8 @@ __all__ = [
     "NEW_BASELINE",
     "BeforeRun",
     "CycleVerifier",
+    "EvalProgress",
+    "OnEvalRun",
     "RetryTransient",
     "baseline_agents",
     "fresh_baselines",
@@ -97,6 +104,31 @@ class RetryTransient(RuntimeBase):
         return result
 
 
+@dataclass(frozen=True, slots=True)
+class EvalProgress:
+    """The eval runs of one phase of a verification, as one of them finishes.
+
+    ``phase`` is ``reproduce`` (the agent as it is, to gather evidence), ``before`` (the
+    targets' definitions before the change) or ``after`` (one target after it); ``agents``
+    are the agents the phase runs. ``total`` counts every run the phase makes (a retried
+    transient failure is still one run).
+    """
+
+    phase: Literal["reproduce", "before", "after"]
+    agents: tuple[str, ...]
+    done: int
+    total: int
+
+
+OnEvalRun = Callable[[EvalProgress], object]
+"""Called with an ``EvalProgress`` after each eval run, before the next one is counted."""
+
+
+def _runs_of(suite: EvalSuite | None) -> int:
+    """How many runs a suite makes (every case, every repeat); the sample query makes one."""
+    return len(suite.cases) * suite.repeats if suite is not None else 1
+
+
 def passes_everything(run: BeforeRun) -> bool:
     """Whether a run before the change passes everything (a change has nothing to fix): every
     case of a suite by majority, or the sample query."""
@@ -116,6 +148,8 @@ class CycleVerifier:
     def __init__(self, team: AgentTeam, *, attempts: int = 3) -> None:
         self.team = team
         self.runtime = RetryTransient(team.runtime, attempts)
+        self.on_eval_run: OnEvalRun | None = None
+        """Told of each eval run as it finishes (a face's progress display); None: nobody."""
 
     def load_suites(self, names: Sequence[str]) -> dict[str, EvalSuite | None]:
         """The suites of the agents ``names`` (None: no suite), read now, before any change.
@@ -134,6 +168,22 @@ class CycleVerifier:
     def _record(self, run: CaseRun) -> None:
         self.team.record(run.result, source=VERIFICATION)
 
+    def _counting(
+        self, phase: Literal["reproduce", "before", "after"], agents: Sequence[str], total: int
+    ) -> Callable[[CaseRun], None]:
+        """A recorder of the phase's runs that also reports each as done of ``total``."""
+        done = 0
+        names = tuple(agents)
+
+        def record(run: CaseRun) -> None:
+            nonlocal done
+            self._record(run)
+            done += 1
+            if self.on_eval_run is not None:
+                self.on_eval_run(EvalProgress(phase, names, done, total))
+
+        return record
+
     async def reproduce(self, name: str) -> list[str]:
         """Run agent ``name`` as it is now on its eval suite (else the sample query), once.
 
@@ -144,9 +194,10 @@ class CycleVerifier:
         spec = self.team.spec(name)
         suite = find_eval_suite(spec)
         failures: list[str] = []
+        record = self._counting("reproduce", [name], _runs_of(suite))
 
         def collect(run: CaseRun) -> None:
-            self._record(run)
+            record(run)
             error = run.result.error
             if error is not None:
                 failures.append(f"{error.kind.value}: {error.message}")
@@ -169,18 +220,18 @@ class CycleVerifier:
         A target with no definition before the change (one the change creates) has no run.
         """
         before: dict[str, BeforeRun] = {}
+        existing = [name for name, old_spec in targets.items() if old_spec is not None]
+        record = self._counting(
+            "before", existing, sum(_runs_of(suites.get(name)) for name in existing)
+        )
         for name, old_spec in targets.items():
             if old_spec is None:
                 continue
             suite = suites.get(name)
             if suite is not None:
-                before[name] = await run_suite(
-                    self.runtime, old_spec, suite, on_result=self._record
-                )
+                before[name] = await run_suite(self.runtime, old_spec, suite, on_result=record)
             else:
-                before[name] = await run_sample_query(
-                    self.runtime, old_spec, on_result=self._record
-                )
+                before[name] = await run_sample_query(self.runtime, old_spec, on_result=record)
         return before
 
     async def verify(
@@ -207,7 +258,8 @@ class CycleVerifier:
                 weaker=True,
             )
         if suite is not None and isinstance(before, SuiteRun):
-            after = await run_suite(self.runtime, spec, suite, on_result=self._record)
+            record = self._counting("after", [name], _runs_of(suite))
+            after = await run_suite(self.runtime, spec, suite, on_result=record)
             return compare(before, after)
         if not isinstance(before, SampleRun):
             before = SampleRun(
@@ -217,7 +269,8 @@ class CycleVerifier:
                 detail=f"agent {name!r} did not exist before the change",
                 duration_ms=0.0,
             )
-        return await sample_query_check(self.runtime, spec, before=before, on_result=self._record)
+        record = self._counting("after", [name], 1)
+        return await sample_query_check(self.runtime, spec, before=before, on_result=record)
 
 
 def not_reproduced_reason(before: Mapping[str, BeforeRun]) -> str:

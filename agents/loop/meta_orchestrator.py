@@ -48,7 +48,7 @@ from infrastructure.llm.base import AgentRuntime, ToolSpec
 from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.issue_ledger import IssueLedger
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor, monitor_options
 from infrastructure.principal import Principal
 from infrastructure.settings import Settings, load_settings
 from infrastructure.simulation import SimulatedRuntime
@@ -138,7 +138,7 @@ class MetaOrchestrator:
     ) -> None:
         check_team_names(team.names)  # before anything is opened
         self.settings = settings if settings is not None else load_settings()
-        self._owned: list[Callable[[], None]] = []
+        self._owned: list[Callable[[], object]] = []
         if store is None:
             base = Path(workspace) if workspace is not None else self.settings.workspace
             store = Store(base / "agentmend.db")
@@ -146,7 +146,7 @@ class MetaOrchestrator:
         self.store = store
         self.team = team
         if team.monitor is None:
-            team.monitor = PerformanceMonitor(store, baseline_n=self.settings.baseline_n)
+            team.monitor = PerformanceMonitor(store, **monitor_options(self.settings))
             self._owned.insert(0, team.monitor.close)
         self.monitor: PerformanceMonitor = team.monitor
         self.detector = detector or IssueDetector(
@@ -298,7 +298,7 @@ class MetaOrchestrator:
         runtime = runtime if runtime is not None else SimulatedRuntime(seed)
         own_store = store is None
         store = store if store is not None else Store(folder / ".agent" / "agentmend.db")
-        monitor = PerformanceMonitor(store, baseline_n=settings.baseline_n)
+        monitor = PerformanceMonitor(store, **monitor_options(settings))
         team = AgentTeam(folder, runtime, monitor=monitor)
         orchestrator = cls(
             team,

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from itertools import chain
 from typing import Any, NamedTuple
 
-from infrastructure.monitoring import run_series
+from infrastructure.monitoring import execution_rollup, run_series
 from infrastructure.monitoring.agent_window import (
     RECENT_ERRORS,
     RUN,
@@ -104,6 +104,7 @@ class ExecutionStore:
     def __init__(self, store: Store, writer: str) -> None:
         store.migrate(_COMPONENT, _MIGRATIONS)
         store.migrate(run_series.COMPONENT, run_series.MIGRATIONS)  # after: it reads executions
+        store.migrate(execution_rollup.COMPONENT, execution_rollup.MIGRATIONS)
         self.store = store
         self.writer = writer  # hex, safe to inline: own rows are told apart by it
         self.seen_id = 0  # every foreign row with id <= seen_id has been ingested
@@ -123,6 +124,7 @@ class ExecutionStore:
             if full < len(rows):
                 conn.executemany(self._insert_one, rows[full:])
             run_series.add_runs(conn, rows)  # same transaction: the series never drifts
+            execution_rollup.add_runs(conn, rows)  # nor the totals opening reads
 
     def read_foreign(
         self, active_epoch: Callable[[str], int | None], capacity: int
@@ -167,15 +169,11 @@ class ExecutionStore:
             self.seen_id = upto = int(
                 conn.execute("SELECT COALESCE(MAX(id), 0) FROM executions").fetchone()[0]
             )
-            totals = conn.execute(
-                "SELECT agent, source, COUNT(*), SUM(1 - success), SUM(input_tokens),"
-                " SUM(output_tokens), SUM(cost_usd) FROM executions GROUP BY agent, source"
-            ).fetchall()
-            for total in totals:
+            for total in execution_rollup.read_totals(conn):
                 if total[1] in SOURCES:
                     stats[total[1]][total[0]] = _load_stats(conn, total, upto, window)
             for (agent,) in conn.execute(
-                "SELECT DISTINCT agent FROM executions WHERE source = ?"
+                "SELECT agent FROM execution_totals WHERE source = ?"
                 " UNION SELECT agent FROM baseline_epochs",
                 (RUN,),
             ).fetchall():
@@ -184,36 +182,55 @@ class ExecutionStore:
                     (agent,),
                 ).fetchone()
                 epoch = int(row[0]) if row else 0
-                baselines[agent] = self.load_baseline(agent, epoch, capacity)
+                baselines[agent] = self.load_baseline(agent, epoch, capacity, counted=True)
                 if epoch and agent in stats[RUN]:
                     _split_errors(conn, stats[RUN][agent], agent, epoch, upto)
         finally:
             conn.execute("COMMIT")
         return LoadedState(stats, baselines)
 
-    def load_baseline(self, agent: str, epoch: int, capacity: int) -> Baseline:
+    def load_baseline(
+        self, agent: str, epoch: int, capacity: int, *, counted: bool = False
+    ) -> Baseline:
         """Rebuild a baseline from its segments, from the runs the caller has ingested
-        (foreign rows up to ``seen_id`` and every row of its own)."""
+        (foreign rows up to ``seen_id`` and every row of its own).
+
+        Each segment is read as an id range of the ``(agent, source, id)`` index, so the
+        sample costs O(capacity) wherever the epoch starts. ``counted``: every row is ingested
+        (a monitor opening), so the epoch's run count is read from its rollup instead of
+        counted over all its rows.
+        """
         conn = self.store.connection()
-        segments = conn.execute(
-            "SELECT start_id, end_id FROM baseline_segments WHERE agent = ? AND epoch = ?",
-            (agent, epoch),
-        ).fetchall() or [(0, None)]
-        clauses: list[str] = []
-        params: list[Any] = [agent, RUN, self.seen_id, self.writer]
-        for start, end in segments:
-            clauses.append("(id > ?)" if end is None else "(id > ? AND id <= ?)")
-            params.extend((start,) if end is None else (start, end))
-        where = f"agent = ? AND source = ? AND (id <= ? OR writer = ?) AND ({' OR '.join(clauses)})"
-        base = Baseline(agent, epoch, capacity)
-        sample = conn.execute(
-            f"SELECT success, duration_ms FROM executions WHERE {where} ORDER BY id LIMIT ?",
-            (*params, capacity),
-        ).fetchall()
-        base._extend([bool(ok) for ok, _ in sample], [float(d) for _, d in sample])
-        base.runs = int(
-            conn.execute(f"SELECT COUNT(*) FROM executions WHERE {where}", params).fetchone()[0]
+        segments = sorted(
+            conn.execute(
+                "SELECT start_id, end_id FROM baseline_segments WHERE agent = ? AND epoch = ?",
+                (agent, epoch),
+            ).fetchall()
+            or [(0, None)]
         )
+        base = Baseline(agent, epoch, capacity)
+        runs = 0
+        for start, end in segments:
+            where = "agent = ? AND source = ? AND id > ? AND (id <= ? OR writer = ?)"
+            params: list[Any] = [agent, RUN, start, self.seen_id, self.writer]
+            if end is not None:
+                where += " AND id <= ?"
+                params.append(end)
+            room = capacity - base.n
+            if room > 0:
+                sample = conn.execute(
+                    f"SELECT success, duration_ms FROM executions WHERE {where}"
+                    " ORDER BY id LIMIT ?",
+                    (*params, room),
+                ).fetchall()
+                base._extend([bool(ok) for ok, _ in sample], [float(d) for _, d in sample])
+            if not counted:
+                runs += int(
+                    conn.execute(
+                        f"SELECT COUNT(*) FROM executions WHERE {where}", params
+                    ).fetchone()[0]
+                )
+        base.runs = execution_rollup.baseline_runs(conn, agent, epoch) if counted else runs
         return base
 
     def start_epoch(self, agent: str, label: str | None = None) -> int:
@@ -279,29 +296,19 @@ class ExecutionStore:
 def _load_stats(
     conn: sqlite3.Connection, total: tuple[Any, ...], upto: int, window: int
 ) -> AgentStats:
-    """One agent's counters for one source from its ``GROUP BY`` totals row, as of row ``upto``."""
-    agent, source, count, failures, tin, tout, cost = total
+    """One agent's counters for one source from its rollup row, as of row ``upto``."""
+    agent, source, count, failures, tin, tout, cost, streak = total
     key = (agent, source, upto)
     st = AgentStats(window)
     st.executions, st.failures = int(count), int(failures)
     st.input_tokens, st.output_tokens, st.cost_usd = int(tin), int(tout), float(cost)
+    st.consecutive_failures = int(streak)
     recent = conn.execute(
         "SELECT success, duration_ms FROM executions WHERE agent = ? AND source = ?"
         " AND id <= ? ORDER BY id DESC LIMIT ?",
         (*key, window),
     ).fetchall()
     st.window.extend((bool(ok), float(d)) for ok, d in reversed(recent))
-    last_ok = conn.execute(
-        "SELECT COALESCE(MAX(id), 0) FROM (SELECT id FROM executions WHERE agent = ?"
-        " AND source = ? AND id <= ? AND success = 1 ORDER BY id DESC LIMIT 1)",
-        key,
-    ).fetchone()[0]
-    st.consecutive_failures = int(
-        conn.execute(
-            "SELECT COUNT(*) FROM executions WHERE agent = ? AND source = ? AND id <= ? AND id > ?",
-            (*key, last_ok),
-        ).fetchone()[0]
-    )
     errors = conn.execute(
         "SELECT error FROM executions WHERE agent = ? AND source = ? AND id <= ?"
         " AND error IS NOT NULL AND error != '' ORDER BY id DESC LIMIT ?",

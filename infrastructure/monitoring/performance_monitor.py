@@ -16,10 +16,15 @@ Durability contract (store-backed): a run is durable once a flush has committed 
 commits every ``flush_interval_s`` (default 0.2 s) and is woken early when ``flush_max_batch``
 (default 1000) runs are waiting, so a crash loses at most the runs recorded in the last
 ``flush_interval_s`` plus the time one write takes (longer only while another process holds
-the database lock, up to the store's busy timeout). ``flush()`` and ``close()`` (also run at
-interpreter exit) make everything recorded so far durable; runs a failed ``close()`` could not
-write are kept and written by the next ``close()``, ``flush()`` or the exit hook, which logs
-how many runs are lost if its write fails too.
+the database lock, up to the store's busy timeout). ``flush()`` makes everything recorded so
+far durable, and ``close()`` (also run at interpreter exit) does too within its deadline
+(``close_timeout_s``); runs a failed or timed-out ``close()`` could not write are kept, reported
+and written by the next ``close()`` or ``flush()``, and the exit hook logs how many runs are
+lost if it cannot write them either. Writes go in transactions of at most 10,000 runs.
+
+Memory is bounded: at most ``max_backlog`` runs wait between ``record()`` and the store; past
+that ``record()`` waits for the writer or refuses the run, and counts it (see
+:mod:`infrastructure.monitoring.record_backlog`). A run ``record()`` accepted is never dropped.
 
 Sources: ``record(..., source="verification")`` stores a run apart. Verification runs are
 persisted and have their own metrics (``get_metrics(source="verification")``) but never feed
@@ -46,7 +51,7 @@ import weakref
 from collections import deque
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from infrastructure.errors import AgentmendError, ConfigurationError, StoreError
 from infrastructure.models import AgentMetrics, ExecutionRecord
@@ -60,6 +65,12 @@ from infrastructure.monitoring.agent_window import (
     log_duration,
 )
 from infrastructure.monitoring.execution_store import ExecutionStore
+from infrastructure.monitoring.record_backlog import (
+    DEFAULT_MAX_BACKLOG,
+    DEFAULT_WAIT_S,
+    BacklogGate,
+    BacklogStatus,
+)
 from infrastructure.monitoring.run_feed import EventCursor, RunChunk, RunFeed
 from infrastructure.monitoring.run_tracker import Tracker
 from infrastructure.store import Store
@@ -69,6 +80,7 @@ __all__ = [
     "RUN",
     "SOURCES",
     "VERIFICATION",
+    "BacklogStatus",
     "Baseline",
     "EventCursor",
     "InvalidExecution",
@@ -77,11 +89,19 @@ __all__ = [
     "RunChunk",
     "Tracker",
     "log_duration",
+    "monitor_options",
 ]
+
+if TYPE_CHECKING:
+    from infrastructure.settings import Settings
 
 log = get_logger(__name__)
 
 _MAX_BASELINE_STACK = 32  # kept changes remembered for restore_baseline
+# Runs per write transaction: a bounded WAL and a bounded wait for close() and the writer's
+# waiters, at a few percent of the rate one huge transaction would reach.
+_WRITE_CHUNK = 10_000
+DEFAULT_CLOSE_TIMEOUT_S = 10.0
 _agent_source = itemgetter(0, 1)
 _success, _duration = itemgetter(2), itemgetter(3)
 
@@ -118,6 +138,14 @@ class PerformanceMonitor:
         flush_max_batch: wake the flusher early once this many runs are waiting.
         detection_backlog: runs kept for detectors (a detector checked less often than this
             many runs skips the oldest and counts them in its cursor's ``missed``).
+        max_backlog: the most runs held between ``record()`` and the store (see
+            :mod:`infrastructure.monitoring.record_backlog`); bounds the monitor's memory.
+        backlog_policy: what ``record()`` does when the backlog is full: ``"wait"`` for the
+            writer up to ``backlog_wait_s``, then refuse; or ``"drop"`` the run at once.
+            Refused runs are counted in :meth:`backlog_status` and logged once per episode.
+        backlog_wait_s: the longest ``record()`` waits for room under ``"wait"``.
+        close_timeout_s: how long ``close()`` (and the exit hook) writes before it gives up
+            and reports what it could not write; None writes everything however long it takes.
     """
 
     def __init__(
@@ -129,6 +157,10 @@ class PerformanceMonitor:
         flush_interval_s: float = 0.2,
         flush_max_batch: int = 1000,
         detection_backlog: int = 10_000,
+        max_backlog: int = DEFAULT_MAX_BACKLOG,
+        backlog_policy: str = "wait",
+        backlog_wait_s: float = DEFAULT_WAIT_S,
+        close_timeout_s: float | None = DEFAULT_CLOSE_TIMEOUT_S,
     ) -> None:
         for name, value in (
             ("window", window),
@@ -142,6 +174,14 @@ class PerformanceMonitor:
             raise ConfigurationError(
                 f"PerformanceMonitor: flush_interval_s must be > 0, got {flush_interval_s}"
             )
+        if close_timeout_s is not None and not close_timeout_s >= 0:
+            raise ConfigurationError(
+                f"PerformanceMonitor: close_timeout_s must be >= 0 or None, got {close_timeout_s}"
+            )
+        self._gate = BacklogGate(max_backlog, backlog_policy, backlog_wait_s)
+        self._room = max_backlog  # runs the buffer may take: max_backlog - len(_unwritten)
+        self.close_timeout_s = close_timeout_s
+        self._unwritten_at_close = 0
         self.store = store
         self.window = window
         self.baseline_n = baseline_n
@@ -157,6 +197,7 @@ class PerformanceMonitor:
         self._epochs: dict[str, int] = {}  # highest epoch number used per agent
         self._feed = RunFeed(detection_backlog)
         self._unwritten: list[Row] = []
+        self._closing: deque[Row] = deque()  # runs close() took from the buffer, not yet ingested
         self._write_error: str | None = None  # why the last write failed; None once one works
         self._closed = False
         self._table = ExecutionStore(store, uuid.uuid4().hex) if store is not None else None
@@ -191,6 +232,10 @@ class PerformanceMonitor:
         self._state_lock = threading.RLock()
         self._write_lock = threading.Lock()
         self._unwritten = []
+        self._closing = deque()
+        self._unwritten_at_close = 0
+        self._room = self._gate.limit
+        self._gate.reinit_after_fork()
         if self._closed:
             return
         self._buffer = deque()
@@ -258,6 +303,10 @@ class PerformanceMonitor:
                 agent_name, success, duration_ms, input_tokens, output_tokens, cost_usd, source
             )
         buffer = self._buffer
+        if len(buffer) >= self._room:  # the backlog is full: wait for room or refuse
+            if not self._admit():
+                return
+            buffer = self._buffer  # a close() while waiting swapped it, to refuse the run
         buffer.append(
             (
                 agent_name,
@@ -278,6 +327,21 @@ class PerformanceMonitor:
             self._waking = True
             self._wake.set()
 
+    def _admit(self) -> bool:
+        """``record()``'s slow path, the backlog being full: wait for room or refuse by policy."""
+        if self._closed:
+            return True  # the closed buffer refuses the run with MonitorClosed
+        if not self._waking:
+            self._waking = True
+            self._wake.set()
+        return self._gate.admit(
+            self._has_room,
+            may_wait=self._write_error is None and threading.current_thread() is not self._thread,
+        )
+
+    def _has_room(self) -> bool:
+        return self._closed or len(self._buffer) < self._room
+
     def _record_model(self, record: object, source: str) -> None:
         if not isinstance(record, ExecutionRecord):
             raise InvalidExecution(
@@ -286,6 +350,8 @@ class PerformanceMonitor:
             )
         if source not in SOURCES:
             raise InvalidExecution(f"record(): source must be one of {SOURCES}, got {source!r}")
+        if len(self._buffer) >= self._room and not self._admit():
+            return
         self._buffer.append(
             (
                 record.agent_name,
@@ -432,17 +498,23 @@ class PerformanceMonitor:
 
     # ----------------------------------------------------------------- ingestion
 
-    def _drain(self) -> None:
-        """Move buffered runs into per-agent state (caller holds ``_state_lock``)."""
-        buffer = self._buffer
-        count = len(buffer)
+    def _drain(self, buffer: deque[Row] | None = None, limit: int | None = None) -> None:
+        """Move buffered runs into per-agent state (caller holds ``_state_lock``): the
+        record buffer's, or up to ``limit`` of ``buffer``'s."""
+        source = self._buffer if buffer is None else buffer
+        count = len(source) if limit is None else min(limit, len(source))
         if not count:
             return
-        pop = buffer.popleft  # type: ignore[union-attr]
+        if self._table is not None:  # still pending once out of the buffer: no room made
+            self._room = self._gate.limit - len(self._unwritten) - count
+        pop = source.popleft  # type: ignore[union-attr]  # not the closed buffer: it is empty
         batch = [pop() for _ in range(count)]
         self._ingest(batch)
         if self._table is not None:
             self._unwritten.extend(batch)
+            self._room = self._gate.limit - len(self._unwritten)
+        else:
+            self._gate.freed(True)
 
     def _ingest(self, rows: list[Row]) -> None:
         """Apply a batch, one vectorised step per (agent, source) in run order per agent."""
@@ -472,27 +544,51 @@ class PerformanceMonitor:
     def flush(self) -> None:
         """Make every run recorded so far durable (a no-op in memory).
 
+        Writes in transactions of at most 10,000 runs, so the write-ahead log stays small
+        however large the backlog.
+
         Raises:
-            StoreError: the write failed; the runs stay buffered and are retried.
+            StoreError: a write failed; the runs not yet written stay buffered and are retried.
         """
         with self._write_lock:
             self._write_unwritten()
 
-    def _write_unwritten(self) -> None:
-        """Drain and write (caller holds ``_write_lock``; I/O outside the state lock)."""
+    def _write_unwritten(self, deadline: float | None = None, *, chunks: int | None = None) -> None:
+        """Drain, then write in bounded transactions until nothing is left, ``deadline``
+        (a ``time.monotonic()`` value) has passed or ``chunks`` transactions were written.
+
+        The caller holds ``_write_lock``; I/O happens outside the state lock. A run leaves
+        ``_unwritten`` only once its transaction has committed, so a failed write loses none.
+        """
         with self._state_lock:
             self._drain()
-            batch, self._unwritten = self._unwritten, []
-        if not batch or self._table is None:
+        table = self._table
+        if table is None:
             return
-        try:
-            self._table.insert(batch)
-        except Exception as exc:
+        written = 0
+        while chunks is None or written < chunks:
+            if deadline is not None and time.monotonic() >= deadline:
+                return
             with self._state_lock:
-                self._unwritten[:0] = batch
-            self._write_error = f"{type(exc).__name__}: {exc}"
-            raise StoreError(f"cannot write {len(batch)} runs to the store: {exc}") from exc
-        self._write_error = None
+                if len(self._unwritten) < _WRITE_CHUNK and self._closing:
+                    # after close(): ingested a chunk at a time, so the deadline holds
+                    self._drain(self._closing, _WRITE_CHUNK)
+                batch = self._unwritten[:_WRITE_CHUNK]
+            if not batch:
+                return
+            try:
+                table.insert(batch)
+            except Exception as exc:
+                self._write_error = f"{type(exc).__name__}: {exc}"
+                raise StoreError(f"cannot write {len(batch)} runs to the store: {exc}") from exc
+            self._write_error = None
+            with self._state_lock:
+                del self._unwritten[: len(batch)]
+                self._room = self._gate.limit - len(self._unwritten)
+                # an episode of refusals ends once the backlog is down to half its bound
+                has_room = len(self._buffer) + len(self._unwritten) <= self._gate.limit // 2
+            self._gate.freed(has_room)
+            written += 1
 
     def write_backlog(self) -> tuple[int, str | None]:
         """(runs recorded but not yet in the store, why the last write failed or None).
@@ -501,43 +597,82 @@ class PerformanceMonitor:
         writer keeps the runs and retries; this is what a status shows meanwhile.
         """
         with self._state_lock:
-            count = len(self._unwritten) + len(self._buffer)
+            count = len(self._unwritten) + len(self._buffer) + len(self._closing)
         return count, self._write_error
 
-    def _background_flush(self) -> None:
-        with self._write_lock:
-            self._write_unwritten()
+    def backlog_status(self) -> BacklogStatus:
+        """The runs between ``record()`` and the store: pending, the bound, what was refused."""
+        with self._state_lock:
+            pending = len(self._unwritten) + len(self._buffer) + len(self._closing)
+        gate = self._gate
+        return BacklogStatus(
+            pending=pending,
+            limit=gate.limit,
+            policy=gate.policy,
+            refused=gate.refused,
+            unwritten_at_close=self._unwritten_at_close,
+            write_error=self._write_error,
+        )
 
-    def close(self) -> None:
+    def _background_flush(self) -> None:
+        # One transaction per hold of the write lock, so close(), flush() and baseline changes
+        # wait for one bounded write, never for the whole backlog.
+        while not self._closed:
+            with self._write_lock:
+                if self._closed:
+                    return
+                self._write_unwritten(chunks=1)
+                if not self._unwritten:
+                    return
+
+    def close(self, *, timeout_s: float | None = None) -> int:
         """Flush, stop the flusher and refuse further runs. Also run at interpreter exit.
 
+        Writes in bounded transactions until everything is stored or the deadline passes
+        (``timeout_s``, default the monitor's ``close_timeout_s``): a huge backlog costs at
+        most the deadline, and the runs left are reported (logged, returned, and shown in
+        :meth:`backlog_status`) rather than hung on. They stay kept: a later ``close()`` (or
+        ``flush()``) writes them; at interpreter exit they are lost with the process, and the
+        exit hook logs how many.
+
         The monitor is closed even when the final write fails (``record`` refuses from then
-        on), but the runs it could not write are kept: a later ``close()`` (or ``flush()``, or
-        the exit hook) tries the write again, and the exit hook logs how many runs its last
-        try could not save. Once everything is written, close() is a no-op.
+        on), but the runs it could not write are kept, as above. Once everything is written,
+        close() is a no-op.
 
         A run recorded by another thread *while* close() runs may be refused
         (``MonitorClosed``) or, in a narrow race, dropped: close after the work is done.
 
+        Returns:
+            The runs left unwritten at the deadline (0 once everything is in the store).
+
         Raises:
-            StoreError: the write failed; the runs stay unwritten, to be retried.
+            StoreError: a write failed; the runs not yet written stay kept, to be retried.
         """
+        timeout = self.close_timeout_s if timeout_s is None else timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._write_lock:
             if not self._closed:
                 self._closed = True
                 with self._state_lock:
-                    self._drain()
-                    self._buffer = _ClosedBuffer()
+                    buffer, self._buffer = self._buffer, _ClosedBuffer()
+                    # popped, not iterated: a record() racing the swap may still append
+                    pop = buffer.popleft  # type: ignore[union-attr]
+                    self._closing.extend([pop() for _ in range(len(buffer))])
                 self._wake.set()
-            elif not self._unwritten:
-                return
-            self._write_unwritten()
+                self._gate.freed(False)  # waiters see the monitor closed
+            elif not self._unwritten and not self._closing:
+                return 0
+            self._write_unwritten(deadline)
+            left = self._unwritten_at_close = len(self._unwritten) + len(self._closing)
+        if left:
+            log.warning("close_deadline_passed", runs_unwritten=left, timeout_s=timeout)
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
+        return left
 
     def _unwritten_count(self) -> int:
         with self._state_lock:
-            return len(self._unwritten) + len(self._buffer)
+            return len(self._unwritten) + len(self._buffer) + len(self._closing)
 
     def __enter__(self) -> PerformanceMonitor:
         return self
@@ -567,6 +702,17 @@ class PerformanceMonitor:
     def _active_epoch(self, agent: str) -> int | None:
         stack = self._baselines.get(agent)
         return stack[-1].epoch if stack else None
+
+
+def monitor_options(settings: Settings) -> dict[str, Any]:
+    """The :class:`PerformanceMonitor` arguments ``settings`` hold, for ``**`` into it."""
+    return {
+        "baseline_n": settings.baseline_n,
+        "max_backlog": settings.max_record_backlog,
+        "backlog_policy": settings.record_backlog_policy,
+        "backlog_wait_s": settings.record_backlog_wait_s,
+        "close_timeout_s": settings.close_timeout_s,
+    }
 
 
 def _checked_success(
@@ -660,10 +806,20 @@ if hasattr(os, "register_at_fork"):  # absent on Windows, which has no fork
 
 
 def _close_all() -> None:
-    # The last chance to write: close() retries runs an earlier close() failed to write, and
-    # whatever still fails is lost with the process, so say how much.
-    for monitor in list(_open_monitors):
+    # The last chance to write: close() retries runs an earlier close() failed to write, within
+    # one deadline shared by all the monitors, and whatever is left is lost with the process, so
+    # say how much.
+    monitors = list(_open_monitors)
+    timeouts = [m.close_timeout_s for m in monitors if m.close_timeout_s is not None]
+    deadline = None
+    if timeouts and len(timeouts) == len(monitors):
+        deadline = time.monotonic() + max(timeouts)
+    for monitor in monitors:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            monitor.close()
+            left = monitor.close(timeout_s=remaining)
         except Exception as exc:  # exit goes on for the others
             log.error("close_monitor_failed", error=str(exc), runs_lost=monitor._unwritten_count())
+            continue
+        if left:
+            log.error("close_monitor_runs_lost", runs_lost=left, timeout_s=remaining)

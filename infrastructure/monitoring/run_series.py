@@ -7,6 +7,12 @@ histogram of durations in quarter-octave bins (each 19 % wider than the last). C
 are sums of these rows, and a latency quantile is read off the histogram, interpolated within
 its bin (so within 19 % of the exact figure, which is what a chart of months can show).
 Verification runs are not part of the series, as they are not part of detection.
+
+A chart of months summed from minutes would read a row per agent and minute: as many rows as
+runs when runs are sparse, tens of millions when they are dense. So the same write also adds
+each batch to coarser rollups (5 minutes, 30 minutes, 3 hours, a day), and a chart reads the
+coarsest of them that still gives it at least half its points: a few hundred rows per agent
+whatever the length of the history.
 """
 
 from __future__ import annotations
@@ -17,15 +23,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from infrastructure.monitoring.agent_window import RUN, Row
+from infrastructure.read_snapshot import read_snapshot
 from infrastructure.store import Store
 
 __all__ = [
     "BUCKET_S",
     "DURATION_BINS",
+    "ROLLUP_WIDTHS",
     "SeriesPoint",
     "add_runs",
     "duration_quantile",
     "read_series",
+    "series_width",
 ]
 
 COMPONENT = "run_series"
@@ -43,6 +52,21 @@ def _edge(i: int) -> float:
 
 
 _BIN_COLUMNS = ", ".join(f"d{i}" for i in range(DURATION_BINS))
+_BIN_SUMS = ", ".join(f"SUM(d{i})" for i in range(DURATION_BINS))
+
+ROLLUP_WIDTHS = (300, 1_800, 10_800, 86_400)
+"""Seconds per bucket of the coarser rollups, finest first; each a multiple of the one before,
+at most 8 times it, so a chart never reads more than 8 rows per point it draws."""
+
+_ROLLUP_BACKFILL = ";".join(
+    # each level from the one below it: a pass over the minutes, then ever fewer rows
+    "INSERT INTO run_rollups (width, agent, bucket, runs, failures, duration_sum, "
+    f"{_BIN_COLUMNS}) SELECT {width}, agent, bucket * {finer} / {width}, SUM(runs), "
+    f"SUM(failures), SUM(duration_sum), {_BIN_SUMS} FROM "
+    + ("run_series" if finer == BUCKET_S else f"run_rollups WHERE width = {finer}")
+    + f" GROUP BY agent, bucket * {finer} / {width}"
+    for finer, width in zip((BUCKET_S, *ROLLUP_WIDTHS), ROLLUP_WIDTHS, strict=False)
+)
 
 MIGRATIONS = [
     f"""
@@ -82,12 +106,33 @@ MIGRATIONS = [
     SELECT agent, COUNT(*), SUM(1 - success), MIN(ts), MAX(ts)
     FROM executions WHERE source = '{RUN}' GROUP BY agent
     """,
+    f"""
+    CREATE TABLE run_rollups (
+        width INTEGER NOT NULL,
+        agent TEXT NOT NULL,
+        bucket INTEGER NOT NULL,
+        runs INTEGER NOT NULL,
+        failures INTEGER NOT NULL,
+        duration_sum REAL NOT NULL,
+        {", ".join(f"d{i} INTEGER NOT NULL DEFAULT 0" for i in range(DURATION_BINS))},
+        PRIMARY KEY (width, agent, bucket)
+    ) WITHOUT ROWID;
+    {_ROLLUP_BACKFILL}
+    """,
 ]
 
 _UPSERT = (
     f"INSERT INTO run_series (agent, bucket, runs, failures, duration_sum, {_BIN_COLUMNS}) "
     f"VALUES ({', '.join('?' * (5 + DURATION_BINS))}) "
     "ON CONFLICT (agent, bucket) DO UPDATE SET runs = runs + excluded.runs, "
+    "failures = failures + excluded.failures, "
+    "duration_sum = duration_sum + excluded.duration_sum, "
+    + ", ".join(f"d{i} = d{i} + excluded.d{i}" for i in range(DURATION_BINS))
+)
+_UPSERT_ROLLUP = (
+    f"INSERT INTO run_rollups (width, agent, bucket, runs, failures, duration_sum, "
+    f"{_BIN_COLUMNS}) VALUES ({', '.join('?' * (6 + DURATION_BINS))}) "
+    "ON CONFLICT (width, agent, bucket) DO UPDATE SET runs = runs + excluded.runs, "
     "failures = failures + excluded.failures, "
     "duration_sum = duration_sum + excluded.duration_sum, "
     + ", ".join(f"d{i} = d{i} + excluded.d{i}" for i in range(DURATION_BINS))
@@ -112,22 +157,54 @@ def _bin(duration_ms: float) -> int:
     return min(DURATION_BINS - 1, index)
 
 
+class _Tally:
+    """One bucket of a batch being added: runs, failures, summed duration, sparse histogram.
+
+    The histogram is a dict of the bins in use: a minute of a few runs touches one or two of
+    the 97 bins, so rolling minutes up into coarser buckets costs per bin in use, not per bin.
+    """
+
+    __slots__ = ("bins", "duration_sum", "failures", "runs")
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.failures = 0
+        self.duration_sum = 0.0
+        self.bins: dict[int, int] = {}
+
+    def merge(self, other: _Tally) -> None:
+        self.runs += other.runs
+        self.failures += other.failures
+        self.duration_sum += other.duration_sum
+        for b, count in other.bins.items():
+            self.bins[b] = self.bins.get(b, 0) + count
+
+    def values(self) -> tuple[object, ...]:
+        dense = [0] * DURATION_BINS
+        for b, count in self.bins.items():
+            dense[b] = count
+        return (self.runs, self.failures, self.duration_sum, *dense)
+
+
 def add_runs(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
-    """Add a batch of run rows to their buckets and totals, inside the caller's transaction."""
-    buckets: dict[tuple[str, int], list[float]] = {}
+    """Add a batch of run rows to their buckets, rollups and totals, in the caller's
+    transaction (where the rollups table exists: a store migrated by this version)."""
+    buckets: dict[tuple[str, int], _Tally] = {}
     totals: dict[str, list[float]] = {}
     for row in rows:
         agent, source, success, duration_ms, ts = row[0], row[1], row[2], row[3], row[8]
         if source != RUN:
             continue
         key = (str(agent), int(float(ts) // BUCKET_S))
-        cell = buckets.get(key)
-        if cell is None:
-            cell = buckets[key] = [0.0] * (3 + DURATION_BINS)
-        cell[0] += 1
-        cell[1] += 0 if success else 1
-        cell[2] += float(duration_ms)
-        cell[3 + _bin(float(duration_ms))] += 1
+        tally = buckets.get(key)
+        if tally is None:
+            tally = buckets[key] = _Tally()
+        tally.runs += 1
+        if not success:
+            tally.failures += 1
+        tally.duration_sum += float(duration_ms)
+        b = _bin(float(duration_ms))
+        tally.bins[b] = tally.bins.get(b, 0) + 1
         total = totals.get(key[0])
         if total is None:
             totals[key[0]] = [1, 0 if success else 1, float(ts), float(ts)]
@@ -136,18 +213,36 @@ def add_runs(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
             total[1] += 0 if success else 1
             total[2] = min(total[2], float(ts))
             total[3] = max(total[3], float(ts))
-    if buckets:
-        conn.executemany(
-            _UPSERT,
-            [
-                (agent, bucket, int(c[0]), int(c[1]), c[2], *(int(v) for v in c[3:]))
-                for (agent, bucket), c in buckets.items()
-            ],
-        )
-        conn.executemany(
-            _UPSERT_TOTALS,
-            [(agent, int(t[0]), int(t[1]), t[2], t[3]) for agent, t in totals.items()],
-        )
+    if not buckets:
+        return
+    conn.executemany(
+        _UPSERT,
+        [(agent, bucket, *tally.values()) for (agent, bucket), tally in buckets.items()],
+    )
+    conn.executemany(
+        _UPSERT_TOTALS,
+        [(agent, int(t[0]), int(t[1]), t[2], t[3]) for agent, t in totals.items()],
+    )
+    if _has_table(conn, "run_rollups"):
+        conn.executemany(_UPSERT_ROLLUP, _rollups(buckets))
+
+
+def _rollups(minutes: dict[tuple[str, int], _Tally]) -> list[tuple[object, ...]]:
+    """The rollup rows of a batch's minute buckets, each level summed from the one before."""
+    rows: list[tuple[object, ...]] = []
+    finer, finer_width = minutes, BUCKET_S
+    for width in ROLLUP_WIDTHS:
+        factor = width // finer_width
+        coarser: dict[tuple[str, int], _Tally] = {}
+        for (agent, bucket), tally in finer.items():
+            key = (agent, bucket // factor)
+            into = coarser.get(key)
+            if into is None:
+                into = coarser[key] = _Tally()
+            into.merge(tally)
+        rows.extend((width, agent, bucket, *t.values()) for (agent, bucket), t in coarser.items())
+        finer, finer_width = coarser, width
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,43 +287,64 @@ def read_series(
     max_points: int = 200,
     raw_runs: int = RAW_RUNS,
 ) -> dict[str, list[SeriesPoint]]:
-    """Each agent's series in at most about ``max_points`` steps: from the runs themselves
-    when there are at most ``raw_runs`` in all, else summed from the per-minute buckets over
-    the span of them all (so the agents' charts share one time axis)."""
-    with store.transaction() as conn:
-        if not _has_table(conn):
+    """Each agent's series in at most ``max_points`` steps: from the runs themselves when
+    there are at most ``raw_runs`` in all, else summed from the coarsest stored buckets that
+    give at least half of ``max_points`` over the span of all the runs (so the agents' charts
+    share one time axis, and a long history reads a few hundred rows per agent). One read
+    snapshot, which never holds up the writer."""
+    with read_snapshot(store) as conn:
+        if not _has_table(conn, "run_series"):
             return {}
-        total = conn.execute("SELECT COALESCE(SUM(runs), 0) FROM run_totals").fetchone()[0]
+        total, first_ts, last_ts = conn.execute(
+            "SELECT COALESCE(SUM(runs), 0), MIN(first_ts), MAX(last_ts) FROM run_totals"
+        ).fetchone()
         if int(total) <= raw_runs:
             return _raw_series(conn, agents, max_points)
-        span = conn.execute("SELECT MIN(bucket), MAX(bucket) FROM run_series").fetchone()
-        if span[0] is None:
+        if first_ts is None:
             return {}
-        first, last = int(span[0]), int(span[1])
-        step = max(1, math.ceil((last - first + 1) / max_points))
-        where, params = "", [first, step]
-        params_all: list[object] = list(params)
+        widths = ROLLUP_WIDTHS if _has_table(conn, "run_rollups") else ()
+        width = series_width(float(first_ts), float(last_ts), max_points, widths)
+        first = int(float(first_ts) // width)
+        count = int(float(last_ts) // width) - first + 1
+        step = max(1, math.ceil(count / max(1, max_points)))
+        table, where = "run_series", ""
+        params: list[object] = [first, step]
+        if width != BUCKET_S:
+            table, where = "run_rollups", "WHERE width = ?"
+            params.append(width)
         if agents is not None:
-            where = f"WHERE agent IN ({','.join('?' * len(agents))})"
-            params_all += list(agents)
+            where += (" AND " if where else "WHERE ") + f"agent IN ({','.join('?' * len(agents))})"
+            params += list(agents)
         rows = conn.execute(
             f"SELECT agent, (bucket - ?) / ? AS step, SUM(runs), SUM(failures), "
-            f"SUM(duration_sum), {', '.join(f'SUM(d{i})' for i in range(DURATION_BINS))} "
-            f"FROM run_series {where} GROUP BY agent, step ORDER BY agent, step",
-            params_all,
+            f"SUM(duration_sum), {_BIN_SUMS} FROM {table} {where} "
+            "GROUP BY agent, step ORDER BY agent, step",
+            params,
         ).fetchall()
     series: dict[str, list[SeriesPoint]] = {}
     for agent, index, runs, failures, duration_sum, *bins in rows:
         series.setdefault(agent, []).append(
             SeriesPoint(
-                start_ts=float((first + int(index) * step) * BUCKET_S),
+                start_ts=float((first + int(index) * step) * width),
                 runs=int(runs),
                 failures=int(failures),
                 mean_ms=float(duration_sum) / runs if runs else 0.0,
-                p95_ms=duration_quantile([int(b) for b in bins], 0.95),
+                p95_ms=duration_quantile(bins, 0.95),  # SUMs of integers are ints
             )
         )
     return series
+
+
+def series_width(
+    first_ts: float, last_ts: float, max_points: int, widths: Sequence[int] = ROLLUP_WIDTHS
+) -> int:
+    """The bucket width a chart of ``first_ts``..``last_ts`` is read from: the coarsest of
+    a minute and ``widths`` with at least half of ``max_points`` buckets over the span."""
+    chosen = BUCKET_S
+    for width in widths:
+        if int(last_ts // width) - int(first_ts // width) + 1 >= max_points / 2:
+            chosen = width
+    return chosen
 
 
 def _raw_series(
@@ -262,10 +378,8 @@ def _raw_series(
     return series
 
 
-def _has_table(conn: sqlite3.Connection) -> bool:
-    return (
-        conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'run_series'"
-        ).fetchone()
-        is not None
-    )
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return row is not None

@@ -1,0 +1,144 @@
+"""Per-agent rollups of the executions table, so opening a monitor costs the same at any size.
+
+A monitor rebuilds its state when it opens: lifetime totals per agent, the current failure
+streak, the latest errors, each agent's baseline and how many runs it has seen. Computed from
+the runs themselves, every one of these is a scan that grows with history (a ``GROUP BY`` over
+every row, a walk back to the last success, a walk back to the tenth error when errors are
+rare, a count over the baseline's runs), and every session start, MCP server start and
+``PerformanceMonitor(store)`` pays it. So the writer keeps them up to date instead, in the same
+transaction as the runs (a rollup is never ahead of or behind its rows):
+
+* ``execution_totals``: per agent and source, the lifetime counters and the failure streak;
+* ``baseline_runs``: per agent and baseline epoch, the runs the epoch has counted (every new
+  run of an agent belongs to its active epoch, so a batch adds to that one);
+* ``executions_errors``: a partial index of the rows that carry an error, so the latest errors
+  are found in O(errors asked for) however rare errors are.
+
+Totals are lifetime figures: retention deletes old rows but never subtracts from them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from infrastructure.monitoring.agent_window import RUN, Row
+
+__all__ = ["COMPONENT", "MIGRATIONS", "add_runs", "baseline_runs", "read_totals"]
+
+COMPONENT = "execution_rollup"
+
+MIGRATIONS = [
+    f"""
+    CREATE TABLE execution_totals (
+        agent TEXT NOT NULL,
+        source TEXT NOT NULL,
+        executions INTEGER NOT NULL,
+        failures INTEGER NOT NULL,
+        input_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        cost_usd REAL NOT NULL,
+        streak INTEGER NOT NULL,
+        PRIMARY KEY (agent, source)
+    );
+    INSERT INTO execution_totals (agent, source, executions, failures, input_tokens,
+        output_tokens, cost_usd, streak)
+    SELECT agent, source, COUNT(*), SUM(1 - success), SUM(input_tokens), SUM(output_tokens),
+        SUM(cost_usd), 0
+    FROM executions GROUP BY agent, source;
+    UPDATE execution_totals SET streak = (
+        SELECT COUNT(*) FROM executions e
+        WHERE e.agent = execution_totals.agent AND e.source = execution_totals.source
+        AND e.id > COALESCE((
+            SELECT MAX(s.id) FROM executions s
+            WHERE s.agent = execution_totals.agent AND s.source = execution_totals.source
+            AND s.success = 1), 0));
+    CREATE TABLE baseline_runs (
+        agent TEXT NOT NULL,
+        epoch INTEGER NOT NULL,
+        runs INTEGER NOT NULL,
+        PRIMARY KEY (agent, epoch)
+    );
+    INSERT INTO baseline_runs (agent, epoch, runs)
+    SELECT s.agent, s.epoch, COUNT(e.id)
+    FROM baseline_segments s JOIN executions e
+        ON e.agent = s.agent AND e.source = '{RUN}' AND e.id > s.start_id
+        AND (s.end_id IS NULL OR e.id <= s.end_id)
+    GROUP BY s.agent, s.epoch;
+    INSERT INTO baseline_runs (agent, epoch, runs)
+    SELECT agent, 0, COUNT(*) FROM executions
+    WHERE source = '{RUN}' AND agent NOT IN (SELECT agent FROM baseline_epochs)
+    GROUP BY agent;
+    CREATE INDEX executions_errors ON executions (agent, source, id)
+        WHERE error IS NOT NULL AND error != ''
+    """,
+]
+
+_TOTALS = (
+    "INSERT INTO execution_totals (agent, source, executions, failures, input_tokens,"
+    " output_tokens, cost_usd, streak) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (agent, source) DO UPDATE SET"
+    " executions = execution_totals.executions + excluded.executions,"
+    " failures = execution_totals.failures + excluded.failures,"
+    " input_tokens = execution_totals.input_tokens + excluded.input_tokens,"
+    " output_tokens = execution_totals.output_tokens + excluded.output_tokens,"
+    " cost_usd = execution_totals.cost_usd + excluded.cost_usd,"
+)
+# a batch with a success sets the streak to the failures after its last success; a batch of
+# failures only extends it
+_TOTALS_RESET = _TOTALS + " streak = excluded.streak"
+_TOTALS_EXTEND = _TOTALS + " streak = execution_totals.streak + excluded.streak"
+_BASELINE_RUNS = (
+    "INSERT INTO baseline_runs (agent, epoch, runs) VALUES (?, COALESCE((SELECT epoch FROM"
+    " baseline_epochs WHERE agent = ? AND status = 'active'), 0), ?)"
+    " ON CONFLICT (agent, epoch) DO UPDATE SET runs = baseline_runs.runs + excluded.runs"
+)
+
+
+def add_runs(conn: sqlite3.Connection, rows: list[Row]) -> None:
+    """Add a batch of rows (in id order) to the rollups, inside the caller's transaction."""
+    totals: dict[tuple[str, str], list[Any]] = {}
+    for agent, source, success, _, _, tin, tout, cost, _, _ in rows:
+        total = totals.get((agent, source))
+        if total is None:
+            # executions, failures, input, output, cost, streak, saw a success
+            total = totals[(agent, source)] = [0, 0, 0, 0, 0.0, 0, False]
+        total[0] += 1
+        total[2] += tin
+        total[3] += tout
+        total[4] += cost
+        if success:
+            total[5] = 0
+            total[6] = True
+        else:
+            total[1] += 1
+            total[5] += 1
+    reset: list[tuple[Any, ...]] = []
+    extend: list[tuple[Any, ...]] = []
+    baseline: list[tuple[str, str, int]] = []
+    for (agent, source), (count, failures, tin, tout, cost, streak, saw) in totals.items():
+        (reset if saw else extend).append((agent, source, count, failures, tin, tout, cost, streak))
+        if source == RUN:
+            baseline.append((agent, agent, count))
+    if reset:
+        conn.executemany(_TOTALS_RESET, reset)
+    if extend:
+        conn.executemany(_TOTALS_EXTEND, extend)
+    if baseline:
+        conn.executemany(_BASELINE_RUNS, baseline)
+
+
+def read_totals(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+    """(agent, source, executions, failures, input tokens, output tokens, cost, streak) rows."""
+    return conn.execute(
+        "SELECT agent, source, executions, failures, input_tokens, output_tokens, cost_usd,"
+        " streak FROM execution_totals"
+    ).fetchall()
+
+
+def baseline_runs(conn: sqlite3.Connection, agent: str, epoch: int) -> int:
+    """The runs ``agent``'s baseline ``epoch`` has counted, however many rows were pruned."""
+    row = conn.execute(
+        "SELECT runs FROM baseline_runs WHERE agent = ? AND epoch = ?", (agent, epoch)
+    ).fetchone()
+    return int(row[0]) if row else 0

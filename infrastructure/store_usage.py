@@ -1,0 +1,100 @@
+"""How big a store is, by kind of record: what ``agentmend store`` shows before and after a prune.
+
+Each kind is a group of tables (with their indexes): runs, rollups, decisions, changes, audit,
+issues. Bytes come from SQLite's ``dbstat`` table (the pages each table and index occupies);
+a SQLite built without it still gets row counts, with bytes left as None.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from infrastructure.store import Store
+
+__all__ = ["KINDS", "KindUsage", "StoreUsage", "store_usage"]
+
+KINDS: dict[str, tuple[str, ...]] = {
+    "runs": ("executions",),
+    "rollups": (
+        "execution_totals",
+        "baseline_runs",
+        "baseline_epochs",
+        "baseline_segments",
+        "run_series",
+        "run_totals",
+        "run_rollups",
+    ),
+    "decisions": ("decisions", "plans"),
+    "changes": ("changes", "change_files"),
+    "audit": ("audit_log", "audit_head_events"),
+    "issues": ("monitoring_issues", "monitoring_detector_state"),
+}
+"""Kinds of record, each the tables that hold it (counted rows: the first table's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KindUsage:
+    """One kind's rows (of its main table) and bytes (tables and indexes; None if unknown)."""
+
+    kind: str
+    rows: int
+    bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreUsage:
+    """A store's size by kind, and its files' sizes on disk (the database and its WAL)."""
+
+    kinds: tuple[KindUsage, ...]
+    file_bytes: int
+    wal_bytes: int
+
+    @property
+    def runs(self) -> int:
+        return next((k.rows for k in self.kinds if k.kind == "runs"), 0)
+
+
+def store_usage(store: Store) -> StoreUsage:
+    """The size of ``store`` by kind (reads only; consistent within one snapshot)."""
+    conn = store.connection()
+    conn.execute("BEGIN")
+    try:
+        tables = {
+            name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        owner = {
+            name: table for name, table in conn.execute("SELECT name, tbl_name FROM sqlite_master")
+        }
+        pages = _pages_by_table(conn, owner)
+        kinds = []
+        for kind, members in KINDS.items():
+            main = members[0]
+            rows = (
+                int(conn.execute(f"SELECT COUNT(*) FROM {main}").fetchone()[0])
+                if main in tables
+                else 0
+            )
+            size = None if pages is None else sum(pages.get(t, 0) for t in members)
+            kinds.append(KindUsage(kind, rows, size))
+    finally:
+        conn.execute("COMMIT")
+    wal = store.path.with_name(store.path.name + "-wal")
+    return StoreUsage(
+        tuple(kinds),
+        store.path.stat().st_size if store.path.exists() else 0,
+        wal.stat().st_size if wal.exists() else 0,
+    )
+
+
+def _pages_by_table(conn: sqlite3.Connection, owner: dict[str, str]) -> dict[str, int] | None:
+    """Bytes per table, its indexes included; None without ``dbstat``."""
+    try:
+        rows = conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name").fetchall()
+    except sqlite3.OperationalError:
+        return None
+    sizes: dict[str, int] = {}
+    for name, size in rows:
+        table = owner.get(name, name)
+        sizes[table] = sizes.get(table, 0) + int(size)
+    return sizes

@@ -1,0 +1,119 @@
+"""A receiver's counts kept in the store, so ``agentmend status`` shows what came in and was lost.
+
+An OTLP receiver counts every span it is sent and what became of it (``TelemetryCounts``), but
+those counts live in its process: ``GET /status`` while it runs, a log line when it stops. A
+person asking "are my traces arriving, and is anything dropped?" looks at ``agentmend status``,
+another process, perhaps after the receiver stopped. So a receiver writes its counts to one row
+of a small table every few seconds and when it stops: one row per receiver (its host and
+address), counting since it started, with when it last wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
+from typing import Any
+
+from infrastructure.read_snapshot import read_snapshot
+from infrastructure.store import Store
+from infrastructure.telemetry.assembly import TelemetryCounts
+
+__all__ = ["ReceiverCounts", "read_receiver_counts", "receiver_name", "write_receiver_counts"]
+
+COMPONENT = "telemetry_receivers"
+MIGRATIONS = [
+    """
+    CREATE TABLE telemetry_receivers (
+        receiver TEXT PRIMARY KEY,
+        started_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        counts TEXT NOT NULL
+    )
+    """
+]
+_KNOWN = {f.name for f in fields(TelemetryCounts)}
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiverCounts:
+    """One receiver's counts as last written: since ``started_at``, as of ``updated_at``."""
+
+    receiver: str
+    started_at: datetime
+    updated_at: datetime
+    counts: TelemetryCounts
+
+    @property
+    def dropped(self) -> int:
+        """Spans lost: no agent could be named, the trace never completed, the request was
+        malformed, or a span processor's queue was full. (Duplicates, agentmend's own spans and
+        spans of no agent are not losses: nothing should have been recorded from them.)"""
+        c = self.counts
+        return c.unmappable + c.orphans + c.rejected + c.dropped_queue_full
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "receiver": self.receiver,
+            "started_at": self.started_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+            "spans_received": self.counts.spans_received,
+            "executions_recorded": self.counts.executions_recorded,
+            "spans_dropped": self.dropped,
+            "counts": asdict(self.counts),
+        }
+
+
+def receiver_name(host: str, port: int) -> str:
+    """The row a receiver writes: this machine's name and the address it listens on."""
+    return f"{socket.gethostname()} {host}:{port}"
+
+
+def write_receiver_counts(
+    store: Store, receiver: str, started_at: float, counts: TelemetryCounts
+) -> None:
+    """Replace ``receiver``'s row with ``counts`` (seconds since the epoch for ``started_at``).
+
+    Raises:
+        StoreError: the store cannot be written (the caller decides whether that matters).
+    """
+    store.migrate(COMPONENT, MIGRATIONS)
+    with store.transaction() as conn:
+        conn.execute(
+            "INSERT INTO telemetry_receivers (receiver, started_at, updated_at, counts) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (receiver) DO UPDATE SET "
+            "started_at = excluded.started_at, updated_at = excluded.updated_at, "
+            "counts = excluded.counts",
+            (receiver, started_at, time.time(), json.dumps(asdict(counts))),
+        )
+
+
+def read_receiver_counts(store: Store) -> list[ReceiverCounts]:
+    """Every receiver's last written counts, by name; none when no receiver ever wrote.
+
+    Reads only: a store no receiver wrote to has no table, and none is created.
+    """
+    with read_snapshot(store) as conn:
+        exists = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'telemetry_receivers'"
+        ).fetchone()
+        if exists is None:
+            return []
+        rows = conn.execute(
+            "SELECT receiver, started_at, updated_at, counts FROM telemetry_receivers "
+            "ORDER BY receiver"
+        ).fetchall()
+    return [
+        ReceiverCounts(
+            receiver=str(receiver),
+            started_at=datetime.fromtimestamp(float(started), UTC),
+            updated_at=datetime.fromtimestamp(float(updated), UTC),
+            # fields a later version added are dropped, ones it removed default to 0
+            counts=TelemetryCounts(
+                **{k: int(v) for k, v in json.loads(counts).items() if k in _KNOWN}
+            ),
+        )
+        for receiver, started, updated, counts in rows
+    ]
