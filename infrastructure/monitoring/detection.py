@@ -11,8 +11,8 @@ by construction:
   success rate, and
 * a normal CUSUM on log-duration (``cusum_log_duration``) designed for a 1.5x slowdown: a
   bank of two CUSUMs tuned to about 1.3x and 1.9x sharing its budget
-  (``infrastructure.monitoring.duration_bank``): 1.3-1.6x faster than one chart on a slowdown
-  of half the design's (1.22-1.25x), 5-12 % slower at 1.5x,
+  (``infrastructure.monitoring.duration_bank``): 1.7-2.2x faster than one chart on a slowdown
+  of half the design's (1.22-1.25x), as fast at 1.5x and 2x,
 
 calibrated (``infrastructure.monitoring.cusum``) against the agent's own baseline of ``n`` runs.
 The budget ``false_alarm_rate`` is split 95 % to failures and 5 % to durations

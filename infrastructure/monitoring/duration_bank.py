@@ -8,8 +8,8 @@ Two charts tuned to ``factor ** 0.65`` and ``factor ** 1.6`` (1.30x and 1.91x fo
 1.5x) with 60 % and 40 % of the budget stay within 1.17x of the optimum from half to twice the
 design's log-shift (1.22x .. 2.25x) at log-sd 0.5 and 1.0 (the members and weights minimise that
 worst ratio). Calibrated on 500-run baselines (``benchmarks/bench_shift_size.py``) the estimation
-of the baseline costs more than the design: the bank is 1.3-1.6x faster than one chart on 1.22x
-and 1.25x slowdowns and 5-12 % slower at 1.5x, 1.25-4.8x the optimum (one chart 1.2-6.5x). This
+of the baseline costs more than the design: the bank is 1.7-2.2x faster than one chart on 1.22x
+and 1.25x slowdowns and as fast at 1.5x and 2x; 1.26-2.54x the optimum (one chart 1.25-5.46x). This
 is the CUSUM multi-chart of Han, Tsung, Hu and Wang (2007, "CUSUM and EWMA multi-charts for
 detecting a range of mean shifts", Statistica Sinica 17(3)), after Lorden's (1971) bank of
 likelihood-ratio tests.
