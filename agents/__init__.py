@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         replay_cycle,
     )
     from agents.loop.meta_orchestrator import MetaOrchestrator
+    from agents.loop.release_publishing import ReleasePublisher
     from agents.loop.self_edit_tools import SelfEditNotKept
     from agents.roles.ask_agent_tool import (
         AskAgentTool,
@@ -113,6 +114,11 @@ if TYPE_CHECKING:
         PerformanceMonitor,
     )
     from infrastructure.principal import Principal
+    from infrastructure.releases.follower import ReleaseFollower
+    from infrastructure.releases.release_errors import ReleaseRefused, RolloutConflict
+    from infrastructure.releases.release_log import ReleaseLog
+    from infrastructure.releases.rollout import Rollouts
+    from infrastructure.releases.rollout_evidence import RolloutLimits
     from infrastructure.settings import InvalidSetting, Settings
     from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
     from infrastructure.spec import (
@@ -194,9 +200,16 @@ __all__ = [
     "PromptBlockError",
     "ProposedAction",
     "ProposedChange",
+    "ReleaseFollower",
+    "ReleaseLog",
+    "ReleasePublisher",
+    "ReleaseRefused",
     "ReportParseError",
     "RoleNameClash",
     "RollbackConflict",
+    "RolloutConflict",
+    "RolloutLimits",
+    "Rollouts",
     "RootCauseAnalysis",
     "RuntimeConformanceError",
     "Scenario",
@@ -251,6 +264,13 @@ _EXPORTS: dict[str, str] = {
     "verify_audit_chain": "infrastructure.changes.audit",
     "AuditChainBroken": "infrastructure.changes.audit",
     "LeaseLost": "infrastructure.changes.leases",
+    "ReleaseFollower": "infrastructure.releases.follower",
+    "ReleaseLog": "infrastructure.releases.release_log",
+    "ReleasePublisher": "agents.loop.release_publishing",
+    "ReleaseRefused": "infrastructure.releases.release_errors",
+    "RolloutConflict": "infrastructure.releases.release_errors",
+    "RolloutLimits": "infrastructure.releases.rollout_evidence",
+    "Rollouts": "infrastructure.releases.rollout",
     "Store": "infrastructure.store",
     "Settings": "infrastructure.settings",
     "InvalidSetting": "infrastructure.settings",

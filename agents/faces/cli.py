@@ -49,6 +49,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "agents.faces.cli_report",
     "agents.faces.cli_safeguards",
     "agents.faces.cli_otel",
+    "agents.faces.cli_release",
     "agents.faces.cli_store",
 )
 """Modules whose ``SUBCOMMANDS`` (a sequence of ``Subcommand``) the command offers, in order."""

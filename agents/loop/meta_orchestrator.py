@@ -30,6 +30,7 @@ from opentelemetry.trace import Span, TracerProvider
 from agents.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
 from agents.loop.cycle_verification import CycleVerifier, baseline_agents
 from agents.loop.improvement_cycle import SELF_EDIT, ImprovementCycle
+from agents.loop.release_publishing import ReleasePublisher
 from agents.loop.self_edit_tools import Authorize, self_edit_tools, verified_apply
 from agents.roles.ask_agent_tool import AskAgentTool
 from agents.roles.role_names import check_team_names
@@ -107,6 +108,8 @@ class MetaOrchestrator:
         task_timeout_s: a wall-clock limit per agent run in ``execute_task``.
         tracer_provider: where the cycle's spans go (the roles, each gate, verification,
             rollback); default the globally registered provider, if any.
+        publisher: publish each kept change as a release served first to a canary share,
+            and each rollback as a stable release (None: the team directory is all there is).
 
     Raises:
         RoleNameClash: a team agent is named like a role (``socratic-mediator``,
@@ -135,6 +138,7 @@ class MetaOrchestrator:
         concurrency: int = 4,
         task_timeout_s: float | None = None,
         tracer_provider: TracerProvider | None = None,
+        publisher: ReleasePublisher | None = None,
     ) -> None:
         check_team_names(team.names)  # before anything is opened
         self.settings = settings if settings is not None else load_settings()
@@ -177,6 +181,7 @@ class MetaOrchestrator:
         self.confirm_cycle = confirm_cycle
         self.concurrency = concurrency
         self.task_timeout_s = task_timeout_s
+        self.publisher = publisher
         self.available_models = tuple(available_models or _default_models(team.runtime))
         self.reviewer: ChangeReviewer = reviewer or Supervisor(roles_runtime)
         if gates is None:
@@ -334,10 +339,18 @@ class MetaOrchestrator:
 
     # -- tasks and detection -----------------------------------------------------------------
 
-    async def execute_task(self, query: str) -> TaskResult:
-        """Run every agent on ``query``, check for issues, and run or offer cycles."""
+    async def execute_task(self, query: str, *, routing_key: str | None = None) -> TaskResult:
+        """Run every agent on ``query``, check for issues, and run or offer cycles.
+
+        ``routing_key``: for a team that follows releases, the key (a user or conversation id)
+        that picks the release serving this task; None draws a random one.
+        """
+        self.follow_rollouts()
         results = await self.team.run_all(
-            query, concurrency=self.concurrency, timeout_s=self.task_timeout_s
+            query,
+            concurrency=self.concurrency,
+            timeout_s=self.task_timeout_s,
+            routing_key=routing_key,
         )
         issues = self.check_all_issues()
         task = TaskResult(query=query, results=results, issues=issues)
@@ -501,6 +514,10 @@ class MetaOrchestrator:
         if not done:
             return None
         self.team.reload()
+        if self.publisher is not None:
+            self.publisher.rolled_back(
+                self.team.directory, [change_id], by=self.principal, reason=reason
+            )
         undone = [
             member
             for member in closure
@@ -521,6 +538,30 @@ class MetaOrchestrator:
             },
         )
         return self.manager.get_change(change_id)
+
+    def follow_rollouts(self) -> list[str]:
+        """Roll back, in the team folder, the kept changes whose canary release was rolled back.
+
+        With a ``publisher``, a kept change is judged again on live runs as a canary; when the
+        canary is rolled back (shown worse, slower, or not proven), the change must leave the
+        team folder too, or the next release would carry it again. Each is rolled back as a
+        rollback on request (its group with it), which publishes the restored folder as the
+        stable release. A change whose files moved on since is left as it is and logged.
+        Returns the ids rolled back now.
+        """
+        if self.publisher is None:
+            return []
+        undone: list[str] = []
+        for change_id in self.publisher.undone_change_ids():
+            record = self.manager.get_change(change_id)
+            if record is None or record.status is not ChangeStatus.KEPT:
+                continue
+            try:
+                if self.rollback(change_id, reason="its canary release was rolled back"):
+                    undone.append(change_id)
+            except RollbackConflict as exc:
+                log.warning("canary_change_not_rolled_back", change_id=change_id, error=str(exc))
+        return undone
 
     # -- the cycle (agents.loop.improvement_cycle) ------------------------------------------------
 
@@ -549,6 +590,13 @@ class MetaOrchestrator:
         )
         if result.analysis is not None and result.analysis.responsible_agent is not None:
             self._pending.pop(result.analysis.responsible_agent, None)
+        if result and self.publisher is not None:
+            self.publisher.kept(
+                self.team.directory,
+                result.change_ids,
+                by=self.principal,
+                reason=f"kept for {issue.agent_name}: {issue.error_type}",
+            )
         return result
 
     async def apply_self_edit(self, action: ImprovementAction) -> CycleResult:

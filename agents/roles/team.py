@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agents.roles.ask_agent_tool import AgentCallable
 from infrastructure.errors import (
@@ -27,6 +27,9 @@ from infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
 from infrastructure.monitoring.performance_monitor import RUN, PerformanceMonitor
 from infrastructure.spec import AgentSpec, load_agent_specs
 from infrastructure.structured_logger import get_logger
+
+if TYPE_CHECKING:
+    from infrastructure.releases.follower import ReleaseChoice, ReleaseFollower
 
 __all__ = ["DEFINITIONS_DIR", "AgentTeam", "UnknownAgent", "load_role_spec"]
 
@@ -71,6 +74,9 @@ class AgentTeam:
         directory: the folder of ``<name>.md`` definitions (and their eval suites).
         runtime: what runs the agents.
         monitor: where every run is recorded (None: runs are not recorded).
+        releases: follow the team's releases (``directory`` is then the follower's team
+            link): each run is served by the release the follower chooses for its routing
+            key (the canary for its share) and its record carries that release.
     """
 
     def __init__(
@@ -79,13 +85,27 @@ class AgentTeam:
         runtime: AgentRuntime,
         *,
         monitor: PerformanceMonitor | None = None,
+        releases: ReleaseFollower | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.runtime = runtime
         self.monitor = monitor
+        self.releases = releases
         self._specs: dict[str, AgentSpec] = {}
         self._broken: dict[str, SpecError] = {}
+        self._release_specs: dict[Path, dict[str, AgentSpec]] = {}
         self.reload()
+
+    @classmethod
+    def following(
+        cls,
+        releases: ReleaseFollower,
+        runtime: AgentRuntime,
+        *,
+        monitor: PerformanceMonitor | None = None,
+    ) -> AgentTeam:
+        """A team served from the releases ``releases`` follows (see ``releases``)."""
+        return cls(releases.team_dir, runtime, monitor=monitor, releases=releases)
 
     # -- definitions -----------------------------------------------------------------------
 
@@ -96,6 +116,7 @@ class AgentTeam:
         :meth:`spec` raises its ``SpecError``); the others load.
         """
         broken: dict[str, SpecError] = {}
+        self._specs_directory = self.directory.resolve()
         specs = load_agent_specs(self.directory, broken=broken)
         if not specs:
             if broken:
@@ -149,6 +170,7 @@ class AgentTeam:
         tools: Sequence[ToolSpec] = (),
         timeout_s: float | None = None,
         source: str = RUN,
+        routing_key: str | None = None,
     ) -> AgentResult[Any]:
         """Run one agent and record the run; a failure comes back in ``result.error``.
 
@@ -156,8 +178,23 @@ class AgentTeam:
             timeout_s: a wall-clock limit on top of the runtime's own; exceeding it gives a
                 ``TIMEOUT`` result.
             source: the monitor source (``"verification"`` keeps the run out of detection).
+            routing_key: with releases, the key that picks the run's release (a user or
+                conversation id keeps one caller on one arm); None draws a random run id.
+
+        Raises:
+            WrongArgumentType: ``routing_key`` is not a string.
         """
-        spec = self.spec(name)
+        tags: dict[str, object] = {}
+        if self.releases is not None:
+            choice = self.releases.choose(routing_key)
+            spec = self._served_spec(choice, name)
+            tags = choice.tags()
+        else:
+            if routing_key is not None and not isinstance(routing_key, str):
+                from infrastructure.errors import WrongArgumentType
+
+                raise WrongArgumentType("routing key", routing_key, "must be a string")
+            spec = self.spec(name)
         started = time.perf_counter()
         try:
             async with asyncio.timeout(timeout_s):
@@ -171,11 +208,32 @@ class AgentTeam:
             result = AgentResult(
                 agent_name=name, error=exc, duration_ms=(time.perf_counter() - started) * 1000
             )
-        self.record(result, source=source)
+        self.record(result, source=source, tags=tags)
         return result
 
-    def record(self, result: AgentResult[Any], *, source: str = RUN) -> None:
-        """Put one run into the monitor (no-op without one)."""
+    def _served_spec(self, choice: ReleaseChoice, name: str) -> AgentSpec:
+        """``name``'s definition in the chosen release (read once: a release never changes)."""
+        if choice.arm == "stable" and self._specs_directory != choice.directory.resolve():
+            self.reload()  # the stable release moved on: names and specs follow it
+        specs = self._release_specs.get(choice.directory)
+        if specs is None:
+            specs = load_agent_specs(choice.directory)
+            if len(self._release_specs) >= 4:  # old releases are pruned from disk too
+                self._release_specs.pop(next(iter(self._release_specs)))
+            self._release_specs[choice.directory] = specs
+        try:
+            return specs[name]
+        except KeyError:
+            raise UnknownAgent(name, sorted(specs)) from None
+
+    def record(
+        self,
+        result: AgentResult[Any],
+        *,
+        source: str = RUN,
+        tags: Mapping[str, object] | None = None,
+    ) -> None:
+        """Put one run into the monitor (no-op without one); ``tags`` go into its ``extra``."""
         if self.monitor is None:
             return
         self.monitor.record(
@@ -187,6 +245,7 @@ class AgentTeam:
             output_tokens=result.usage.output_tokens,
             cost_usd=result.cost_usd or 0.0,
             source=source,
+            **(tags or {}),
         )
 
     async def run_all(
@@ -196,8 +255,11 @@ class AgentTeam:
         names: Sequence[str] | None = None,
         concurrency: int = 4,
         timeout_s: float | None = None,
+        routing_key: str | None = None,
     ) -> dict[str, AgentResult[Any]]:
         """Run every agent (or ``names``) on ``prompt``, at most ``concurrency`` at once.
+
+        ``routing_key``: as in :meth:`run` (one key keeps the whole task on one release).
 
         Results come back in the team's name order whatever order the runs finish in.
         """
@@ -207,10 +269,15 @@ class AgentTeam:
         for name in chosen:
             self.spec(name)  # unknown names fail before anything runs
         gate = asyncio.Semaphore(concurrency)
+        key = routing_key
+        if self.releases is not None and key is None:
+            from infrastructure.releases.routing import new_run_key
+
+            key = new_run_key()  # one task, one release for all its agents
 
         async def one(name: str) -> AgentResult[Any]:
             async with gate:
-                return await self.run(name, prompt, timeout_s=timeout_s)
+                return await self.run(name, prompt, timeout_s=timeout_s, routing_key=key)
 
         results = await asyncio.gather(*(one(name) for name in chosen))
         return dict(zip(chosen, results, strict=True))

@@ -191,6 +191,21 @@ class Leases:
             [(change_id, lease_id) for change_id in change_ids],
         )
 
+    def hand_over(self, conn: sqlite3.Connection, lease_id: str, change_ids: Sequence[str]) -> None:
+        """Put ``change_ids`` under ``lease_id`` whatever lease held them before.
+
+        How a change kept live on purpose passes to its record owner (a rollout serving it to
+        a canary share): inside the caller's transaction, so the record and its ownership
+        commit together.
+
+        Raises:
+            LeaseLost: ``lease_id`` is not held; the caller's transaction rolls back.
+        """
+        self._require_held(conn, lease_id)
+        for change_id in change_ids:
+            conn.execute("DELETE FROM lease_changes WHERE change_id = ?", (change_id,))
+        self.link(conn, lease_id, change_ids)
+
     def release(self, conn: sqlite3.Connection, lease_id: str, reason: str) -> None:
         """held -> released, inside the transaction that records the owner's settlement.
 

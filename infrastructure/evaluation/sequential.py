@@ -182,3 +182,12 @@ class TwoSampleTest:
     @property
     def shown_no_worse(self) -> bool:
         return self._no_worse.wealth >= 1.0 / self.alpha
+
+    @property
+    def wealths(self) -> dict[str, float]:
+        """The evidence of each hypothesis (an e-value; ``1/alpha`` is the boundary)."""
+        return {
+            "better": self._better.wealth,
+            "no_worse": self._no_worse.wealth,
+            "hurts": self._hurts.wealth,
+        }

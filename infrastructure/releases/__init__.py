@@ -1,0 +1,1 @@
+"""Releases: a team's definitions as immutable versions, followed by workers, canaried."""

@@ -1,0 +1,442 @@
+"""``Rollouts``: a new release served to a canary share, promoted or rolled back on live runs.
+
+A rollout is owned by its record in the store, not by a process: the record holds its state,
+limits, evidence and the cursor into the executions it has read, and any worker that calls
+:meth:`Rollouts.advance` (each :class:`~infrastructure.releases.follower.ReleaseFollower` does on
+every poll) carries it one step on. A worker that crashes mid-step leaves the last committed
+step; the next worker continues from there, never undoes it. Settling is a compare-and-set on the
+record's state, so two workers deciding at once settle it once.
+
+The changes the canary carries are owned by the rollout too, through the ownership records of
+:mod:`infrastructure.changes.leases`: starting a rollout takes a lease whose owner is the record
+(``RecordOwner("rollout", id)``) and hands the release's changes over to it; recovery at any
+open leaves such a lease to the record, and settling the rollout releases it.
+
+States: ``canary`` (serving its share) -> ``promoted`` | ``rolled_back``; ``canary`` <->
+``paused`` (share 0, evidence kept). Every step is an audit row with its evidence (runs and
+successes per arm, the test's wealth and its boundary). Promote, abort, pause and resume by hand
+need a principal with the admin permission.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass
+
+from infrastructure.changes.leases import Leases
+from infrastructure.changes.owners import LeaseTerms, RecordOwner
+from infrastructure.errors import NotFound, PermissionRequired
+from infrastructure.monitoring.agent_window import RUN
+from infrastructure.principal import ADMIN, Principal
+from infrastructure.releases.release_errors import RolloutConflict
+from infrastructure.releases.release_log import RELEASE_AGENT, Release, ReleaseLog
+from infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
+from infrastructure.releases.routing import DEFAULT_SHARE, check_share
+from infrastructure.structured_logger import get_logger
+
+__all__ = ["ACTIVE", "RolloutRecord", "Rollouts"]
+
+log = get_logger(__name__)
+
+ACTIVE = ("canary", "paused")
+"""States of a rollout that is not settled."""
+
+_COLUMNS = (
+    "rollout_id, team_id, canary, stable, share, claimed_fix, state, reason, limits, evidence, "
+    "cursor, started_at, settled_at, lease_id"
+)
+_READ_BATCH = 5000  # executions read per step: bounded work per poll
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRecord:
+    """A rollout as stored: the record that owns it."""
+
+    rollout_id: str
+    team_id: str
+    canary: int
+    stable: int
+    share: float
+    claimed_fix: bool
+    state: str
+    reason: str | None
+    limits: RolloutLimits
+    evidence: Evidence
+    cursor: int
+    started_at: float
+    settled_at: float | None
+    lease_id: str | None  # its lease in the ownership records (owner: this record)
+
+
+class Rollouts:
+    """Start, advance and steer the rollouts of one team's releases."""
+
+    def __init__(self, releases: ReleaseLog) -> None:
+        self.releases = releases
+        self.leases = Leases(releases.store)
+
+    # -- starting ----------------------------------------------------------------------------
+
+    def start(
+        self,
+        version: int,
+        *,
+        by: Principal,
+        share: float = DEFAULT_SHARE,
+        claimed_fix: bool = False,
+        limits: RolloutLimits | None = None,
+    ) -> RolloutRecord:
+        """Serve release ``version`` to ``share`` of runs, beside the stable release.
+
+        Raises:
+            InvalidArgument: ``share`` outside (0, 1). NotFound: no such release.
+            RolloutConflict: no stable release yet, ``version`` is the stable one, or another
+                canary is in progress.
+        """
+        share = check_share(share)
+        limits = limits or RolloutLimits()
+        release = self.releases.get(version)
+        rollout_id = f"rollout-{uuid.uuid4().hex[:12]}"
+        # The changes the canary carries are owned by this record from now on: recovery at any
+        # open leaves them to the rollout, which promotes or rolls them back.
+        lease = self.leases.acquire(RecordOwner("rollout", rollout_id), LeaseTerms())
+        with self.releases.write() as (conn, txn):
+            heads = self.releases.heads_in(conn)
+            if heads.stable is None:
+                raise RolloutConflict(version, "the team has no stable release to compare with")
+            if heads.stable == version:
+                raise RolloutConflict(version, "it is already the stable release")
+            if heads.canary is not None:
+                raise RolloutConflict(
+                    version, f"release {heads.canary} is the canary now ({heads.rollout_id})"
+                )
+            cursor = _last_execution_id(conn)
+            self.leases.hand_over(conn, lease.lease_id, release.change_ids)
+            conn.execute(
+                f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    rollout_id,
+                    self.releases.team_id,
+                    version,
+                    heads.stable,
+                    share,
+                    int(claimed_fix),
+                    "canary",
+                    None,
+                    limits.to_json(),
+                    Evidence().to_json(),
+                    cursor,
+                    time.time(),
+                    None,
+                    lease.lease_id,
+                ),
+            )
+            self.releases.set_heads(
+                conn, stable=heads.stable, canary=version, share=share, rollout_id=rollout_id
+            )
+            if txn is not None:
+                txn.append(
+                    agent_name=RELEASE_AGENT,
+                    edit_type="rollout_started",
+                    old_value=heads.stable,
+                    new_value=json.dumps(
+                        {
+                            "rollout": rollout_id,
+                            "canary": version,
+                            "share": share,
+                            "claimed_fix": claimed_fix,
+                            "limits": json.loads(limits.to_json()),
+                        }
+                    ),
+                    user_id=by.user_id,
+                    user_name=by.name,
+                )
+        log.info("rollout_started", rollout=rollout_id, canary=version, share=share)
+        return self.get(rollout_id)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def get(self, rollout_id: str) -> RolloutRecord:
+        """One rollout.
+
+        Raises:
+            NotFound: no rollout with this id for the team.
+        """
+        row = (
+            self.releases.store.connection()
+            .execute(
+                f"SELECT {_COLUMNS} FROM rollouts WHERE rollout_id = ? AND team_id = ?",
+                (rollout_id, self.releases.team_id),
+            )
+            .fetchone()
+        )
+        if row is None:
+            raise NotFound("rollout", rollout_id)
+        return _record(row)
+
+    def of_release(self, version: int) -> RolloutRecord | None:
+        """The newest rollout of release ``version`` (None: it was never a canary)."""
+        row = (
+            self.releases.store.connection()
+            .execute(
+                f"SELECT {_COLUMNS} FROM rollouts WHERE team_id = ? AND canary = ? "
+                "ORDER BY started_at DESC LIMIT 1",
+                (self.releases.team_id, version),
+            )
+            .fetchone()
+        )
+        return _record(row) if row is not None else None
+
+    def rolled_back(self, limit: int = 20) -> list[RolloutRecord]:
+        """The newest ``limit`` rollouts that ended rolled back, newest first."""
+        rows = (
+            self.releases.store.connection()
+            .execute(
+                f"SELECT {_COLUMNS} FROM rollouts WHERE team_id = ? AND state = 'rolled_back' "
+                "ORDER BY settled_at DESC LIMIT ?",
+                (self.releases.team_id, limit),
+            )
+            .fetchall()
+        )
+        return [_record(row) for row in rows]
+
+    def active(self) -> RolloutRecord | None:
+        """The rollout in progress (None when there is none)."""
+        heads = self.releases.heads()
+        return self.get(heads.rollout_id) if heads.rollout_id is not None else None
+
+    # -- advancing ---------------------------------------------------------------------------
+
+    def advance(self, *, now: float | None = None) -> RolloutRecord | None:
+        """Read the live runs recorded since the last step and settle if the test decides.
+
+        Any worker may call it at any time; it does nothing when no rollout is in progress.
+        Returns the rollout as it stands afterwards (None: none in progress).
+        """
+        heads = self.releases.heads()
+        if heads.rollout_id is None:
+            return None
+        rollout_id = heads.rollout_id
+        record = self.get(rollout_id)
+        if record.state != "canary":
+            return record
+        # Read and pair outside any write transaction (the monitors keep writing meanwhile),
+        # then store the step with a compare-and-set on the cursor: of two workers stepping
+        # at once, one step counts and the other is dropped, never counted twice.
+        conn = self.releases.store.connection()
+        rows = conn.execute(
+            "SELECT id, source, success, duration_ms, extra FROM executions "
+            "WHERE id > ? ORDER BY id LIMIT ?",
+            (record.cursor, _READ_BATCH),
+        ).fetchall() if _has_executions(conn) else []  # fmt: skip
+        age_hours = ((now or time.time()) - record.started_at) / 3600.0
+        if not rows and age_hours < record.limits.max_hours:
+            return record  # nothing new to judge
+        evidence = record.evidence
+        if rows:
+            evidence.add_all(_arm_runs(rows, rollout_id, record.canary))
+            with self.releases.store.transaction() as conn:
+                stepped = conn.execute(
+                    "UPDATE rollouts SET evidence = ?, cursor = ? "
+                    "WHERE rollout_id = ? AND cursor = ? AND state = 'canary'",
+                    (evidence.to_json(), int(rows[-1][0]), rollout_id, record.cursor),
+                ).rowcount
+            if stepped != 1:
+                return self.get(rollout_id)  # another worker took this step
+        decision, reason, test = decide(
+            evidence, record.limits, claimed_fix=record.claimed_fix, age_hours=age_hours
+        )
+        if decision == "continue":
+            return self.get(rollout_id)
+        outcome = "promoted" if decision == "promote" else "rolled_back"
+        self._settle(record, outcome, reason, evidence.summary(test), by=None)
+        return self.get(rollout_id)
+
+    # -- steering by hand --------------------------------------------------------------------
+
+    def promote(self, version: int, *, by: Principal) -> RolloutRecord:
+        """Make the current canary the stable release now (an administrator's call).
+
+        Raises:
+            PermissionRequired: ``by`` is not an administrator.
+            RolloutConflict: ``version`` is not the current canary.
+        """
+        record = self._current_canary(version, by, "promote a release")
+        self._settle(record, "promoted", "by_hand", record.evidence.summary(), by=by)
+        return self.get(record.rollout_id)
+
+    def abort(self, version: int, *, by: Principal) -> RolloutRecord | Release:
+        """Take ``version`` out of service: a canary is rolled back; the stable release is
+        rolled back fleet-wide by publishing its parent's content as a new stable release.
+
+        Raises:
+            PermissionRequired: ``by`` is not an administrator.
+            RolloutConflict: ``version`` is neither the canary nor the stable release.
+        """
+        _require_admin(by, "abort a release")
+        heads = self.releases.heads()
+        if heads.canary == version:
+            record = self._current_canary(version, by, "abort a release")
+            self._settle(record, "rolled_back", "aborted", record.evidence.summary(), by=by)
+            return self.get(record.rollout_id)
+        if heads.stable == version:
+            if heads.canary is not None:
+                raise RolloutConflict(
+                    version, f"settle the canary {heads.canary} before rolling back the stable"
+                )
+            return self.releases.publish_rollback(version, by=by)
+        raise RolloutConflict(version, "it is neither the canary nor the stable release")
+
+    def pause(self, version: int, *, by: Principal, resume: bool = False) -> RolloutRecord:
+        """Stop serving the canary (share 0, evidence kept), or serve it again (``resume``).
+
+        Raises:
+            PermissionRequired: ``by`` is not an administrator.
+            RolloutConflict: ``version`` is not the current canary, or is already so.
+        """
+        record = self._current_canary(version, by, "pause a rollout")
+        wanted, before = ("canary", "paused") if resume else ("paused", "canary")
+        with self.releases.write() as (conn, txn):
+            updated = conn.execute(
+                "UPDATE rollouts SET state = ? WHERE rollout_id = ? AND state = ?",
+                (wanted, record.rollout_id, before),
+            ).rowcount
+            if updated != 1:
+                raise RolloutConflict(version, f"its rollout is not {before}")
+            self.releases.set_heads(
+                conn,
+                stable=record.stable,
+                canary=version,
+                share=record.share if resume else 0.0,
+                rollout_id=record.rollout_id,
+            )
+            if txn is not None:
+                txn.append(
+                    agent_name=RELEASE_AGENT,
+                    edit_type="rollout_resumed" if resume else "rollout_paused",
+                    old_value=before,
+                    new_value=json.dumps(
+                        {"rollout": record.rollout_id, **record.evidence.summary()}
+                    ),
+                    user_id=by.user_id,
+                    user_name=by.name,
+                )
+        return self.get(record.rollout_id)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _current_canary(self, version: int, by: Principal, action: str) -> RolloutRecord:
+        _require_admin(by, action)
+        self.releases.get(version)
+        heads = self.releases.heads()
+        if heads.canary != version or heads.rollout_id is None:
+            now = f"the canary is {heads.canary}" if heads.canary else "there is no canary"
+            raise RolloutConflict(version, f"it is not the current canary ({now})")
+        return self.get(heads.rollout_id)
+
+    def _settle(
+        self,
+        record: RolloutRecord,
+        outcome: str,
+        reason: str,
+        evidence: dict[str, object],
+        *,
+        by: Principal | None,
+    ) -> None:
+        """Promote or roll back, once: a compare-and-set on the record's state."""
+        # A rollback must go through even over a broken audit head (it is a safety write).
+        with self.releases.write(safety=outcome == "rolled_back") as (conn, txn):
+            updated = conn.execute(
+                "UPDATE rollouts SET state = ?, reason = ?, settled_at = ? "
+                "WHERE rollout_id = ? AND state IN (?, ?)",
+                (outcome, reason, time.time(), record.rollout_id, *ACTIVE),
+            ).rowcount
+            if updated != 1:
+                return  # another worker settled it first
+            lease = self.leases.get(record.lease_id) if record.lease_id else None
+            if lease is not None and lease.state == "held":
+                self.leases.release(conn, lease.lease_id, f"rollout {outcome}: {reason}")
+            stable = record.canary if outcome == "promoted" else record.stable
+            self.releases.set_heads(conn, stable=stable, canary=None, share=0.0, rollout_id=None)
+            if txn is not None:
+                txn.append(
+                    agent_name=RELEASE_AGENT,
+                    edit_type=f"rollout_{outcome}",
+                    old_value=record.stable,
+                    new_value=json.dumps(
+                        {
+                            "rollout": record.rollout_id,
+                            "canary": record.canary,
+                            "reason": reason,
+                            **evidence,
+                        }
+                    ),
+                    user_id=by.user_id if by else "agentmend",
+                    user_name=by.name if by else "rollout",
+                )
+        log.info(
+            "rollout_settled", rollout=record.rollout_id, outcome=outcome, reason=reason, **evidence
+        )
+
+
+def _require_admin(by: Principal, action: str) -> None:
+    if not by.is_admin:
+        raise PermissionRequired(by.user_id, ADMIN, action)
+
+
+def _has_executions(conn: sqlite3.Connection) -> bool:
+    try:
+        conn.execute("SELECT 1 FROM executions LIMIT 1").fetchall()
+    except sqlite3.OperationalError:
+        return False  # no monitor has written to this store yet
+    return True
+
+
+def _last_execution_id(conn: sqlite3.Connection) -> int:
+    if not _has_executions(conn):
+        return 0
+    row = conn.execute("SELECT MAX(id) FROM executions").fetchone()
+    return int(row[0] or 0)
+
+
+def _arm_runs(
+    rows: list[tuple[object, ...]], rollout_id: str, canary: int
+) -> list[tuple[str, bool, float]]:
+    """(arm, success, duration) of the production runs served under ``rollout_id``."""
+    runs: list[tuple[str, bool, float]] = []
+    for _id, source, success, duration_ms, extra in rows:
+        if source != RUN or not extra:
+            continue
+        try:
+            tags = json.loads(str(extra))
+        except ValueError:
+            continue
+        if not isinstance(tags, dict) or tags.get("rollout") != rollout_id:
+            continue
+        arm = "canary" if tags.get("release") == canary else "stable"
+        runs.append((arm, bool(success), float(str(duration_ms))))
+    return runs
+
+
+def _record(row: tuple[object, ...]) -> RolloutRecord:
+    (rollout_id, team_id, canary, stable, share, claimed_fix, state, reason, limits, evidence,
+     cursor, started_at, settled_at, lease_id) = row  # fmt: skip
+    return RolloutRecord(
+        rollout_id=str(rollout_id),
+        team_id=str(team_id),
+        canary=int(str(canary)),
+        stable=int(str(stable)),
+        share=float(str(share)),
+        claimed_fix=bool(claimed_fix),
+        state=str(state),
+        reason=str(reason) if reason is not None else None,
+        limits=RolloutLimits.from_json(str(limits)),
+        evidence=Evidence.from_json(str(evidence)),
+        cursor=int(str(cursor)),
+        started_at=float(str(started_at)),
+        settled_at=float(str(settled_at)) if settled_at is not None else None,
+        lease_id=str(lease_id) if lease_id is not None else None,
+    )

@@ -1,0 +1,117 @@
+"""``agentmend release ...`` as a user runs it: publish, list, show, diff, canary, and the
+administrator's promote, abort and pause with their exit codes and audit rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from agents.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, main
+from agents.faces.workspace import Workspace
+from infrastructure.changes.audit import AuditLog
+from infrastructure.store import Store
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    path = tmp_path / "ws"
+    with Workspace.open(path, create=True):
+        pass
+    return path
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _edit(workspace: Path, old: str, new: str) -> None:
+    path = workspace / "agents" / "research-agent.md"
+    path.write_text(path.read_text().replace(old, new, 1))
+
+
+def test_publish_list_show_diff(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ws = ("--workspace", str(workspace))
+    assert _run(capsys, "release", "publish", *ws)[0] == EXIT_OK
+    _edit(workspace, "max_tokens: 2048", "max_tokens: 4096")
+    code, out, _ = _run(capsys, "release", "publish", "--change", "chg-7", *ws)
+    assert code == EXIT_OK
+    assert "published release 2" in out
+    code, out, _ = _run(capsys, "release", "list", "--json", *ws)
+    listed = json.loads(out)
+    assert [r["version"] for r in listed["releases"]] == [2, 1]
+    assert listed["heads"]["stable"] == 1
+    assert listed["releases"][0]["change_ids"] == ["chg-7"]
+    code, out, _ = _run(capsys, "release", "show", "2", *ws)
+    assert "release 2" in out
+    assert "research-agent.md" in out
+    code, out, _ = _run(capsys, "release", "diff", "1", "2", *ws)
+    assert "+  max_tokens: 4096" in out
+    assert (workspace / "agents" / ".agent" / "team-id").read_text().startswith("team-")
+
+
+def test_a_broken_file_is_refused_at_publication(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (workspace / "agents" / "quality-agent.md").write_text("---\nname: [x\n---\n")
+    code, _, err = _run(capsys, "release", "publish", "--workspace", str(workspace))
+    assert code == EXIT_PROBLEM
+    assert "quality-agent.md" in err
+
+
+def test_canary_and_the_administrators_steps(
+    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = ("--workspace", str(workspace))
+    _run(capsys, "release", "publish", *ws)
+    _edit(workspace, "max_tokens: 2048", "max_tokens: 4096")
+    _run(capsys, "release", "publish", *ws)
+    code, _, err = _run(capsys, "release", "canary", "2", "--share", "1.5", *ws)
+    assert code == EXIT_USAGE
+    assert "canary share" in err
+    code, out, _ = _run(capsys, "release", "canary", "2", *ws)
+    assert code == EXIT_OK
+    assert "serves 10% of runs" in out
+    code, _, err = _run(capsys, "release", "promote", "2", *ws)
+    assert code == EXIT_USAGE
+    assert "admin" in err
+    monkeypatch.setenv("AGENTMEND_PRINCIPAL_ADMIN", "true")
+    code, _, err = _run(capsys, "release", "promote", "1", *ws)
+    assert code == EXIT_PROBLEM
+    assert "not the current canary" in err
+    assert _run(capsys, "release", "pause", "2", *ws)[0] == EXIT_OK
+    assert _run(capsys, "release", "pause", "2", "--resume", *ws)[0] == EXIT_OK
+    code, out, _ = _run(capsys, "release", "promote", "2", "--json", *ws)
+    assert code == EXIT_OK
+    assert json.loads(out)["state"] == "promoted"
+    code, out, _ = _run(capsys, "release", "abort", "2", *ws)
+    assert code == EXIT_OK
+    assert "rolled back fleet-wide: release 3" in out
+    code, _, err = _run(capsys, "release", "show", "9", *ws)
+    assert code == EXIT_USAGE
+    assert "no release" in err
+    store = Store(workspace / "agentmend.db")
+    edits = [e.edit_type for e in AuditLog(store).entries()]
+    assert edits[-5:] == [
+        "rollout_started",
+        "rollout_paused",
+        "rollout_resumed",
+        "rollout_promoted",
+        "release_published",
+    ]
+    assert AuditLog(store).verify_chain().ok

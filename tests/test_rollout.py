@@ -1,0 +1,229 @@
+"""Rollouts on live runs: a harmful canary rolled back, a good one promoted, limits, steering.
+
+The runs are real runs of the simulated team through ``AgentTeam`` (routed per run by the
+follower), recorded by a real ``PerformanceMonitor`` into the store the rollout reads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agents.roles.team import AgentTeam
+from infrastructure.changes.audit import AuditLog
+from infrastructure.errors import InvalidArgument, NotFound, PermissionRequired, WrongArgumentType
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from infrastructure.principal import ADMIN, Principal
+from infrastructure.releases.follower import ReleaseFollower
+from infrastructure.releases.release_errors import RolloutConflict
+from infrastructure.releases.release_log import Release, ReleaseLog
+from infrastructure.releases.rollout import Rollouts
+from infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
+from infrastructure.simulation import SimulatedRuntime, copy_team
+from infrastructure.simulation.faults import Fault, FaultKind
+from infrastructure.store import Store
+
+CYCLE = Principal("cycle", "improvement cycle")
+OPS = Principal("ops", "Operator", frozenset({ADMIN}))
+AGENT = "research-agent"
+
+
+class Fleet:
+    """One worker in-process: a store, a release log, a follower, a team and its monitor."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.source = copy_team(tmp_path / "team")
+        self.store = Store(tmp_path / "agentmend.db")
+        self.audit = AuditLog(self.store)
+        self.log = ReleaseLog(self.store, "team-1", audit=self.audit)
+        self.rollouts = Rollouts(self.log)
+        self.log.publish_directory(self.source, by=CYCLE)
+        self.follower = ReleaseFollower(self.log, tmp_path / "worker")
+        self.follower.poll()
+        self.monitor = PerformanceMonitor(self.store, flush_interval_s=60)
+        self.runtime = SimulatedRuntime(7)
+        self.team = AgentTeam.following(self.follower, self.runtime, monitor=self.monitor)
+
+    def publish_edit(self, old: str, new: str) -> int:
+        path = self.source / f"{AGENT}.md"
+        path.write_text(path.read_text().replace(old, new, 1))
+        return self.log.publish_directory(self.source, by=CYCLE, change_ids=("chg-x",)).version
+
+    async def serve(self, runs: int, *, step: int = 50) -> dict[int, int]:
+        """Serve ``runs`` runs, flushing and letting the follower poll every ``step``."""
+        served: dict[int, int] = {}
+        for i in range(runs):
+            await self.team.run(AGENT, f"Explain concept {i}")
+            if (i + 1) % step == 0:
+                self.monitor.flush()
+                self.follower.poll()
+        for row in self.store.connection().execute("SELECT extra FROM executions"):
+            release = json.loads(row[0])["release"]
+            served[release] = served.get(release, 0) + 1
+        return served
+
+    def close(self) -> None:
+        self.monitor.close()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    made = Fleet(tmp_path)
+    yield made
+    made.close()
+
+
+async def test_a_harmful_canary_is_rolled_back_on_live_runs(fleet: Fleet) -> None:
+    # max_tokens trimmed below what half of the answers need: no eval case is that long
+    harmful = fleet.publish_edit("max_tokens: 2048", "max_tokens: 950")
+    record = fleet.rollouts.start(harmful, by=CYCLE)
+    served = await fleet.serve(3000)
+    settled = fleet.rollouts.get(record.rollout_id)
+    assert settled.state == "rolled_back"
+    assert settled.reason == "worse"
+    assert fleet.log.heads().stable == 1
+    assert fleet.log.heads().canary is None
+    assert served[1] > 5 * served.get(harmful, 0)  # stable served most runs
+    assert fleet.follower.status().canary is None
+    edits = [e.edit_type for e in fleet.audit.entries()]
+    assert edits[-1] == "rollout_rolled_back"
+    evidence = json.loads(fleet.audit.entries()[-1].new_value or "{}")
+    assert evidence["reason"] == "worse"
+    assert evidence["wealth"]["hurts"] >= evidence["boundary"] == 20.0
+    assert fleet.audit.entries()[-1].user_id == "agentmend"
+
+
+async def test_a_canary_that_fixes_a_fault_is_promoted(fleet: Fleet) -> None:
+    fleet.runtime.inject(AGENT, Fault(FaultKind.TRUNCATION, token_factor=2.6))
+    fixed = fleet.publish_edit("max_tokens: 2048", "max_tokens: 4096")
+    record = fleet.rollouts.start(fixed, by=CYCLE, claimed_fix=True, share=0.2)
+    await fleet.serve(2000)
+    settled = fleet.rollouts.get(record.rollout_id)
+    assert settled.state == "promoted"
+    assert settled.reason == "better"
+    assert fleet.log.heads().stable == fixed
+    assert fleet.follower.status().stable == fixed
+    assert "max_tokens: 4096" in (fleet.follower.team_dir / f"{AGENT}.md").read_text()
+    assert fleet.team.spec(AGENT).max_tokens == 4096  # the team follows the new stable
+
+
+def test_limits_roll_back_as_not_proven() -> None:
+    limits = RolloutLimits(max_canary_runs=100)
+    evidence = Evidence()
+    for i in range(100):  # equal arms: neither worse nor shown within a tiny margin
+        evidence.add("stable", i % 2 == 0, 10.0)
+        evidence.add("canary", i % 2 == 1, 10.0)
+    assert decide(evidence, limits, claimed_fix=True, age_hours=1.0)[:2] == (
+        "roll_back",
+        "not_proven",
+    )
+    young = Evidence(canary_runs=3)
+    assert decide(young, RolloutLimits(), claimed_fix=False, age_hours=25.0)[:2] == (
+        "roll_back",
+        "not_proven",
+    )
+    assert decide(young, RolloutLimits(), claimed_fix=False, age_hours=1.0)[0] == "continue"
+
+
+def test_a_slower_canary_is_rolled_back_by_the_latency_guard() -> None:
+    evidence = Evidence()
+    for _ in range(60):
+        evidence.add("stable", True, 100.0)
+        evidence.add("canary", True, 200.0)
+    assert decide(evidence, RolloutLimits(), claimed_fix=True, age_hours=0.1)[:2] == (
+        "roll_back",
+        "slower",
+    )
+
+
+def test_pairing_never_looks_at_outcomes() -> None:
+    a, b = Evidence(), Evidence()
+    for arm in ["stable", "stable", "canary", "stable", "canary", "canary", "canary"]:
+        a.add(arm, True, 1.0)
+        b.add(arm, False, 1.0)
+    assert len(a.pairs) == len(b.pairs) == 6
+    assert Evidence.from_json(a.to_json()) == a
+
+
+async def test_promote_abort_pause_need_an_admin_and_the_current_canary(fleet: Fleet) -> None:
+    v2 = fleet.publish_edit("max_tokens: 2048", "max_tokens: 3000")
+    with pytest.raises(RolloutConflict, match="not the current canary"):
+        fleet.rollouts.promote(v2, by=OPS)
+    record = fleet.rollouts.start(v2, by=CYCLE)
+    with pytest.raises(RolloutConflict, match="is the canary now"):
+        fleet.rollouts.start(v2, by=CYCLE)
+    with pytest.raises(PermissionRequired):
+        fleet.rollouts.promote(v2, by=CYCLE)
+    with pytest.raises(PermissionRequired):
+        fleet.rollouts.pause(v2, by=CYCLE)
+    with pytest.raises(RolloutConflict, match="not the current canary"):
+        fleet.rollouts.promote(1, by=OPS)
+    paused = fleet.rollouts.pause(v2, by=OPS)
+    assert paused.state == "paused"
+    assert fleet.log.heads().share == 0.0
+    fleet.follower.poll()
+    assert {fleet.follower.choose(f"u{i}").arm for i in range(200)} == {"stable"}
+    resumed = fleet.rollouts.pause(v2, by=OPS, resume=True)
+    assert resumed.state == "canary"
+    assert fleet.log.heads().share == pytest.approx(0.1)
+    promoted = fleet.rollouts.promote(v2, by=OPS)
+    assert promoted.state == "promoted"
+    assert promoted.reason == "by_hand"
+    assert fleet.log.heads().stable == v2
+    assert record.rollout_id == promoted.rollout_id
+    # abort of the stable release: the parent's content, published as a new stable release
+    back = fleet.rollouts.abort(v2, by=OPS)
+    assert isinstance(back, Release)
+    assert fleet.log.heads().stable == back.version == 3
+    assert fleet.log.get(3).content_hash == fleet.log.get(1).content_hash
+    edits = [e.edit_type for e in fleet.audit.entries()]
+    assert edits[-5:] == [
+        "rollout_started",
+        "rollout_paused",
+        "rollout_resumed",
+        "rollout_promoted",
+        "release_published",
+    ]
+    assert {e.user_id for e in fleet.audit.entries()[-4:-1]} == {"ops"}
+
+
+async def test_bad_rollout_input(fleet: Fleet) -> None:
+    v2 = fleet.publish_edit("max_tokens: 2048", "max_tokens: 3000")
+    for share in (0.0, 1.0, 2.0):
+        with pytest.raises(InvalidArgument, match="canary share"):
+            fleet.rollouts.start(v2, by=CYCLE, share=share)
+    with pytest.raises(NotFound):
+        fleet.rollouts.start(99, by=CYCLE)
+    with pytest.raises(RolloutConflict, match="already the stable"):
+        fleet.rollouts.start(1, by=CYCLE)
+    assert fleet.log.heads().canary is None  # nothing started
+    with pytest.raises(WrongArgumentType, match="routing key"):
+        await fleet.team.run(AGENT, "x", routing_key=42)  # type: ignore[arg-type]
+
+
+async def test_the_rollout_record_owns_its_changes_and_recovery_leaves_them(fleet: Fleet) -> None:
+    from infrastructure.changes.improvement_manager import ImprovementManager
+    from infrastructure.changes.leases import Leases
+    from infrastructure.changes.owners import RecordOwner
+
+    v2 = fleet.publish_edit("max_tokens: 2048", "max_tokens: 3000")
+    record = fleet.rollouts.start(v2, by=CYCLE)
+    leases = Leases(fleet.store)
+    assert record.lease_id is not None
+    lease = leases.get(record.lease_id)
+    assert lease is not None
+    assert lease.owner == RecordOwner("rollout", record.rollout_id)
+    assert leases.changes_of(record.lease_id) == ["chg-x"]
+    ImprovementManager(store=fleet.store)  # recovery at open
+    after = leases.get(record.lease_id)
+    assert after is not None
+    assert after.state == "held"
+    assert fleet.rollouts.get(record.rollout_id).state == "canary"  # continued, not undone
+    fleet.rollouts.promote(v2, by=OPS)
+    released = leases.get(record.lease_id)
+    assert released is not None
+    assert released.state == "released"
+    assert released.end_reason == "rollout promoted: by_hand"
