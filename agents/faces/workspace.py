@@ -11,7 +11,8 @@ they share one store and one team::
 
 Opening settles what processes that are gone left unproven: changes being verified (restored,
 FAILED ``interrupted``) and code plans being executed (restored, ``failed``); see
-``infrastructure.changes.abandoned`` and ``infrastructure.code_update.plan_recovery``.
+``infrastructure.changes.abandoned`` and ``infrastructure.code_update.plan_recovery``. Changes
+watched on live runs are continued, not undone (``infrastructure.changes.watch``).
 
 On first open, with no definitions given, the simulated six-agent team is copied into
 ``agents/`` (the offline default needs no key and no network). ``Workspace.orchestrator()``
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.watch import ChangeWatcher
 from infrastructure.code_update.plan_recovery import settle_interrupted_plans
 from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.limits import InputLimits
@@ -217,6 +219,9 @@ class Workspace:
             # the manager settled the unproven changes of processes gone; now the code plans
             # they were executing (every face opens here, so every start settles them)
             settle_interrupted_plans(manager)
+            # a change watched on live runs is not undone but continued: judged on the runs
+            # recorded so far, so a watch whose process died is decided here if it can be
+            ChangeWatcher(manager).continue_all()
             monitor = PerformanceMonitor(store, **monitor_options(settings))
             # the detector's tables exist from the open on, so that a request that fails later
             # (an unknown agent, say) leaves the store as it found it

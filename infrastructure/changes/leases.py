@@ -158,6 +158,19 @@ class Leases:
         )
         return None if row is None else _lease(row)
 
+    def of_record(self, owner: RecordOwner) -> Lease | None:
+        """The newest lease a record owns (a watch finds its own by its id), None if none."""
+        row = (
+            self.store.connection()
+            .execute(
+                f"SELECT {_COLUMNS} FROM leases WHERE kind = 'record' AND record_kind = ?"
+                " AND record_id = ? ORDER BY acquired DESC LIMIT 1",
+                (owner.kind, owner.record_id),
+            )
+            .fetchone()
+        )
+        return None if row is None else _lease(row)
+
     def open_leases(self) -> list[Lease]:
         """Every lease held or lost (served by a partial index: settled ones cost nothing)."""
         rows = self.store.connection().execute(

@@ -367,15 +367,18 @@ def calibrate_normal(
     clip_sd: float = 5.0,
     cap: float = 4.0,
     max_k: float = 1.0,
+    mean_margin: float = 1.0,
 ) -> NormalChart:
     """A CUSUM for an upward shift of ``shift`` (same units as ``values``) in the mean.
 
     The baseline estimate is made conservative and robust: values are clipped to ``median +/-
     clip_sd * s`` (``s`` the MAD-based sd, at least ``sd_floor``); ``sd`` is the larger of the
     clipped sample sd and ``s`` (and the floor), inflated by its standard error; ``mean`` is the
-    clipped mean plus one standard error. ``k = min(shift / (2 sd), max_k)``: the optimal
-    reference for the design shift, capped because Siegmund's approximation degrades for large
-    ``k`` and a chart built for a 2-sd shift already catches any larger one within a few runs.
+    clipped mean plus ``mean_margin`` standard errors (default one; the duration bank takes none
+    and averages its threshold over the mean's error instead). ``k = min(shift / (2 sd), max_k)``:
+    the optimal reference for the design shift, capped because Siegmund's approximation degrades
+    for large ``k`` and a chart built for a 2-sd shift already catches any larger one within a
+    few runs.
     ``h`` is the larger of the Gaussian Siegmund threshold and the one from the baseline's own
     standardised increments (their empirical tilt and mean), so skew or heavy tails seen in the
     baseline raise the threshold instead of the false-alarm rate.
@@ -396,7 +399,7 @@ def calibrate_normal(
     mean = math.fsum(clipped) / n
     var = math.fsum((v - mean) ** 2 for v in clipped) / (n - 1)
     sd = max(math.sqrt(var), s) * (1.0 + 1.0 / math.sqrt(2.0 * (n - 1)))
-    mean += sd / math.sqrt(n)
+    mean += mean_margin * sd / math.sqrt(n)
     k = min(shift / (2.0 * sd), max_k)
     h = _solve_threshold(lambda t: siegmund_arl(k, t), target_arl)
     chart = NormalChart(mean, sd, k, h, lower, upper, cap, target_arl, 2.0 * k)

@@ -43,7 +43,7 @@ from infrastructure.monitoring.agent_window import (
 from infrastructure.store import Store
 from infrastructure.store_sql import StoreConnection
 
-__all__ = ["ExecutionStore", "LoadedState"]
+__all__ = ["ExecutionStore", "LoadedState", "last_run_id", "outcomes_after"]
 
 _COMPONENT = "executions"
 _ROWS_PER_INSERT = 100  # 1,000 bound parameters per statement, far below SQLite's limit
@@ -411,3 +411,23 @@ def _close_segment(
         "UPDATE baseline_epochs SET status = ? WHERE agent = ? AND epoch = ?",
         (status, agent, epoch),
     )
+
+
+def last_run_id(store: Store) -> int:
+    """The id of the newest run in the store (0 if none): runs after it are "from now on"."""
+    store.migrate(_COMPONENT, _MIGRATIONS)
+    return _last_id(store.connection())
+
+
+def outcomes_after(store: Store, agent: str, after_id: int, limit: int) -> list[bool]:
+    """Success of ``agent``'s first ``limit`` runs with an id above ``after_id``, oldest first.
+
+    What a watch on a live change reads: the runs are in the store, so a process that takes
+    over the watch after a crash reads the same ones.
+    """
+    store.migrate(_COMPONENT, _MIGRATIONS)
+    rows = store.connection().execute(
+        "SELECT success FROM executions WHERE agent = ? AND id > ? ORDER BY id LIMIT ?",
+        (agent, after_id, limit),
+    )
+    return [bool(ok) for (ok,) in rows]
