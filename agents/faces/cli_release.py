@@ -41,7 +41,7 @@ def _releases(args: argparse.Namespace) -> Iterator[tuple[Any, Any, Any, Any]]:
     from infrastructure.releases.release_errors import ReleaseRefused, RolloutConflict
     from infrastructure.releases.release_log import ReleaseLog
     from infrastructure.releases.rollout import Rollouts
-    from infrastructure.releases.team_id import team_id_for
+    from infrastructure.team_id import team_id_for
 
     with open_workspace(args) as workspace:
         log = ReleaseLog(

@@ -1,8 +1,8 @@
 """A team's id: the same on every host, kept in a small file in the team's ``.agent/`` folder.
 
-Releases are keyed by it rather than by the team directory's path, which differs on every host.
-The id is made once (``team-`` and 12 hex digits) and never changes; a team directory copied to
-another host carries it along.
+Releases, changes and the team lock are keyed by it rather than by the team directory's path,
+which differs on every host. The id is made once (``team-`` and 12 hex digits) and never
+changes; a team directory copied to another host carries it along.
 """
 
 from __future__ import annotations
