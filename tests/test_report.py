@@ -258,6 +258,18 @@ def test_the_report_is_one_self_contained_file_with_every_section(
     for agent in agents:
         assert f'<div class="agent-chart" data-agent="{agent}">' in page
     assert page.count("<svg") == len(agents)
+    # beneath each chart, the detector's statistic: its peak as the store keeps it
+    with sqlite3.connect(workspace / "agentmend.db") as conn:
+        peaks = conn.execute(
+            "SELECT agent, kind, MAX(peak) FROM detector_series WHERE width = 0 GROUP BY 1, 2"
+        ).fetchall()
+    assert {agent for agent, _, _ in peaks} == set(agents)
+    assert any(peak == 1.0 for _, _, peak in peaks)  # the demo's faults raised alarms
+    for agent, kind, peak in peaks:
+        chart = page[page.index(f'<div class="agent-chart" data-agent="{agent}">') :]
+        chart = chart[: chart.index("</svg>")]
+        assert f'<g class="statistic" data-kind="{kind}"' in chart
+        assert f'data-peak="{peak:.4f}"' in chart[chart.index(f'data-kind="{kind}"') :]
     assert 'data-status="kept"' in page
     assert 'data-status="rolled_back"' in page
     assert page.count('<section class="cycle"') >= 3

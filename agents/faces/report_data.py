@@ -23,6 +23,7 @@ from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.models import ChangeRecord
 from infrastructure.monitoring.agent_window import RUN
 from infrastructure.monitoring.detection import CHART_OF_KIND
+from infrastructure.monitoring.detector_series import StatisticStep, read_statistic_series
 from infrastructure.monitoring.issue_ledger import read_active_issues, read_detector_states
 from infrastructure.monitoring.run_series import SeriesPoint, read_series
 from infrastructure.read_snapshot import read_snapshot
@@ -187,6 +188,8 @@ class ReportData:
     generated_at: datetime
     agents: list[AgentStatus]
     series: dict[str, list[SeriesPoint]]
+    statistics: dict[tuple[str, str], list[StatisticStep]]
+    """Each (agent, chart kind)'s detector statistic over the same time axis."""
     changes: list[ChangeRecord]
     cycles: list[CycleResult]
     """The latest cycles, newest first, in full."""
@@ -221,6 +224,7 @@ def collect_report(
         generated_at=datetime.now(UTC),
         agents=agent_statuses(store, baseline_n=baseline_n),
         series=read_series(store, max_points=max_points),
+        statistics=read_statistic_series(store, max_points=max_points),
         changes=manager.get_history(limit=max_changes),
         cycles=cycles,
         older_cycles=older,
