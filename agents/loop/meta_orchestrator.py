@@ -215,7 +215,7 @@ class MetaOrchestrator:
             specs_provider=lambda: self.team.specs,
         )
         self._pending: dict[str, IssueReport] = {}
-        self.verifier = CycleVerifier(team)
+        self.verifier = CycleVerifier(team, design=self.settings.verification_design)
         self.cycle = ImprovementCycle(
             store=store,
             team=team,
