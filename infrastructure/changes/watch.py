@@ -259,6 +259,10 @@ class ChangeWatcher:
         )
         return [_watch(row) for row in rows]
 
+    def open_here(self, agent: str | None = None) -> list[ChangeWatch]:
+        """The open watches this host settles (the change's files are here), oldest first."""
+        return [w for w in self.open_watches(agent) if _same_host(self.host, w.host)]
+
     def changes_of(self, watch_id: str) -> list[str]:
         """The ids of the changes the watch holds (empty once it is settled)."""
         lease = self.manager.leases.of_record(RecordOwner("watch", watch_id))
