@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -85,14 +84,15 @@ async def main(folder: Path) -> None:
         available_agents=orchestrator.team.names,
     )
     cycle = await orchestrator.run_improvement_cycle(issue)
-    assert cycle.status == "watching" and cycle.watch is not None, cycle.summary()
+    assert cycle.status == "watching", cycle.summary()
+    assert cycle.watch is not None
     print(f"CYCLE {cycle.cycle_id}", flush=True)
     print(f"WATCH {cycle.watch.watch_id}", flush=True)
     for n in range(5):
         assert not (await orchestrator.team.run(AGENT, f"after {n}")).success
     orchestrator.monitor.flush()
     print("RAN", flush=True)
-    time.sleep(600)  # the parent kills this process
+    await asyncio.sleep(600)  # the parent kills this process
 
 
 if __name__ == "__main__":

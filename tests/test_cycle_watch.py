@@ -128,13 +128,16 @@ async def test_a_fix_without_a_suite_is_watched_on_live_runs_and_kept_once_shown
     assert definitions(orchestrator) != before
     # the cycle's record shows the watch's verdict wherever cycles are read
     replayed = replay_cycle(orchestrator.store, cycle.cycle_id)
-    assert replayed.status == "kept" and bool(replayed)
-    assert replayed.watch is not None and replayed.watch.runs == used
+    assert replayed.status == "kept"
+    assert bool(replayed)
+    assert replayed.watch is not None
+    assert replayed.watch.runs == used
     assert "kept: shown better" in replayed.summary()
     assert latest_cycles(orchestrator.store)[0].status == "kept"
     assert cycle_summaries(orchestrator.store)[0].status == "kept"
     shown = cycle_of_change(orchestrator.store, record.change_id)
-    assert shown is not None and shown.status == "kept"
+    assert shown is not None
+    assert shown.status == "kept"
     (settled,) = list_decisions(orchestrator.store, kind="watch_settled")
     assert settled.payload["state"] == "kept"
 
@@ -156,7 +159,8 @@ async def test_a_change_that_hurts_is_rolled_back_by_the_watch_as_soon_as_runs_s
     assert record.status is ChangeStatus.ROLLED_BACK
     replayed = replay_cycle(orchestrator.store, cycle.cycle_id)
     assert (replayed.status, replayed.rolled_back) == ("rolled_back", True)
-    assert replayed.watch is not None and replayed.watch.decision == "hurts"
+    assert replayed.watch is not None
+    assert replayed.watch.decision == "hurts"
     assert orchestrator.team.spec(AGENT).max_tokens != 40  # the team runs the restored file
 
 
@@ -168,7 +172,8 @@ async def test_a_change_that_does_not_help_is_not_kept(build: Build) -> None:
     before = definitions(orchestrator)
     cycle = await orchestrator.run_improvement_cycle(issue_of(orchestrator))
     assert cycle.status == "watching", cycle.summary()
-    assert cycle.watch is not None and cycle.watch.budget == 40
+    assert cycle.watch is not None
+    assert cycle.watch.budget == 40
     used = await watch_until_ended(orchestrator, 60)
     assert used == 40  # the whole budget: never shown better, never shown to hurt
     assert definitions(orchestrator) == before
@@ -191,15 +196,18 @@ async def test_no_other_change_or_detected_cycle_for_an_agent_while_its_change_i
     # asked for directly: refused before anything is planned or gated
     second = await orchestrator.run_improvement_cycle(issue_of(orchestrator, "slow_response"))
     assert second.status == "watch_open"
-    assert second.error is not None and "being watched" in second.error
+    assert second.error is not None
+    assert "being watched" in second.error
     assert second.outcomes == ()
     assert len(orchestrator.manager.get_history()) == 1
     # detected: the issue is held, no cycle is started
     sim(orchestrator).inject(AGENT, FaultKind.MODEL_RETIRED)
     task = await orchestrator.execute_task("a task while watching")
-    assert task.issues and all(c.issue.agent_name != AGENT for c in task.cycles)
+    assert task.issues
+    assert all(c.issue.agent_name != AGENT for c in task.cycles)
     held = list_decisions(orchestrator.store, kind="issue_held_while_watched")
-    assert held and held[-1].agent_name == AGENT
+    assert held
+    assert held[-1].agent_name == AGENT
     assert len(orchestrator.manager.get_history()) == 1
 
 
@@ -212,7 +220,8 @@ async def test_with_too_few_live_runs_the_weaker_sample_check_still_decides(
     cycle = await orchestrator.run_improvement_cycle(issue_of(orchestrator))
     assert cycle.status == "kept"
     assert cycle.watch is None
-    assert cycle.verification is not None and cycle.verification.weaker
+    assert cycle.verification is not None
+    assert cycle.verification.weaker
 
 
 async def test_live_runs_that_all_succeeded_leave_nothing_for_a_watch_to_show(
@@ -224,7 +233,8 @@ async def test_live_runs_that_all_succeeded_leave_nothing_for_a_watch_to_show(
     before = definitions(orchestrator)
     cycle = await orchestrator.run_improvement_cycle(issue_of(orchestrator))
     assert cycle.status == "not_reproduced"
-    assert cycle.error is not None and "all succeeded" in cycle.error
+    assert cycle.error is not None
+    assert "all succeeded" in cycle.error
     assert definitions(orchestrator) == before
     assert orchestrator.manager.get_history() == []
 
@@ -242,7 +252,8 @@ async def test_a_self_edit_without_a_suite_is_watched_and_kept_on_live_runs(
     answer = await tool.handler(tool.validate_arguments({"model": other, "rationale": "gone"}))
     assert "watched on your live runs" in str(answer)
     (watch,) = orchestrator.watcher.open_watches(AGENT)
-    assert watch.origin["cycle_id"] and watch.origin["issue_id"] is None
+    assert watch.origin["cycle_id"]
+    assert watch.origin["issue_id"] is None
     assert await watch_until_ended(orchestrator, 40) < 40
     (record,) = orchestrator.manager.get_history()
     assert record.status is ChangeStatus.KEPT
@@ -255,10 +266,9 @@ async def test_a_self_edit_without_a_suite_is_watched_and_kept_on_live_runs(
 CHILD = Path(__file__).with_name("cycle_watch_child.py")
 
 
-async def test_a_process_killed_while_its_cycle_s_watch_is_open_is_continued_not_undone(
-    tmp_path: Path,
-) -> None:
-    folder = tmp_path / "ws"
+def run_child_until_killed(folder: Path) -> list[str]:
+    """Run the child until it has recorded its runs with the watch open, SIGKILL it, and
+    return what it printed."""
     child = subprocess.Popen(
         [sys.executable, str(CHILD), str(folder)],
         stdout=subprocess.PIPE,
@@ -279,6 +289,14 @@ async def test_a_process_killed_while_its_cycle_s_watch_is_open_is_continued_not
         if child.stdout is not None:
             child.stdout.close()
     assert child.returncode == -signal.SIGKILL
+    return lines
+
+
+async def test_a_process_killed_while_its_cycle_s_watch_is_open_is_continued_not_undone(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "ws"
+    lines = run_child_until_killed(folder)
     fields = dict(line.split(" ", 1) for line in lines if " " in line)
     cycle_id, watch_id = fields["CYCLE"], fields["WATCH"]
     changed = (folder / "agents" / f"{AGENT}.md").read_bytes()
@@ -305,4 +323,3 @@ async def test_a_process_killed_while_its_cycle_s_watch_is_open_is_continued_not
         (record,) = workspace.manager.get_history()
         assert record.status is ChangeStatus.ROLLED_BACK
         assert (workspace.team_dir / f"{AGENT}.md").read_bytes() != changed
-

@@ -23,9 +23,10 @@ but the agent's own traffic. The change is then applied under a watch
 (``infrastructure.changes.watch``): the watched agent is the cycle's agent (else the change's
 only target), its newest ``watch_runs`` production runs are the "before" (in a random order),
 and every production run it makes after the change is judged against them, one for one, by
-the always-valid two-sample test. The cycle ends ``watching``; the watch rolls the change back the moment the
-test says it hurts, keeps it once it is shown better, and rolls it back when its budget (as
-many runs as the "before") is spent without that: a change that does not help is not kept.
+the always-valid two-sample test. The cycle ends ``watching``; the watch rolls the change back
+the moment the test says it hurts, keeps it once it is shown better, and rolls it back when its
+budget (as many runs as the "before") is spent without that: a change that does not help is
+not kept.
 Whoever records the agent's runs advances the watch (``MetaOrchestrator.advance_watches``); the
 watch is owned by its record in the store, so a crash does not undo it and the next open of
 the store continues it. While it is open, no other change to that agent is made

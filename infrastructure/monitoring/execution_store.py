@@ -440,12 +440,6 @@ def recent_outcomes(store: Store, agent: str, limit: int) -> list[bool]:
     """Success of ``agent``'s newest ``limit`` production runs, oldest first (what a watched
     change is compared with: the agent as it ran just before the change)."""
     store.migrate(_COMPONENT, _MIGRATIONS)
-    rows = (
-        store.connection()
-        .execute(
-            "SELECT success FROM executions WHERE agent = ? AND source = ? ORDER BY id DESC LIMIT ?",
-            (agent, RUN, limit),
-        )
-        .fetchall()
-    )
+    query = "SELECT success FROM executions WHERE agent = ? AND source = ? ORDER BY id DESC LIMIT ?"
+    rows = store.connection().execute(query, (agent, RUN, limit)).fetchall()
     return [bool(ok) for (ok,) in reversed(rows)]
