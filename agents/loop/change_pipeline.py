@@ -104,7 +104,7 @@ from infrastructure.evaluation.evals import EvalSuite
 from infrastructure.evaluation.verification import VerificationVerdict
 from infrastructure.models import ChangeRecord, ImprovementAction
 from infrastructure.monitoring.detection import IssueDetector
-from infrastructure.monitoring.execution_store import recent_outcomes
+from infrastructure.monitoring.execution_store import last_run_id, recent_outcomes
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.spec import AgentSpec
 from infrastructure.structured_logger import get_logger
@@ -318,7 +318,9 @@ class ChangePipeline:
         # the test pairs each new run with the next "before" run; drawn in a random order, the
         # before runs' own drift (healthy, then the fault) does not line up with the watch's
         # progress (in time order a fix would first meet only healthy runs and show nothing)
-        return WatchPlan(watched, tuple(random.sample(before, len(before))))
+        # (seeded by the agent and the store's newest run: the same store draws the same order)
+        order = random.Random(f"{watched}:{last_run_id(self.manager.store)}")
+        return WatchPlan(watched, tuple(order.sample(before, len(before))))
 
     async def _apply_watched(
         self,
