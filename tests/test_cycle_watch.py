@@ -323,3 +323,11 @@ async def test_a_process_killed_while_its_cycle_s_watch_is_open_is_continued_not
         (record,) = workspace.manager.get_history()
         assert record.status is ChangeStatus.ROLLED_BACK
         assert (workspace.team_dir / f"{AGENT}.md").read_bytes() != changed
+
+
+def test_the_watch_and_its_outcome_are_public() -> None:
+    import agents
+
+    assert agents.ChangeWatcher is ChangeWatcher
+    assert "WatchOutcome" in agents.__all__
+    assert agents.WatchOutcome.__module__ == "agents.loop.cycle"

@@ -704,7 +704,9 @@ class MetaOrchestrator:
         """Make one self-edit through exactly the path a cycle's change takes.
 
         ``action`` (built by a self-edit tool for the agent that called it) is planned by the
-        effector, run on the agent's eval suite (else the sample query) as it is now, judged by
+        effector, run on the agent's eval suite as it is now (without a suite the change is
+        watched on the agent's live runs instead, the cycle ends ``watching``; with too little
+        traffic to watch, the sample query runs), judged by
         every gate in order with each verdict recorded (the role gate by this orchestrator's
         principal, the invoking user, never by the agent), applied through the manager,
         verified after the change against that run, and kept (with a new detection baseline,
