@@ -331,3 +331,23 @@ def test_the_watch_and_its_outcome_are_public() -> None:
     assert agents.ChangeWatcher is ChangeWatcher
     assert "WatchOutcome" in agents.__all__
     assert agents.WatchOutcome.__module__ == "agents.loop.cycle"
+
+
+async def test_runs_recorded_straight_into_the_monitor_advance_the_watch_at_the_next_check(
+    build: Build,
+) -> None:
+    """Runs an app records itself (``monitor.record``, or another process on the store) are
+    judged at the orchestrator's next check or task, not only runs made through the team."""
+    orchestrator = build(failure_rate=0.1, roles_runtime=improver_setting("max_tokens", 40))
+    await runs(orchestrator, 60)
+    before = definitions(orchestrator)
+    cycle = await orchestrator.run_improvement_cycle(issue_of(orchestrator))
+    assert cycle.status == "watching"
+    for _ in range(30):
+        orchestrator.monitor.record(AGENT, success=False, duration_ms=100.0)
+    orchestrator.monitor.flush()
+    assert orchestrator.watcher.open_watches(AGENT)  # nothing judged them yet
+    orchestrator.check_all_issues()
+    assert orchestrator.watcher.open_watches(AGENT) == []
+    assert definitions(orchestrator) == before
+    assert replay_cycle(orchestrator.store, cycle.cycle_id).status == "rolled_back"
