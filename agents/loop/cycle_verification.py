@@ -10,9 +10,11 @@ as soon as an always-valid test decides (``verify_sequentially``; a suite too sm
 valid test is judged by the fixed design's rule on all its runs); ``design="fixed"`` runs every
 case every repeat on both sides and judges (``infrastructure.evaluation.verification.compare``).
 
-An agent without a suite gets the weaker check, built the same way: one sample query
-runs on the definition *before* the change (``run_before``) and again after it, and the change
-is kept only if the query failed before and passes after
+An agent without a suite normally has its change watched on its live runs instead (see
+``agents.loop.change_pipeline``: nothing here runs for it). Where there is too little traffic to
+watch, or the change creates the agent, it gets the weaker check, built the same way: one
+sample query runs on the definition *before* the change (``run_before``) and again after it,
+and the change is kept only if the query failed before and passes after
 (``infrastructure.evaluation.verification.judge_sample_query``). A sample query that passes
 before the change does not reproduce the issue, so the orchestrator applies nothing, exactly as
 when a suite passes before the change. Latency is compared with the run before the change, and
