@@ -1,8 +1,13 @@
-"""Releases: publication, refusal, reading, diff, materialization, the link, following, routing."""
+"""Releases: publication, refusal, reading, diff, materialization, the link, following, routing.
+
+The tests that touch the store run on both backends (``store_url``: a SQLite file, then a
+PostgreSQL database on the test server); a volume detached under a worker is SQLite's case.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,8 +36,13 @@ def team(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "store" / "agentmend.db")
+def store(store_url: str, tmp_path: Path) -> Iterator[Store]:
+    if "://" in store_url:
+        opened = Store(store_url, files_dir=tmp_path / "files")
+    else:
+        opened = Store(tmp_path / "store" / "agentmend.db")
+    with opened:
+        yield opened
 
 
 @pytest.fixture
@@ -163,8 +173,10 @@ def test_the_link_is_the_only_symlink_the_layer_replaces(tmp_path: Path) -> None
 
 
 def test_follower_follows_publication_and_keeps_its_release_when_cut_off(
-    team: Path, store: Store, log: ReleaseLog, tmp_path: Path
+    team: Path, tmp_path: Path
 ) -> None:
+    store = Store(tmp_path / "store" / "agentmend.db")
+    log = ReleaseLog(store, "team-1", audit=AuditLog(store))
     log.publish_directory(team, by=CYCLE)
     follower = ReleaseFollower(log, tmp_path / "worker")
     status = follower.poll()
