@@ -120,6 +120,11 @@ class ReleaseFollower:
             self.releases.get(pin)  # raises NotFound before the worker serves anything
 
     @property
+    def listening(self) -> bool:
+        """Whether a PostgreSQL ``LISTEN`` connection wakes this worker (False: polling only)."""
+        return self._wakeup.connected
+
+    @property
     def team_dir(self) -> Path:
         """The team directory agents read (the link to the stable release)."""
         return self.directories.team_dir

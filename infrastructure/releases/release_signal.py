@@ -33,6 +33,7 @@ CHANNEL = "agentmend_releases"
 
 _CONNECT_TIMEOUT_S = 2  # a listener that cannot connect must not hold the poll up for long
 _RECONNECT_EVERY_S = 5.0
+_STOP_CHECK_S = 0.25  # the longest a stopping follower waits for its listener to look up
 
 
 def announce(conn: StoreConnection, team_id: str) -> None:
@@ -76,7 +77,8 @@ class ReleaseWakeup:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                for notice in conn.notifies(timeout=left, stop_after=1):
+                slice_s = min(left, _STOP_CHECK_S)
+                for notice in conn.notifies(timeout=slice_s, stop_after=1):
                     if notice.payload == self.team_id:
                         self.wakeups += 1
                         return True
