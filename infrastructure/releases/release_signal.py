@@ -48,8 +48,11 @@ class ReleaseWakeup:
     Used by one thread (the follower's); :meth:`close` may come from another.
     """
 
-    def __init__(self, store: Store, team_id: str) -> None:
+    def __init__(
+        self, store: Store, team_id: str, *, reconnect_every_s: float = _RECONNECT_EVERY_S
+    ) -> None:
         self.team_id = team_id
+        self.reconnect_every_s = reconnect_every_s
         self.listening = store.backend == "postgresql"
         self._url = store.url
         self._conn: Any = None
@@ -61,6 +64,12 @@ class ReleaseWakeup:
     def connected(self) -> bool:
         """Whether the listening connection is up (always False on SQLite)."""
         return self._conn is not None
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process of the listening connection (None: not listening)."""
+        conn = self._conn
+        return int(conn.info.backend_pid) if conn is not None else None
 
     def wait(self, timeout: float, stop: threading.Event) -> bool:
         """Wait up to ``timeout`` seconds; True when cut short by an announcement of the team.
@@ -94,7 +103,7 @@ class ReleaseWakeup:
             self._conn = None
             if time.monotonic() < self._next_attempt:
                 return None
-            self._next_attempt = time.monotonic() + _RECONNECT_EVERY_S
+            self._next_attempt = time.monotonic() + self.reconnect_every_s
             try:
                 import psycopg
 
