@@ -2,10 +2,11 @@
 
     python tests/release_publisher.py URL FILES_DIR TEAM_ID SOURCE GO_FILE COUNT TAG
 
-Prints ``READY`` and waits until GO_FILE exists (so two publishers start together), then publishes COUNT stable
-releases of the team folder SOURCE, each with one line added to an agent file (``TAG i``), with
-no audit chain (the audit's own lock would serialize the publishers; the release head's lock is
-what is under test). Prints ``PUBLISHED version parent`` after each publication returned.
+Prints ``READY`` and waits until GO_FILE exists (so two publishers start together), then
+publishes COUNT stable releases of the team folder SOURCE, each with one line added to an agent
+file (``TAG i``), with no audit chain (the audit's own lock would serialize the publishers; the
+release head's lock is what is under test). Prints ``PUBLISHED version parent`` after each
+publication returned.
 """
 
 from __future__ import annotations

@@ -109,7 +109,10 @@ async def test_execute_task_serves_one_release_per_routing_key(
         for user in range(16):
             await served.execute_task("Explain limits", routing_key=f"user-{user}")
         served.monitor.flush()
-    rows = [json.loads(r[0]) for r in store.connection().execute("SELECT extra FROM executions ORDER BY id")]
+    rows = [
+        json.loads(r[0])
+        for r in store.connection().execute("SELECT extra FROM executions ORDER BY id")
+    ]
     by_task: dict[int, set[int]] = {}
     for i, tags in enumerate(rows):
         by_task.setdefault(i // 6, set()).add(tags["release"])

@@ -34,6 +34,11 @@ RECORDERS = 4
 RUNS = 2000  # per recorder
 
 
+def _n(p: int) -> list[str]:
+    """The count and tag arguments of publisher ``p``."""
+    return [str(EACH), f"p{p}"]
+
+
 def _wait_ready(proc: subprocess.Popen[str]) -> None:
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -48,12 +53,14 @@ def test_two_publishers_at_once_never_share_a_version_or_a_parent(
     with Store(url, files_dir=tmp_path / "host-0") as store:
         ReleaseLog(store, TEAM).publish_directory(source, by=Principal("first", "first"))
     go = tmp_path / "go"
+    publisher = [sys.executable, str(TESTS / "release_publisher.py"), url]
     procs = [
         subprocess.Popen(
-            [sys.executable, str(TESTS / "release_publisher.py"), url,
-             str(tmp_path / f"host-{p + 1}"), TEAM, str(source), str(go), str(EACH), f"p{p}"],
-            stdout=subprocess.PIPE, text=True, env=child_env(),
-        )  # fmt: skip
+            [*publisher, str(tmp_path / f"host-{p + 1}"), TEAM, str(source), str(go), *_n(p)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
         for p in range(2)
     ]
     try:
@@ -71,9 +78,9 @@ def test_two_publishers_at_once_never_share_a_version_or_a_parent(
     for p, out in enumerate(outputs):
         lines = [line.split() for line in out.splitlines() if line.startswith("PUBLISHED")]
         assert len(lines) == EACH
-        for _, version, parent in lines:
-            assert int(version) not in by_version
-            by_version[int(version)] = (f"p{p}", int(parent))
+        for _, number, parent_number in lines:
+            assert int(number) not in by_version
+            by_version[int(number)] = (f"p{p}", int(parent_number))
     last = 1 + 2 * EACH
     assert sorted(by_version) == list(range(2, last + 1))
     # every publication was stable, so each one's parent is the release just before it
@@ -84,9 +91,9 @@ def test_two_publishers_at_once_never_share_a_version_or_a_parent(
         log = ReleaseLog(store, TEAM)
         heads = log.heads()
         assert (heads.stable, heads.generation) == (last, last)
-        for version, (publisher, parent) in by_version.items():
+        for version, (tag_name, parent) in by_version.items():
             release = log.get(version)
-            assert (release.parent, release.published_by) == (parent, f"publisher-{publisher}")
+            assert (release.parent, release.published_by) == (parent, f"publisher-{tag_name}")
             tag = release.reason.encode()
             assert tag in log.files(version)["research-agent.md"]  # its own content
 
@@ -98,16 +105,14 @@ def test_a_reader_by_id_never_misses_a_run_committed_by_concurrent_writers(
     files_dir = tmp_path / "files"
     store = Store(url, files_dir=files_dir)
     PerformanceMonitor(store).close()  # the executions table
+    recorder = [sys.executable, str(TESTS / "fleet_child.py"), "record", url, str(files_dir)]
     procs = [
-        subprocess.Popen(
-            [sys.executable, str(TESTS / "fleet_child.py"), "record", url, str(files_dir),
-             str(k), str(RUNS)],
-            stdout=subprocess.DEVNULL, env=child_env(),
-        )  # fmt: skip
+        subprocess.Popen([*recorder, str(k), str(RUNS)], stdout=subprocess.DEVNULL, env=child_env())
         for k in range(RECORDERS)
     ]
     conn = store.connection()
-    cursor, seen, reads_with_rows = 0, set(), 0
+    cursor, reads_with_rows = 0, 0
+    seen: set[int] = set()
     try:
         deadline = time.monotonic() + 180
         while True:

@@ -269,9 +269,8 @@ def test_a_listener_wakes_on_its_teams_commits_only(pg_url: str, tmp_path: Path)
             with store.transaction() as conn:
                 announce(conn, "team-2")  # another team's release
             assert not wakeup.wait(0.3, stop)
-            with pytest.raises(RuntimeError), store.transaction() as conn:
-                announce(conn, "team-1")
-                raise RuntimeError("the publication failed")  # rolled back: never heard
+            with pytest.raises(RuntimeError):
+                _announce_then_fail(store, "team-1")  # rolled back: never heard
             assert not wakeup.wait(0.3, stop)
             log.publish_directory(copy_team(tmp_path / "team"), by=CYCLE)
             assert wakeup.wait(30.0, stop)  # the publication's commit
@@ -290,6 +289,12 @@ def test_a_listener_wakes_on_its_teams_commits_only(pg_url: str, tmp_path: Path)
             assert wakeup.wait(30.0, stop)
         finally:
             wakeup.close()
+
+
+def _announce_then_fail(store: Store, team_id: str) -> None:
+    with store.transaction() as conn:
+        announce(conn, team_id)
+        raise RuntimeError("the publication failed")
 
 
 def test_on_sqlite_a_follower_only_polls(tmp_path: Path) -> None:

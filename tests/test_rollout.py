@@ -207,11 +207,10 @@ async def test_bad_rollout_input(fleet: Fleet) -> None:
 
 
 async def test_the_rollout_record_owns_its_changes_and_recovery_leaves_them(fleet: Fleet) -> None:
+    from infrastructure.changes.change_log import ChangeLog
     from infrastructure.changes.improvement_manager import ImprovementManager
     from infrastructure.changes.leases import Leases
     from infrastructure.changes.owners import RecordOwner
-
-    from infrastructure.changes.change_log import ChangeLog
 
     # a workspace has its change log (on PostgreSQL the lease lists its changes in their order)
     ChangeLog(fleet.store)

@@ -9,9 +9,9 @@ it does nothing: workers there poll.
 :class:`ReleaseWakeup` is the follower's sleep between polls. On PostgreSQL it listens
 (``LISTEN``) on a connection of its own (never one the store hands out: a listening connection
 must stay idle in autocommit, outside any transaction) and returns as soon as its team is
-announced; on SQLite, or while that connection cannot be had, it sleeps the whole interval. The poll that follows
-every wait stays the fallback: a notification sent while the listener was reconnecting is lost,
-and the next poll reads the heads anyway.
+announced; on SQLite, or while that connection cannot be had, it sleeps the whole interval.
+The poll that follows every wait stays the fallback: a notification sent while the listener was
+reconnecting is lost, and the next poll reads the heads anyway.
 """
 
 from __future__ import annotations
