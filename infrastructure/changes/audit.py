@@ -69,7 +69,8 @@ from infrastructure.changes.audit_entry import (
     BREAK_EDIT_TYPE,
     AuditEntry,
 )
-from infrastructure.changes.audit_head import read_head, write_head
+from infrastructure.changes.audit_fleet_head import check_fleet_head, follow_head
+from infrastructure.changes.audit_head import never_written, read_head, write_head
 from infrastructure.changes.audit_head_events import head_event_findings
 from infrastructure.changes.audit_verification import (
     GENESIS_HASH,
@@ -269,6 +270,10 @@ class AuditLog:
         self._key = hmac_key.encode("utf-8") if isinstance(hmac_key, str) else hmac_key
         if self._key is not None and not self._key:
             raise StoreError("the audit HMAC key is empty")
+        # Several hosts append to a PostgreSQL store, each with a head file of its own: with a
+        # key, a head vouches for the chain up to its row (see audit_fleet_head). Without one
+        # every head must name the newest row, as on SQLite.
+        self._fleet = store.backend == "postgresql" and self._key is not None
 
     @property
     def keyed(self) -> bool:
@@ -304,8 +309,9 @@ class AuditLog:
         """
         with locked_file(self.head_path) as fd:
             head, unreadable = self._head_or_reason(fd)
+            fresh = never_written(fd)
             with self.store.transaction(durable=True) as conn:
-                tail, found = self._tail_state(conn, head, unreadable)
+                tail, found, ahead = self._tail_state(conn, head, unreadable, fresh)
                 if found is not None and not safety:
                     log.error("audit_append_refused", path=str(self.head_path), **_said(found))
                     raise AuditChainBroken(found.expected, found.found)
@@ -313,20 +319,28 @@ class AuditLog:
                 yield txn
                 if txn.last is not None:  # rows cut off the end later leave this gap
                     note_id_used(conn, "audit_log", txn.last[0])
-            if txn.last is not None:
+            newest = txn.last or ((ahead.id, ahead.row_hash) if ahead is not None else None)
+            if newest is not None:
                 if found is not None:
                     log.warning("audit_segment_started", path=str(self.head_path), **_said(found))
                 try:
-                    write_head(fd, *txn.last)
+                    write_head(fd, *newest)
                 except OSError as exc:
                     # The rows are committed and must not be reported as failed; the stale head
                     # shows up in verify_chain(), which is where the operator looks.
                     log.error("audit_head_write_failed", path=str(self.head_path), error=str(exc))
 
     def _tail_state(
-        self, conn: StoreConnection, head: tuple[int, str] | None, unreadable: str | None
-    ) -> tuple[tuple[int, str], HeadBreak | None]:
-        """(next id, prev hash) for the next row, and the break between head and rows if any."""
+        self,
+        conn: StoreConnection,
+        head: tuple[int, str] | None,
+        unreadable: str | None,
+        fresh: bool,
+    ) -> tuple[tuple[int, str], HeadBreak | None, AuditEntry | None]:
+        """(next id, prev hash) for the next row, the break between head and rows if any, and
+        on a fleet the newer row the head should move to (rows other hosts appended)."""
+        if self._fleet:
+            return self._fleet_tail_state(conn, head, unreadable, fresh)
         # The next id comes from the table's id sequence, not max(id): rows cut off the end
         # leave a gap that verification reports even after new rows are appended.
         seq = next_id(conn, "audit_log") - 1
@@ -346,7 +360,34 @@ class AuditLog:
             tail = [_entry(r) for r in (*before, *commit)]
         following = max(seq, int(newest[0]) if newest else 0) + 1
         prev_hash = str(newest[1]) if newest else GENESIS_HASH
-        return (following, prev_hash), find_break(head, unreadable, tail, self._verifies)
+        return (following, prev_hash), find_break(head, unreadable, tail, self._verifies), None
+
+    def _fleet_tail_state(
+        self,
+        conn: StoreConnection,
+        head: tuple[int, str] | None,
+        unreadable: str | None,
+        fresh: bool,
+    ) -> tuple[tuple[int, str], HeadBreak | None, AuditEntry | None]:
+        """:meth:`_tail_state` on a fleet: the head vouches for its row, the key for the rest."""
+        seq = next_id(conn, "audit_log") - 1
+        found = conn.execute(
+            f"SELECT {_COLUMNS} FROM audit_log ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        newest = _entry(found) if found is not None else None
+        rows: list[AuditEntry] = []
+        if newest is not None and unreadable is None and (head is not None or fresh):
+            start = head[0] if head is not None else 0
+            rows = [
+                _entry(r)
+                for r in conn.execute(
+                    f"SELECT {_COLUMNS} FROM audit_log WHERE id >= ? ORDER BY id", (start,)
+                )
+            ]
+        broken, ahead = follow_head(head, fresh, unreadable, rows, newest, self._verifies)
+        following = max(seq, newest.id if newest else 0) + 1
+        prev_hash = newest.row_hash if newest else GENESIS_HASH
+        return (following, prev_hash), broken, ahead
 
     def ensure_appendable(self) -> None:
         """Check, before an apply or keep starts work, that the head and the database agree.
@@ -356,7 +397,11 @@ class AuditLog:
         """
         with locked_file(self.head_path) as fd:
             head, unreadable = self._head_or_reason(fd)
-            _, found = self._tail_state(self.store.connection(), head, unreadable)
+            _, found, ahead = self._tail_state(
+                self.store.connection(), head, unreadable, never_written(fd)
+            )
+            if ahead is not None:  # rows other hosts appended verify: the head moves to them
+                write_head(fd, ahead.id, ahead.row_hash)
         if found is not None:
             raise AuditChainBroken(found.expected, found.found)
 
@@ -401,6 +446,19 @@ class AuditLog:
             )
         log.warning("audit_breaks_acknowledged", rows=ids, by=principal.user_id)
         return entry
+
+    def _check_head(
+        self, fd: int, rows: list[AuditEntry], problems: list[ChainProblem], repair: bool
+    ) -> tuple[list[ChainProblem], list[str], bool]:
+        if not self._fleet:
+            return check_head(fd, self.head_path, rows, problems, repair)
+        try:
+            head = read_head(fd, self.head_path)
+        except AuditChainError as exc:
+            return [ChainProblem(None, "head_unreadable", str(exc))], [], False
+        return check_fleet_head(
+            head, never_written(fd), str(self.head_path), rows, problems, repair
+        )
 
     def _head_or_reason(self, fd: int) -> tuple[tuple[int, str] | None, str | None]:
         """The head, or None and why it cannot be read (a break: see ``audit_breaks``)."""
@@ -481,9 +539,7 @@ class AuditLog:
                 rows, keyed=self.keyed, expected_hash=lambda row: self._hash(_fields(row))
             )
             rows_ok = not problems
-            head_problems, notes, needs_repair = check_head(
-                fd, self.head_path, rows, problems, repair
-            )
+            head_problems, notes, needs_repair = self._check_head(fd, rows, problems, repair)
             breaks, break_notes = break_findings(rows, {p.row_id for p in problems if p.row_id})
             problems.extend(head_problems)
             problems.extend(breaks)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from infrastructure.errors import AuditChainError
 
-__all__ = ["clear_head", "read_head", "write_head"]
+__all__ = ["clear_head", "never_written", "read_head", "write_head"]
 
 _HEAD_SIZE = 256  # one record well inside a 512-byte sector
 _HEAD_MAGIC = "agentmend-audit-head v1"
@@ -38,6 +38,11 @@ def clear_head(fd: int) -> None:
     """The head of an empty log: a blank record, which reads as "no row yet"."""
     os.pwrite(fd, b" " * _HEAD_SIZE, 0)
     os.fdatasync(fd)
+
+
+def never_written(fd: int) -> bool:
+    """Whether the head file has never held a record (just created: no head was ever kept)."""
+    return os.fstat(fd).st_size == 0
 
 
 def read_head(fd: int, path: Path) -> tuple[int, str] | None:
