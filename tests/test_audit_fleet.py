@@ -1,0 +1,257 @@
+"""The audit chain of a fleet: several hosts append to one PostgreSQL store, each with its head.
+
+Each "host" is a ``Store`` of the test server's database with a files folder of its own, so each
+keeps its own audit head file, as hosts do. With the HMAC key (the documented configuration) a
+host's head vouches for the chain up to its row, and rows other hosts appended are accepted
+when they verify under the key and link; tampering done to the database alone (by a plain
+connection, without the key) is still a break. Without the key a head behind the chain is a
+break, as on one host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from infrastructure.changes.audit import AuditChainBroken, AuditEntry, AuditLog
+from infrastructure.changes.audit_head import read_head
+from infrastructure.files import locked_file
+from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from infrastructure.principal import Principal
+from infrastructure.releases.follower import ReleaseFollower
+from infrastructure.releases.release_log import ReleaseLog
+from infrastructure.releases.rollout import Rollouts
+from infrastructure.simulation import copy_team
+from infrastructure.store import Store
+
+KEY = "kept-off-the-database-server"
+Host = Callable[..., AuditLog]
+
+
+@pytest.fixture
+def host(pg_url: str, tmp_path: Path) -> Iterator[Host]:
+    """``host(name, key=KEY)``: the audit log of one host (its own files folder) on the store."""
+    with ExitStack() as stack:
+
+        def make(name: str, key: str | None = KEY) -> AuditLog:
+            store = stack.enter_context(Store(pg_url, files_dir=tmp_path / name))
+            return AuditLog(store, hmac_key=key)
+
+        yield make
+
+
+@pytest.fixture
+def sql(pg_url: str, tmp_path: Path) -> Callable[..., None]:
+    """Run one statement as someone who can write the database but holds no key."""
+
+    def run(statement: str, *params: object) -> None:
+        with Store(pg_url, files_dir=tmp_path / "db-writer") as store, store.transaction() as c:
+            c.execute(statement, params)
+
+    return run
+
+
+def _append(audit: AuditLog, n: int) -> AuditEntry:
+    return audit.append(agent_name="writer", edit_type="prompt", old_value=n, new_value=n + 1,
+                        user_id=f"user-{n}")  # fmt: skip
+
+
+def _head(audit: AuditLog) -> tuple[int, str] | None:
+    with locked_file(audit.head_path) as fd:
+        return read_head(fd, audit.head_path)
+
+
+def _count(audit: AuditLog) -> int:
+    return int(audit.store.connection().execute("SELECT COUNT(*) FROM audit_log").fetchone()[0])
+
+
+def _kinds(audit: AuditLog) -> list[str]:
+    return [p.kind for p in audit.verify_chain().problems]
+
+
+def test_two_hosts_append_in_turn_and_both_verify(host: Host) -> None:
+    a, b = host("host-a"), host("host-b")
+    assert a.head_path != b.head_path
+    for n in range(3):
+        mine, theirs = _append(a, 2 * n), _append(b, 2 * n + 1)
+        assert _head(a) == (mine.id, mine.row_hash)
+        assert _head(b) == (theirs.id, theirs.row_hash)
+    assert [e.id for e in a.entries()] == [1, 2, 3, 4, 5, 6]
+    found = a.verify_chain()
+    assert found.ok, found
+    assert any("1 row(s) appended since verify under the key, moved forward" in n
+               for n in found.notes)  # fmt: skip
+    assert b.verify_chain().ok
+    assert _head(a) == _head(b) == (6, b.entries()[-1].row_hash)
+
+
+def test_a_host_that_has_seen_nothing_joins_by_checking_every_row(host: Host) -> None:
+    a = host("host-a")
+    for n in range(3):
+        _append(a, n)
+    c = host("host-c")
+    found = c.verify_chain(repair=False)
+    assert found.ok, found
+    assert any("joins the chain at row 3, not started" in n for n in found.notes)
+    assert _head(c) is None  # without repair the head file stays unwritten
+    c.ensure_appendable()  # checks every row from the first, then starts the head
+    assert _head(c) == _head(a)
+    assert _append(c, 9).id == 4
+
+
+def test_a_head_file_that_was_emptied_is_a_break_not_a_join(host: Host) -> None:
+    a, b = host("host-a"), host("host-b")
+    _append(a, 1)
+    _append(b, 2)
+    b.head_path.write_bytes(b" " * 256)  # a blank record: a head was kept here and is gone
+    with pytest.raises(AuditChainBroken, match="missing or empty"):
+        _append(b, 3)
+    assert "head_missing" in _kinds(b)
+    assert _count(b) == 2
+
+
+def test_without_the_key_a_head_behind_the_chain_is_a_break_as_on_one_host(host: Host) -> None:
+    a, b = host("host-a", key=None), host("host-b", key=None)
+    _append(a, 1)
+    _append(a, 2)  # (one commit over an empty head would pass as the crash state)
+    with pytest.raises(AuditChainBroken, match="missing or empty"):
+        _append(b, 3)
+    assert _count(a) == 2
+    assert "head_missing" in _kinds(b)
+
+
+def _forge_after_newest(sql: Callable[..., None], audit: AuditLog, key: bytes | None) -> None:
+    """Append a row linked to the newest one, hashed the way the log does (the scheme is
+    public) but with ``key`` (a guess) or none, and marked keyed or not accordingly."""
+    last = audit.entries()[-1]
+    fields = [last.id + 1, last.timestamp.isoformat(), "writer", "prompt", None, "planted",
+              "admin", None, None, last.row_hash, last.id + 1]  # fmt: skip
+    message = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    digest = (
+        hmac.new(key, message, hashlib.sha256).hexdigest()
+        if key
+        else hashlib.sha256(message).hexdigest()
+    )
+    sql(
+        "INSERT INTO audit_log (id, timestamp, agent_name, edit_type, old_value, new_value,"
+        " user_id, user_name, change_id, prev_hash, row_hash, keyed, batch)"
+        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        *fields[:10],
+        digest,
+        int(key is not None),
+        fields[10],
+    )
+
+
+@pytest.mark.parametrize("guess", [b"a-guessed-key", None], ids=["wrong_key", "no_key"])
+def test_rows_forged_without_the_key_are_refused_by_every_host(
+    host: Host, sql: Callable[..., None], guess: bytes | None
+) -> None:
+    a, b = host("host-a"), host("host-b")
+    _append(a, 1)
+    _append(b, 2)
+    _forge_after_newest(sql, b, guess)
+    for audit in (a, b):
+        with pytest.raises(AuditChainBroken, match=r"row 3 .* fails the key") as refused:
+            _append(audit, 3)
+        assert refused.value.found.startswith("row 3")
+        kinds = _kinds(audit)
+        assert "head_mismatch" in kinds
+        assert ("edited" if guess else "unkeyed") in kinds
+    assert _count(a) == 3  # nothing was appended over the forgery
+    assert _head(a) == (1, a.entries()[0].row_hash)  # and a's head did not move onto it
+
+
+def test_deleting_the_row_a_hosts_head_names_is_a_break(
+    host: Host, sql: Callable[..., None]
+) -> None:
+    a, b = host("host-a"), host("host-b")
+    _append(a, 1)
+    _append(a, 2)
+    _append(b, 3)
+    sql("DELETE FROM audit_log WHERE id = 2")
+    with pytest.raises(AuditChainBroken, match="the row the head names is gone"):
+        _append(a, 4)
+    kinds = _kinds(a)
+    assert "head_mismatch" in kinds
+    assert "broken_link" in kinds  # row 3 no longer links to the row before it
+
+
+@pytest.mark.parametrize("row_id", [2, 3], ids=["the_heads_row", "a_row_after_the_head"])
+def test_rewriting_a_rows_text_is_a_break(
+    host: Host, sql: Callable[..., None], row_id: int
+) -> None:
+    a, b = host("host-a"), host("host-b")
+    _append(a, 1)
+    _append(a, 2)  # a's head names row 2
+    _append(b, 3)
+    sql("UPDATE audit_log SET new_value = 'rewritten' WHERE id = ?", row_id)
+    with pytest.raises(AuditChainBroken):
+        _append(a, 4)
+    found = a.verify_chain()
+    assert (row_id, "edited") in [(p.row_id, p.kind) for p in found.problems]
+    assert _count(a) == 3
+
+
+def test_cutting_rows_below_a_hosts_head_is_a_break_for_that_host(
+    host: Host, sql: Callable[..., None]
+) -> None:
+    a, b = host("host-a"), host("host-b")
+    _append(a, 1)
+    _append(b, 2)
+    _append(a, 3)  # a's head names row 3, b's row 2
+    sql("DELETE FROM audit_log WHERE id >= 3")
+    assert "cut_off" in _kinds(a)
+    with pytest.raises(AuditChainBroken, match="row 3"):
+        _append(a, 4)
+    # The documented residual risk: b never saw row 3, so b accepts the shorter chain and
+    # appends; the gap its row leaves in the ids and a's head both still show the cut.
+    assert _append(b, 4).id == 4
+    assert "missing_rows" in _kinds(b)
+    assert "head_mismatch" in _kinds(a)
+
+
+def test_a_promotion_settled_by_another_hosts_poll_keeps_every_host_appending(
+    pg_url: str, tmp_path: Path, host: Host
+) -> None:
+    """Host A publishes and starts a rollout; host B's follower settles it (a promotion is an
+    audited write, refused over a broken head); A then publishes again."""
+    cycle = Principal("cycle", "improvement cycle")
+    source = copy_team(tmp_path / "team")
+    audit_a, audit_b = host("host-a"), host("host-b")
+    log_a = ReleaseLog(audit_a.store, "team-1", audit=audit_a)
+    log_a.publish_directory(source, by=cycle)
+    agent_file = source / "research-agent.md"
+    agent_file.write_text(agent_file.read_text().replace("max_tokens: 2048", "max_tokens: 3000"))
+    canary = log_a.publish_directory(source, by=cycle).version
+    rollout = Rollouts(log_a).start(canary, by=cycle, share=0.5)
+
+    log_b = ReleaseLog(audit_b.store, "team-1", audit=audit_b)
+    follower = ReleaseFollower(log_b, tmp_path / "worker-b")
+    monitor = PerformanceMonitor(audit_b.store, flush_interval_s=60)
+    try:
+        for i in range(3000):
+            release = canary if i % 2 else 1
+            monitor.record("research-agent", success=True, duration_ms=100.0,
+                           release=release, rollout=rollout.rollout_id)  # fmt: skip
+        monitor.flush()
+        for _ in range(5):
+            follower.poll()
+    finally:
+        monitor.close()
+    assert Rollouts(log_b).get(rollout.rollout_id).state == "promoted"
+    assert log_a.heads().stable == canary
+    promoted = audit_b.entries()[-1]
+    assert promoted.edit_type == "rollout_promoted"
+    assert _head(audit_b) == (promoted.id, promoted.row_hash)
+    agent_file.write_text(agent_file.read_text().replace("max_tokens: 3000", "max_tokens: 2500"))
+    assert log_a.publish_directory(source, by=cycle, stable=True).version == canary + 1
+    for audit in (audit_a, audit_b):
+        found = audit.verify_chain()
+        assert found.ok, found
