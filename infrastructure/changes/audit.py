@@ -20,6 +20,19 @@ it. With a key configured every row must be keyed; rows written without the key 
 so configure the key before the first row is written. Nothing here hides the log from a
 reader or stops anyone from deleting the database and the head file together.
 
+A fleet's heads
+---------------
+On a PostgreSQL store several hosts append, each keeping its own head file (in the store's
+files folder on that host). With an HMAC key, which the documented configuration requires
+there, a host's head vouches for the chain up to the row it names, and rows other hosts
+appended after it are accepted when every one verifies under the key and links; the head then
+moves forward to the newest row. A head row missing or changed, a broken link, or a later row
+that fails the key is a break as below. A writer of the database without the key can still cut
+rows off the end that no host has seen, or back to a row some hosts' heads are not yet past:
+only hosts whose heads name a row that is gone find the cut (see
+:mod:`infrastructure.changes.audit_fleet_head`). Without a key, and on SQLite, a head must name
+the newest row (or be one commit behind after a crash).
+
 Crash order
 -----------
 An append commits the row to the database first (``synchronous=FULL``) and then writes the
@@ -39,7 +52,8 @@ unreadable head file while rows exist) is a *break*: applies and keeps are refus
 whose first row records the break; ``verify_chain`` reports it until an administrator
 acknowledges it. See :mod:`infrastructure.changes.audit_breaks`.
 
-The head file's format and in-place writes are in :mod:`infrastructure.changes.audit_head`;
+The head file's format and in-place writes are in :mod:`infrastructure.changes.audit_head`,
+the fleet's rule in :mod:`infrastructure.changes.audit_fleet_head`;
 the row and head checks in :mod:`infrastructure.changes.audit_verification` (whose result
 types and ``GENESIS_HASH`` are re-exported here).
 """

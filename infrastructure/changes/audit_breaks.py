@@ -6,7 +6,9 @@ with and rewriting the head: an edit, deletion, insertion or re-hash of the newe
 the database alone would vanish. The rules:
 
 - *In step*: the head names the newest row and that row's content matches its hash. An empty
-  log with an empty head is in step.
+  log with an empty head is in step. (On a keyed PostgreSQL store, where several hosts append,
+  a head behind rows that verify under the key is in step too: see
+  :mod:`infrastructure.changes.audit_fleet_head`.)
 - *Crash state*: the head is exactly one commit behind (see "Crash order" in
   :mod:`infrastructure.changes.audit`) and that commit's rows verify. The only automatic repair.
 - Anything else is a *break*: the head names another row or hash, the head file is missing or

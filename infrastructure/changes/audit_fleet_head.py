@@ -15,13 +15,15 @@ vouches for nothing yet: it accepts the chain when every row from the first veri
 key and links, and starts its head at the newest row. A head file that exists but holds a blank
 or garbled record is still a break.
 
-What a writer of the database without the key can still do: cut rows off the end that no host
-has seen yet, and more generally cut the chain back to any row at or after the newest row that
-every head file names. Each host whose head file names a row that is gone finds the cut when it
-next appends or verifies; the host that appended a row names it in its head file at once, so a
-cut is missed for good only if the hosts that saw the rows lost their head files (or left the
-fleet) before looking again. Editing, inserting, reordering or deleting rows elsewhere, or
-forging rows, breaks the chain at a row id.
+What a writer of the database without the key can and cannot do: they cannot forge, edit,
+insert, reorder or re-hash rows, nor delete a row below the newest, without a break at a row
+id. They can cut rows off the end. Hosts whose heads name a row at or below the cut accept the
+shorter chain; each host whose head names a row that is gone finds the cut when it next appends
+or verifies, and rows appended after the cut leave a gap in the ids that verification reports
+(unless the writer also reset the id sequence). The host that appended a row names it in its
+head at once, so the residual risk is this: rows appended after every other host last looked
+can be cut, and only the hosts that appended or saw them can tell; if those hosts have left the
+fleet or lost their head files (or crashed between a commit and its head write), nothing does.
 """
 
 from __future__ import annotations
