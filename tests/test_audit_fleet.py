@@ -91,6 +91,36 @@ def test_two_hosts_append_in_turn_and_both_verify(host: Host) -> None:
     assert _head(a) == _head(b) == (6, b.entries()[-1].row_hash)
 
 
+def test_hosts_appending_at_once_make_one_chain_that_every_host_verifies(host: Host) -> None:
+    import threading
+
+    hosts = [host("host-a"), host("host-b"), host("host-c")]
+    refused: list[BaseException] = []
+
+    def work(audit: AuditLog, worker: int) -> None:
+        try:
+            for n in range(10):
+                audit.ensure_appendable()  # reads while the other hosts append
+                _append(audit, 100 * worker + n)
+        except BaseException as exc:  # reported by the assertion below
+            refused.append(exc)
+
+    threads = [
+        threading.Thread(target=work, args=(audit, 2 * k + t))
+        for k, audit in enumerate(hosts)
+        for t in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert refused == []
+    assert [e.id for e in hosts[0].entries(limit=100)] == list(range(1, 61))
+    for audit in hosts:
+        found = audit.verify_chain()
+        assert found.ok, found
+
+
 def test_a_host_that_has_seen_nothing_joins_by_checking_every_row(host: Host) -> None:
     a = host("host-a")
     for n in range(3):

@@ -411,9 +411,9 @@ class AuditLog:
         """
         with locked_file(self.head_path) as fd:
             head, unreadable = self._head_or_reason(fd)
-            _, found, ahead = self._tail_state(
-                self.store.connection(), head, unreadable, never_written(fd)
-            )
+            # one state of the table: on a fleet other hosts append meanwhile
+            with self.store.snapshot() as conn:
+                _, found, ahead = self._tail_state(conn, head, unreadable, never_written(fd))
             if ahead is not None:  # rows other hosts appended verify: the head moves to them
                 write_head(fd, ahead.id, ahead.row_hash)
         if found is not None:
