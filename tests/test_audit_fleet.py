@@ -247,6 +247,63 @@ def test_cutting_rows_below_a_hosts_head_is_a_break_for_that_host(
     assert "head_mismatch" in _kinds(a)
 
 
+def _reorder_newest(sql: Callable[..., None]) -> None:
+    sql("UPDATE audit_log SET id = -1 WHERE id = 3")
+    sql("UPDATE audit_log SET id = 3 WHERE id = 4")
+    sql("UPDATE audit_log SET id = 4 WHERE id = -1")
+
+
+def _rehash_newest(sql: Callable[..., None], newest: AuditEntry) -> None:
+    """Rewrite the newest row and recompute its hash the way the log does, without the key."""
+    fields = [newest.id, newest.timestamp.isoformat(), newest.agent_name, newest.edit_type,
+              newest.old_value, "rewritten", newest.user_id, newest.user_name, newest.change_id,
+              newest.prev_hash, newest.batch]  # fmt: skip
+    message = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    sql(
+        "UPDATE audit_log SET new_value = 'rewritten', row_hash = ? WHERE id = ?",
+        hashlib.sha256(message).hexdigest(),
+        newest.id,
+    )
+
+
+# The tamperings of the one-host tests (tests/test_audit_breaks.py), done to the newest rows of
+# a chain that host A saw up to row 2 and host B appended rows 3 and 4 to. Only the cuts pass on
+# A, whose head is below them: the documented residual risk.
+FLEET_TAMPERINGS: dict[str, Callable[[Callable[..., None], AuditLog], None]] = {
+    "edit": lambda sql, _: sql("UPDATE audit_log SET new_value = 'nothing' WHERE id = 4"),
+    "delete": lambda sql, _: sql("DELETE FROM audit_log WHERE id = 4"),
+    "insert": lambda sql, audit: _forge_after_newest(sql, audit, None),
+    "reorder": lambda sql, _: _reorder_newest(sql),
+    "truncate_tail": lambda sql, _: sql("DELETE FROM audit_log WHERE id >= 3"),
+    "rehash_newest": lambda sql, audit: _rehash_newest(sql, audit.entries()[-1]),
+}
+CUTS = {"delete", "truncate_tail"}
+
+
+@pytest.mark.parametrize("tamper", sorted(FLEET_TAMPERINGS))
+def test_every_tampering_of_the_newest_rows_is_a_break_for_the_host_that_wrote_them(
+    host: Host, sql: Callable[..., None], tamper: str
+) -> None:
+    a, b = host("host-a"), host("host-b")
+    _append(a, 1)
+    _append(a, 2)
+    _append(b, 3)
+    _append(b, 4)
+    FLEET_TAMPERINGS[tamper](sql, b)
+    rows = _count(b)
+    with pytest.raises(AuditChainBroken) as refused:
+        _append(b, 5)
+    assert refused.value.expected.startswith("row 4")
+    assert not b.verify_chain().ok
+    if tamper in CUTS:
+        a.ensure_appendable()  # a never saw rows 3 and 4: it cannot tell they were cut
+    else:
+        with pytest.raises(AuditChainBroken):
+            a.ensure_appendable()
+        assert not a.verify_chain().ok
+    assert _count(b) == rows  # nothing was appended over the tampering
+
+
 def test_a_promotion_settled_by_another_hosts_poll_keeps_every_host_appending(
     pg_url: str, tmp_path: Path, host: Host
 ) -> None:
