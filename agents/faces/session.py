@@ -40,6 +40,7 @@ from agents.faces.console_views import (
     status_table,
     task_table,
 )
+from agents.faces.release_serving import ServedReleases, release_status_line, serve_releases
 from agents.faces.session_lock import SessionLock
 from agents.faces.workspace import Workspace
 from agents.loop.cycle import CycleEvent, CycleResult
@@ -95,6 +96,19 @@ def add_arguments(parser: argparse.ArgumentParser, *, workspace: bool = True) ->
     parser.add_argument("--agents", type=Path, help="a folder of agent definitions to run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulated team")
     parser.add_argument("--demo", action="store_true", help="run the scripted demo and exit")
+    parser.add_argument(
+        "--follow-releases",
+        choices=["auto", "on", "off"],
+        help="serve the team's releases, canary included (default AGENTMEND_FOLLOW_RELEASES, "
+        "else auto: when the team has published one)",
+    )
+    parser.add_argument("--release", type=int, metavar="N", help="serve release N only (no canary)")
+    parser.add_argument(
+        "--routing-key",
+        metavar="KEY",
+        help="route every question typed here by KEY (a user id: one arm for the session); "
+        "default a random key per question",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every step to stderr")
 
 
@@ -138,9 +152,18 @@ class Session:
     """The interactive loop: reads commands, runs the team and the cycle, shows each step."""
 
     def __init__(
-        self, workspace: Workspace, console: Console, reader: LineReader, *, seed: int
+        self,
+        workspace: Workspace,
+        console: Console,
+        reader: LineReader,
+        *,
+        seed: int,
+        served: ServedReleases | None = None,
+        routing_key: str | None = None,
     ) -> None:
         self.workspace = workspace
+        self.served = served
+        self.routing_key = routing_key
         self.console = console
         self.reader = reader
         self.interactive = sys.stdin.isatty()
@@ -157,6 +180,8 @@ class Session:
             confirm_cycle=self._confirm_cycle,
             approval_callback=self._approve_change,
             on_progress=self._show_event,
+            releases=served.follower if served is not None else None,
+            publisher=served.publisher() if served is not None else None,
         )
         self._work: asyncio.Task[Any] | None = None
         self._interrupted = False
@@ -239,6 +264,7 @@ class Session:
                 style="bold",
             )
         )
+        self._print_releases()
         while True:
             if self.interactive:
                 self.console.print("agentmend> ", end="")
@@ -290,7 +316,9 @@ class Session:
         await handler(args)
 
     async def ask(self, question: str) -> None:
-        task = await self._abortable(self.orchestrator.execute_task(question))
+        task = await self._abortable(
+            self.orchestrator.execute_task(question, routing_key=self.routing_key)
+        )
         if task is None:
             return
         self.console.print(task_table(task, simulated=self._simulated()))
@@ -299,7 +327,16 @@ class Session:
         for issue in task.declined:
             self.console.print(Text(f"cycle declined for {issue.agent_name}", style="yellow"))
 
+    def _print_releases(self) -> None:
+        if self.served is not None:
+            status = self.served.follower.status()
+            self.console.print(
+                Text(release_status_line(status), style="yellow" if not status.connected else ""),
+                soft_wrap=True,
+            )
+
     async def status(self, _: list[str]) -> None:
+        self._print_releases()  # first: it holds even when the store is out of reach
         orchestrator = self.orchestrator
         metrics = orchestrator.monitor.get_metrics()
         stats = {name: orchestrator.detector.statistics(name) for name in metrics}
@@ -558,9 +595,22 @@ async def _session(args: argparse.Namespace, settings: Settings, console: Consol
                     style="yellow",
                 )
             )
-        session = Session(
-            workspace, console, LineReader(asyncio.get_running_loop()), seed=args.seed
+        served = serve_releases(
+            workspace, face="session", mode=settings.follow_releases, pin=settings.serve_release
         )
+        try:
+            session = Session(
+                workspace,
+                console,
+                LineReader(asyncio.get_running_loop()),
+                seed=args.seed,
+                served=served,
+                routing_key=getattr(args, "routing_key", None),
+            )
+        except BaseException:
+            if served is not None:
+                served.close()
+            raise
         loop = asyncio.get_running_loop()
         main_task = asyncio.current_task()
 
@@ -576,6 +626,8 @@ async def _session(args: argparse.Namespace, settings: Settings, console: Consol
             console.print("\nbye")
             return 130
         finally:
+            if served is not None:
+                served.close()  # before the store it polls is closed
             await workspace.aclose()
 
 
@@ -594,6 +646,10 @@ def run(args: argparse.Namespace) -> int:
         overrides["provider"] = args.provider
     if getattr(args, "store", None):
         overrides["store_url"] = args.store
+    if getattr(args, "follow_releases", None):
+        overrides["follow_releases"] = args.follow_releases
+    if getattr(args, "release", None) is not None:
+        overrides["serve_release"] = args.release
     try:
         settings = load_settings(**overrides)
         _check_provider(settings)
