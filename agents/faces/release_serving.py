@@ -146,9 +146,12 @@ class ServedReleases:
         self.folder.close()
 
 
-def _existing_team_id(team_dir: Path) -> str | None:
+def existing_team_id(team_dir: Path) -> str | None:
     """The team's id if it has one (never made here: a team without one has no releases)."""
-    if confined.read(str(team_dir), TEAM_ID_FILE, max_bytes=1024) is None:
+    if (
+        not Path(team_dir).is_dir()
+        or confined.read(str(team_dir), TEAM_ID_FILE, max_bytes=1024) is None
+    ):
         return None
     return team_id_for(team_dir)
 
@@ -169,7 +172,7 @@ def serve_releases(
                 f"serve_release {pin} needs follow_releases auto or on, not off"
             )
         return None
-    team_id = _existing_team_id(workspace.team_dir)
+    team_id = existing_team_id(workspace.team_dir)
     if team_id is None:
         if mode == "on" or pin is not None:
             raise NoReleases(str(workspace.team_dir))
