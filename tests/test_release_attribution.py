@@ -199,7 +199,7 @@ def test_labels_name_a_release_by_version_or_hash_and_odd_labels_say_why(team: T
         "the run names team 'team-other', not team-obs"
     )
     for odd in (True, 1.5, "abc", "v0", ["1"]):
-        assert "not a release version or content hash" in tags(odd)["release_unattributed"]
+        assert "not a release version or content hash" in str(tags(odd)["release_unattributed"])
     Rollouts(team.log).promote(2, by=Principal("ops", "Ops", frozenset({"admin"})))
     fresh = ReleaseAttribution(team.log)  # heads are reused for heads_ttl_s: a new reader
     assert fresh.tags(1) == {"release": 1, "attributed_by": "label"}  # attributed, in no arm
