@@ -10,6 +10,9 @@ naming no release is recorded as unattributed with the reason, never dropped.
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -19,9 +22,10 @@ from claude_agent_sdk import HookMatcher
 from claude_agent_sdk.types import HookEvent
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from otel_helpers import SpanFactory
+from otel_helpers import SpanFactory, post
 
 from agents.faces.otel_receiver import OtlpReceiver
+from agents.faces.workspace import Workspace
 from infrastructure.changes.audit import AuditLog
 from infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
@@ -32,6 +36,7 @@ from infrastructure.releases.release_log import ReleaseLog
 from infrastructure.releases.rollout import Rollouts
 from infrastructure.simulation import copy_team
 from infrastructure.store import Store
+from infrastructure.team_id import team_id_for
 from infrastructure.telemetry.assembly import TraceAssembler
 
 OPS = Principal("ops", "Operator")
@@ -208,3 +213,41 @@ def test_labels_name_a_release_by_version_or_hash_and_odd_labels_say_why(team: T
     team.log.publish_rollback(2, by=Principal("ops", "Ops", frozenset({"admin"})))
     again = ReleaseAttribution(team.log)
     assert again.tags(team.log.get(1).content_hash[:10])["release"] == 3
+
+
+def test_the_receiver_command_attributes_to_its_workspace_team(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    Workspace.open(workspace).close()  # the simulated team
+    store = Store(workspace / "agentmend.db")
+    log = ReleaseLog(store, team_id_for(workspace / "agents"))
+    log.publish_directory(workspace / "agents", by=OPS)
+    store.close()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agents.otel_receiver", "--port", str(port),
+         "--workspace", str(workspace)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    spans = SpanFactory(service="tutor-app", **{"agentmend.release": "1"})
+    try:
+        assert process.stderr is not None
+        assert "/v1/traces" in process.stderr.readline()
+        spans.agent_run(AGENT)
+        assert post(f"http://127.0.0.1:{port}/v1/traces", spans.body())[0] == 200
+    finally:
+        spans.close()
+        process.terminate()
+        process.wait(timeout=10)
+        if process.stderr is not None:
+            process.stderr.close()
+    assert process.returncode == 0
+    store = Store(workspace / "agentmend.db")
+    try:
+        [(extra,)] = store.connection().execute("SELECT extra FROM executions").fetchall()
+    finally:
+        store.close()
+    tags = json.loads(extra)
+    assert (tags["release"], tags["arm"]) == (1, "stable")
