@@ -115,6 +115,7 @@ if TYPE_CHECKING:
         PerformanceMonitor,
     )
     from infrastructure.principal import Principal
+    from infrastructure.releases.attribution import ReleaseAttribution, linked_release_label
     from infrastructure.releases.follower import ReleaseFollower
     from infrastructure.releases.release_errors import ReleaseRefused, RolloutConflict
     from infrastructure.releases.release_log import ReleaseLog
@@ -202,6 +203,7 @@ __all__ = [
     "PromptBlockError",
     "ProposedAction",
     "ProposedChange",
+    "ReleaseAttribution",
     "ReleaseFollower",
     "ReleaseLog",
     "ReleasePublisher",
@@ -241,6 +243,7 @@ __all__ = [
     "WrongArgumentType",
     "claude_sdk_hooks",
     "create_ask_agent_tool",
+    "linked_release_label",
     "load_agent_specs",
     "offline_role_runtime",
     "replay_cycle",
@@ -266,6 +269,8 @@ _EXPORTS: dict[str, str] = {
     "verify_audit_chain": "infrastructure.changes.audit",
     "AuditChainBroken": "infrastructure.changes.audit",
     "LeaseLost": "infrastructure.changes.leases",
+    "ReleaseAttribution": "infrastructure.releases.attribution",
+    "linked_release_label": "infrastructure.releases.attribution",
     "ReleaseFollower": "infrastructure.releases.follower",
     "ReleaseLog": "infrastructure.releases.release_log",
     "ReleasePublisher": "agents.loop.release_publishing",
