@@ -22,9 +22,7 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -41,6 +39,7 @@ from agents.faces.console_views import (
     task_table,
 )
 from agents.faces.release_serving import ServedReleases, release_status_line, serve_releases
+from agents.faces.session_input import LineReader, add_arguments, parse_args, settings_overrides
 from agents.faces.session_lock import SessionLock
 from agents.faces.workspace import Workspace
 from agents.loop.cycle import CycleEvent, CycleResult
@@ -57,6 +56,8 @@ from infrastructure.simulation import FaultKind, SimulatedRuntime
 from infrastructure.structured_logger import configure_logging, get_logger
 
 T = TypeVar("T")
+
+__all__ = ["LineReader", "Session", "add_arguments", "main", "parse_args", "run"]
 
 log = get_logger(__name__)
 
@@ -76,76 +77,6 @@ Type a question to run it through the team. Commands:
 
 _KEY_PROVIDERS = {"anthropic", "claude-agent-sdk"}
 _YES_NO = {"y", "yes", "n", "no"}
-
-
-def add_arguments(parser: argparse.ArgumentParser, *, workspace: bool = True) -> None:
-    """The session's flags, shared by ``main.py`` and ``agentmend session``."""
-    if workspace:
-        parser.add_argument("--workspace", type=Path, help="workspace folder (default .agentmend)")
-        parser.add_argument(
-            "--store",
-            metavar="URL",
-            help="the store: a SQLite file or postgresql://user@host/db (default "
-            "AGENTMEND_STORE_URL, else the workspace's agentmend.db)",
-        )
-    parser.add_argument(
-        "--provider",
-        choices=["offline", "anthropic", "claude-agent-sdk"],
-        help="which runtime runs the agents and the roles (default offline)",
-    )
-    parser.add_argument("--agents", type=Path, help="a folder of agent definitions to run")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the simulated team")
-    parser.add_argument("--demo", action="store_true", help="run the scripted demo and exit")
-    parser.add_argument(
-        "--follow-releases",
-        choices=["auto", "on", "off"],
-        help="serve the team's releases, canary included (default AGENTMEND_FOLLOW_RELEASES, "
-        "else auto: when the team has published one)",
-    )
-    parser.add_argument("--release", type=int, metavar="N", help="serve release N only (no canary)")
-    parser.add_argument(
-        "--routing-key",
-        metavar="KEY",
-        help="route every question typed here by KEY (a user id: one arm for the session); "
-        "default a random key per question",
-    )
-    parser.add_argument("--verbose", action="store_true", help="log every step to stderr")
-
-
-def parse_args(argv: list[str] | None, prog: str = "main.py") -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return parser.parse_args(argv)
-
-
-class LineReader:
-    """Standard input as an async queue of lines, read by one daemon thread.
-
-    One reader for the whole session means a prompt inside a cycle (y/n) and the command
-    loop never race for the same line, and a prompt can time out without a stuck thread.
-    The end of input is for good: once seen, every later read is None at once, so no prompt
-    after it waits for a line that cannot come.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
-        self._loop = loop
-        self.ended = False
-        threading.Thread(target=self._pump, name="stdin-reader", daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in sys.stdin:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, line.rstrip("\n"))
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
-
-    async def read(self) -> str | None:
-        """The next line, or None at (and after) the end of input."""
-        if self.ended:
-            return None
-        line = await self._queue.get()
-        if line is None:
-            self.ended = True
-        return line
 
 
 class Session:
@@ -633,7 +564,7 @@ async def _session(args: argparse.Namespace, settings: Settings, console: Consol
 
 def main(argv: list[str] | None = None) -> int:
     """``python main.py``: parse the session's flags and run it."""
-    return run(parse_args(argv))
+    return run(parse_args(argv, description=__doc__.splitlines()[0]))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -641,17 +572,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
     # no markup: text such as "/rollback [ID]" or an agent's answer is shown as it is
     console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
-    overrides: dict[str, Any] = {}
-    if args.provider:
-        overrides["provider"] = args.provider
-    if getattr(args, "store", None):
-        overrides["store_url"] = args.store
-    if getattr(args, "follow_releases", None):
-        overrides["follow_releases"] = args.follow_releases
-    if getattr(args, "release", None) is not None:
-        overrides["serve_release"] = args.release
     try:
-        settings = load_settings(**overrides)
+        settings = load_settings(**settings_overrides(args))
         _check_provider(settings)
         if args.demo:
             from agents.faces.demo import run_demo
