@@ -8,6 +8,7 @@ face runs; the session's status says when it is cut off from the store.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import queue
@@ -99,7 +100,7 @@ class Session:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            bufsize=1,
+            bufsize=0,
         )
         self._lines: queue.Queue[str] = queue.Queue()
         self.output = ""
@@ -107,9 +108,12 @@ class Session:
         self._pumping.start()
 
     def _pump(self) -> None:
+        """Whatever the session writes, as it comes (a y/n prompt ends with no newline)."""
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        fd = self.proc.stdout.fileno()
+        while chunk := os.read(fd, 4096):
+            self._lines.put(decoder.decode(chunk))
 
     def send(self, line: str) -> None:
         assert self.proc.stdin is not None
@@ -381,3 +385,32 @@ def test_the_status_line_says_what_is_served_and_when_the_store_is_out_of_reach(
     line = release_status_line(cut)
     assert line.startswith("cut off from store since ")
     assert line.endswith("running last release v7: store gone")
+
+
+def test_a_change_the_session_keeps_is_published_and_served_as_a_canary(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    Workspace.open(workspace).close()
+    store = Store(workspace / "agentmend.db")
+    log = ReleaseLog(store, team_id_for(workspace / "agents"), audit=AuditLog(store))
+    log.publish_directory(workspace / "agents", by=OPS)
+    session = Session(["--workspace", str(workspace)], tmp_path)
+    try:
+        at = session.wait_for("serving release v1 (stable)")
+        session.send(f"/inject {AGENT} truncation")
+        session.send(f"/improve {AGENT}")
+        at = session.wait_for(f"Apply this change to {AGENT}?", since=at)
+        session.send("y")
+        at = session.wait_for(f"on {AGENT}: kept", since=at)
+        at = session.status_until("canary v2 to 10% of runs", since=at)
+        session.send("/quit")
+        assert session.close() == 0
+    finally:
+        session.close()
+    release = log.get(2)
+    assert release.change_ids  # the kept change, published from the workspace's folder
+    heads = log.heads()
+    assert (heads.stable, heads.canary) == (1, 2)
+    active = Rollouts(log).active()
+    assert active is not None
+    assert active.claimed_fix
+    store.close()
