@@ -253,6 +253,7 @@ def test_a_session_asked_for_a_missing_release_or_forced_to_follow_none_says_so(
     assert missing.returncode == 2
     assert "no release with id '99' for team team-" in missing.stderr
     assert "Traceback" not in missing.stderr
+    assert not (fleet.workspace / "workers").exists()  # no worker folder was made for it
     other = tmp_path / "other"
     Workspace.open(other).close()
     none = subprocess.run(

@@ -10,7 +10,10 @@ Opening is lazy and retried: the first call opens the workspace (``agents.faces.
 cannot be opened, that call and every later one fail with the problem, until it can. The tools
 that only read (``status``, ``memory``, marked ``readOnlyHint``) open an existing workspace and
 never create one: on a missing folder or store they fail naming it, and write nothing. The
-others (``self_improve``, ``analyze``) create it on first use. The
+others (``self_improve``, ``analyze``, ``run``) create it on first use. When the team has
+published releases, opening also starts following them (``agents.faces.release_serving``):
+``run`` is then served by the release its routing key draws, and ``status`` names it; a pinned
+release the team does not have makes every call an error naming it. The
 provider's runtimes are built the same way: a provider that cannot run (no API key, no SDK) is
 tried again by every call that needs a model, so setting the key later needs no restart; calls
 that need none (``status``, ``memory``, code plans) work meanwhile.

@@ -178,7 +178,9 @@ def serve_releases(
             raise NoReleases(str(workspace.team_dir))
         return None
     log = ReleaseLog(workspace.store, team_id, audit=workspace.manager.audit)
-    if pin is None and log.heads().stable is None:
+    if pin is not None:
+        log.get(pin)  # NotFound before the worker's folder is made
+    elif log.heads().stable is None:
         if mode == "on":
             raise NoReleases(team_id)
         return None
