@@ -201,7 +201,9 @@ def test_the_session_serves_a_canary_share_picks_up_a_promotion_and_says_when_cu
         volume.rename(away)  # the store's volume goes away under the session
         try:
             at = session.status_until("cut off from store since", since=at)
-            session.wait_for("running last release v2", since=at)
+            at = session.wait_for("running last release v2", since=at)
+            session.send("/traffic 3")  # and it goes on serving its last release
+            at = session.wait_for("ran 3 question(s)", since=at)
         finally:
             # the audit check of /status leaves an empty head file where the volume was
             shutil.rmtree(volume, ignore_errors=True)

@@ -84,7 +84,9 @@ class ReleaseAttribution:
         self._heads: ReleaseHeads | None = None
         self._heads_at = 0.0
         self._known: set[int] = set()
+        self._missing: dict[int, float] = {}  # version -> when it was last found missing
         self._hashes: dict[int, str] = {}
+        self._listed_at: float | None = None
 
     @property
     def team_id(self) -> str:
@@ -136,9 +138,7 @@ class ReleaseAttribution:
             version = int(match.group(1))
             try:
                 if version not in self._known:
-                    self.releases.get(version)  # NotFound when the team has no such release
-                    with self._lock:
-                        self._known.add(version)
+                    self._look_up(version)
                 return version
             except NotFound:
                 if len(text) < MIN_HASH_CHARS or not _HASH.match(text):
@@ -150,18 +150,40 @@ class ReleaseAttribution:
             )
         return self._by_hash(text, heads)
 
+    def _look_up(self, version: int) -> None:
+        """Raise NotFound unless the team has ``version`` (a miss is remembered for
+        ``heads_ttl_s``: a flood of runs naming no release reads the store once per period)."""
+        now = self._clock()
+        with self._lock:
+            missed = self._missing.get(version)
+        if missed is not None and now - missed < self.heads_ttl_s:
+            raise NotFound("release", str(version), f"for team {self.team_id}")
+        try:
+            self.releases.get(version)
+        except NotFound:
+            with self._lock:
+                if len(self._missing) >= 1024:
+                    self._missing.clear()
+                self._missing[version] = now
+            raise
+        with self._lock:
+            self._known.add(version)
+            self._missing.pop(version, None)
+
     def _by_hash(self, prefix: str, heads: ReleaseHeads) -> int:
         """The release whose content hash starts with ``prefix``: a served one first (a
         rollback republishes its parent's content, so several versions share one hash), else
         the newest."""
         for attempt in range(2):
+            now = self._clock()
             with self._lock:
                 matches = [v for v, h in self._hashes.items() if h.startswith(prefix)]
-            if matches or attempt:
+                fresh = self._listed_at is not None and now - self._listed_at < self.heads_ttl_s
+            if matches or attempt or fresh:  # the list is read again at most once a period
                 break
             listed = {r.version: r.content_hash for r in self.releases.list(limit=100_000)}
             with self._lock:
-                self._hashes = listed
+                self._hashes, self._listed_at = listed, now
         if not matches:
             raise NotFound("release", prefix, f"for team {self.team_id}")
         for served in (heads.canary, heads.stable):
