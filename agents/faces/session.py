@@ -4,7 +4,9 @@
     agentmend session --provider anthropic --agents .claude/agents
     python main.py --demo                  a scripted scenario, non-interactive, exits 0
 
-``python main.py``, ``python -m agents`` and ``agentmend session`` all start it.
+``python main.py``, ``python -m agents`` and ``agentmend session`` all start it. When the team
+has published releases the session is one of its workers: it serves them, the canary for its
+share (``agents.faces.release_serving``), and publishes what its cycles keep as the next release.
 
 Commands are read one line at a time from standard input, so the session can be scripted with a
 pipe. Ctrl-C during a cycle aborts the cycle; whatever it had applied is rolled back. The end of
