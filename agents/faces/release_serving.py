@@ -106,20 +106,23 @@ class _WorkerFolder:
         self._fd: int | None = fd
 
     @classmethod
-    def claim(cls, base: Path, face: str) -> _WorkerFolder:
+    def claim(cls, workspace: Path, face: str) -> _WorkerFolder:
         import fcntl
 
         for n in range(1, _MAX_SLOTS + 1):
-            path = base / (face if n == 1 else f"{face}-{n}")
-            path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            name = f"{WORKERS_DIR}/{face if n == 1 else f'{face}-{n}'}"
+            confined.make_dirs(str(workspace), name)  # following no symlink
+            path = workspace / name
+            fd = os.open(path / _LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 os.close(fd)
                 continue
             return cls(path, fd)
-        raise ConfigurationError(f"{base}: {_MAX_SLOTS} {face} workers are running already")
+        raise ConfigurationError(
+            f"{workspace / WORKERS_DIR}: {_MAX_SLOTS} {face} workers are running already"
+        )
 
     def close(self) -> None:
         if self._fd is not None:
@@ -184,7 +187,7 @@ def serve_releases(
         if mode == "on":
             raise NoReleases(team_id)
         return None
-    folder = _WorkerFolder.claim(workspace.path / WORKERS_DIR, face)
+    folder = _WorkerFolder.claim(workspace.path, face)
     try:
         follower = ServingFollower(log, folder.path, pin=pin)  # NotFound for a missing pin
         follower.start()
