@@ -65,6 +65,7 @@ __all__ = [
     "VerificationVerdict",
     "compare",
     "judge_sample_query",
+    "latency_ratio",
     "mcnemar_has_power",
     "mcnemar_one_sided_p",
     "run_sample_query",
@@ -74,7 +75,7 @@ __all__ = [
 
 log = get_logger(__name__)
 
-Rule = Literal["mcnemar", "all_failures_fixed", "nothing_to_fix", "sample_query"]
+Rule = Literal["mcnemar", "all_failures_fixed", "nothing_to_fix", "sample_query", "sequential"]
 Failure = Literal["nothing_to_fix", "no_improvement", "regression", "latency", "sample_query"]
 
 SAMPLE_QUERY = "What is the Pythagorean theorem?"
@@ -355,7 +356,7 @@ def compare(
     failed_before = sum(not row.before_pass for row in rows)
     p = mcnemar_one_sided_p(b, c)
     regressions = tuple(row.case_id for row in rows if row.regression)
-    ratio = _latency_ratio(before, after)
+    ratio = latency_ratio(before, after)
 
     failures: list[Failure] = []
     rule: Rule
@@ -425,7 +426,7 @@ def compare(
     return verdict
 
 
-def _latency_ratio(before: SuiteRun, after: SuiteRun) -> float | None:
+def latency_ratio(before: SuiteRun, after: SuiteRun) -> float | None:
     old, new = before.latency_median_ms(), after.latency_median_ms()
     if old is None or new is None or old <= 0:
         return None
