@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agents.faces.mcp_tools import BadRequest
+    from agents.faces.release_serving import NoReleases
     from agents.faces.workspace import TeamDirError, Workspace, WorkspaceError
     from agents.loop.code_review import ModelRequired
     from agents.loop.cycle import (
@@ -192,6 +193,7 @@ __all__ = [
     "ModelRequired",
     "MonitorClosed",
     "NetworkRefusedError",
+    "NoReleases",
     "NotFound",
     "OfflineRuntime",
     "OtelExtraMissing",
@@ -344,6 +346,7 @@ _EXPORTS: dict[str, str] = {
     "OtelExtraMissing": "infrastructure.telemetry.span",
     "OtlpDecodeError": "infrastructure.telemetry.otlp_decode",
     "BadRequest": "agents.faces.mcp_tools",
+    "NoReleases": "agents.faces.release_serving",
     "TeamDirError": "agents.faces.workspace",
     "WorkspaceError": "agents.faces.workspace",
     "ModelRequired": "agents.loop.code_review",
