@@ -27,7 +27,7 @@ from infrastructure.settings import Settings
 from infrastructure.simulation import FaultKind
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = {"self_improve", "analyze", "status", "memory"}
+TOOLS = {"self_improve", "analyze", "run", "status", "memory"}
 TIMEOUT_S = 60.0
 
 DIFF_EXTEND = (
@@ -79,7 +79,7 @@ def _state(project: Path) -> tuple[dict[str, bytes], dict[str, int]]:
     return files, _counts(workspace / "agentmend.db")
 
 
-async def test_the_four_tools_are_listed_with_their_schemas(tools: AgentmendTools) -> None:
+async def test_the_five_tools_are_listed_with_their_schemas(tools: AgentmendTools) -> None:
     async with _client(tools) as client:
         listed = {tool.name: tool for tool in (await client.list_tools()).tools}
     assert set(listed) == TOOLS
@@ -109,6 +109,11 @@ async def test_the_four_tools_are_listed_with_their_schemas(tools: AgentmendTool
     assert (reproduce["type"], reproduce["default"]) == ("boolean", False)
     assert analyze.description is not None
     assert "runs its eval suite" in analyze.description
+    run = listed["run"]
+    assert run.input_schema["required"] == ["prompt"]
+    assert {"agent", "routingKey"} <= set(run.input_schema["properties"])
+    assert run.annotations is not None
+    assert run.annotations.destructive_hint is False
 
 
 BAD_REQUESTS: list[tuple[str, dict[str, Any], str]] = [
