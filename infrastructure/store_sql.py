@@ -25,8 +25,6 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal, Protocol
 
-from infrastructure.errors import StoreError
-
 __all__ = [
     "Backend",
     "StoreConnection",
@@ -131,9 +129,10 @@ def next_id(conn: StoreConnection, table: str, column: str = "id") -> int:
         row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
         return (int(row[0]) if row else 0) + 1
     row = conn.execute(
-        f"SELECT last_value, is_called FROM {_sequence_name(conn, table, column)}"
+        "SELECT pg_sequence_last_value(CAST(pg_get_serial_sequence(?, ?) AS regclass))",
+        (table, column),
     ).fetchone()
-    return int(row[0]) + 1 if row[1] else int(row[0])
+    return 1 if row[0] is None else int(row[0]) + 1  # NULL: no id handed out yet
 
 
 def note_id_used(conn: StoreConnection, table: str, row_id: int) -> None:
@@ -142,10 +141,9 @@ def note_id_used(conn: StoreConnection, table: str, row_id: int) -> None:
     if backend_of(conn) == "sqlite":
         return
     conn.execute(
-        "SELECT setval(pg_get_serial_sequence(?, 'id'), CAST(? AS BIGINT)) WHERE ? > ("
-        "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM"
-        f" {_sequence_name(conn, table)})",
-        (table, row_id, row_id),
+        "SELECT setval(pg_get_serial_sequence(?, 'id'), CAST(? AS BIGINT)) WHERE ? > coalesce("
+        "pg_sequence_last_value(CAST(pg_get_serial_sequence(?, 'id') AS regclass)), 0)",
+        (table, row_id, row_id, table),
     )
 
 
@@ -160,10 +158,3 @@ def set_next_id(conn: StoreConnection, table: str, after: int, column: str = "id
         "SELECT setval(pg_get_serial_sequence(?, ?), CAST(? AS BIGINT), ? = 1)",
         (table, column, max(after, 1), int(after > 0)),
     )
-
-
-def _sequence_name(conn: StoreConnection, table: str, column: str = "id") -> str:
-    row = conn.execute("SELECT pg_get_serial_sequence(?, ?)", (table, column)).fetchone()
-    if row is None or row[0] is None:
-        raise StoreError(f"table {table} has no generated id column")
-    return str(row[0])
