@@ -98,6 +98,16 @@ class PgConnection:
             raise self._backend.error("a statement failed on", exc) from exc
         return cursor
 
+    def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """Append ``rows`` to ``table`` with ``COPY ... FROM STDIN`` (names are constants)."""
+        cursor = self.raw.cursor()
+        try:
+            with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        except self._backend.driver_error as exc:
+            raise self._backend.error("a statement failed on", exc) from exc
+
 
 class PostgresBackend:
     """Per-thread connections to one PostgreSQL database, each in autocommit mode."""
