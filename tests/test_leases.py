@@ -343,7 +343,8 @@ def test_a_lease_is_keyed_by_the_team_of_its_changes(root: Path, tmp_path: Path)
         lease_id, _ = _apply_leased(manager, root)
         team = team_id(root, manager.store)
         lease = manager.leases.get(lease_id)
-        assert lease is not None and lease.team_id == team
+        assert lease is not None
+        assert lease.team_id == team
         assert [x.lease_id for x in manager.leases.open_leases(team)] == [lease_id]
         assert manager.leases.open_leases("team-000000000000") == []
 
@@ -370,4 +371,5 @@ def test_a_store_from_before_team_keyed_leases_is_migrated_on_open(
         leases = Leases(reopened)
         assert reopened.schema_version("leases") == 2
         lease = leases.get(lease_id)
-        assert lease is not None and lease.team_id == team
+        assert lease is not None
+        assert lease.team_id == team
