@@ -204,7 +204,8 @@ class Leases:
     def open_leases(self, team_id: str | None = None) -> list[Lease]:
         """Every lease held or lost, or only team ``team_id``'s (served by partial indexes:
         settled ones cost nothing)."""
-        where, args = "state IN ('held', 'lost')", ()
+        where = "state IN ('held', 'lost')"
+        args: tuple[str, ...] = ()
         if team_id is not None:
             where, args = where + " AND team_id = ?", (team_id,)
         rows = self.store.connection().execute(
