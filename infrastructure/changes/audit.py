@@ -142,6 +142,15 @@ _MIGRATIONS: list[str | dict[Backend, str]] = [
         "sqlite": "",
         "postgresql": "CREATE UNIQUE INDEX audit_log_one_successor ON audit_log (prev_hash)",
     },
+    # ...except a break row: the segment it starts continues from the newest row, which a
+    # tampered table (rows reordered) may already show with a successor, and a rollback or
+    # recovery over a break must never be refused
+    {
+        "sqlite": "",
+        "postgresql": "DROP INDEX audit_log_one_successor;"
+        " CREATE UNIQUE INDEX audit_log_one_successor ON audit_log (prev_hash)"
+        f" WHERE edit_type <> '{BREAK_EDIT_TYPE}'",
+    },
 ]
 
 _COLUMNS = (
