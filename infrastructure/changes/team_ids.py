@@ -12,7 +12,9 @@ of a SQLite store is on one host).
 Every apply and rollback asks for its team's id, so each store remembers, per root, the id it
 read and registered together with the id file's identity (device, inode, size, change times):
 the next call costs one ``stat``, and a file replaced, rewritten or removed since is read
-(and registered) again.
+(and registered) again. A file changed less than a second before it was read is not
+remembered: a rewrite of the same size within the file system's timestamp granularity would
+leave its identity unchanged (git's "racily clean" files).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ _known: weakref.WeakKeyDictionary[Store, dict[tuple[str, str], tuple[_FileIdenti
     weakref.WeakKeyDictionary()
 )
 _known_lock = threading.Lock()
+_SETTLED_NS = 1_000_000_000  # a file older than this has a change time that tells rewrites apart
 
 
 def _identity(root: Path) -> _FileIdentity | None:
@@ -93,7 +96,9 @@ def team_id(root: Path, store: Store) -> str:
     after = _identity(root)
     # not remembered if the file changed while being read, or if the registration may yet
     # roll back with a transaction it joined
-    if after is not None and (before is None or after == before) and not _joined(store):
+    settled = after is not None and time.time_ns() - max(after[3], after[4]) > _SETTLED_NS
+    if settled and (before is None or after == before) and not _joined(store):
+        assert after is not None
         with _known_lock:
             _known.setdefault(store, {})[(host, where)] = (after, text)
     return text
