@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from agents.loop.cycle import (
         CycleResult,
         TaskResult,
+        WatchOutcome,
         replay_cycle,
     )
     from agents.loop.meta_orchestrator import MetaOrchestrator
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from infrastructure.changes.improvement_manager import ImprovementManager
     from infrastructure.changes.leases import LeaseLost
     from infrastructure.changes.safety import GateVerdict, ProposedChange
+    from infrastructure.changes.watch import ChangeWatch, ChangeWatcher
     from infrastructure.code_update.code_plans import CodeUpdateError, PlanNotFound, PlanStateError
     from infrastructure.code_update.unified_diff import DiffError
     from infrastructure.errors import (
@@ -155,6 +157,8 @@ __all__ = [
     "ChangeStateError",
     "ChangeStatus",
     "ChangeType",
+    "ChangeWatch",
+    "ChangeWatcher",
     "ClaudeAgentRuntime",
     "CodeUpdateError",
     "ConfigurationError",
@@ -236,6 +240,7 @@ __all__ = [
     "UnexpectedModelCall",
     "UnknownAgent",
     "VerificationVerdict",
+    "WatchOutcome",
     "Workspace",
     "WorkspaceError",
     "WrongArgumentType",
@@ -266,6 +271,8 @@ _EXPORTS: dict[str, str] = {
     "verify_audit_chain": "infrastructure.changes.audit",
     "AuditChainBroken": "infrastructure.changes.audit",
     "LeaseLost": "infrastructure.changes.leases",
+    "ChangeWatch": "infrastructure.changes.watch",
+    "ChangeWatcher": "infrastructure.changes.watch",
     "ReleaseFollower": "infrastructure.releases.follower",
     "ReleaseLog": "infrastructure.releases.release_log",
     "ReleasePublisher": "agents.loop.release_publishing",
@@ -324,6 +331,7 @@ _EXPORTS: dict[str, str] = {
     "Supervisor": "agents.roles.supervisor",
     "MetaOrchestrator": "agents.loop.meta_orchestrator",
     "CycleResult": "agents.loop.cycle",
+    "WatchOutcome": "agents.loop.cycle",
     "TaskResult": "agents.loop.cycle",
     "replay_cycle": "agents.loop.cycle",
     "Workspace": "agents.faces.workspace",

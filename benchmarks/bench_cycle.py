@@ -12,7 +12,9 @@ Figures: detection rate, right agent, right cause, repair rate (repairable fault
 refusals (a tool only an admin may grant) and correct non-changes (rate limits, unknown faults),
 changes made on healthy controls (goal 0), regressions kept (must be 0), model calls per cycle,
 and the median cycle time with its phases, next to the median ``execute_task`` time measured in
-the same process. Run: ``python benchmarks/bench_cycle.py [--scenarios 54] [--seed 2024]``.
+the same process, and the eval runs each verification on a suite made (both sides; with
+``--verification fixed``, today's former design, to compare). Run:
+``python benchmarks/bench_cycle.py [--scenarios 54] [--seed 2024] [--verification fixed]``.
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ async def run_scenario(scenario: Scenario, args: argparse.Namespace, root: Path)
         baseline_n=args.baseline,
         false_alarm_rate=args.false_alarm_rate,
         detection_mode=args.detection,
+        verification_design=args.verification,
     )
 
     def keep(event: CycleEvent) -> None:
@@ -252,6 +255,13 @@ def report(outcomes: list[Outcome], elapsed_s: float) -> None:
                     regressions += 1
     cycles = [c for o in outcomes for c in o.cycles]
     calls = [c.model_calls for c in cycles]
+    # eval runs of each suite verification, both sides (the runs before the change included)
+    eval_runs = [
+        sum(row.before_runs + row.after_runs for row in v.cases)
+        for c in cycles
+        for v in c.verifications.values()
+        if v.cases
+    ]
     times = [c.duration_ms for c in cycles]
     task_ms = [ms for o in outcomes for ms in o.task_ms]
     statuses = Counter(c.status for c in cycles)
@@ -278,6 +288,9 @@ def report(outcomes: list[Outcome], elapsed_s: float) -> None:
         ("cycles run", f"{len(cycles)}: {by_status}"),
         ("model calls per cycle (median / mean)", f"{statistics.median(calls):.0f} / "
          f"{statistics.fmean(calls):.1f}"),
+        ("eval runs per suite verification (median / mean / n)",
+         f"{statistics.median(eval_runs):.0f} / {statistics.fmean(eval_runs):.1f} / "
+         f"{len(eval_runs)}" if eval_runs else "none"),
         ("cycle time, median / p90 (ms)", f"{median_cycle:.1f} / {_p90(times):.1f}"),
         ("execute_task time, median (ms)", f"{median_task:.2f}"),
         ("median cycle / median execute_task", f"{median_cycle / median_task:.0f}x"),
@@ -340,6 +353,12 @@ async def main() -> None:
     parser.add_argument("--false-alarm-rate", type=float, default=1e-4)
     parser.add_argument("--detection", choices=("statistical", "rules"), default="statistical")
     parser.add_argument("--recovered", type=float, default=0.85, help="success rate = repaired")
+    parser.add_argument(
+        "--verification",
+        choices=("sequential", "fixed"),
+        default="sequential",
+        help="how changes are verified on their eval suites",
+    )
     args = parser.parse_args()
     args_ns.recovered = args.recovered
     # the figures are the loop's, not the console's: only errors, and on stderr

@@ -2,7 +2,8 @@
 
 Builds a store of AGENTS x RUNS_PER_AGENT runs (default 100 x 100,000: ten million) through the
 monitor's own write path in large batches (the executions rows, the per-minute series and its
-rollups in the same transactions, as the monitor writes them), over 30 days, plus CHANGES changes
+rollups in the same transactions, as the monitor writes them), over 30 days, the detector's
+statistic series as a check every 10 minutes would leave it (random peaks), plus CHANGES changes
 (applied and kept or rolled back through the ImprovementManager, so each has its audit rows),
 each with the recorded events of a real cycle (the demo's kept cycle, run once by the real
 command, re-recorded under a new cycle id naming the change), so the report folds CHANGES cycles.
@@ -38,7 +39,9 @@ from agents.loop.cycle import DECISION_PREFIX, CycleEvent, cycle_events, list_cy
 from infrastructure.changes.decisions import record_decision
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.models import ChangeType, ImprovementAction
+from infrastructure.monitoring.detector_series import StatisticPoint, add_points
 from infrastructure.monitoring.execution_store import ExecutionStore
+from infrastructure.monitoring.issue_ledger import IssueLedger
 from infrastructure.store import Store
 from infrastructure.structured_logger import configure_logging
 
@@ -47,6 +50,7 @@ T = TypeVar("T")
 AGENTS, RUNS_PER_AGENT, CHANGES = 100, 100_000, 500
 DAYS = 30
 BATCH = 50_000
+CHECK_EVERY_S = 600
 
 
 def _demo_cycle(folder: Path) -> list[CycleEvent]:
@@ -77,6 +81,24 @@ def _record_cycle(store: Store, template: list[CycleEvent], n: int, change_id: s
             agent_name=event.agent_name,
             payload=payload.model_dump(mode="json", exclude={"timestamp"}),
         )
+
+
+def _add_statistics(store: Store, agents: int, start: float, rng: random.Random) -> None:
+    """The detector's statistic series as a detector checking every 10 minutes leaves it: one
+    point per agent and chart per check, through the detector's own write path."""
+    IssueLedger(store)  # migrates the series
+    checks = DAYS * 86_400 // CHECK_EVERY_S
+    for first in range(0, checks, 144):  # a day of checks per transaction
+        points = [
+            StatisticPoint(
+                f"agent-{a:03d}", kind, start + (c + 1) * CHECK_EVERY_S, rng.random(), 1.0, 5.0
+            )
+            for c in range(first, min(checks, first + 144))
+            for a in range(agents)
+            for kind in ("low_success_rate", "performance_regression")
+        ]
+        with store.transaction() as conn:
+            add_points(conn, points)
 
 
 def _build(folder: Path, agents: int, runs: int, changes: int) -> tuple[Store, float]:
@@ -111,6 +133,7 @@ def _build(folder: Path, agents: int, runs: int, changes: int) -> tuple[Store, f
     if batch:
         executions.insert(batch)  # type: ignore[arg-type]
     build_s = time.perf_counter() - t0
+    _add_statistics(store, agents, start, rng)
     team = folder / "team"
     team.mkdir()
     template = _demo_cycle(folder)

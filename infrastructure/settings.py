@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     retention_runs_per_agent: int | None = Field(default=None, ge=1)
     retention_decision_days: float | None = Field(default=None, gt=0)
 
+    # how a change is verified on an eval suite: "sequential" runs before/after pairs and stops
+    # as soon as an always-valid test decides (about half the model calls); "fixed" runs every
+    # case every repeat on both sides, then judges
+    verification_design: Literal["sequential", "fixed"] = "sequential"
+
     # improvement budget and gates
     max_improvements_per_session: int = Field(default=5, ge=0)  # the interactive session
     # long-running processes (library use, the MCP server): a rolling budget per team

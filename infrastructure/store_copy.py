@@ -20,7 +20,13 @@ from infrastructure.changes.audit import AuditLog, ChainVerification
 from infrastructure.changes.audit_head import write_head
 from infrastructure.errors import StoreError
 from infrastructure.files import locked_file
-from infrastructure.monitoring import execution_rollup, execution_store, issue_ledger, run_series
+from infrastructure.monitoring import (
+    detector_series,
+    execution_rollup,
+    execution_store,
+    issue_ledger,
+    run_series,
+)
 from infrastructure.store import Store
 from infrastructure.store_sql import Backend, has_table, next_id, set_next_id
 from infrastructure.structured_logger import get_logger
@@ -38,6 +44,7 @@ _COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
     (run_series.COMPONENT, run_series.MIGRATIONS),
     (execution_rollup.COMPONENT, execution_rollup.MIGRATIONS),
     ("monitoring", issue_ledger._MIGRATIONS),
+    (detector_series.COMPONENT, detector_series.MIGRATIONS),
     ("changes", change_log._CHANGE_MIGRATIONS),
     ("leases", leases._MIGRATIONS),
     ("plans", decisions._PLAN_MIGRATIONS),
@@ -58,6 +65,7 @@ _TABLES: tuple[tuple[str, str | None], ...] = (
     ("baseline_runs", None),
     ("monitoring_issues", None),
     ("monitoring_detector_state", None),
+    ("detector_series", None),
     ("changes", "seq"),
     ("change_files", None),
     ("leases", None),

@@ -31,7 +31,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "decisions": ("decisions", "plans"),
     "changes": ("changes", "change_files"),
     "audit": ("audit_log", "audit_head_events"),
-    "issues": ("monitoring_issues", "monitoring_detector_state"),
+    "issues": ("monitoring_issues", "monitoring_detector_state", "detector_series"),
 }
 """Kinds of record, each the tables that hold it (counted rows: the first table's)."""
 

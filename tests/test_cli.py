@@ -307,3 +307,23 @@ def test_the_parser_nests_paths_and_every_leaf_runs_something() -> None:
     assert args.change == "abc"
     assert args.force
     assert not args.cascade
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["status", "--workspace", "{ws}"], ["--help"]])
+def test_a_subcommand_imports_only_what_it_runs(tmp_path: Path, argv: list[str]) -> None:
+    # the session's module (most of a second to import) is not loaded to build the parser
+    probe = (
+        "import sys\nfrom agents.faces.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print('session imported:', 'agents.faces.session' in sys.modules, file=sys.stderr)\n"
+    )
+    args = [a.replace("{ws}", str(tmp_path / "ws")) for a in argv]
+    result = subprocess.run(
+        [sys.executable, "-c", probe, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert "session imported: False" in result.stderr, result.stderr
+    assert "agentmend" in result.stdout + result.stderr  # it ran: the version, help or error

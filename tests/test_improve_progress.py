@@ -18,11 +18,14 @@ from pathlib import Path
 import pytest
 from cli_run import demo_workspace
 from rich.console import Console
-from test_failure_cycles import Build, build, drive_until_cycle, warm_up
+from test_failure_cycles import BASELINE, Build, build, drive_until_cycle, warm_up
 
 from agents.faces.improve_progress import ImproveProgress, eval_line
 from agents.loop.cycle_verification import EvalProgress
+from agents.loop.meta_orchestrator import MetaOrchestrator
 from infrastructure.evaluation.evals import find_eval_suite
+from infrastructure.monitoring.performance_monitor import VERIFICATION
+from infrastructure.settings import Settings
 from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
 from infrastructure.spec import load_agent_specs
 
@@ -38,17 +41,10 @@ def _suite_runs(team: Path, agent: str) -> int:
 
 
 async def test_a_kept_fix_counts_every_run_before_and_after_the_change(build: Build) -> None:
-    orchestrator = build()
-    seen: list[EvalProgress] = []
-    orchestrator.verifier.on_eval_run = seen.append
-    await warm_up(orchestrator)
-    runtime = orchestrator.team.runtime
-    assert isinstance(runtime, SimulatedRuntime)
-    runtime.inject("research-agent", Fault(FaultKind.TRUNCATION))
-
-    cycle = await drive_until_cycle(orchestrator, "research-agent")
-
-    assert cycle.status == "kept"
+    orchestrator = build(
+        settings=Settings(baseline_n=BASELINE, false_alarm_rate=1e-4, verification_design="fixed")
+    )
+    seen = await _fix_truncation(orchestrator)
     runs = _suite_runs(orchestrator.team.directory, "research-agent")
     assert runs > 1
     for phase in ("before", "after"):
@@ -56,6 +52,39 @@ async def test_a_kept_fix_counts_every_run_before_and_after_the_change(build: Bu
         assert [p.done for p in counted] == list(range(1, runs + 1))
         assert {(p.total, p.agents) for p in counted} == {(runs, ("research-agent",))}
     assert [p.phase for p in seen] == ["before"] * runs + ["after"] * runs
+
+
+async def test_a_sequential_verification_counts_against_the_most_it_could_make(
+    build: Build,
+) -> None:
+    orchestrator = build()  # the default design
+    seen = await _fix_truncation(orchestrator)
+    runs = _suite_runs(orchestrator.team.directory, "research-agent")
+    before = [p for p in seen if p.phase == "before"]
+    after = [p for p in seen if p.phase == "after"]
+    assert [p.phase for p in seen] == ["before"] * len(before) + ["after"] * len(after)
+    # each phase counts every run it made, against the most it could make, and ends early
+    assert [p.done for p in before] == list(range(1, len(before) + 1))
+    assert {p.total for p in before} == {runs}
+    assert [p.done for p in after] == list(range(1, len(after) + 1))
+    assert {p.total for p in after} == {2 * runs - len(before)}
+    assert len(before) < runs
+    assert len(before) + len(after) < 2 * runs
+    verification = orchestrator.monitor.get_agent_metrics("research-agent", source=VERIFICATION)
+    assert verification is not None
+    assert verification.executions == len(before) + len(after)
+
+
+async def _fix_truncation(orchestrator: MetaOrchestrator) -> list[EvalProgress]:
+    seen: list[EvalProgress] = []
+    orchestrator.verifier.on_eval_run = seen.append
+    await warm_up(orchestrator)
+    runtime = orchestrator.team.runtime
+    assert isinstance(runtime, SimulatedRuntime)
+    runtime.inject("research-agent", Fault(FaultKind.TRUNCATION))
+    cycle = await drive_until_cycle(orchestrator, "research-agent")
+    assert cycle.status == "kept"
+    return seen
 
 
 def _progress(phase: str, done: int, total: int) -> EvalProgress:

@@ -131,6 +131,28 @@ def test_status_json_has_a_schema_and_counts_every_run(
         assert set(agent) >= {"success_rate", "recent", "baseline", "warming_up", "detector"}
         assert agent["recent"]["p95_ms"] > 0
         assert agent["warming_up"] == (agent["baseline"]["runs"] < agent["baseline"]["needed"])
+    # the baseline's fill, from the writer's counter, equals a count of the runs themselves
+    with sqlite3.connect(workspace / "agentmend.db") as conn:
+        for agent in report["agents"]:
+            (epoch,) = conn.execute(
+                "SELECT COALESCE(MAX(epoch), 0) FROM baseline_epochs"
+                " WHERE agent = ? AND status = 'active'",
+                (agent["agent"],),
+            ).fetchone()
+            segments = conn.execute(
+                "SELECT start_id, end_id FROM baseline_segments WHERE agent = ? AND epoch = ?",
+                (agent["agent"], epoch),
+            ).fetchall() or [(0, None)]
+            runs = sum(
+                conn.execute(
+                    "SELECT COUNT(*) FROM executions WHERE agent = ? AND source = 'run'"
+                    " AND id > ? AND id <= ?",
+                    (agent["agent"], start, end if end is not None else 2**62),
+                ).fetchone()[0]
+                for start, end in segments
+            )
+            needed = agent["baseline"]["needed"]
+            assert agent["baseline"]["runs"] == min(needed, runs), agent["agent"]
     assert report["warming_up"] == [a["agent"] for a in report["agents"] if a["warming_up"]]
 
 
@@ -258,6 +280,18 @@ def test_the_report_is_one_self_contained_file_with_every_section(
     for agent in agents:
         assert f'<div class="agent-chart" data-agent="{agent}">' in page
     assert page.count("<svg") == len(agents)
+    # beneath each chart, the detector's statistic: its peak as the store keeps it
+    with sqlite3.connect(workspace / "agentmend.db") as conn:
+        peaks = conn.execute(
+            "SELECT agent, kind, MAX(peak) FROM detector_series WHERE width = 0 GROUP BY 1, 2"
+        ).fetchall()
+    assert {agent for agent, _, _ in peaks} == set(agents)
+    assert any(peak == 1.0 for _, _, peak in peaks)  # the demo's faults raised alarms
+    for agent, kind, peak in peaks:
+        chart = page[page.index(f'<div class="agent-chart" data-agent="{agent}">') :]
+        chart = chart[: chart.index("</svg>")]
+        assert f'<g class="statistic" data-kind="{kind}"' in chart
+        assert f'data-peak="{peak:.4f}"' in chart[chart.index(f'data-kind="{kind}"') :]
     assert 'data-status="kept"' in page
     assert 'data-status="rolled_back"' in page
     assert page.count('<section class="cycle"') >= 3

@@ -85,6 +85,8 @@ def _look(browser: Any, url: str, shot: str, *, script: bool = True) -> dict[str
         "cycles": page.locator("section.cycle").count(),
         "kept_markers": page.locator('g.change-marker[data-status="kept"]').count(),
         "rolled_back_markers": page.locator('g.change-marker[data-status="rolled_back"]').count(),
+        "statistics": page.locator("div.agent-chart g.statistic").count(),
+        "alarms_drawn": page.locator('g.statistic[data-peak="1.0000"]').count(),
         "agent_rows": {
             row.locator("td").nth(0).inner_text(): int(row.locator("td").nth(1).inner_text())
             for row in page.locator("#agents tr[data-agent]").all()
@@ -117,6 +119,8 @@ def _check(seen: dict[str, Any], agents: dict[str, int]) -> None:
     assert seen["cycles"] >= 3
     assert seen["kept_markers"] >= 2
     assert seen["rolled_back_markers"] >= 1
+    assert seen["statistics"] == 2 * len(agents)  # failures and latency, beneath each chart
+    assert seen["alarms_drawn"] >= 1
     assert seen["chain"].startswith("audit chain verified")
     assert seen["summary"]["agents"] == len(agents)
 

@@ -9,7 +9,11 @@ import pytest
 
 from infrastructure.evaluation.evals import EvalCase, EvalCheck, EvalSuite
 from infrastructure.evaluation.sequential import PairedTest, TwoSampleTest
-from infrastructure.evaluation.sequential_verification import judge_rounds, verify_sequentially
+from infrastructure.evaluation.sequential_verification import (
+    judge_rounds,
+    run_reproduction,
+    verify_sequentially,
+)
 from infrastructure.llm.base import AgentResult, OutputT, ToolSpec
 from infrastructure.spec import AgentSpec
 
@@ -90,11 +94,26 @@ def test_a_pass_to_fail_pair_is_never_ignored() -> None:
     assert with_broken.broken == 1
 
 
-def test_curtailment_stops_once_the_budget_cannot_show_a_help() -> None:
+def test_curtailment_says_underpowered_once_the_budget_cannot_show_a_help() -> None:
     test = PairedTest(budget=6)
     for _ in range(5):
         test.add(True, True)
+    assert test.decision() == "underpowered"
+    assert PairedTest(budget=3).decision() == "underpowered"  # 3 pairs can never reach 1/alpha
+
+
+def test_futility_stops_a_round_that_fixed_no_more_than_it_broke() -> None:
+    test = PairedTest(budget=30, round_size=10)
+    for i in range(9):
+        test.add(True, True)
+        assert test.decision() == "continue", i
+    test.add(True, True)  # a whole round, nothing fixed
     assert test.decision() == "does_not_help"
+    # without rounds there is no futility stop: the same pairs go on
+    plain = PairedTest(budget=30)
+    for _ in range(10):
+        plain.add(True, True)
+    assert plain.decision() == "continue"
 
 
 def test_two_sample_says_hurts_better_and_stays_valid_when_equal() -> None:
@@ -137,16 +156,58 @@ def test_the_regression_guard_rejects_whatever_the_test_says() -> None:
     assert verdict.regressions == ("0",)
 
 
-async def test_verify_sequentially_runs_pairs_until_clear_and_counts_calls() -> None:
-    cases = 12
-    runtime = _Runtime()
+def _suite(cases: int) -> EvalSuite:
     check = EvalCheck(contains=("OK",))
-    suite = EvalSuite(
+    return EvalSuite(
         cases=tuple(EvalCase(id=f"c{i}", prompt=f"q{i}", check=check) for i in range(cases)),
         repeats=3,
     )
-    verdict = await verify_sequentially(runtime, _spec("before"), _spec("after"), suite)
+
+
+async def test_verify_sequentially_runs_pairs_until_clear_and_counts_calls() -> None:
+    cases = 12
+    runtime = _Runtime()
+    verdict, run = await verify_sequentially(runtime, _spec("before"), _spec("after"), _suite(12))
     assert verdict.accepted
-    assert verdict.decision == "helps"
-    assert verdict.rounds == 1  # twelve fixed cases in the first round are enough
-    assert verdict.model_calls == runtime.calls == 2 * cases
+    assert verdict.rule == "sequential"
+    assert run.decision == "helps"
+    assert run.rounds == 1  # fixed cases of the first round are enough
+    assert run.model_calls == runtime.calls < 2 * cases
+    assert run.fixed == verdict.c == runtime.calls // 2
+    assert sum(row.after_runs for row in verdict.cases) == runtime.calls // 2
+
+
+async def test_a_suite_too_small_for_the_test_is_judged_by_the_fixed_design() -> None:
+    runtime = _Runtime()
+    verdict, run = await verify_sequentially(runtime, _spec("before"), _spec("after"), _suite(1))
+    assert run.decision == "fixed_design"
+    assert verdict.rule == "all_failures_fixed"  # the fixed design's rule, on all its runs
+    assert verdict.accepted
+    assert runtime.calls == run.model_calls == 6
+
+
+async def test_a_change_that_changes_nothing_stops_after_one_round() -> None:
+    runtime = _Runtime()
+    verdict, run = await verify_sequentially(runtime, _spec("before"), _spec("before"), _suite(8))
+    assert not verdict.accepted
+    assert run.decision == "does_not_help"
+    assert runtime.calls == 16  # one round of pairs, then futility
+    assert verdict.failures == ("no_improvement",)
+
+
+async def test_the_reproduction_rounds_are_the_first_pairs_before_halves() -> None:
+    runtime = _Runtime()
+    before = await run_reproduction(runtime, _spec("before"), _suite(12))
+    # a round, then the first case again: two failures of three, it fails by majority
+    assert runtime.calls == 13
+    assert [len(case.runs) for case in before.cases] == [2] + [1] * 11
+    assert not any(run.passed for case in before.cases for run in case.runs)
+    verdict, run = await verify_sequentially(
+        runtime, _spec("before"), _spec("after"), _suite(12), before=before
+    )
+    assert verdict.accepted
+    assert runtime.calls == run.model_calls  # the reproduction's runs counted once, not rerun
+    passing = _Runtime()
+    full = await run_reproduction(passing, _spec("after"), _suite(4))
+    assert passing.calls == 12  # every round passed: it does not reproduce
+    assert all(case.passes == 3 for case in full.cases)

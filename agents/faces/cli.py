@@ -101,8 +101,17 @@ def _subcommands() -> list[Subcommand]:
     return found
 
 
-def build_parser(subcommands: Sequence[Subcommand] | None = None) -> argparse.ArgumentParser:
-    """The whole command line: every subcommand, nested by its path."""
+def build_parser(
+    subcommands: Sequence[Subcommand] | None = None, *, argv: Sequence[str] | None = None
+) -> argparse.ArgumentParser:
+    """The whole command line: every subcommand, nested by its path.
+
+    Given the ``argv`` it will parse, only the subcommand that ``argv`` names gets its own
+    arguments (the others their name and help): adding a subcommand's arguments may import its
+    module, and the session's alone takes most of a second, which ``agentmend status`` and
+    ``agentmend --version`` should not pay.
+    """
+    named = _leading_words(argv) if argv is not None else None
     parser = _Parser(
         prog="agentmend",
         description="Keep a team of LLM agents healthy: record, detect, question, fix, prove.",
@@ -135,11 +144,22 @@ def build_parser(subcommands: Sequence[Subcommand] | None = None) -> argparse.Ar
             )
             parents[command.path[:depth]] = sub
             if leaf:
-                command.add_arguments(sub)
+                if named is None or tuple(named[: len(command.path)]) == command.path:
+                    command.add_arguments(sub)
                 _common_arguments(sub, command)
                 sub.set_defaults(subcommand=command)
                 leaves.add(command.path)
     return parser
+
+
+def _leading_words(argv: Sequence[str]) -> list[str]:
+    """The words ``argv`` starts with, up to its first option: the subcommand's path."""
+    words = []
+    for word in argv:
+        if word.startswith("-"):
+            break
+        words.append(word)
+    return words
 
 
 _EPILOG = """\
@@ -198,8 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``agentmend`` with ``argv`` (default ``sys.argv[1:]``); the exit code."""
     from infrastructure.structured_logger import configure_logging
 
-    parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    given = list(argv) if argv is not None else sys.argv[1:]
+    args = build_parser(argv=given).parse_args(given)
     command: Subcommand = args.subcommand
     # stdout carries the command's output (and --json): the library's log goes to stderr, and
     # only warnings unless a subcommand (the session, the MCP server) sets its own level

@@ -290,7 +290,8 @@ def _run_improve(args: argparse.Namespace) -> int:
         out.print("no open issue; name an agent: agentmend improve AGENT")
         return EXIT_OK
     out.print(cycle_summary_line(result))
-    return EXIT_OK if result.status in ("kept", "not_reproduced") else EXIT_PROBLEM
+    # a watched change is applied and being judged on live runs: nothing is wrong yet
+    return EXIT_OK if result.status in ("kept", "not_reproduced", "watching") else EXIT_PROBLEM
 
 
 # -- report and serve ---------------------------------------------------------------------------

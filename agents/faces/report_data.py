@@ -23,6 +23,8 @@ from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.models import ChangeRecord
 from infrastructure.monitoring.agent_window import RUN
 from infrastructure.monitoring.detection import CHART_OF_KIND
+from infrastructure.monitoring.detector_series import StatisticStep, read_statistic_series
+from infrastructure.monitoring.execution_rollup import baseline_runs
 from infrastructure.monitoring.issue_ledger import read_active_issues, read_detector_states
 from infrastructure.monitoring.run_series import SeriesPoint, read_series
 from infrastructure.read_snapshot import read_snapshot
@@ -101,30 +103,16 @@ def _p95(values: Sequence[float]) -> float:
 
 
 def _baseline_runs(conn: StoreConnection, agent: str, cap: int) -> int:
-    """Runs in the agent's active baseline (at most ``cap``), from its epoch's segments."""
-    if not _has_table(conn, "baseline_epochs"):
+    """Runs in the agent's active baseline (at most ``cap``), from the count the monitor's
+    writer keeps per baseline epoch (``execution_rollup``): two lookups, however long the
+    history."""
+    if not (_has_table(conn, "baseline_epochs") and _has_table(conn, "baseline_runs")):
         return 0
     row = conn.execute(
         "SELECT MAX(epoch) FROM baseline_epochs WHERE agent = ? AND status = 'active'", (agent,)
     ).fetchone()
-    segments = [(0, None)]
-    if row is not None and row[0] is not None:
-        segments = conn.execute(
-            "SELECT start_id, end_id FROM baseline_segments WHERE agent = ? AND epoch = ?",
-            (agent, row[0]),
-        ).fetchall() or [(0, None)]
-    clauses: list[str] = []
-    params: list[object] = [agent, RUN]
-    for start, end in segments:
-        clauses.append("(id > ?)" if end is None else "(id > ? AND id <= ?)")
-        params.extend((start,) if end is None else (start, end))
-    return int(
-        conn.execute(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM executions WHERE agent = ? AND source = ? "
-            f"AND ({' OR '.join(clauses)}) LIMIT ?) AS runs",
-            (*params, cap),
-        ).fetchone()[0]
-    )
+    epoch = int(row[0]) if row is not None and row[0] is not None else 0
+    return min(cap, baseline_runs(conn, agent, epoch))
 
 
 def agent_statuses(store: Store, *, baseline_n: int) -> list[AgentStatus]:
@@ -187,6 +175,8 @@ class ReportData:
     generated_at: datetime
     agents: list[AgentStatus]
     series: dict[str, list[SeriesPoint]]
+    statistics: dict[tuple[str, str], list[StatisticStep]]
+    """Each (agent, chart kind)'s detector statistic over the same time axis."""
     changes: list[ChangeRecord]
     cycles: list[CycleResult]
     """The latest cycles, newest first, in full."""
@@ -221,6 +211,7 @@ def collect_report(
         generated_at=datetime.now(UTC),
         agents=agent_statuses(store, baseline_n=baseline_n),
         series=read_series(store, max_points=max_points),
+        statistics=read_statistic_series(store, max_points=max_points),
         changes=manager.get_history(limit=max_changes),
         cycles=cycles,
         older_cycles=older,

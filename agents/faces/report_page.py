@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from agents.faces.report_data import AgentStatus, ReportData
 from agents.loop.cycle import CycleResult
 from agents.loop.cycle_history import CycleSummary
 from infrastructure.models import ChangeRecord, ChangeStatus
+from infrastructure.monitoring.detection import CHART_OF_KIND, LOW_SUCCESS, SLOWDOWN
+from infrastructure.monitoring.detector_series import StatisticStep
 from infrastructure.monitoring.run_series import SeriesPoint
 
 __all__ = ["render_report"]
 
-_W, _H, _PAD = 720, 150, 36
+_W, _H, _PAD = 720, 210, 36
+_RATE, _LATENCY, _STATISTIC = (10, 67), (75, 132), (148, 192)
+"""Each band's top and bottom: success rate, p95 latency, the detector's statistic."""
+_STAT_COLOURS = {LOW_SUCCESS: "#6a4c93", SLOWDOWN: "#2a9d8f"}
 
 _STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#1d232a;
@@ -74,37 +79,48 @@ def _path(points: Sequence[tuple[float, float]]) -> str:
 def _chart(
     agent: str,
     series: Sequence[SeriesPoint],
+    statistics: Mapping[str, Sequence[StatisticStep]],
     changes: Iterable[ChangeRecord],
     issues: Iterable[tuple[datetime, str]],
     span: tuple[float, float],
 ) -> str:
-    """Success rate (top) and p95 latency (bottom) over time, with issue and change markers."""
+    """Success rate, p95 latency and, beneath them, each detector chart's statistic as a
+    share of its threshold (the dashed line: an alarm), with issue and change markers."""
     start, end = span
-    top, mid, bottom = 10, _H // 2, _H - 18
+    (rate_top, rate_bottom), (lat_top, lat_bottom) = _RATE, _LATENCY
+    stat_top, stat_bottom = _STATISTIC
     max_ms = max((p.p95_ms for p in series), default=1.0) or 1.0
     rate_points = [
-        (_x(p.start_ts, start, end), top + (1 - p.success_rate) * (mid - 8 - top)) for p in series
+        (_x(p.start_ts, start, end), rate_top + (1 - p.success_rate) * (rate_bottom - rate_top))
+        for p in series
     ]
     lat_points = [
-        (_x(p.start_ts, start, end), bottom - p.p95_ms / max_ms * (bottom - mid - 6))
+        (_x(p.start_ts, start, end), lat_bottom - p.p95_ms / max_ms * (lat_bottom - lat_top))
         for p in series
     ]
     parts = [
-        f'<svg viewBox="0 0 {_W} {_H}" role="img" aria-label="{_e(agent)}: success and latency"'
-        f' class="chart" data-points="{len(series)}">',
+        f'<svg viewBox="0 0 {_W} {_H}" role="img" aria-label="{_e(agent)}: success, latency'
+        f' and detector statistic" class="chart" data-points="{len(series)}">',
         f'<rect x="0" y="0" width="{_W}" height="{_H}" fill="#fff"/>',
-        f'<line x1="{_PAD}" y1="{mid}" x2="{_W - _PAD}" y2="{mid}" stroke="#e6e9ed"/>',
-        f'<text x="2" y="{top + 8}" font-size="10" fill="#5c6670">100%</text>',
-        f'<text x="2" y="{mid - 4}" font-size="10" fill="#5c6670">0%</text>',
-        f'<text x="2" y="{mid + 14}" font-size="10" fill="#5c6670">{max_ms:.0f}ms</text>',
-        f'<text x="2" y="{bottom}" font-size="10" fill="#5c6670">0ms</text>',
+        f'<line x1="{_PAD}" y1="{rate_bottom + 4}" x2="{_W - _PAD}" y2="{rate_bottom + 4}" '
+        'stroke="#e6e9ed"/>',
+        f'<line x1="{_PAD}" y1="{lat_bottom + 8}" x2="{_W - _PAD}" y2="{lat_bottom + 8}" '
+        'stroke="#e6e9ed"/>',
+        f'<text x="2" y="{rate_top + 8}" font-size="10" fill="#5c6670">100%</text>',
+        f'<text x="2" y="{rate_bottom}" font-size="10" fill="#5c6670">0%</text>',
+        f'<text x="2" y="{lat_top + 8}" font-size="10" fill="#5c6670">{max_ms:.0f}ms</text>',
+        f'<text x="2" y="{lat_bottom}" font-size="10" fill="#5c6670">0ms</text>',
+        f'<text x="2" y="{stat_top + 4}" font-size="10" fill="#c62828">alarm</text>',
+        f'<line x1="{_PAD}" y1="{stat_top}" x2="{_W - _PAD}" y2="{stat_top}" stroke="#c62828" '
+        'stroke-dasharray="4,3" class="threshold"/>',
+        f'<text x="2" y="{stat_bottom}" font-size="10" fill="#5c6670">0</text>',
     ]
     for ts, label in issues:
         x = _x(ts.timestamp(), start, end)
         parts.append(
-            f'<g class="issue-marker"><line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" '
-            f'stroke="#9a6700" stroke-dasharray="3,3"/><title>issue raised {_e(_when(ts))}: '
-            f"{_e(label)}</title></g>"
+            f'<g class="issue-marker"><line x1="{x:.1f}" y1="{rate_top}" x2="{x:.1f}" '
+            f'y2="{stat_bottom}" stroke="#9a6700" stroke-dasharray="3,3"/><title>issue raised '
+            f"{_e(_when(ts))}: {_e(label)}</title></g>"
         )
     for change in changes:
         colour = {
@@ -114,8 +130,8 @@ def _chart(
         x = _x(change.timestamp.timestamp(), start, end)
         parts.append(
             f'<g class="change-marker" data-status="{_e(change.status.value)}">'
-            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" stroke="{colour}" '
-            f'stroke-width="2"/><title>change {_e(change.change_id)} '
+            f'<line x1="{x:.1f}" y1="{rate_top}" x2="{x:.1f}" y2="{stat_bottom}" '
+            f'stroke="{colour}" stroke-width="2"/><title>change {_e(change.change_id)} '
             f"({_e(change.status.value)}) at {_e(_when(change.timestamp))}</title></g>"
         )
     if rate_points:
@@ -131,6 +147,25 @@ def _chart(
             f"{_e(_when(point.start_ts))}: {point.runs} runs, {point.success_rate:.1%} success, "
             f"p95 {point.p95_ms:.0f} ms</title></circle>"
         )
+    for kind, steps in sorted(statistics.items()):
+        colour = _STAT_COLOURS.get(kind, "#5c6670")
+        chart = CHART_OF_KIND.get(kind, kind)
+        points = [
+            (_x(p.start_ts, start, end), stat_bottom - min(p.peak, 1.0) * (stat_bottom - stat_top))
+            for p in steps
+        ]
+        parts.append(
+            f'<g class="statistic" data-kind="{_e(kind)}" data-steps="{len(steps)}" '
+            f'data-peak="{max((p.peak for p in steps), default=0.0):.4f}">'
+            f'<path d="{_path(points)}" fill="none" stroke="{colour}" stroke-width="1.2"/>'
+        )
+        for step, (x, y) in zip(steps, points, strict=True):
+            parts.append(
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.6" fill="{colour}"><title>'
+                f"{_e(_when(step.start_ts))}: {_e(chart)} peak {step.peak:.0%} of its threshold;"
+                f" statistic {step.statistic:.2f} / threshold {step.threshold:.2f}</title></circle>"
+            )
+        parts.append("</g>")
     parts.append("</svg>")
     return "".join(parts)
 
@@ -305,6 +340,7 @@ def _audit(data: ReportData) -> str:
 def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
     """The whole page as one HTML string."""
     points = [p.start_ts for series in data.series.values() for p in series]
+    points += [p.start_ts for steps in data.statistics.values() for p in steps]
     moments = points + [c.timestamp.timestamp() for c in data.changes]
     if moments:
         low, high = min(moments), max(moments)
@@ -325,6 +361,7 @@ def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
             + _chart(
                 name,
                 data.series.get(name, []),
+                {kind: steps for (agent, kind), steps in data.statistics.items() if agent == name},
                 changes_by_agent.get(name, []),
                 issues_by_agent.get(name, []),
                 span,
@@ -355,7 +392,11 @@ def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
         "<span style='color:#e76f51'>━ p95 latency</span>"
         "<span style='color:#9a6700'>┆ issue raised</span>"
         "<span style='color:#1a7f37'>┃ change kept</span>"
-        "<span style='color:#c62828'>┃ change rolled back</span></p>"
+        "<span style='color:#c62828'>┃ change rolled back</span>"
+        "<br>beneath: the detector's statistic as a share of its threshold, its peak per step "
+        "(<span style='color:#6a4c93'>━ failures</span>"
+        "<span style='color:#2a9d8f'>━ latency</span>"
+        "<span style='color:#c62828'>┅ threshold: an alarm</span>)</p>"
         f"{''.join(charts) or '<p>no runs recorded yet</p>'}</section>"
         f"<section id='cycles'><h2>Improvement cycles</h2>"
         f"{''.join(_cycle(c) for c in data.cycles) or '<p>no cycles yet</p>'}"

@@ -3,6 +3,8 @@
 ::
 
     plan: the exact bytes of each action              invalid: done ("invalid_proposal")
+      -> an agent it targets has a change watched on live runs: done ("watch_open")
+      -> no target has an eval suite: the change is WATCHED on live runs (below)
       -> eval suites loaded and run BEFORE the change (without a suite: the sample query),
          recorded apart from production runs; everything already passing: done
          ("not_reproduced", nothing could be shown to help)
@@ -13,6 +15,31 @@
       -> keep (a new detection baseline, unless only the weaker check spoke for the change:
          see ``agents.loop.cycle_verification.fresh_baselines``)
          or  roll back the whole group (why, with the scores)
+
+Without an eval suite: watched on live runs
+-------------------------------------------
+When no agent the change targets has an eval suite, there is nothing to run before and after
+but the agent's own traffic. The change is then applied under a watch
+(``infrastructure.changes.watch``): the watched agent is the cycle's agent (else the change's
+only target), its newest ``watch_runs`` production runs are the "before" (in a random order),
+and every production run it makes after the change is judged against them, one for one, by
+the always-valid two-sample test. The cycle ends ``watching``; the watch rolls the change back
+the moment the test says it hurts, keeps it once it is shown better, and rolls it back when its
+budget (as many runs as the "before") is spent without that: a change that does not help is
+not kept.
+Whoever records the agent's runs advances the watch (``MetaOrchestrator.advance_watches``); the
+watch is owned by its record in the store, so a crash does not undo it and the next open of
+the store continues it. While it is open, no other change to that agent is made
+(``watch_open``). A keep on a watch starts no new detection baseline (the change was shown
+better than the degraded runs, not as good as the healthy agent): detection keeps judging the
+agent against its behaviour before the fault. Before the change is written, live runs that
+all succeeded show nothing a change could improve: done ("not_reproduced").
+
+An agent with fewer than ``MIN_WATCH_RUNS`` production runs has too little traffic to judge a
+change on (even a perfect fix could not reach the test's bar), and an agent the change creates
+has none: those changes get the weaker sample-query check (below, ``weaker`` in the verdict).
+So does a team served from releases (``AgentTeam.following``): its runs use the change only
+once a release carries it, and a kept change's canary release is judged on live runs there.
 
 Verification runs that fail transiently (rate limit, overload) are run again: the weather of
 the API is not what a change is judged on. Any exception after the apply rolls the group back
@@ -47,11 +74,13 @@ pipeline records what it did:
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
-from agents.loop.cycle import CycleRecorder, CycleStatus, describe_failure
+from agents.loop.cycle import CycleRecorder, CycleStatus, WatchOutcome, describe_failure
 from agents.loop.cycle_verification import (
     NEW_BASELINE,
     BeforeRun,
@@ -69,11 +98,13 @@ from infrastructure.changes.improvement_manager import (
     PartialRollback,
 )
 from infrastructure.changes.safety import Gate, GateVerdict, ProposedChange
-from infrastructure.errors import AgentmendError
+from infrastructure.changes.watch import ChangeWatcher
+from infrastructure.errors import AgentmendError, ConfigurationError
 from infrastructure.evaluation.evals import EvalSuite
 from infrastructure.evaluation.verification import VerificationVerdict
 from infrastructure.models import ChangeRecord, ImprovementAction
 from infrastructure.monitoring.detection import IssueDetector
+from infrastructure.monitoring.execution_store import last_run_id, recent_outcomes
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.spec import AgentSpec
 from infrastructure.structured_logger import get_logger
@@ -84,12 +115,35 @@ from infrastructure.telemetry.tracing import (
     work_span,
 )
 
-__all__ = ["ChangePipeline", "Outcome", "record_invalid"]
+__all__ = [
+    "MIN_WATCH_RUNS",
+    "WATCH_RUNS",
+    "ChangePipeline",
+    "Outcome",
+    "WatchPlan",
+    "record_invalid",
+]
 
 log = get_logger(__name__)
 
 Outcome = tuple[CycleStatus, str | None]
 """How a cycle's body ended: its status and, when it did not keep a change, why."""
+
+WATCH_RUNS = 100
+"""Default pre-change production runs a watched change is compared with (its budget too)."""
+
+MIN_WATCH_RUNS = 20
+"""Fewer pre-change production runs than this: the change is not watched (too little traffic
+to show anything) but gets the weaker sample-query check."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchPlan:
+    """The agent whose live runs will judge a change, and its runs from before the change."""
+
+    agent: str
+    before: tuple[bool, ...]
+
 
 _CHANGING: ContextVar[bool] = ContextVar("agentmend_changing", default=False)
 """Set while this task makes a change (plan to keep or roll back): nested changes are refused."""
@@ -100,6 +154,12 @@ class ChangePipeline:
 
     One per orchestrator: its lock is what makes that orchestrator's cycles and self-edits take
     turns.
+
+    Args:
+        watcher: starts the watches on changes to agents without an eval suite (default one
+            on ``manager``).
+        watch_runs: pre-change production runs a watch compares with (and its budget).
+        watch_margin: the watch test's non-inferiority margin; ``watch_alpha`` its level.
     """
 
     def __init__(
@@ -112,7 +172,15 @@ class ChangePipeline:
         improver: SelfImprover,
         verifier: CycleVerifier,
         gates: Sequence[Gate],
+        watcher: ChangeWatcher | None = None,
+        watch_runs: int = WATCH_RUNS,
+        watch_margin: float = 0.05,
+        watch_alpha: float = 0.05,
     ) -> None:
+        if watch_runs < MIN_WATCH_RUNS:
+            raise ConfigurationError(
+                f"watch_runs must be at least {MIN_WATCH_RUNS}, got {watch_runs}"
+            )
         self.team = team
         self.monitor = monitor
         self.detector = detector
@@ -120,6 +188,10 @@ class ChangePipeline:
         self.improver = improver
         self.verifier = verifier
         self.gates = gates
+        self.watcher = watcher if watcher is not None else ChangeWatcher(manager)
+        self.watch_runs = watch_runs
+        self.watch_margin = watch_margin
+        self.watch_alpha = watch_alpha
         self.tracer = agentmend_tracer()
         self._lock = asyncio.Lock()
 
@@ -167,21 +239,144 @@ class ChangePipeline:
         except InvalidProposal as exc:
             return await record_invalid(rec, exc, agent)
         targets = _targets([item.change for item in planned if item.change is not None])
-        before = await self.verifier.run_before(targets, suites)
-        if before and len(before) == len(targets) and all(map(passes_everything, before.values())):
-            # nothing fails on the agent's own cases (or its sample query), so no change could
-            # be shown to help: do not write one only to roll it back (and spend the budget)
-            return "not_reproduced", not_reproduced_reason(before)
+        for name in targets:
+            busy = self.watch_open(name)
+            if busy is not None:
+                return "watch_open", busy
+        watch = self.watch_plan(targets, suites, agent)
+        before: dict[str, BeforeRun] = {}
+        if watch is not None:
+            if all(watch.before):
+                return "not_reproduced", (
+                    f"no eval suite, and the last {len(watch.before)} live runs of "
+                    f"{watch.agent} all succeeded: a watch on live runs could not show a change "
+                    "helps, so nothing was applied"
+                )
+        else:
+            before = await self.verifier.run_before(targets, suites)
+            if (
+                before
+                and len(before) == len(targets)
+                and all(map(passes_everything, before.values()))
+            ):
+                # nothing fails on the agent's own cases (or its sample query), so no change
+                # could be shown to help: do not write one only to roll it back (and spend
+                # the budget)
+                return "not_reproduced", not_reproduced_reason(before)
         gated = await self.improver.gate_all(planned, on_verdict=self._verdict_recorder(rec))
         accepted = [item for item in gated if item.accepted]
         if not accepted:
             return "refused", _refusals(gated)
         changes = [item.change for item in accepted if item.change is not None]
         targets = _targets(changes)
+        if watch is not None:
+            return await self._apply_watched(rec, changes, targets, watch, agent, applied_by)
         before = {name: run for name, run in before.items() if name in targets}
         return await self._apply_and_verify(
             rec, changes, targets, suites, before, agent, applied_by
         )
+
+    def watch_open(self, agent: str) -> str | None:
+        """Why no change to ``agent`` can be made now (its change is watched), or None.
+
+        One change at a time per agent: a second one would be judged together with the first.
+        """
+        watch = next(iter(self.watcher.open_watches(agent)), None)
+        if watch is None:
+            return None
+        return (
+            f"a change to {agent} is being watched on its live runs (watch {watch.watch_id}, "
+            f"{watch.pairs} of at most {watch.budget} runs so far); no other change to it "
+            "until that ends"
+        )
+
+    def watch_plan(
+        self,
+        targets: dict[str, AgentSpec | None],
+        suites: dict[str, EvalSuite | None],
+        agent: str,
+    ) -> WatchPlan | None:
+        """How a change to ``targets`` is judged on live runs, or None (suites or the weaker
+        check judge it): no target has a suite, none is created by the change, and the watched
+        agent (``agent`` if the change targets it or targets several, else its one target) is
+        in the team with at least ``MIN_WATCH_RUNS`` production runs."""
+        if not targets or any(suites.get(name) is not None for name in targets):
+            return None
+        if self.team.releases is not None:
+            # served from releases, the agent's runs do not run the team folder's change until
+            # a release carries it; a kept change's canary is judged on live runs there
+            return None
+        if any(old is None for old in targets.values()):
+            return None
+        watched = agent if agent in targets or len(targets) != 1 else next(iter(targets))
+        if watched not in self.team:
+            return None
+        self.monitor.flush()  # the runs recorded so far are the "before"
+        before = recent_outcomes(self.manager.store, watched, self.watch_runs)
+        if len(before) < MIN_WATCH_RUNS:
+            return None
+        # the test pairs each new run with the next "before" run; drawn in a random order, the
+        # before runs' own drift (healthy, then the fault) does not line up with the watch's
+        # progress (in time order a fix would first meet only healthy runs and show nothing)
+        # (seeded by the agent and the store's newest run: the same store draws the same order)
+        order = random.Random(f"{watched}:{last_run_id(self.manager.store)}")
+        return WatchPlan(watched, tuple(order.sample(before, len(before))))
+
+    async def _apply_watched(
+        self,
+        rec: CycleRecorder,
+        changes: list[ProposedChange],
+        targets: dict[str, AgentSpec | None],
+        watch: WatchPlan,
+        agent: str,
+        applied_by: str,
+    ) -> Outcome:
+        """Apply the group under a watch on ``watch.agent``'s live runs; the cycle ends here."""
+        applied: list[ChangeRecord] = []
+
+        def apply(lease: str) -> list[ChangeRecord]:
+            applied.extend(self.improver.apply(changes, applied_by=applied_by, lease=lease))
+            return applied
+
+        issue_id = rec.issue_id
+        try:
+            started = self.watcher.start_applying(
+                watch.agent,
+                apply,
+                before=watch.before,
+                margin=self.watch_margin,
+                alpha=self.watch_alpha,
+                origin={
+                    "cycle_id": rec.cycle_id,
+                    "issue_id": issue_id,
+                    # a keep on live runs starts no new detection baseline (see above)
+                    NEW_BASELINE: [],
+                },
+            )
+        except AgentmendError as exc:  # the manager wrote nothing (or put it all back)
+            return "error", f"could not apply: {exc}"
+        self.team.reload()  # the agent's next runs are the change's
+        change_ids = [record.change_id for record in applied]
+        rec.watch_id = started.watch_id
+        await rec.emit(
+            "change_applied",
+            agent,
+            f"applied {len(applied)} change(s) to {', '.join(sorted(targets))}",
+            change_ids=change_ids,
+            group_id=applied[0].group_id,
+            paths=[edit.path for change in changes for edit in change.edits],
+        )
+        await rec.emit(
+            "change_watched",
+            watch.agent,
+            f"no eval suite: watching {watch.agent}'s live runs against its last "
+            f"{len(watch.before)} before the change; rolled back the moment they show it hurts, "
+            f"kept once they show it helps, rolled back if that is not shown within "
+            f"{started.budget} runs",
+            change_ids=change_ids,
+            watch=WatchOutcome.of(started).model_dump(mode="json"),
+        )
+        return "watching", None
 
     async def _apply_and_verify(
         self,

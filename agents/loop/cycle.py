@@ -6,6 +6,12 @@ The orchestrator writes every event to the store's ``decisions`` table as it hap
 its ``CycleResult`` by folding those same events (``fold_events``), so ``replay_cycle`` rebuilds
 exactly the result the caller got from nothing but the store. Event data is JSON-shaped
 (``model_dump(mode="json")``) for that reason: what the live fold sees is what the store keeps.
+
+A change to an agent with no eval suite is watched on its live runs after the cycle ends
+(``watching``, see ``agents.loop.change_pipeline``): its verdict comes later, from the watch's
+row in the store. ``replay_cycle`` (and the readers of ``agents.loop.cycle_history``) read that
+row, so a replayed watched cycle says how its watch stands: still ``watching``, ``kept``,
+``rolled_back`` (it hurt) or ``not_proven`` (rolled back: not shown better within its budget).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agents.roles.outcomes import ActionOutcome, QuestionAnswer
 from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict
+from infrastructure.changes.watch import ChangeWatch, WatchVerdict, read_watch
 from infrastructure.errors import InvalidArgument, NotFound
 from infrastructure.evaluation.verification import VerificationVerdict
 from infrastructure.frozen import FrozenDict
@@ -41,11 +48,13 @@ __all__ = [
     "CycleStep",
     "OnProgress",
     "TaskResult",
+    "WatchOutcome",
     "cycle_events",
     "describe_failure",
     "fold_events",
     "list_cycle_ids",
     "replay_cycle",
+    "with_watch_verdict",
 ]
 
 DECISION_PREFIX = "cycle."
@@ -66,6 +75,9 @@ CycleStep = Literal[
     # the process lost its lease while verifying (stopped past its expiry): recovery settled
     # the change, and the cycle stopped without writing
     "change_lease_lost",
+    # the change was applied under a watch on the agent's live runs (no eval suite): the cycle
+    # ends "watching" and the watch keeps or rolls it back later
+    "change_watched",
     "cycle_finished",
 ]
 
@@ -81,11 +93,45 @@ CycleStatus = Literal[
     "analysis_failed",  # no usable root cause analysis
     "invalid_proposal",  # the improver's output named an unknown agent/field or was malformed
     "error",  # something failed before any file was written
+    # applied and watched on the agent's live runs (it has no eval suite); a replay from the
+    # store shows the watch's verdict instead once it has one: kept, rolled_back (it hurt) or
+    # not_proven (rolled back, not shown better within the watch's budget)
+    "watching",
+    "not_proven",
+    # nothing applied: a change to this agent is being watched on live runs (one at a time)
+    "watch_open",
 ]
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WatchOutcome(_Frozen):
+    """Where the watch on a cycle's change stands (see ``infrastructure.changes.watch``)."""
+
+    watch_id: str
+    agent: str
+    verdict: WatchVerdict
+    decision: str | None = None
+    """The sequential test's decision (``better``, ``hurts``, ``no_worse``, ``budget_spent``)."""
+    runs: int = 0
+    """The agent's live runs judged so far."""
+    budget: int = 0
+    """The most live runs the watch judges before it rolls back a change not shown better."""
+    description: str = ""
+
+    @classmethod
+    def of(cls, watch: ChangeWatch) -> WatchOutcome:
+        return cls(
+            watch_id=watch.watch_id,
+            agent=watch.agent,
+            verdict=watch.verdict,
+            decision=watch.decision,
+            runs=watch.pairs,
+            budget=watch.budget,
+            description=watch.describe(),
+        )
 
 
 class CycleEvent(_Frozen):
@@ -124,6 +170,8 @@ class CycleResult(_Frozen):
     rollback_reason: str | None = None
     rollback_blocked: tuple[str, ...] = ()
     error: str | None = None
+    watch: WatchOutcome | None = None
+    """The watch on the change (an agent without an eval suite), as last read."""
     model_calls: int = 0
     duration_ms: float = 0.0
     started_at: datetime | None = None
@@ -165,6 +213,8 @@ class CycleResult(_Frozen):
         if verdict is not None:
             before = "n/a" if verdict.before_score is None else f"{verdict.before_score:.2f}"
             text += f" (score {before} -> {verdict.after_score:.2f})"
+        if self.watch is not None:
+            text += f" ({self.watch.agent}'s change {self.watch.description})"
         if self.error:
             text += f": {self.error}"
         elif self.rollback_reason:
@@ -224,16 +274,27 @@ class CycleRecorder:
 
     Each event is written to the store before it is shown, so a display that fails never
     loses a step of the record. ``rolled_back`` tells the caller a rollback already happened;
-    ``rollback_blocked`` that one left edited files (their paths) in place.
+    ``rollback_blocked`` that one left edited files (their paths) in place; ``watch_id`` that
+    the change is watched on live runs. ``issue_id`` is the detector's id of the issue the
+    cycle answers (None: a requested analysis or a self-edit).
     """
 
-    def __init__(self, store: Store, cycle_id: str, on_progress: OnProgress | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        cycle_id: str,
+        on_progress: OnProgress | None,
+        *,
+        issue_id: str | None = None,
+    ) -> None:
         self.store = store
         self.cycle_id = cycle_id
         self.on_progress = on_progress
+        self.issue_id = issue_id
         self.events: list[CycleEvent] = []
         self.rolled_back = False
         self.rollback_blocked: list[str] = []
+        self.watch_id: str | None = None
 
     async def emit(
         self, step: CycleStep, agent_name: str | None, message: str, /, **data: Any
@@ -309,6 +370,8 @@ def fold_events(events: list[CycleEvent]) -> CycleResult:
             state["group_id"] = data.get("group_id")
         elif event.step == "verification_completed":
             verifications[str(data["agent"])] = VerificationVerdict.model_validate(data["verdict"])
+        elif event.step == "change_watched":
+            state["watch"] = WatchOutcome.model_validate(data["watch"])
         elif event.step == "change_rolled_back":
             state["rolled_back"] = True
             state["rollback_reason"] = data.get("reason")
@@ -367,7 +430,27 @@ def replay_cycle(store: Store, cycle_id: str) -> CycleResult:
     events = cycle_events(store, cycle_id)
     if not events:
         raise NotFound("cycle", cycle_id, "in the store")
-    return fold_events(events)
+    return with_watch_verdict(store, fold_events(events))
+
+
+def with_watch_verdict(store: Store, result: CycleResult) -> CycleResult:
+    """``result`` with its watch as the store has it now (unchanged without a watch).
+
+    A cycle that ended ``watching`` takes its watch's verdict as its status once the watch has
+    one: ``kept``, ``rolled_back`` (the change hurt) or ``not_proven``.
+    """
+    if result.watch is None:
+        return result
+    watch = read_watch(store, result.watch.watch_id)
+    if watch is None:
+        return result
+    update: dict[str, Any] = {"watch": WatchOutcome.of(watch)}
+    if result.status == "watching" and watch.verdict != "watching":
+        update["status"] = watch.verdict
+        if watch.verdict != "kept":
+            update["rolled_back"] = True
+            update["rollback_reason"] = watch.describe()
+    return result.model_copy(update=update)
 
 
 def list_cycle_ids(store: Store, *, limit: int = 50) -> list[str]:

@@ -7,7 +7,8 @@ are one range read from the oldest of their starts, and a change's cycle is foun
 ``change_applied`` event that names it. Both fold the same events ``replay_cycle`` folds, so
 the results are equal to it. Older cycles, shown as a table row each, are read as a summary from
 their first and last events alone (``cycle_summaries``): folding every event of hundreds of
-cycles costs seconds, and a row shows none of them.
+cycles costs seconds, and a row shows none of them. A cycle that ended ``watching`` is shown
+with its watch's verdict once there is one (``cycle.with_watch_verdict``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,15 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from agents.loop.cycle import DECISION_PREFIX, CycleEvent, CycleResult, fold_events
+from agents.loop.cycle import (
+    DECISION_PREFIX,
+    CycleEvent,
+    CycleResult,
+    fold_events,
+    with_watch_verdict,
+)
 from infrastructure.changes.decisions import migrate_plan_tables
+from infrastructure.changes.watch import read_watch
 from infrastructure.models import IssueReport
 from infrastructure.store import Store
 from infrastructure.store_sql import StoreConnection, json_text
@@ -45,7 +53,11 @@ def latest_cycles(store: Store, *, limit: int = 50) -> list[CycleResult]:
         return []
     wanted = [str(cycle_id) for _, cycle_id in starts]
     events = _events_from(conn, int(starts[-1][0]), set(wanted))
-    return [fold_events(events[cycle_id]) for cycle_id in wanted if cycle_id in events]
+    return [
+        with_watch_verdict(store, fold_events(events[cycle_id]))
+        for cycle_id in wanted
+        if cycle_id in events
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +84,11 @@ def cycle_summaries(store: Store, *, skip: int = 0, limit: int = 500) -> list[Cy
     if not starts:
         return []
     statuses = {
-        str(cycle_id): str(status)
-        for cycle_id, status in conn.execute(
+        str(cycle_id): _status(store, str(status), watch_id)
+        for cycle_id, status, watch_id in conn.execute(
             f"SELECT {json_text(conn, 'payload', 'cycle_id')},"
-            f" {json_text(conn, 'payload', 'data.status')} "
+            f" {json_text(conn, 'payload', 'data.status')},"
+            f" {json_text(conn, 'payload', 'data.watch_id')} "
             "FROM decisions WHERE kind = ? AND id >= ? ORDER BY id",
             (_FINISHED, int(starts[-1][0])),
         )
@@ -116,7 +129,15 @@ def cycle_of_change(store: Store, change_id: str) -> CycleResult | None:
     if start is None:  # the store lost the cycle's start: nothing whole to fold
         return None
     events = _events_from(conn, int(start[0]), {cycle_id})
-    return fold_events(events[cycle_id])
+    return with_watch_verdict(store, fold_events(events[cycle_id]))
+
+
+def _status(store: Store, status: str, watch_id: object) -> str:
+    """A cycle's status for a table row: a watched cycle's is its watch's verdict once given."""
+    if status != "watching" or not watch_id:
+        return status
+    watch = read_watch(store, str(watch_id))
+    return watch.verdict if watch is not None else status
 
 
 def _events_from(

@@ -3,11 +3,18 @@
 ``CycleVerifier`` holds what the orchestrator needs between "the actions are planned" and
 "keep or roll back": it loads each target agent's suite before anything changes (so a change can
 never pick its own exam), runs it before the change, and after the change runs the same cases
-again and compares (``infrastructure.evaluation.verification.compare``).
+again and compares. By default (``design="sequential"``, the ``verification_design`` setting)
+the suite runs before the change only until the issue is shown to reproduce
+(``sequential_verification.run_reproduction``), and after it as before/after pairs that stop
+as soon as an always-valid test decides (``verify_sequentially``; a suite too small for any
+valid test is judged by the fixed design's rule on all its runs); ``design="fixed"`` runs every
+case every repeat on both sides and judges (``infrastructure.evaluation.verification.compare``).
 
-An agent without a suite gets the weaker check, built the same way: one sample query
-runs on the definition *before* the change (``run_before``) and again after it, and the change
-is kept only if the query failed before and passes after
+An agent without a suite normally has its change watched on its live runs instead (see
+``agents.loop.change_pipeline``: nothing here runs for it). Where there is too little traffic to
+watch, or the change creates the agent, it gets the weaker check, built the same way: one
+sample query runs on the definition *before* the change (``run_before``) and again after it,
+and the change is kept only if the query failed before and passes after
 (``infrastructure.evaluation.verification.judge_sample_query``). A sample query that passes
 before the change does not reproduce the issue, so the orchestrator applies nothing, exactly as
 when a suite passes before the change. Latency is compared with the run before the change, and
@@ -23,7 +30,8 @@ so proving a fix never feeds detection.
 
 Each eval run, as it finishes, is counted against the runs its phase will make
 (``CycleVerifier.on_eval_run``, an ``EvalProgress``), so a face can show "7 of 12" while a
-suite runs: a suite is cases times repeats, the sample query one run.
+suite runs: a suite is cases times repeats, the sample query one run; a sequential phase counts
+against the most it could make, and may end early.
 
 Runs that fail transiently (rate limit, overload, server error, connection) are run again
 (``RetryTransient``): the weather of the API is not what a change is judged on, and counting it
@@ -40,6 +48,10 @@ from typing import Any, Literal
 from agents.roles.team import AgentTeam
 from infrastructure.errors import InvalidArgument
 from infrastructure.evaluation.evals import EvalSuite, find_eval_suite
+from infrastructure.evaluation.sequential_verification import (
+    run_reproduction,
+    verify_sequentially,
+)
 from infrastructure.evaluation.verification import (
     SAMPLE_QUERY,
     CaseRun,
@@ -145,9 +157,18 @@ class CycleVerifier:
         attempts: runs per case run when the runtime fails transiently.
     """
 
-    def __init__(self, team: AgentTeam, *, attempts: int = 3) -> None:
+    def __init__(
+        self,
+        team: AgentTeam,
+        *,
+        attempts: int = 3,
+        design: Literal["sequential", "fixed"] = "sequential",
+    ) -> None:
         self.team = team
         self.runtime = RetryTransient(team.runtime, attempts)
+        self.design = design
+        """``sequential``: pairs until the test decides (``sequential_verification``)."""
+        self._old_specs: dict[str, AgentSpec] = {}
         self.on_eval_run: OnEvalRun | None = None
         """Told of each eval run as it finishes (a face's progress display); None: nobody."""
 
@@ -228,7 +249,12 @@ class CycleVerifier:
             if old_spec is None:
                 continue
             suite = suites.get(name)
-            if suite is not None:
+            self._old_specs[name] = old_spec
+            if suite is not None and self.design == "sequential":
+                before[name] = await run_reproduction(
+                    self.runtime, old_spec, suite, on_result=record
+                )
+            elif suite is not None:
                 before[name] = await run_suite(self.runtime, old_spec, suite, on_result=record)
             else:
                 before[name] = await run_sample_query(self.runtime, old_spec, on_result=record)
@@ -258,6 +284,15 @@ class CycleVerifier:
                 weaker=True,
             )
         if suite is not None and isinstance(before, SuiteRun):
+            old_spec = self._old_specs.get(name)
+            if self.design == "sequential" and old_spec is not None:
+                # at most the runs the fixed design makes on both sides, less those made
+                made = sum(len(case.runs) for case in before.cases)
+                record = self._counting("after", [name], 2 * _runs_of(suite) - made)
+                verdict, _ = await verify_sequentially(
+                    self.runtime, old_spec, spec, suite, before=before, on_result=record
+                )
+                return verdict
             record = self._counting("after", [name], _runs_of(suite))
             after = await run_suite(self.runtime, spec, suite, on_result=record)
             return compare(before, after)

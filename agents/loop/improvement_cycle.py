@@ -2,6 +2,7 @@
 
 ``improve`` is the loop the orchestrator runs for a detected issue::
 
+    the agent's change is watched on live runs       done ("watch_open"), nothing asked
     analysis (mediator questions the agents)        unusable: done ("analysis_failed")
       -> proposal (improver)                         none: done ("no_action")
       -> the change: plan, run before, gate, apply, verify, keep or roll back
@@ -150,7 +151,7 @@ class ImprovementCycle:
     ) -> CycleResult:
         """Run ``body`` as one recorded cycle: started, its steps, finished (even on error)."""
         cycle_id = uuid.uuid4().hex[:12]
-        recorder = CycleRecorder(self.store, cycle_id, self.on_progress)
+        recorder = CycleRecorder(self.store, cycle_id, self.on_progress, issue_id=issue.issue_id)
         started = time.perf_counter()
         calls_before = self.role_calls()
         status: CycleStatus = "error"
@@ -185,6 +186,8 @@ class ImprovementCycle:
                 error=error,
                 model_calls=self.role_calls() - calls_before,
                 duration_ms=(time.perf_counter() - started) * 1000,
+                # a table of cycles reads a watched one's verdict through this (cycle_history)
+                watch_id=recorder.watch_id,
             )
         except Exception as exc:
             if failure is None:
@@ -198,6 +201,9 @@ class ImprovementCycle:
     # -- analyse and propose -------------------------------------------------------------------
 
     async def _diagnose_and_fix(self, issue: IssueReport, rec: CycleRecorder) -> Outcome:
+        busy = self.changes.watch_open(issue.agent_name)
+        if busy is not None:  # before any model call: no change to it could be made now
+            return "watch_open", busy
         analysis = await self._analyse(issue, rec)
         if is_failed(analysis):
             return "analysis_failed", analysis.identified_cause

@@ -13,8 +13,12 @@ The loop itself, step by step, lives in two modules:
   keep or roll back, one at a time.
 
 This module keeps the open issues, decides when a cycle runs, and undoes changes on request
-(``rollback``). Every step of a cycle is a ``CycleEvent`` in the store, so ``replay(cycle_id)``
-rebuilds its ``CycleResult`` from the store alone.
+(``rollback``). It also drives the watches on changes to agents without an eval suite
+(``advance_watches``): each production run of a watched agent recorded through the team
+advances its watch, which keeps or rolls the change back as soon as the live runs decide, and
+no cycle is started for an agent while its change is watched (one change at a time). Every
+step of a cycle is a ``CycleEvent`` in the store, so ``replay(cycle_id)`` rebuilds its
+``CycleResult`` from the store alone.
 """
 
 from __future__ import annotations
@@ -43,13 +47,18 @@ from infrastructure.changes.decisions import record_decision
 from infrastructure.changes.gates import ConfidenceGate, HumanApprovalGate, default_gates
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate
+from infrastructure.changes.watch import ChangeWatch
 from infrastructure.errors import ChangeNotFound, ConfigurationError, RollbackConflict
 from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime, ToolSpec
 from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.issue_ledger import IssueLedger
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor, monitor_options
+from infrastructure.monitoring.performance_monitor import (
+    RUN,
+    PerformanceMonitor,
+    monitor_options,
+)
 from infrastructure.principal import Principal
 from infrastructure.settings import Settings, load_settings
 from infrastructure.simulation import SimulatedRuntime
@@ -215,7 +224,7 @@ class MetaOrchestrator:
             specs_provider=lambda: self.team.specs,
         )
         self._pending: dict[str, IssueReport] = {}
-        self.verifier = CycleVerifier(team)
+        self.verifier = CycleVerifier(team, design=self.settings.verification_design)
         self.cycle = ImprovementCycle(
             store=store,
             team=team,
@@ -233,6 +242,12 @@ class MetaOrchestrator:
         for part in (self.cycle, self.cycle.changes, self.improver, self.reviewer):
             if hasattr(part, "tracer"):
                 part.tracer = self.tracer
+        self.watcher = self.cycle.changes.watcher
+        # the agents with a change watched here, read again at each task and check (a watch
+        # another process started on this host is picked up there); a run of one advances it
+        self._watched: set[str] = {w.agent for w in self.watcher.open_here()}
+        team.add_run_listener(self._on_run)
+        self._owned.insert(0, lambda: team.remove_run_listener(self._on_run))
 
     @property
     def auto_improve(self) -> bool:
@@ -346,6 +361,7 @@ class MetaOrchestrator:
         that picks the release serving this task; None draws a random one.
         """
         self.follow_rollouts()
+        self.advance_watches()  # runs recorded elsewhere since may already decide one
         results = await self.team.run_all(
             query,
             concurrency=self.concurrency,
@@ -357,6 +373,8 @@ class MetaOrchestrator:
         for issue in issues:
             if issue.agent_name not in self._pending:
                 continue  # a cycle for an earlier issue of this task dealt with it
+            if self._hold_while_watched(issue):
+                continue  # one change at a time: the agent's change is being watched
             if not self.auto_improve and self._still_declined(issue):
                 continue  # "no" holds until the issue changes or a cycle is asked for
             if not await self._wants_cycle(issue):
@@ -374,6 +392,83 @@ class MetaOrchestrator:
                 continue
             task.cycles.append(await self.run_improvement_cycle(issue))
         return task
+
+    def _hold_while_watched(self, issue: IssueReport) -> bool:
+        """Hold ``issue`` (no cycle) when a change to its agent is watched on live runs.
+
+        The issue is recorded on the detector as held (outcome ``watch_open``), like a cycle
+        that changed nothing: it is raised again after its hold if the condition persists once
+        the watch has ended.
+        """
+        watch = next(iter(self.watcher.open_watches(issue.agent_name)), None)
+        if watch is None:
+            return False
+        self._pending.pop(issue.agent_name, None)
+        self.detector.cycle_finished(issue, kept=False, outcome="watch_open")
+        record_decision(
+            self.store,
+            "issue_held_while_watched",
+            agent_name=issue.agent_name,
+            payload={"issue": issue.model_dump(mode="json"), "watch_id": watch.watch_id},
+        )
+        log.info("issue_held_while_watched", agent=issue.agent_name, watch_id=watch.watch_id)
+        return True
+
+    # -- watched changes (agents without an eval suite) ------------------------------------
+
+    def _on_run(self, agent_name: str, source: str) -> None:
+        if source == RUN and agent_name in self._watched:
+            self.advance_watches(agent_name)
+
+    def advance_watches(self, agent_name: str | None = None) -> list[ChangeWatch]:
+        """Judge the open watches of this host (of ``agent_name`` only, if given) on every run
+        recorded so far; returns those that ended now (kept or rolled back).
+
+        Called after each production run of a watched agent, before each task and at each
+        check for issues, so a change that hurts is rolled back at the run that shows it. A
+        watch that ends reloads the team (the next runs use the files as they now are); a kept
+        one resolves the issue its cycle answered and, with a ``publisher``, is published as
+        a release like any kept change.
+        """
+        watches = self.watcher.open_here(agent_name)
+        if agent_name is None:
+            self._watched = {w.agent for w in watches}
+        if not watches:
+            return []
+        self.monitor.flush()  # the watch reads the runs from the store
+        ended: list[ChangeWatch] = []
+        for watch in watches:
+            change_ids = self.watcher.changes_of(watch.watch_id)
+            now = self.watcher.advance(watch.watch_id)
+            if now.state != "watching":
+                ended.append(now)
+                self._watch_ended(now, change_ids)
+        if ended:
+            self.team.reload()
+            self._watched = {w.agent for w in self.watcher.open_here()}
+        return ended
+
+    def _watch_ended(self, watch: ChangeWatch, change_ids: Sequence[str]) -> None:
+        log.info(
+            "watched_change_ended",
+            agent=watch.agent,
+            watch_id=watch.watch_id,
+            verdict=watch.verdict,
+            runs=watch.pairs,
+        )
+        if watch.state != "kept":
+            return
+        issue_id = watch.origin.get("issue_id")
+        if isinstance(issue_id, str):
+            first = next(iter(change_ids), None)
+            self.detector.ledger.resolve(issue_id, change_id=first)
+        if self.publisher is not None and change_ids:
+            self.publisher.kept(
+                self.team.directory,
+                list(change_ids),
+                by=self.principal,
+                reason=f"kept for {watch.agent}: shown better on its live runs",
+            )
 
     def _still_declined(self, issue: IssueReport) -> bool:
         declined = self._declined.get(issue.agent_name, {}).get(issue.error_type)
@@ -395,7 +490,11 @@ class MetaOrchestrator:
             return False
 
     def check_all_issues(self) -> list[IssueReport]:
-        """Every open issue, most severe first (new detections merged with unhandled ones)."""
+        """Every open issue, most severe first (new detections merged with unhandled ones).
+
+        Open watches are advanced first (``advance_watches``).
+        """
+        self.advance_watches()
         for issue in self.detector.check(self.monitor):
             known = self._pending.get(issue.agent_name)
             if known is None or issue.severity >= known.severity:
@@ -582,6 +681,8 @@ class MetaOrchestrator:
                 issue, settle=lambda: self._pending.pop(issue.agent_name, None)
             )
             _end_cycle_span(span, result)
+        if result.watch is not None:
+            self._watched.add(result.watch.agent)
         self.detector.cycle_finished(
             issue,
             kept=bool(result),
@@ -603,7 +704,9 @@ class MetaOrchestrator:
         """Make one self-edit through exactly the path a cycle's change takes.
 
         ``action`` (built by a self-edit tool for the agent that called it) is planned by the
-        effector, run on the agent's eval suite (else the sample query) as it is now, judged by
+        effector, run on the agent's eval suite as it is now (without a suite the change is
+        watched on the agent's live runs instead, the cycle ends ``watching``; with too little
+        traffic to watch, the sample query runs), judged by
         every gate in order with each verdict recorded (the role gate by this orchestrator's
         principal, the invoking user, never by the agent), applied through the manager,
         verified after the change against that run, and kept (with a new detection baseline,
@@ -627,6 +730,8 @@ class MetaOrchestrator:
         ) as span:
             result = await self.cycle.self_edit(action, available_agents=self.team.names)
             _end_cycle_span(span, result)
+        if result.watch is not None:
+            self._watched.add(result.watch.agent)
         return result
 
     @property

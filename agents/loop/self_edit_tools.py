@@ -167,10 +167,17 @@ class SelfEditNotKept(AgentmendError):
 
 def verified_apply(edit: VerifiedEdit) -> ApplyAction:
     """The ``apply`` for a gated and verified path: a kept edit's answer for the model is its
-    change ids and verdict; anything else raises ``SelfEditNotKept`` (a tool error)."""
+    change ids and verdict, a watched one's (an agent without an eval suite) says it is live and
+    judged on the agent's next runs; anything else raises ``SelfEditNotKept`` (a tool error)."""
 
     async def apply(action: ImprovementAction) -> str:
         result = await edit(action)
+        if result.status == "watching" and result.watch is not None:
+            return (
+                f"applied change {', '.join(result.change_ids)} to {action.target_agent}'s "
+                f"{action.target_field}; with no eval suite it is watched on your live runs: "
+                "rolled back as soon as they show it hurts, kept only once they show it helps"
+            )
         if result.status != "kept":
             raise SelfEditNotKept(result)
         verdict = result.verification

@@ -94,6 +94,7 @@ class AgentTeam:
         self._specs: dict[str, AgentSpec] = {}
         self._broken: dict[str, SpecError] = {}
         self._release_specs: dict[Path, dict[str, AgentSpec]] = {}
+        self._run_listeners: list[Callable[[str, str], object]] = []
         self.reload()
 
     @classmethod
@@ -226,6 +227,15 @@ class AgentTeam:
         except KeyError:
             raise UnknownAgent(name, sorted(specs)) from None
 
+    def add_run_listener(self, listener: Callable[[str, str], object]) -> None:
+        """Call ``listener(agent_name, source)`` after each run is recorded (the loop advances
+        a change watched on the agent's live runs there)."""
+        self._run_listeners.append(listener)
+
+    def remove_run_listener(self, listener: Callable[[str, str], object]) -> None:
+        if listener in self._run_listeners:
+            self._run_listeners.remove(listener)
+
     def record(
         self,
         result: AgentResult[Any],
@@ -233,7 +243,10 @@ class AgentTeam:
         source: str = RUN,
         tags: Mapping[str, object] | None = None,
     ) -> None:
-        """Put one run into the monitor (no-op without one); ``tags`` go into its ``extra``."""
+        """Put one run into the monitor (no-op without one); ``tags`` go into its ``extra``.
+
+        Then each run listener is told of it (see :meth:`add_run_listener`).
+        """
         if self.monitor is None:
             return
         self.monitor.record(
@@ -247,6 +260,8 @@ class AgentTeam:
             source=source,
             **(tags or {}),
         )
+        for listener in list(self._run_listeners):
+            listener(result.agent_name, source)
 
     async def run_all(
         self,

@@ -22,31 +22,43 @@ runs since the change in the executions table), so the taker-over reaches the de
 first process would have. Keeping or rolling back releases the lease in the same transaction,
 so two processes advancing one watch settle it once (the other gets ``LeaseLost`` and reads
 the outcome).
+
+What started the watch (an improvement cycle: its id, the issue it answers) is kept in the
+watch's row as its ``origin`` and merged into the evidence of a keep, so the record of the
+change says which cycle it came from however the watch ended. Every settlement is also recorded
+as a ``watch_settled`` decision. A watch's :attr:`ChangeWatch.verdict` reads ``watching``,
+``kept``, ``rolled_back`` (it hurt) or ``not_proven`` (not shown better within its budget).
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from uuid import uuid4
 
+from infrastructure.changes.decisions import record_decision
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.changes.leases import LeaseLost
 from infrastructure.changes.owners import HostIdentity, RecordOwner
 from infrastructure.errors import InvalidArgument
 from infrastructure.evaluation.sequential import TwoSampleDecision, TwoSampleTest
-from infrastructure.models import ChangeStatus, ImprovementAction
+from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction
 from infrastructure.monitoring.execution_store import last_run_id, outcomes_after
+from infrastructure.store import Store
 from infrastructure.structured_logger import get_logger
 
-__all__ = ["ChangeWatch", "ChangeWatcher", "WatchState"]
+__all__ = ["ChangeWatch", "ChangeWatcher", "WatchState", "WatchVerdict", "read_watch"]
 
 log = get_logger(__name__)
 
 WatchState = Literal["watching", "kept", "rolled_back"]
+WatchVerdict = Literal["watching", "kept", "rolled_back", "not_proven"]
+"""How a watch stands: still watching, kept (shown better), rolled back because it hurt, or
+rolled back because it was not shown better within its budget (``no_worse``/``budget_spent``)."""
 
 _MIGRATIONS = [
     """
@@ -67,11 +79,13 @@ _MIGRATIONS = [
         ended REAL
     );
     CREATE INDEX change_watches_open ON change_watches (state) WHERE state = 'watching'
-    """
+    """,
+    # what started the watch (JSON: a cycle's id, its issue), merged into a keep's evidence
+    "ALTER TABLE change_watches ADD COLUMN origin TEXT",
 ]
 _COLUMNS = (
     "watch_id, agent, hostname, machine_id, before, after_id, budget, margin, alpha,"
-    " state, decision, pairs"
+    " state, decision, pairs, origin"
 )
 
 
@@ -96,6 +110,26 @@ class ChangeWatch:
     state: WatchState
     decision: TwoSampleDecision | None
     pairs: int
+    origin: Mapping[str, Any] = field(default_factory=dict)
+    """What started the watch (a cycle's id, its issue's id), as given to ``start``."""
+
+    @property
+    def verdict(self) -> WatchVerdict:
+        """``watching``, ``kept``, ``rolled_back`` (it hurt) or ``not_proven``."""
+        if self.state == "rolled_back" and self.decision != "hurts":
+            return "not_proven"
+        return self.state
+
+    def describe(self) -> str:
+        """One phrase for people: where the watch stands, on how many live runs."""
+        runs = f"{self.pairs} live run{'s' if self.pairs != 1 else ''}"
+        return {
+            "watching": f"watching on live runs ({self.pairs} of at most {self.budget} so far)",
+            "kept": f"kept: shown better than before the change on {runs}",
+            "rolled_back": f"rolled back: shown to hurt on {runs}",
+            "not_proven": f"rolled back: not shown better within its budget of {self.budget} "
+            f"live runs ({self.decision})",
+        }[self.verdict]
 
 
 class ChangeWatcher:
@@ -129,22 +163,57 @@ class ChangeWatcher:
         Raises:
             InvalidArgument: no pre-change runs, or a budget they cannot cover.
         """
+        return self.start_applying(
+            action.target_agent,
+            lambda lease: [
+                self.manager.apply(
+                    action, path=path, new_content=new_content, root=root, lease=lease
+                )
+            ],
+            before=before,
+            budget=budget,
+            margin=margin,
+            alpha=alpha,
+        )
+
+    def start_applying(
+        self,
+        agent: str,
+        apply: Callable[[str], Sequence[ChangeRecord]],
+        *,
+        before: Sequence[bool],
+        budget: int | None = None,
+        margin: float = 0.05,
+        alpha: float = 0.05,
+        origin: Mapping[str, Any] | None = None,
+    ) -> ChangeWatch:
+        """Start a watch on ``agent``'s runs and make the change with ``apply(lease_id)``.
+
+        ``apply`` writes the change (one or a group) under the watch's lease and returns its
+        records; if it raises, nothing was applied (the manager's contract), the lease is
+        released and the watch settles as "nothing applied" (rolled back, no decision) before
+        the error propagates. ``origin`` (JSON-shaped) is kept with the watch.
+
+        Raises:
+            InvalidArgument: no pre-change runs, or a budget they cannot cover.
+        """
         if not before:
             raise InvalidArgument("before", 0, "a watch needs the agent's pre-change runs")
         budget = len(before) if budget is None else budget
         if not 1 <= budget <= len(before):
             raise InvalidArgument("budget", budget, f"need 1 <= budget <= {len(before)}")
         TwoSampleTest(budget, margin, alpha)  # refuses a bad margin or alpha before any write
+        origin_text = json.dumps(dict(origin or {}), sort_keys=True)
         watch_id = "w-" + uuid4().hex[:12]
         # the row first, then its lease (found by the watch's id), then the change under it: a
         # crash between leaves a watch that settles as "nothing applied"
         with self.store.transaction(durable=True) as conn:
             conn.execute(
                 f"INSERT INTO change_watches ({_COLUMNS}, started)"
-                " VALUES (?,?,?,?,?,?,?,?,?,'watching',NULL,0,?)",
+                " VALUES (?,?,?,?,?,?,?,?,?,'watching',NULL,0,?,?)",
                 (
                     watch_id,
-                    action.target_agent,
+                    agent,
                     self.host.hostname,
                     self.host.machine_id,
                     "".join("1" if ok else "0" for ok in before),
@@ -152,14 +221,20 @@ class ChangeWatcher:
                     budget,
                     margin,
                     alpha,
+                    origin_text,
                     time.time(),
                 ),
             )
         lease = self.manager.leases.acquire(
             RecordOwner("watch", watch_id), self.manager.lease_terms
         )
-        self.manager.apply(action, path=path, new_content=new_content, root=root,
-                           lease=lease.lease_id)  # fmt: skip
+        try:
+            apply(lease.lease_id)
+        except BaseException:
+            with self.store.transaction() as conn:
+                self.manager.leases.release(conn, lease.lease_id, "not_applied")
+            self._record(watch_id, "rolled_back", None, 0)
+            raise
         # runs recorded while the change was applied were made by the old definition: count
         # from here (a crash before this line counts those few as the change's)
         with self.store.transaction() as conn:
@@ -167,25 +242,31 @@ class ChangeWatcher:
                 "UPDATE change_watches SET after_id = ? WHERE watch_id = ?",
                 (last_run_id(self.store), watch_id),
             )
-        log.info("watch_started", watch_id=watch_id, agent=action.target_agent, budget=budget)
+        log.info("watch_started", watch_id=watch_id, agent=agent, budget=budget)
         watch = self.get(watch_id)
         assert watch is not None
         return watch
 
     def get(self, watch_id: str) -> ChangeWatch | None:
-        row = (
-            self.store.connection()
-            .execute(f"SELECT {_COLUMNS} FROM change_watches WHERE watch_id = ?", (watch_id,))
-            .fetchone()
-        )
-        return None if row is None else _watch(row)
+        return read_watch(self.store, watch_id)
 
-    def open_watches(self) -> list[ChangeWatch]:
-        """Every watch still watching, oldest first."""
+    def open_watches(self, agent: str | None = None) -> list[ChangeWatch]:
+        """Every watch still watching (of ``agent`` only, if given), oldest first."""
+        where = "state = 'watching'" + (" AND agent = ?" if agent is not None else "")
         rows = self.store.connection().execute(
-            f"SELECT {_COLUMNS} FROM change_watches WHERE state = 'watching' ORDER BY started"
+            f"SELECT {_COLUMNS} FROM change_watches WHERE {where} ORDER BY started",
+            (agent,) if agent is not None else (),
         )
         return [_watch(row) for row in rows]
+
+    def open_here(self, agent: str | None = None) -> list[ChangeWatch]:
+        """The open watches this host settles (the change's files are here), oldest first."""
+        return [w for w in self.open_watches(agent) if _same_host(self.host, w.host)]
+
+    def changes_of(self, watch_id: str) -> list[str]:
+        """The ids of the changes the watch holds (empty once it is settled)."""
+        lease = self.manager.leases.of_record(RecordOwner("watch", watch_id))
+        return self.manager.leases.changes_of(lease.lease_id) if lease is not None else []
 
     def advance(self, watch_id: str) -> ChangeWatch:
         """Judge the watch on every run recorded so far; keep or roll back if the test decided.
@@ -221,7 +302,13 @@ class ChangeWatcher:
         lease = self.manager.leases.of_record(RecordOwner("watch", watch.watch_id))
         changes = self.manager.leases.changes_of(lease.lease_id) if lease is not None else []
         keep = decision == "better" and bool(changes)
-        evidence = {"watch_id": watch.watch_id, "decision": decision, "pairs": pairs}
+        evidence = {
+            **watch.origin,
+            "watch_id": watch.watch_id,
+            "decision": decision,
+            "pairs": pairs,
+            "watched_on": "live runs",
+        }
         try:
             if lease is None:
                 pass  # the start crashed before its lease: nothing was applied
@@ -232,14 +319,27 @@ class ChangeWatcher:
                 self.manager.mark_kept(changes[0], evidence, lease=lease.lease_id)
             else:
                 self.manager.rollback_unproven(
-                    changes[0], reason=f"watch: {decision}", lease=lease.lease_id
+                    changes[0], reason=_rollback_reason(decision, pairs), lease=lease.lease_id
                 )
         except LeaseLost:
             # another process settled this watch first: record what it did
             row = self.manager.changes.get(changes[0]) if changes else None
             keep = row is not None and row.status is ChangeStatus.KEPT
         state: WatchState = "kept" if keep else "rolled_back"
-        self._record(watch.watch_id, state, decision, pairs)
+        if self._record(watch.watch_id, state, decision, pairs):
+            record_decision(
+                self.store,
+                "watch_settled",
+                agent_name=watch.agent,
+                payload={
+                    **watch.origin,
+                    "watch_id": watch.watch_id,
+                    "state": state,
+                    "decision": decision,
+                    "pairs": pairs,
+                    "change_ids": changes,
+                },
+            )
         log.info("watch_settled", watch_id=watch.watch_id, state=state, decision=decision,
                  pairs=pairs)  # fmt: skip
         settled = self.get(watch.watch_id)
@@ -248,18 +348,41 @@ class ChangeWatcher:
 
     def _record(
         self, watch_id: str, state: WatchState, decision: TwoSampleDecision | None, pairs: int
-    ) -> None:
+    ) -> bool:
+        """Write the watch's state; False when another process had already ended it."""
         with self.store.transaction() as conn:
-            conn.execute(
+            cursor = conn.execute(
                 "UPDATE change_watches SET state = ?, decision = ?, pairs = ?, ended = ?"
                 " WHERE watch_id = ? AND state = 'watching'",
                 (state, decision, pairs, None if state == "watching" else time.time(), watch_id),
             )
+            return bool(cursor.rowcount)
+
+
+def read_watch(store: Store, watch_id: str) -> ChangeWatch | None:
+    """One watch as the store holds it (None: no such watch), without a manager: what a
+    record of the cycle that started it reads to show how it ended."""
+    store.migrate("change_watches", _MIGRATIONS)
+    row = (
+        store.connection()
+        .execute(f"SELECT {_COLUMNS} FROM change_watches WHERE watch_id = ?", (watch_id,))
+        .fetchone()
+    )
+    return None if row is None else _watch(row)
+
+
+def _rollback_reason(decision: TwoSampleDecision, pairs: int) -> str:
+    if decision == "hurts":
+        return f"watched on live runs: shown to hurt after {pairs} run(s)"
+    return (
+        f"watched on live runs: not shown better within its budget of {pairs} run(s) "
+        f"({decision}); a change that does not help is not kept"
+    )
 
 
 def _watch(row: tuple[object, ...]) -> ChangeWatch:
     (watch_id, agent, hostname, machine_id, before, after_id, budget, margin, alpha,
-     state, decision, pairs) = row  # fmt: skip
+     state, decision, pairs, origin) = row  # fmt: skip
     return ChangeWatch(
         watch_id=str(watch_id),
         agent=str(agent),
@@ -272,6 +395,7 @@ def _watch(row: tuple[object, ...]) -> ChangeWatch:
         state=str(state),  # type: ignore[arg-type]  # the column only holds WatchState values
         decision=None if decision is None else str(decision),  # type: ignore[arg-type]
         pairs=int(str(pairs)),
+        origin=json.loads(str(origin)) if origin else {},
     )
 
 

@@ -12,15 +12,23 @@ for a null hypothesis "the mean of X is at most m" on observations X in [-1, 1],
 ``K_n = prod(1 + lambda_i (X_i - m))`` with a bet ``lambda_i`` chosen from the past only is a
 nonnegative supermartingale under the null, so ``K_n >= 1/alpha`` happens with probability at
 most ``alpha``. The bet is the approximate GRAPA plug-in of Waudby-Smith and Ramdas (the running
-mean excess over its second moment), capped at half the largest safe bet.
+mean excess over its second moment), capped at a share of the largest safe bet (``bet_share``),
+the first bet a share of that cap (``opening``).
 
 * :class:`PairedTest` (eval suites): a before/after pair of one case is concordant (no
   information about the change) or discordant: +1 (failed before, passes after) or -1 (passed
   before, fails after). The null "the change does not help" is mean <= 0 over discordant pairs,
   the sequential form of McNemar's test. It stops with ``helps`` when the wealth reaches
-  ``1/alpha``, with ``does_not_help`` when the mirrored test shows it hurts or when even the
-  best possible remaining pairs could not reach ``1/alpha`` within the budget (curtailment), and
-  with ``budget_spent`` otherwise. A pass -> fail pair is never ignored: it costs the wealth.
+  ``1/alpha``; with ``does_not_help`` when the mirrored test shows it hurts, or for futility:
+  after a round of pairs (``round_size``, one per case) no more cases fixed than broken, or after
+  two rounds no evidence at all (wealth below 1); with ``underpowered`` when even the best
+  possible remaining pairs could not reach ``1/alpha`` within the budget (too few cases can
+  change for any valid test to decide; the caller falls back to a rule of its own); and with
+  ``budget_spent`` otherwise. A pass -> fail pair is never ignored: it costs the wealth.
+  Stopping for futility only ever rejects, so it cannot raise the chance of accepting a change
+  that does not help; it costs some power, which ``benchmarks/bench_verification.py`` measures.
+  Its bets are bolder than the two-sample test's (``bet_share`` 0.9, the first bet at the cap):
+  a fix on a small suite gives few discordant pairs, and each must count.
 * :class:`TwoSampleTest` (live runs, unpaired): the new arm's runs against the old arm's, one
   pair per new run, ``X = new - old`` in [-1, 1] with mean ``p_new - p_old``. ``no_worse``
   rejects "worse by more than ``margin``" (mean <= -margin), ``better`` rejects mean <= 0, and
@@ -40,17 +48,21 @@ __all__ = [
     "TwoSampleTest",
 ]
 
-PairedDecision = Literal["continue", "helps", "does_not_help", "budget_spent"]
+PairedDecision = Literal["continue", "helps", "does_not_help", "underpowered", "budget_spent"]
 TwoSampleDecision = Literal["continue", "better", "no_worse", "hurts", "budget_spent"]
-
-_BET_SHARE = 0.5  # of the largest bet that keeps every factor positive
 
 
 @dataclass(slots=True)
 class BettingWealth:
-    """Wealth of a bettor against "mean <= ``null_mean``" on observations in [-1, 1]."""
+    """Wealth of a bettor against "mean <= ``null_mean``" on observations in [-1, 1].
+
+    ``bet_share``: the most it bets, as a share of the largest bet that keeps every factor
+    positive; ``opening``: its first bet, as a share of that most.
+    """
 
     null_mean: float
+    bet_share: float = 0.5
+    opening: float = 0.5
     wealth: float = 1.0
     n: int = 0
     total: float = 0.0  # sum of (x - null_mean)
@@ -59,12 +71,12 @@ class BettingWealth:
     @property
     def max_bet(self) -> float:
         # 1 + lambda * (x - m) > 0 for every x >= -1 needs lambda < 1 / (1 + m)
-        return _BET_SHARE / (1.0 + self.null_mean)
+        return self.bet_share / (1.0 + self.null_mean)
 
     def bet(self) -> float:
         """The next bet, from the past only (aGRAPA: mean excess over its second moment)."""
         if self.n == 0:
-            return self.max_bet / 2
+            return self.max_bet * self.opening
         mean = self.total / self.n
         second = self.total_sq / self.n
         raw = mean / second if second > 0 else self.max_bet
@@ -90,20 +102,25 @@ class PairedTest:
     """Sequential McNemar-type test on before/after pairs of eval cases (one-sided, ``alpha``).
 
     Feed pairs with :meth:`add` (booleans: passed before, passes after); read :meth:`decision`
-    after each batch. ``budget`` is the most pairs the caller will run.
+    after each batch. ``budget`` is the most pairs the caller will run; ``round_size`` the pairs
+    in one round (one per case; 0: no stopping for futility).
     """
 
     budget: int
     alpha: float = 0.05
+    round_size: int = 0
     fixed: int = 0
     broken: int = 0
     pairs: int = 0
-    _helps: BettingWealth = field(default_factory=lambda: BettingWealth(0.0))
-    _hurts: BettingWealth = field(default_factory=lambda: BettingWealth(0.0))
+    _helps: BettingWealth = field(default_factory=lambda: BettingWealth(0.0, 0.9, 1.0))
+    _hurts: BettingWealth = field(default_factory=lambda: BettingWealth(0.0, 0.9, 1.0))
 
     def __post_init__(self) -> None:
-        if self.budget < 1 or not 0.0 < self.alpha < 1.0:
-            raise ValueError(f"need budget >= 1 and 0 < alpha < 1, got {self.budget}, {self.alpha}")
+        if self.budget < 1 or not 0.0 < self.alpha < 1.0 or self.round_size < 0:
+            raise ValueError(
+                "need budget >= 1, 0 < alpha < 1 and round_size >= 0, got "
+                f"{self.budget}, {self.alpha}, {self.round_size}"
+            )
 
     def add(self, passed_before: bool, passes_after: bool) -> None:
         self.pairs += 1
@@ -123,9 +140,14 @@ class PairedTest:
             return "helps"
         if self._hurts.wealth >= threshold:
             return "does_not_help"  # shown to hurt
+        rounds = self.pairs / self.round_size if self.round_size else 0.0
+        if rounds >= 1.0 and self.fixed <= self.broken:
+            return "does_not_help"  # futility: a whole round fixed no more than it broke
+        if rounds >= 2.0 and self._helps.wealth < 1.0:
+            return "does_not_help"  # futility: two rounds and no evidence at all
         remaining = self.budget - self.pairs
         if self._helps.best_case(remaining) < threshold:
-            return "does_not_help"  # cannot be shown to help within the budget
+            return "underpowered"  # no valid test can show a help within the budget
         if remaining <= 0:
             return "budget_spent"
         return "continue"

@@ -65,6 +65,7 @@ __all__ = [
     "VerificationVerdict",
     "compare",
     "judge_sample_query",
+    "latency_ratio",
     "mcnemar_has_power",
     "mcnemar_one_sided_p",
     "run_sample_query",
@@ -74,7 +75,7 @@ __all__ = [
 
 log = get_logger(__name__)
 
-Rule = Literal["mcnemar", "all_failures_fixed", "nothing_to_fix", "sample_query"]
+Rule = Literal["mcnemar", "all_failures_fixed", "nothing_to_fix", "sample_query", "sequential"]
 Failure = Literal["nothing_to_fix", "no_improvement", "regression", "latency", "sample_query"]
 
 SAMPLE_QUERY = "What is the Pythagorean theorem?"
@@ -268,6 +269,20 @@ class CaseComparison(_Frozen):
     after_pass: bool
     regression: bool
 
+    @classmethod
+    def of(cls, old: CaseResult, new: CaseResult, *, regression: bool) -> CaseComparison:
+        """One case's row from its runs before and after the change."""
+        return cls(
+            case_id=old.case_id,
+            before_passes=old.passes,
+            before_runs=len(old.runs),
+            after_passes=new.passes,
+            after_runs=len(new.runs),
+            before_pass=old.majority_pass,
+            after_pass=new.majority_pass,
+            regression=regression,
+        )
+
     @property
     def change(self) -> Literal["fixed", "broken", "still_passing", "still_failing"]:
         if self.before_pass != self.after_pass:
@@ -339,23 +354,14 @@ def compare(
     for old in before.cases:
         new = after_by_id[old.case_id]
         rows.append(
-            CaseComparison(
-                case_id=old.case_id,
-                before_passes=old.passes,
-                before_runs=len(old.runs),
-                after_passes=new.passes,
-                after_runs=len(new.runs),
-                before_pass=old.majority_pass,
-                after_pass=new.majority_pass,
-                regression=old.always_passed and not new.majority_pass,
-            )
+            CaseComparison.of(old, new, regression=old.always_passed and not new.majority_pass)
         )
     b = sum(row.change == "broken" for row in rows)
     c = sum(row.change == "fixed" for row in rows)
     failed_before = sum(not row.before_pass for row in rows)
     p = mcnemar_one_sided_p(b, c)
     regressions = tuple(row.case_id for row in rows if row.regression)
-    ratio = _latency_ratio(before, after)
+    ratio = latency_ratio(before, after)
 
     failures: list[Failure] = []
     rule: Rule
@@ -425,7 +431,7 @@ def compare(
     return verdict
 
 
-def _latency_ratio(before: SuiteRun, after: SuiteRun) -> float | None:
+def latency_ratio(before: SuiteRun, after: SuiteRun) -> float | None:
     old, new = before.latency_median_ms(), after.latency_median_ms()
     if old is None or new is None or old <= 0:
         return None

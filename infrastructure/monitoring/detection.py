@@ -71,6 +71,7 @@ from infrastructure.errors import ConfigurationError
 from infrastructure.models import IssueReport
 from infrastructure.monitoring.agent_window import Baseline, log_duration
 from infrastructure.monitoring.cusum import BernoulliChart, NormalChart
+from infrastructure.monitoring.detector_series import StatisticPoint
 from infrastructure.monitoring.duration_bank import DurationBank, calibrate_duration_bank
 from infrastructure.monitoring.guarantee import DEFAULT_MIN_BASELINE_N, failure_chart
 from infrastructure.monitoring.issue_ledger import IssueLedger, IssueRow, SavedState
@@ -166,6 +167,9 @@ class _AgentState:
         "errwin_failures",
         "fail_k",
         "fail_n",
+        "last_ts",
+        "peak_dur",
+        "peak_fail",
         "recent",
         "recent_durations",
         "recent_ok",
@@ -185,6 +189,12 @@ class _AgentState:
         self.dur_n: list[int] = []
         self.dur_sum: list[float] = []
         self.dur_restore: SavedState | None = None  # a restart's saved duration state
+        # for the statistic's chart: the peaks since the last save (the failure chart's in its
+        # own units, the bank's as the highest share of a member's threshold), and the time of
+        # the last run read
+        self.peak_fail = 0
+        self.peak_dur = 0.0
+        self.last_ts = 0.0
         self.streak = 0
         self.recent: deque[bool] = deque(maxlen=rules.success_window)
         self.recent_durations: deque[float] = deque(maxlen=rules.success_window)
@@ -441,6 +451,8 @@ class IssueDetector:
                     _size_duration(st, charts.duration)
             if start < n_base:
                 rows = rows[n_base - start :]
+            if rows:
+                st.last_ts = float(rows[-1][8])
             if charts.failure is not None:
                 self._failure_cusum(st, charts.failure, rows, alarms)
             if charts.duration is not None:
@@ -450,7 +462,7 @@ class IssueDetector:
     def _failure_cusum(
         self, st: _AgentState, fc: BernoulliChart, rows: list[Any], alarms: list[_Alarm]
     ) -> None:
-        s, runs, failures = st.s_fail, st.fail_n, st.fail_k
+        s, runs, failures, peak = st.s_fail, st.fail_n, st.fail_k, st.peak_fail
         up, down, threshold = fc.up, fc.down, fc.threshold
         watch = st.watches.get(LOW_SUCCESS)
         quiet_level = threshold * self.clear_level
@@ -465,6 +477,8 @@ class IssueDetector:
                 s += up
                 runs += 1
                 failures += 1
+                if s > peak:  # only a failure raises it
+                    peak = s
             if s >= threshold:
                 alarm = self._failure_alarm(st, fc, s, runs, failures)
                 s = runs = failures = 0
@@ -472,7 +486,7 @@ class IssueDetector:
                 watch = st.watches.get(LOW_SUCCESS)
             elif watch is not None and self._tick(st, watch, s <= quiet_level):
                 watch = None
-        st.s_fail, st.fail_n, st.fail_k = s, runs, failures
+        st.s_fail, st.fail_n, st.fail_k, st.peak_fail = s, runs, failures, peak
 
     def _duration_cusum(
         self, st: _AgentState, bank: DurationBank, rows: list[Any], alarms: list[_Alarm]
@@ -483,6 +497,7 @@ class IssueDetector:
         quiet_levels = [dc.h * self.clear_level for dc in bank.members]
         stats, runs, totals = st.s_dur, st.dur_n, st.dur_sum
         members = list(enumerate(bank.members))
+        peak = st.peak_dur
         for row in rows:
             y = log_duration(row[3])
             quiet, alarmed = True, False
@@ -491,6 +506,8 @@ class IssueDetector:
                 if s <= 0.0:
                     stats[j], runs[j], totals[j] = 0.0, 0, 0.0
                     continue
+                if s > peak * dc.h:
+                    peak = min(1.0, s / dc.h)
                 if s >= dc.h:
                     alarm = self._duration_alarm(st, dc, s, runs[j] + 1, totals[j] + y)
                     stats[j], runs[j], totals[j] = 0.0, 0, 0.0
@@ -503,6 +520,7 @@ class IssueDetector:
                     quiet = False
             if watch is not None and not alarmed and self._tick(st, watch, quiet):
                 watch = None
+        st.peak_dur = peak
 
     def _new_state(self, base: Baseline, previous: _AgentState | None) -> _AgentState:
         """A fresh state for a new baseline: open issues carry over; a saved state of this very
@@ -585,12 +603,13 @@ class IssueDetector:
             self._touched.clear()
             return
         saved: list[SavedState] = []
+        points: list[StatisticPoint] = []
         for agent in sorted(self._touched):
             st = self._states[agent]
             charts = st.charts
             if charts is None:
                 continue
-            shown: dict[str, tuple[float, float]] = {}
+            shown: dict[str, tuple[float, float]] = {}  # kind: (unit, threshold as shown)
             if charts.failure is not None:
                 fc = charts.failure
                 shown[LOW_SUCCESS] = (fc.unit, fc.threshold * fc.unit)
@@ -598,6 +617,19 @@ class IssueDetector:
             if charts.duration is not None and st.s_dur:
                 lead = _leading(st.s_dur, charts.duration)
                 shown[SLOWDOWN] = (1.0, charts.duration.members[lead].h)
+            if st.last_ts:
+                peaks = {
+                    LOW_SUCCESS: (st.peak_fail, float(st.s_fail)),
+                    SLOWDOWN: (st.peak_dur, _member_state(st, lead)[0]),
+                }
+                for kind, (unit, threshold) in shown.items():
+                    peak, statistic = peaks[kind]
+                    if kind == LOW_SUCCESS:
+                        peak = min(1.0, peak * unit / threshold)
+                    points.append(
+                        StatisticPoint(agent, kind, st.last_ts, peak, statistic * unit, threshold)
+                    )
+            st.peak_fail, st.peak_dur = st.s_fail, _share(st.s_dur, charts.duration)
             for kind, statistic, runs, total in (
                 (LOW_SUCCESS, float(st.s_fail), st.fail_n, float(st.fail_k)),
                 (SLOWDOWN, *_member_state(st, lead)),
@@ -620,7 +652,7 @@ class IssueDetector:
                     )
                 )
         self._touched.clear()
-        self.ledger.save_states(saved)
+        self.ledger.save_states(saved, points)
 
     def _calibrate(self, base: Baseline) -> _Charts:
         charts = self._charts.get(base)
@@ -882,6 +914,16 @@ def _leading(stats: list[float], bank: DurationBank) -> int:
     members = bank.members
     return max(
         range(len(stats)), key=lambda j: (math.isfinite(members[j].h), stats[j] / members[j].h)
+    )
+
+
+def _share(stats: list[float], bank: DurationBank | None) -> float:
+    """The bank's statistic as the highest share of a member's threshold (0 without a bank)."""
+    if bank is None or not stats:
+        return 0.0
+    return max(
+        (s / dc.h for s, dc in zip(stats, bank.members, strict=True) if math.isfinite(dc.h)),
+        default=0.0,
     )
 
 

@@ -410,14 +410,26 @@ def last_run_id(store: Store) -> int:
 
 
 def outcomes_after(store: Store, agent: str, after_id: int, limit: int) -> list[bool]:
-    """Success of ``agent``'s first ``limit`` runs with an id above ``after_id``, oldest first.
+    """Success of ``agent``'s first ``limit`` production runs with an id above ``after_id``,
+    oldest first.
 
     What a watch on a live change reads: the runs are in the store, so a process that takes
-    over the watch after a crash reads the same ones.
+    over the watch after a crash reads the same ones. Runs recorded apart (verification,
+    a requested reproduction) are not live traffic and do not count.
     """
     store.migrate(_COMPONENT, _MIGRATIONS)
     rows = store.connection().execute(
-        "SELECT success FROM executions WHERE agent = ? AND id > ? ORDER BY id LIMIT ?",
-        (agent, after_id, limit),
+        "SELECT success FROM executions WHERE agent = ? AND source = ? AND id > ?"
+        " ORDER BY id LIMIT ?",
+        (agent, RUN, after_id, limit),
     )
     return [bool(ok) for (ok,) in rows]
+
+
+def recent_outcomes(store: Store, agent: str, limit: int) -> list[bool]:
+    """Success of ``agent``'s newest ``limit`` production runs, oldest first (what a watched
+    change is compared with: the agent as it ran just before the change)."""
+    store.migrate(_COMPONENT, _MIGRATIONS)
+    query = "SELECT success FROM executions WHERE agent = ? AND source = ? ORDER BY id DESC LIMIT ?"
+    rows = store.connection().execute(query, (agent, RUN, limit)).fetchall()
+    return [bool(ok) for (ok,) in reversed(rows)]

@@ -27,6 +27,8 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from infrastructure.monitoring import detector_series
+from infrastructure.monitoring.detector_series import StatisticPoint
 from infrastructure.store import Store
 from infrastructure.store_sql import StoreConnection
 
@@ -148,6 +150,7 @@ class IssueLedger:
         self._states: dict[tuple[str, str], SavedState] = {}
         if store is not None:
             store.migrate(_COMPONENT, _MIGRATIONS)
+            store.migrate(detector_series.COMPONENT, detector_series.MIGRATIONS)
 
     # ----------------------------------------------------------------- issues
 
@@ -304,8 +307,11 @@ class IssueLedger:
 
     # ----------------------------------------------------------------- detector state
 
-    def save_states(self, states: list[SavedState]) -> None:
-        """Save the detector's state for these agents and kinds (one transaction)."""
+    def save_states(
+        self, states: list[SavedState], points: list[StatisticPoint] | None = None
+    ) -> None:
+        """Save the detector's state for these agents and kinds, and add ``points`` to the
+        statistic's chart series (``detector_series``), in one transaction."""
         if not states:
             return
         if self.store is None:
@@ -340,6 +346,7 @@ class IssueLedger:
                     for s in states
                 ],
             )
+            detector_series.add_points(conn, points or [])
 
     def load_states(self) -> dict[tuple[str, str], SavedState]:
         """Every saved detector state, by (agent, kind)."""
