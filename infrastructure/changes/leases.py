@@ -213,8 +213,15 @@ class Leases:
         )
         return [_lease(row) for row in rows]
 
-    def link(self, conn: StoreConnection, lease_id: str, change_ids: Sequence[str]) -> None:
-        """Put ``change_ids`` under the lease, inside the caller's transaction.
+    def link(
+        self,
+        conn: StoreConnection,
+        lease_id: str,
+        change_ids: Sequence[str],
+        team_id: str | None = None,
+    ) -> None:
+        """Put ``change_ids`` (of team ``team_id``) under the lease, inside the caller's
+        transaction; a lease without a team yet takes theirs.
 
         Raises:
             LeaseLost: the lease is no longer held (nothing is linked; the transaction rolls
@@ -225,11 +232,10 @@ class Leases:
             "INSERT INTO lease_changes (change_id, lease_id) VALUES (?, ?)",
             [(change_id, lease_id) for change_id in change_ids],
         )
-        if change_ids:  # a lease learns its team from its first change
+        if team_id is not None:
             conn.execute(
-                "UPDATE leases SET team_id = (SELECT team_id FROM changes WHERE change_id = ?)"
-                " WHERE lease_id = ? AND team_id IS NULL",
-                (change_ids[0], lease_id),
+                "UPDATE leases SET team_id = ? WHERE lease_id = ? AND team_id IS NULL",
+                (team_id, lease_id),
             )
 
     def hand_over(self, conn: StoreConnection, lease_id: str, change_ids: Sequence[str]) -> None:
