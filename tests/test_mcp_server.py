@@ -526,3 +526,26 @@ async def test_the_read_only_tools_never_create_a_workspace(project: Path) -> No
             assert _data(await client.call_tool("status", {}))["workspace"] == str(fresh)
     finally:
         await tools.aclose()
+
+
+async def test_the_status_of_a_workspace_whose_store_is_on_a_server(
+    project: Path, pg_url: str
+) -> None:
+    # its folder never holds an agentmend.db: the store is the server's, and status reads it
+    folder = project / "pg-ws"
+    settings = Settings(store_url=pg_url)
+    creator = AgentmendTools(folder, project_root=project, settings=settings)
+    try:
+        async with _client(creator) as client:
+            assert not (await client.call_tool("self_improve", {"action": "status"})).is_error
+    finally:
+        await creator.aclose()
+    assert not (folder / "agentmend.db").exists()
+    reader = AgentmendTools(folder, project_root=project, settings=settings)
+    try:
+        async with _client(reader) as client:
+            result = await client.call_tool("status", {})
+            assert not result.is_error, _text(result)
+            assert _data(result)["workspace"] == str(folder)
+    finally:
+        await reader.aclose()

@@ -172,10 +172,16 @@ class AgentmendTools:
         path = self.workspace_path
         if path.exists() and not path.is_dir():
             return  # Workspace.open names that problem ("it is a file")
+        try:
+            url = (self._settings if self._settings is not None else load_settings()).store_url
+        except AgentmendError:
+            return  # opening reports the setting that cannot be used
         if not path.exists():
             missing = "the folder does not exist"
-        elif not (path / DB_NAME).is_file():
-            missing = f"it has no store ({DB_NAME})"
+        elif url is not None and url.startswith(("postgresql://", "postgres://")):
+            return  # a server's store: opening it reads what is there, and creates no file
+        elif not (Path(url.removeprefix("sqlite://")) if url else path / DB_NAME).is_file():
+            missing = f"it has no store ({url or DB_NAME})"
         else:
             return
         raise BadRequest(
