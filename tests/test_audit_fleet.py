@@ -188,7 +188,8 @@ def test_rows_forged_without_the_key_are_refused_by_every_host(
     _append(b, 2)
     _forge_after_newest(sql, b, guess)
     for audit in (a, b):
-        with pytest.raises(AuditChainBroken, match=r"row 3 .* fails the key") as refused:
+        forged = r"row 3 .* does not match its hash under the key"
+        with pytest.raises(AuditChainBroken, match=forged) as refused:
             _append(audit, 3)
         assert refused.value.found.startswith("row 3")
         kinds = _kinds(audit)

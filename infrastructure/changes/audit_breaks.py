@@ -14,7 +14,8 @@ the database alone would vanish. The rules:
 - Anything else is a *break*: the head names another row or hash, the head file is missing or
   empty while rows exist, the head file cannot be read, or the newest row's content no longer
   matches its hash. A missing or unreadable head counts: the head file is the witness, and
-  whoever can delete or garble it must not thereby reset it.
+  whoever can delete or garble it must not thereby reset it. (On a keyed PostgreSQL fleet a
+  missing head file is a host joining, which checks every row under the key instead.)
 
 On a break, applies and keeps are refused with :class:`AuditChainBroken`. Rollbacks, recovery
 and acknowledgements are never refused (refusing them would leave unproven changes live): their

@@ -13,7 +13,9 @@ the head that fails the key is a break, handled as on one host (see
 A host whose head file has never been written (missing or empty: a host joining the fleet)
 vouches for nothing yet: it accepts the chain when every row from the first verifies under the
 key and links, and starts its head at the newest row. A head file that exists but holds a blank
-or garbled record is still a break.
+or garbled record is still a break. So whoever deletes a host's head file (write access to that
+host, not only to the database) makes the host join again, accepting a cut made after its last
+look; the other hosts' heads still catch that cut.
 
 What a writer of the database without the key can and cannot do: they cannot forge, edit,
 insert, reorder or re-hash rows, nor delete a row below the newest, without a break at a row
@@ -91,7 +93,8 @@ def follow_head(
     for row in following:
         prev_hash = prev.row_hash if prev is not None else GENESIS_HASH
         if not verifies(row):
-            return HeadBreak(_named(head), f"{found}; {_row(row)} fails the key"), None
+            what = f"{_row(row)} does not match its hash under the key"
+            return HeadBreak(_named(head), f"{found}; {what}"), None
         if row.prev_hash != prev_hash:
             before = f"row {prev.id}" if prev is not None else "the start"
             return HeadBreak(_named(head), f"{found}; {_row(row)} does not link to {before}"), None
