@@ -26,12 +26,12 @@ On a PostgreSQL store several hosts append, each keeping its own head file (in t
 files folder on that host). With an HMAC key, which the documented configuration requires
 there, a host's head vouches for the chain up to the row it names, and rows other hosts
 appended after it are accepted when every one verifies under the key and links; the head then
-moves forward to the newest row. A head row missing or changed, a broken link, or a later row
-that fails the key is a break as below. A writer of the database without the key can still cut
-rows off the end that no host has seen, or back to a row some hosts' heads are not yet past:
-only hosts whose heads name a row that is gone find the cut (see
-:mod:`infrastructure.changes.audit_fleet_head`). Without a key, and on SQLite, a head must name
-the newest row (or be one commit behind after a crash).
+moves forward to the newest row; a host with no head file yet joins by checking every row under
+the key. A head row missing or changed, a broken link, or a later row that fails the key is a
+break as below. A writer of the database without the key can still cut rows off the end: hosts
+whose heads are not past the cut accept the shorter chain, and only the hosts whose heads name
+a row that is gone find it (see :mod:`infrastructure.changes.audit_fleet_head`). Without a key,
+and on SQLite, a head must name the newest row (or be one commit behind after a crash).
 
 Crash order
 -----------
