@@ -15,10 +15,15 @@ Four parts, each printed as a table:
    rolled back as "not proven" at the limits). Reported: runs until promotion.
 3. The share of harmful canaries promoted (goal: within the test's alpha, 0.05).
 4. Time from publication to every worker serving a release: worker processes
-   (``tests/release_worker.py``) polling one SQLite store, each publication stamped before the
-   commit and each worker's switch stamped by the worker; the slowest worker counts.
+   (``tests/release_worker.py``) on one store, each publication stamped before the commit and
+   each worker's switch stamped by the worker; the slowest worker counts. On SQLite the
+   workers poll (every ``--interval`` s); on PostgreSQL (a throwaway server started from the
+   binaries ``pg_config --bindir`` names, fsync on, sharing this machine's cores) a NOTIFY
+   committed with the publication wakes them, measured once with the same poll interval and
+   once with a 5 s poll, which only the notification can beat.
 
     python benchmarks/bench_rollout.py [--seeds 10] [--workers 4] [--publications 10]
+        [--only-propagation] [--backends sqlite,postgresql]
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # pg_server: the tests' throwaway PostgreSQL server
 
 from infrastructure.monitoring.detection import IssueDetector  # noqa: E402
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor  # noqa: E402
@@ -196,51 +202,85 @@ def promoted_table(harmful: list[Judged]) -> None:
     print(f"  {promoted} of {len(harmful)} ({promoted / len(harmful):.1%})")
 
 
-def propagation_table(workers: int, publications: int, interval: float) -> None:
+def propagation_table(
+    workers: int, publications: int, interval: float, backends: list[str]
+) -> None:
+    print(f"\n4. Publication to every worker serving it: {workers} worker processes, one store")
     print(
-        f"\n4. Publication to every worker serving it: {workers} worker processes, one SQLite"
-        f" store, poll every {interval:g} s"
+        f"  {'backend':<11} {'wake':<16} {'poll':>6} {'publications':>12} {'median':>9}"
+        f" {'p95':>9} {'max':>9}  (slowest worker each)"
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        source = copy_team(root / "team")
-        store = Store(root / "agentmend.db")
-        log = ReleaseLog(store, "bench")
-        who = Principal("bench", "bench")
-        log.publish_directory(source, by=who)
-        procs = []
-        for k in range(workers):
-            args = [sys.executable, str(REPO / "tests" / "release_worker.py"), str(store.path)]
-            args += ["bench", str(root / f"w{k}"), str(root / f"w{k}.json")]
-            args += ["--interval", str(interval), "--seed", str(k)]
-            procs.append(subprocess.Popen(args, stderr=subprocess.DEVNULL))
+    for backend in backends:
+        if backend == "sqlite":
+            with tempfile.TemporaryDirectory() as tmp:
+                location = str(Path(tmp) / "agentmend.db")
+                slowest = _propagation(location, Path(tmp), workers, publications, interval)
+            _propagation_row("SQLite", "poll", interval, slowest)
+            continue
+        from pg_server import PgServer, PgUnavailable
+
         try:
-            slowest: list[float] = []
-            for n in range(publications):
-                _wait(lambda: all(_status(root, k).get("stable") for k in range(workers)))
-                path = source / f"{AGENT}.md"
-                path.write_text(path.read_text() + f"\n<!-- publication {n} -->\n")
-                published = time.time()
-                version = log.publish_directory(source, by=who, stable=True).version
-                _wait(
-                    lambda: all(
-                        _status(root, k).get("stable") == version  # noqa: B023
-                        for k in range(workers)
-                    )
-                )
-                served = [_first_served(root, k, version) for k in range(workers)]
-                slowest.append(max(served) - published)
-                time.sleep(random.uniform(0.0, interval))
+            server = PgServer(fsync=True)
+        except PgUnavailable as exc:
+            print(f"  {'PostgreSQL':<11} skipped: {exc}")
+            continue
+        try:
+            for poll in (interval, 5.0):
+                with tempfile.TemporaryDirectory() as tmp:
+                    url = server.create_database()
+                    slowest = _propagation(url, Path(tmp), workers, publications, poll)
+                _propagation_row("PostgreSQL", "LISTEN/NOTIFY", poll, slowest)
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                proc.wait(timeout=30)
-    print(f"  {'publications':>12} {'median':>9} {'p95':>9} {'max':>9}  (slowest worker each)")
+            server.stop()
+
+
+def _propagation_row(backend: str, wake: str, poll: float, slowest: list[float]) -> None:
     print(
-        f"  {publications:>12} {statistics.median(slowest):>8.3f}s {_q(slowest, 0.95):>8.3f}s"
-        f" {max(slowest):>8.3f}s"
+        f"  {backend:<11} {wake:<16} {poll:>5g}s {len(slowest):>12} "
+        f"{statistics.median(slowest):>8.3f}s {_q(slowest, 0.95):>8.3f}s {max(slowest):>8.3f}s"
     )
+
+
+def _propagation(
+    location: str, root: Path, workers: int, publications: int, interval: float
+) -> list[float]:
+    """Publication to the slowest worker serving it, for each of ``publications``."""
+    files_dir = root / "files"
+    source = copy_team(root / "team")
+    store = Store(location, files_dir=files_dir)
+    log = ReleaseLog(store, "bench")
+    who = Principal("bench", "bench")
+    log.publish_directory(source, by=who)
+    procs = []
+    for k in range(workers):
+        args = [sys.executable, str(REPO / "tests" / "release_worker.py"), location]
+        args += ["bench", str(root / f"w{k}"), str(root / f"w{k}.json")]
+        args += ["--interval", str(interval), "--seed", str(k), "--files-dir", str(files_dir)]
+        procs.append(subprocess.Popen(args, stderr=subprocess.DEVNULL))
+    try:
+        slowest: list[float] = []
+        for n in range(publications):
+            _wait(lambda: all(_status(root, k).get("stable") for k in range(workers)))
+            path = source / f"{AGENT}.md"
+            path.write_text(path.read_text() + f"\n<!-- publication {n} -->\n")
+            published = time.time()
+            version = log.publish_directory(source, by=who, stable=True).version
+            _wait(
+                lambda: all(
+                    _status(root, k).get("stable") == version  # noqa: B023
+                    for k in range(workers)
+                )
+            )
+            served = [_first_served(root, k, version) for k in range(workers)]
+            slowest.append(max(served) - published)
+            time.sleep(random.uniform(0.0, min(interval, 0.2)))
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+        store.close()
+    return slowest
 
 
 def _status(root: Path, k: int) -> dict[str, object]:
@@ -272,13 +312,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--publications", type=int, default=10)
     parser.add_argument("--interval", type=float, default=0.2)
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--only-propagation", action="store_true")
     args = parser.parse_args()
     configure_logging("ERROR", stream=sys.stderr)
     started = time.perf_counter()
-    harmful = harmful_table(args.seeds)
-    good_table(args.seeds)
-    promoted_table(harmful)
-    propagation_table(args.workers, args.publications, args.interval)
+    if not args.only_propagation:
+        harmful = harmful_table(args.seeds)
+        good_table(args.seeds)
+        promoted_table(harmful)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    propagation_table(args.workers, args.publications, args.interval, backends)
     print(f"\n({time.perf_counter() - started:.0f} s on this machine)")
 
 

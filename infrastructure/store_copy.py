@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infrastructure.changes import change_log, decisions, leases, team_ids
+from infrastructure.changes import change_log, decisions, leases, team_ids, watch
 from infrastructure.changes.audit import _MIGRATIONS as AUDIT_MIGRATIONS
 from infrastructure.changes.audit import AuditLog, ChainVerification
 from infrastructure.changes.audit_head import write_head
@@ -27,9 +27,11 @@ from infrastructure.monitoring import (
     issue_ledger,
     run_series,
 )
+from infrastructure.releases import release_tables
 from infrastructure.store import Store
 from infrastructure.store_sql import Backend, has_table, next_id, set_next_id
 from infrastructure.structured_logger import get_logger
+from infrastructure.telemetry import receiver_counts
 
 __all__ = ["CopyReport", "copy_store"]
 
@@ -49,6 +51,9 @@ _COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
     ("leases", leases._MIGRATIONS),
     ("plans", decisions._PLAN_MIGRATIONS),
     ("audit", AUDIT_MIGRATIONS),
+    ("change_watches", watch._MIGRATIONS),
+    (release_tables.COMPONENT, release_tables._MIGRATIONS),
+    (receiver_counts.COMPONENT, receiver_counts.MIGRATIONS),
 )
 
 # tables in an order that keeps references valid, with their generated id column (if any)
@@ -70,6 +75,13 @@ _TABLES: tuple[tuple[str, str | None], ...] = (
     ("change_files", None),
     ("leases", None),
     ("lease_changes", None),
+    ("change_watches", None),
+    ("release_blobs", None),
+    ("releases", None),
+    ("release_files", None),
+    ("release_heads", None),
+    ("rollouts", None),
+    ("telemetry_receivers", None),
     ("plans", None),
     ("decisions", "id"),
     ("audit_log", "id"),

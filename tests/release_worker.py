@@ -1,7 +1,10 @@
 """A worker process for the fleet tests: follows a team's releases and serves live runs.
 
     python tests/release_worker.py STORE TEAM_ID ROOT STATUS_FILE [--serve] [--fault-tokens F]
-        [--interval S] [--seed N]
+        [--interval S] [--seed N] [--files-dir DIR]
+
+STORE is a SQLite path or a PostgreSQL URL (then ``--files-dir`` is the host's folder for the
+store's files, the audit head among them; workers of one host share it).
 
 It follows the team's releases into ROOT (a :class:`ReleaseFollower` polling every ``--interval``
 seconds, which also carries the team's rollout on), and with ``--serve`` runs the simulated
@@ -10,7 +13,8 @@ recording every run into STORE. ``--fault-tokens`` gives the agents answers that
 longer than usual (a truncation fault that a larger ``max_tokens`` fixes).
 
 About every 50 ms it replaces STATUS_FILE with JSON: pid, the follower's status, runs served,
-and the wall-clock time at which the follower began serving each stable release. It runs
+whether a ``LISTEN`` connection wakes it, and the wall-clock time at which the follower began
+serving each stable release. It runs
 until killed (SIGTERM: a clean stop; the tests also SIGKILL it).
 """
 
@@ -50,7 +54,7 @@ def _write_status(path: Path, data: dict[str, object]) -> None:
 async def _main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    store = Store(args.store)
+    store = Store(args.store, files_dir=args.files_dir)
     releases = ReleaseLog(store, args.team, audit=AuditLog(store))  # settling is audited
     follower = ReleaseFollower(releases, args.root, interval_s=args.interval)
     follower.start()
@@ -82,6 +86,7 @@ async def _main(args: argparse.Namespace) -> None:
                     "connected": status.connected,
                     "problem": status.problem,
                     "runs": i,
+                    "listening": follower.listening,
                     "first_served": first_served,
                 },
             )
@@ -89,6 +94,7 @@ async def _main(args: argparse.Namespace) -> None:
         await asyncio.sleep(0.005)
     follower.stop()
     monitor.close()
+    store.close()
 
 
 def main() -> None:
@@ -101,6 +107,7 @@ def main() -> None:
     parser.add_argument("--fault-tokens", type=float, default=0.0)
     parser.add_argument("--interval", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--files-dir", default=None)
     asyncio.run(_main(parser.parse_args()))
 
 

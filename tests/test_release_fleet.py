@@ -1,9 +1,12 @@
-"""A fleet on one SQLite store: several real worker processes following releases.
+"""A fleet on one store: several real worker processes following releases, on both backends.
 
 Each worker is ``tests/release_worker.py`` (a ``ReleaseFollower`` polling every 0.1 s, serving
 the simulated research agent through ``AgentTeam``); the test process publishes and starts
-rollouts, and reads what the workers report and record. Workers are stopped by pid.
-The same tests on the PostgreSQL backend wait for that backend.
+rollouts, and reads what the workers report and record. Workers are stopped by pid. Every test
+runs on a SQLite file and on a PostgreSQL database of the test server (the workers of one test
+share one folder for the store's files, as the processes of one host do); a worker cut off
+from its store is cut off by a detached volume on SQLite and by a stopped server (one of its
+own) on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pg_server import PgServer, _alive
 
 from infrastructure.changes.audit import AuditLog
 from infrastructure.files import sha256_bytes
@@ -40,11 +44,13 @@ TEAM = "team-fleet"
 class Fleet:
     """The store, the team's source files and the worker processes of one test."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, url: str | None = None) -> None:
         self.tmp = tmp_path
         self.source = copy_team(tmp_path / "team")
         self.store_path = tmp_path / "store" / "agentmend.db"  # its own folder: a volume
-        self.store = Store(self.store_path)
+        self.location = url or str(self.store_path)
+        self.files_dir = tmp_path / "files"  # a PostgreSQL store's files on this host
+        self.store = Store(self.location, files_dir=self.files_dir)
         self.audit = AuditLog(self.store)
         self.log = ReleaseLog(self.store, TEAM, audit=self.audit)
         self.rollouts = Rollouts(self.log)
@@ -58,8 +64,9 @@ class Fleet:
     def start(self, n: int, *extra: str, first: int = 0) -> list[int]:
         started = []
         for k in range(first, first + n):
-            args = [sys.executable, str(WORKER), str(self.store_path), TEAM]
-            args += [str(self.root(k)), str(self.status_path(k)), "--seed", str(k), *extra]
+            args = [sys.executable, str(WORKER), self.location, TEAM]
+            args += [str(self.root(k)), str(self.status_path(k)), "--seed", str(k)]
+            args += ["--files-dir", str(self.files_dir), *extra]
             proc = subprocess.Popen(args, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
             self.procs[k] = proc
             started.append(k)
@@ -96,12 +103,13 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    made = Fleet(tmp_path)
+def fleet(tmp_path: Path, store_url: str) -> Iterator[Fleet]:
+    made = Fleet(tmp_path, store_url if "://" in store_url else None)
     try:
         yield made
     finally:
         made.stop_all()
+        made.store.close()
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -114,8 +122,16 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> Non
 
 def test_a_publication_reaches_every_worker_within_a_second(fleet: Fleet) -> None:
     fleet.log.publish_directory(fleet.source, by=CYCLE)
-    workers = fleet.start(4)
-    wait_for("every worker on 1", lambda: all(fleet.status(k).get("stable") == 1 for k in workers))
+    listening = fleet.store.backend == "postgresql"
+    # on PostgreSQL the workers poll every 5 s: only the NOTIFY can bring them within a second
+    workers = fleet.start(4, *(["--interval", "5"] if listening else []))
+    wait_for(
+        "every worker on 1",
+        lambda: all(
+            fleet.status(k).get("stable") == 1 and fleet.status(k).get("listening") == listening
+            for k in workers
+        ),
+    )
     published = time.time()
     v2 = fleet.publish_edit("max_tokens: 2048", "max_tokens: 4096", stable=True)
     wait_for("every worker on 2", lambda: all(fleet.status(k).get("stable") == v2 for k in workers))
@@ -231,7 +247,16 @@ def test_a_worker_killed_mid_materialization_comes_back_on_a_whole_release(
         current = version
 
 
-def test_a_worker_cut_off_from_the_store_keeps_its_release(fleet: Fleet) -> None:
+def test_a_worker_cut_off_from_the_store_keeps_its_release(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path)
+    try:
+        _cut_off_by_a_detached_volume(fleet)
+    finally:
+        fleet.stop_all()
+        fleet.store.close()
+
+
+def _cut_off_by_a_detached_volume(fleet: Fleet) -> None:
     fleet.log.publish_directory(fleet.source, by=CYCLE)
     (k,) = fleet.start(1, "--serve")
     wait_for("the worker serving", lambda: fleet.status(k).get("runs", 0) > 0)
@@ -248,3 +273,43 @@ def test_a_worker_cut_off_from_the_store_keeps_its_release(fleet: Fleet) -> None
     finally:
         away.rename(volume)
     wait_for("the worker to reconnect", lambda: fleet.status(k).get("connected") is True)
+
+
+def test_a_worker_cut_off_from_a_stopped_server_keeps_its_release(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    server = PgServer()  # a server of its own, stopped under the worker
+    try:
+        fleet = Fleet(tmp_path, server.create_database())
+        try:
+            _cut_off_by_a_stopped_server(fleet, server)
+        finally:
+            fleet.stop_all()
+            fleet.store.close()
+    finally:
+        server.stop()
+
+
+def _cut_off_by_a_stopped_server(fleet: Fleet, server: PgServer) -> None:
+    fleet.log.publish_directory(fleet.source, by=CYCLE)
+    (k,) = fleet.start(1, "--serve")
+    wait_for("the worker serving", lambda: fleet.status(k).get("runs", 0) > 0)
+    wait_for("the worker listening", lambda: fleet.status(k).get("listening") is True)
+    fleet.store.close()  # the test's own connections would only break
+    pid = server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGINT)  # the postmaster's fast shutdown: every session ends
+    wait_for("the server to stop", lambda: not _alive(pid))
+    wait_for("the worker to notice", lambda: fleet.status(k).get("connected") is False)
+    runs = fleet.status(k)["runs"]
+    wait_for("runs to go on", lambda: fleet.status(k)["runs"] > runs + 50)
+    status = fleet.status(k)
+    assert status["stable"] == 1
+    assert status["listening"] is False
+    assert "unreachable" in str(status["problem"]), json.dumps(status)
+    server.start()
+    wait_for("the worker to reconnect", lambda: fleet.status(k).get("connected") is True)
+    v2 = fleet.publish_edit("max_tokens: 2048", "max_tokens: 4096", stable=True)
+    wait_for("the worker on 2", lambda: fleet.status(k).get("stable") == v2)
+    wait_for("the worker listening again", lambda: fleet.status(k).get("listening") is True)
+    assert fleet.runs_by_release()[1] > 0  # runs served while cut off reached the store later

@@ -1,10 +1,14 @@
 """The loop publishes what it keeps: a kept change becomes a canary release, a rollback a stable
-one, and a team that follows releases serves them per run (the MetaOrchestrator path)."""
+one, and a team that follows releases serves them per run (the MetaOrchestrator path). Both
+tests run on both backends (a SQLite file, a PostgreSQL database of the test server)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from agents.loop.meta_orchestrator import MetaOrchestrator
 from agents.loop.release_publishing import ReleasePublisher
@@ -22,11 +26,16 @@ from infrastructure.store import Store
 AGENT = "research-agent"
 
 
+@pytest.fixture
+def store(store_url: str, tmp_path: Path) -> Iterator[Store]:
+    with Store(store_url, files_dir=tmp_path / "files") as opened:
+        yield opened
+
+
 async def test_a_kept_change_is_published_as_a_canary_and_a_rollback_as_stable(
-    tmp_path: Path,
+    tmp_path: Path, store: Store
 ) -> None:
     team_dir = copy_team(tmp_path / "team")
-    store = Store(tmp_path / "agentmend.db")
     releases = ReleaseLog(store, "team-a", audit=AuditLog(store))
     releases.publish_directory(team_dir, by=Principal("ops", "Ops"))
     orchestrator = MetaOrchestrator.offline_simulated(
@@ -78,9 +87,10 @@ async def test_a_kept_change_is_published_as_a_canary_and_a_rollback_as_stable(
         orchestrator.close()
 
 
-async def test_execute_task_serves_one_release_per_routing_key(tmp_path: Path) -> None:
+async def test_execute_task_serves_one_release_per_routing_key(
+    tmp_path: Path, store: Store
+) -> None:
     source = copy_team(tmp_path / "team")
-    store = Store(tmp_path / "agentmend.db")
     releases = ReleaseLog(store, "team-b")
     releases.publish_directory(source, by=Principal("ops", "Ops"))
     path = source / f"{AGENT}.md"
@@ -99,7 +109,10 @@ async def test_execute_task_serves_one_release_per_routing_key(tmp_path: Path) -
         for user in range(16):
             await served.execute_task("Explain limits", routing_key=f"user-{user}")
         served.monitor.flush()
-    rows = [json.loads(r[0]) for r in store.connection().execute("SELECT extra FROM executions")]
+    rows = [
+        json.loads(r[0])
+        for r in store.connection().execute("SELECT extra FROM executions ORDER BY id")
+    ]
     by_task: dict[int, set[int]] = {}
     for i, tags in enumerate(rows):
         by_task.setdefault(i // 6, set()).add(tags["release"])

@@ -1,8 +1,14 @@
-"""Releases: publication, refusal, reading, diff, materialization, the link, following, routing."""
+"""Releases: publication, refusal, reading, diff, materialization, the link, following, routing.
+
+The tests that touch the store run on both backends (``store_url``: a SQLite file, then a
+PostgreSQL database on the test server); a volume detached under a worker is SQLite's case.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +23,7 @@ from infrastructure.releases.follower import ReleaseFollower
 from infrastructure.releases.materialize import ReleaseDirectories
 from infrastructure.releases.release_errors import ReleaseRefused
 from infrastructure.releases.release_log import ReleaseLog
+from infrastructure.releases.release_signal import ReleaseWakeup, announce
 from infrastructure.releases.routing import check_share, choose_arm
 from infrastructure.simulation import copy_team
 from infrastructure.store import Store
@@ -31,8 +38,13 @@ def team(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "store" / "agentmend.db")
+def store(store_url: str, tmp_path: Path) -> Iterator[Store]:
+    if "://" in store_url:
+        opened = Store(store_url, files_dir=tmp_path / "files")
+    else:
+        opened = Store(tmp_path / "store" / "agentmend.db")
+    with opened:
+        yield opened
 
 
 @pytest.fixture
@@ -163,8 +175,10 @@ def test_the_link_is_the_only_symlink_the_layer_replaces(tmp_path: Path) -> None
 
 
 def test_follower_follows_publication_and_keeps_its_release_when_cut_off(
-    team: Path, store: Store, log: ReleaseLog, tmp_path: Path
+    team: Path, tmp_path: Path
 ) -> None:
+    store = Store(tmp_path / "store" / "agentmend.db")
+    log = ReleaseLog(store, "team-1", audit=AuditLog(store))
     log.publish_directory(team, by=CYCLE)
     follower = ReleaseFollower(log, tmp_path / "worker")
     status = follower.poll()
@@ -239,3 +253,55 @@ def test_unchanged_files_are_shared_with_the_linked_release(
     assert changed.stat().st_ino != (first.directory / "research-agent.md").stat().st_ino
     assert "max_tokens: 4096" in changed.read_text()
     assert log.files(2) == read_team_files(second.directory)
+
+
+# -- waking followers (PostgreSQL LISTEN/NOTIFY) ----------------------------------------------
+
+
+def test_a_listener_wakes_on_its_teams_commits_only(pg_url: str, tmp_path: Path) -> None:
+    with Store(pg_url, files_dir=tmp_path / "files") as store:
+        log = ReleaseLog(store, "team-1")
+        wakeup = ReleaseWakeup(store, "team-1", reconnect_every_s=0.0)
+        stop = threading.Event()
+        try:
+            assert not wakeup.wait(0.01, stop)  # connects and listens; nothing announced yet
+            assert wakeup.connected
+            with store.transaction() as conn:
+                announce(conn, "team-2")  # another team's release
+            assert not wakeup.wait(0.3, stop)
+            with pytest.raises(RuntimeError):
+                _announce_then_fail(store, "team-1")  # rolled back: never heard
+            assert not wakeup.wait(0.3, stop)
+            log.publish_directory(copy_team(tmp_path / "team"), by=CYCLE)
+            assert wakeup.wait(30.0, stop)  # the publication's commit
+            assert wakeup.wakeups == 1
+            # the listening session is killed (a failover, say): the wait falls back, then the
+            # next one listens on a new connection
+            pid = wakeup.backend_pid
+            store.connection().execute("SELECT pg_terminate_backend(?)", (pid,))
+            assert not wakeup.wait(0.3, stop)
+            assert not wakeup.connected
+            assert not wakeup.wait(0.01, stop)
+            assert wakeup.connected
+            assert wakeup.backend_pid != pid
+            with store.transaction() as conn:
+                announce(conn, "team-1")
+            assert wakeup.wait(30.0, stop)
+        finally:
+            wakeup.close()
+
+
+def _announce_then_fail(store: Store, team_id: str) -> None:
+    with store.transaction() as conn:
+        announce(conn, team_id)
+        raise RuntimeError("the publication failed")
+
+
+def test_on_sqlite_a_follower_only_polls(tmp_path: Path) -> None:
+    with Store(tmp_path / "agentmend.db") as store:
+        wakeup = ReleaseWakeup(store, "team-1")
+        with store.transaction() as conn:
+            announce(conn, "team-1")  # nothing to announce through: workers poll
+        assert not wakeup.wait(0.05, threading.Event())
+        assert not wakeup.listening
+        assert not wakeup.connected

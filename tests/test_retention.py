@@ -1,13 +1,14 @@
 """Retention prunes old runs and decisions in bounded batches, never what the loop still needs.
 
 A real store written through the real monitor, change log, issue ledger and audit log; the rows
-are then aged (their timestamps moved 100 days back) so the policy has something to prune.
+are then aged (their timestamps moved 100 days back) so the policy has something to prune. The
+pruning tests run on both backends (a SQLite file, a PostgreSQL database of the test server);
+``agentmend store``, which reports SQLite's file sizes, on SQLite.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -35,18 +36,53 @@ _AGE = 100 * _DAY
 _BASELINE_N = 50
 
 
-def _ids(db: Path, agent: str) -> list[int]:
-    with sqlite3.connect(db) as conn:
-        return [
-            int(i)
-            for (i,) in conn.execute(
-                "SELECT id FROM executions WHERE agent = ? ORDER BY id", (agent,)
-            )
-        ]
+class Stores:
+    """The test's stores on one backend: ``new()`` names a fresh one, ``open()`` opens it (again;
+    every handle is closed after the test). A PostgreSQL store's files (its audit head) live in
+    one folder of the test, as on one host."""
+
+    def __init__(self, request: pytest.FixtureRequest, tmp_path: Path, first: str) -> None:
+        self.request = request
+        self.tmp = tmp_path
+        self.first: str | None = first
+        self.opened: list[Store] = []
+        self.count = 0
+
+    def new(self) -> str:
+        if self.first is not None:
+            location, self.first = self.first, None
+            return location
+        self.count += 1
+        if self.request.node.callspec.params["store_url"] == "sqlite":
+            return str(self.tmp / f"s{self.count}.db")
+        server = self.request.getfixturevalue("pg_server")
+        return str(server.create_database())
+
+    def open(self, location: str) -> Store:
+        store = Store(location, files_dir=self.tmp / "files")
+        self.opened.append(store)
+        return store
 
 
-def _age(db: Path, seconds: float) -> None:
-    with sqlite3.connect(db) as conn:
+@pytest.fixture
+def stores(request: pytest.FixtureRequest, tmp_path: Path, store_url: str) -> Iterator[Stores]:
+    made = Stores(request, tmp_path, store_url)
+    yield made
+    for store in made.opened:
+        store.close()
+
+
+def _ids(store: Store, agent: str) -> list[int]:
+    return [
+        int(i)
+        for (i,) in store.connection().execute(
+            "SELECT id FROM executions WHERE agent = ? ORDER BY id", (agent,)
+        )
+    ]
+
+
+def _age(store: Store, seconds: float) -> None:
+    with store.transaction() as conn:
         # a second apart in id order, on whole seconds: a change's creation time (kept to the
         # microsecond) then falls exactly on the run it is dated by
         base = float(int(time.time() - seconds) - 10_000)
@@ -60,10 +96,9 @@ def _record(monitor: PerformanceMonitor, agent: str, runs: int) -> None:
         monitor.record(agent, success=i % 5 != 0, duration_ms=10.0 + i, error=None)
 
 
-def _history(db: Path) -> dict[str, list[int]]:
+def _history(store: Store) -> dict[str, list[int]]:
     """Old runs of four agents: ``a`` plain, ``b`` with a kept change, ``c`` with an old open
     issue, ``d`` with an old change still under verification; then a few new runs each."""
-    store = Store(db)
     with PerformanceMonitor(store, baseline_n=_BASELINE_N) as monitor:
         for agent in "abcd":
             _record(monitor, agent, 400)
@@ -73,7 +108,7 @@ def _history(db: Path) -> dict[str, list[int]]:
         monitor.flush()
         for i in range(30):
             record_decision(store, kind="analyze", agent_name="a", payload={"i": i})
-    _age(db, _AGE)
+    _age(store, _AGE)
     ledger = IssueLedger(store)
     issue, _ = ledger.open("c", "success_rate", detector="cusum", context="{}", hold_runs=10)
     log = ChangeLog(store)
@@ -85,7 +120,7 @@ def _history(db: Path) -> dict[str, list[int]]:
         old_value=0.7,
         new_value=0.2,
     )
-    with sqlite3.connect(db) as conn:
+    with store.transaction() as conn:
         # the issue and the change date from the middle of the old runs
         middle = {
             agent: float(
@@ -116,21 +151,20 @@ def _history(db: Path) -> dict[str, list[int]]:
     with PerformanceMonitor(store, baseline_n=_BASELINE_N) as monitor:
         for agent in "abcd":
             _record(monitor, agent, 5)
-    store.close()
-    return {agent: _ids(db, agent) for agent in "abcd"}
+    return {agent: _ids(store, agent) for agent in "abcd"}
 
 
-def test_pruning_old_runs_keeps_baselines_evidence_and_the_newest(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
-    before = _history(db)
-    store = Store(db)
+def test_pruning_old_runs_keeps_baselines_evidence_and_the_newest(stores: Stores) -> None:
+    db = stores.new()
+    before = _history(stores.open(db))
+    store = stores.open(db)
     with PerformanceMonitor(store, baseline_n=_BASELINE_N) as monitor:
         metrics_before = monitor.get_metrics()
         baselines_before = {a: monitor.baseline(a) for a in "abcd"}
     audit_before = AuditLog(store).verify_chain(repair=False)
 
     result = prune(store, RetentionPolicy(run_days=30, baseline_n=_BASELINE_N, batch=64))
-    after = {agent: _ids(db, agent) for agent in "abcd"}
+    after = {agent: _ids(store, agent) for agent in "abcd"}
 
     assert result.complete
     assert result.runs_deleted == sum(len(before[a]) - len(after[a]) for a in "abcd") > 0
@@ -168,10 +202,10 @@ def test_pruning_old_runs_keeps_baselines_evidence_and_the_newest(tmp_path: Path
         assert restored.n == _BASELINE_N
 
 
-def test_keeping_the_newest_runs_per_agent_and_pruning_in_bounded_slices(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
-    before = _history(db)
-    store = Store(db)
+def test_keeping_the_newest_runs_per_agent_and_pruning_in_bounded_slices(stores: Stores) -> None:
+    db = stores.new()
+    before = _history(stores.open(db))
+    store = stores.open(db)
     policy = RetentionPolicy(runs_per_agent=150, baseline_n=_BASELINE_N, batch=20)
     first = prune(store, policy, max_batches=1)
     assert not first.complete
@@ -180,21 +214,20 @@ def test_keeping_the_newest_runs_per_agent_and_pruning_in_bounded_slices(tmp_pat
     while not prune(store, policy, max_batches=3).complete:
         slices += 1
         assert slices < 200
-    after = _ids(db, "a")
+    after = _ids(store, "a")
     assert after == before["a"][:_BASELINE_N] + before["a"][-150:]
 
 
-def test_old_decisions_go_and_young_ones_stay(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
-    store = Store(db)
+def test_old_decisions_go_and_young_ones_stay(stores: Stores) -> None:
+    store = stores.open(stores.new())
     for i in range(10):
         record_decision(store, kind="analyze", agent_name="a", payload={"i": i})
     _age_decisions = (datetime.now(UTC) - timedelta(days=40)).isoformat()
-    with sqlite3.connect(db) as conn:
+    with store.transaction() as conn:
         conn.execute("UPDATE decisions SET timestamp = ? WHERE id <= 6", (_age_decisions,))
     result = prune(store, RetentionPolicy(decision_days=30, batch=4))
     assert (result.runs_deleted, result.decisions_deleted, result.complete) == (0, 6, True)
-    with sqlite3.connect(db) as conn:
+    with store.snapshot() as conn:
         assert [i for (i,) in conn.execute("SELECT id FROM decisions ORDER BY id")] == [
             7,
             8,
@@ -203,18 +236,18 @@ def test_old_decisions_go_and_young_ones_stay(tmp_path: Path) -> None:
         ]
 
 
-def test_a_sweeper_applies_the_policy_in_the_background(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
-    before = _history(db)
-    store = Store(db)
+def test_a_sweeper_applies_the_policy_in_the_background(stores: Stores) -> None:
+    db = stores.new()
+    before = _history(stores.open(db))
+    store = stores.open(db)
     sweeper = RetentionSweeper(
         store, RetentionPolicy(run_days=30, baseline_n=_BASELINE_N, batch=50), interval_s=0.05
     )
     deadline = time.monotonic() + 60
-    while len(_ids(db, "a")) > _BASELINE_N + KEEP_NEWEST and time.monotonic() < deadline:
+    while len(_ids(store, "a")) > _BASELINE_N + KEEP_NEWEST and time.monotonic() < deadline:
         time.sleep(0.05)
     sweeper.close()
-    assert _ids(db, "a") == before["a"][:_BASELINE_N] + before["a"][-KEEP_NEWEST:]
+    assert _ids(store, "a") == before["a"][:_BASELINE_N] + before["a"][-KEEP_NEWEST:]
 
 
 @pytest.mark.parametrize(
@@ -251,7 +284,8 @@ def test_the_store_subcommand_shows_sizes_and_prunes(
     settings = load_settings(workspace=folder)
     with Workspace.open(folder, settings=settings, create=True) as workspace:
         db = workspace.store.path
-    before = _history(db)
+    with Store(db) as store:
+        before = _history(store)
     code, out, err = _run(capsys, "store", "--json", "--workspace", str(folder))
     assert code == EXIT_OK, err
     shown = json.loads(out)
@@ -272,7 +306,8 @@ def test_the_store_subcommand_shows_sizes_and_prunes(
     assert pruned["pruned"]["runs"] > 0
     kept = sum(map(len, before.values())) - pruned["pruned"]["runs"]
     assert pruned["kinds"]["runs"]["rows"] == kept
-    assert store_usage(Store(db)).runs == kept
+    with Store(db) as store:
+        assert store_usage(store).runs == kept
 
     code, out, err = _run(capsys, "store", "--workspace", str(tmp_path / "missing"))
     assert code == EXIT_UNAVAILABLE
@@ -287,16 +322,16 @@ def test_the_store_subcommand_shows_sizes_and_prunes(
     assert err.count("\n") == 1
 
 
-def test_with_both_limits_a_run_goes_when_either_says_so(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
-    before = _history(db)
-    store = Store(db)
+def test_with_both_limits_a_run_goes_when_either_says_so(stores: Stores) -> None:
+    db = stores.new()
+    before = _history(stores.open(db))
+    store = stores.open(db)
     # keeping 10,000 per agent would keep everything; 30 days still prunes the old runs
     policy = RetentionPolicy(run_days=30, runs_per_agent=10_000, baseline_n=_BASELINE_N)
     assert prune(store, policy).runs_deleted > 0
-    assert _ids(db, "a") == before["a"][:_BASELINE_N] + before["a"][-KEEP_NEWEST:]
+    assert _ids(store, "a") == before["a"][:_BASELINE_N] + before["a"][-KEEP_NEWEST:]
     # and the newest 150 per agent, whatever their age, with no age limit
-    db2 = tmp_path / "t.db"
-    before2 = _history(db2)
-    prune(Store(db2), RetentionPolicy(runs_per_agent=150, baseline_n=_BASELINE_N))
-    assert _ids(db2, "a") == before2["a"][:_BASELINE_N] + before2["a"][-150:]
+    other = stores.open(stores.new())
+    before2 = _history(other)
+    prune(other, RetentionPolicy(runs_per_agent=150, baseline_n=_BASELINE_N))
+    assert _ids(other, "a") == before2["a"][:_BASELINE_N] + before2["a"][-150:]

@@ -1,7 +1,8 @@
 """Rollouts on live runs: a harmful canary rolled back, a good one promoted, limits, steering.
 
 The runs are real runs of the simulated team through ``AgentTeam`` (routed per run by the
-follower), recorded by a real ``PerformanceMonitor`` into the store the rollout reads.
+follower), recorded by a real ``PerformanceMonitor`` into the store the rollout reads; every
+test with a store runs on both backends (a SQLite file, a PostgreSQL database).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ AGENT = "research-agent"
 class Fleet:
     """One worker in-process: a store, a release log, a follower, a team and its monitor."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, store_url: str) -> None:
         self.source = copy_team(tmp_path / "team")
-        self.store = Store(tmp_path / "agentmend.db")
+        self.store = Store(store_url, files_dir=tmp_path / "files")
         self.audit = AuditLog(self.store)
         self.log = ReleaseLog(self.store, "team-1", audit=self.audit)
         self.rollouts = Rollouts(self.log)
@@ -67,11 +68,12 @@ class Fleet:
 
     def close(self) -> None:
         self.monitor.close()
+        self.store.close()
 
 
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    made = Fleet(tmp_path)
+def fleet(tmp_path: Path, store_url: str) -> Iterator[Fleet]:
+    made = Fleet(tmp_path, store_url)
     yield made
     made.close()
 
@@ -205,10 +207,13 @@ async def test_bad_rollout_input(fleet: Fleet) -> None:
 
 
 async def test_the_rollout_record_owns_its_changes_and_recovery_leaves_them(fleet: Fleet) -> None:
+    from infrastructure.changes.change_log import ChangeLog
     from infrastructure.changes.improvement_manager import ImprovementManager
     from infrastructure.changes.leases import Leases
     from infrastructure.changes.owners import RecordOwner
 
+    # a workspace has its change log (on PostgreSQL the lease lists its changes in their order)
+    ChangeLog(fleet.store)
     v2 = fleet.publish_edit("max_tokens: 2048", "max_tokens: 3000")
     record = fleet.rollouts.start(v2, by=CYCLE)
     leases = Leases(fleet.store)

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import random
+import re
 from pathlib import Path
 
 import pytest
 
 from agents.faces.cli import main as agentmend
+from infrastructure import store_copy
 from infrastructure.changes.decisions import record_decision, save_plan
 from infrastructure.changes.improvement_manager import ImprovementManager
+from infrastructure.changes.watch import ChangeWatcher
 from infrastructure.models import ChangeType, ImprovementAction
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from infrastructure.principal import Principal
+from infrastructure.releases.release_log import ReleaseLog
 from infrastructure.store import Store
 
 _KEY = "copy-test-key-0123456789abcdef"
@@ -22,7 +28,13 @@ _COMPARED = {
     "plans": "plan_id",
     "audit_log": "id",
     "run_totals": "agent",
+    "release_blobs": "sha256",
+    "releases": "version",
+    "release_files": "version, path",
+    "release_heads": "team_id",
+    "change_watches": "watch_id",
 }
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _history(url: str, files_dir: Path) -> None:
@@ -49,6 +61,28 @@ def _history(url: str, files_dir: Path) -> None:
         manager.close()
         save_plan(store, description="a plan", payload={"kind": "code", "root": "/r"})
         record_decision(store, "cycle.started", payload={"cycle_id": "c1"})
+        # a release of a team's files and a change watched on live runs
+        releases = ReleaseLog(store, "team-1")
+        person = Principal(user_id="p", name="person", permissions=frozenset())
+        releases.publish_directory(ROOT / "infrastructure" / "simulated_team", by=person)
+        manager = ImprovementManager(store=store, audit_hmac_key=_KEY)
+        team = files_dir / "team"
+        team.mkdir(exist_ok=True)
+        (team / "writer.md").write_text("old\n")
+        ChangeWatcher(manager).start(
+            ImprovementAction(
+                target_agent="writer",
+                action_type=ChangeType.PROMPT_MODIFICATION,
+                old_value="old",
+                new_value="new",
+                confidence_score=0.8,
+            ),
+            path="writer.md",
+            new_content="new\n",
+            root=team,
+            before=[random.Random(3).random() < 0.8 for _ in range(40)],
+        )
+        manager.close()
 
 
 def _dump(url: str, files_dir: Path) -> dict[str, list[tuple[object, ...]]]:
@@ -76,7 +110,7 @@ def test_copy_keeps_every_row_and_the_chain_and_the_target_goes_on(
     out = json.loads(capsys.readouterr().out)
     assert code == 0, out
     assert out["verified"] == {"source": True, "target": True}
-    assert out["rows"]["audit_log"] == 4  # 3 applied, 1 rolled back
+    assert out["rows"]["audit_log"] == 5  # 3 logged, 1 rolled back, the watched change
     assert _dump(target, tmp_path) == _dump(source, tmp_path)
     with Store(target, files_dir=tmp_path) as store:  # the target goes on from where it was
         manager = ImprovementManager(store=store, audit_hmac_key=_KEY)
@@ -94,7 +128,7 @@ def test_copy_keeps_every_row_and_the_chain_and_the_target_goes_on(
         newest = store.connection().execute("SELECT MAX(id) FROM audit_log").fetchone()[0]
         seq = store.connection().execute("SELECT MAX(seq) FROM changes").fetchone()[0]
         manager.close()
-    assert (newest, seq) == (5, 4)
+    assert (newest, seq) == (6, 5)
 
 
 def test_copy_into_a_store_with_rows_is_refused(
@@ -106,3 +140,17 @@ def test_copy_into_a_store_with_rows_is_refused(
     code = agentmend(["store", "copy", sqlite, pg_url, "--workspace", str(tmp_path)])
     assert code == 3
     assert "is not empty" in capsys.readouterr().err
+
+
+def test_every_table_any_component_creates_is_copied() -> None:
+    # a table added by a component but not to the copy would be lost by `store copy` silently
+    created = {
+        name
+        for folder in ("infrastructure", "agents")
+        for path in (ROOT / folder).rglob("*.py")
+        for name in re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", path.read_text())
+    }
+    copied = {table for table, _ in store_copy._TABLES}
+    assert created - {"schema_versions"} <= copied, sorted(created - copied)
+    migrated = {component for component, _ in store_copy._COMPONENTS}
+    assert {"change_watches", "releases", "telemetry_receivers"} <= migrated

@@ -106,12 +106,23 @@ def build_parser(
 ) -> argparse.ArgumentParser:
     """The whole command line: every subcommand, nested by its path.
 
-    Given the ``argv`` it will parse, only the subcommand that ``argv`` names gets its own
-    arguments (the others their name and help): adding a subcommand's arguments may import its
-    module, and the session's alone takes most of a second, which ``agentmend status`` and
-    ``agentmend --version`` should not pay.
+    Given the ``argv`` it will parse, only the subcommand that ``argv`` names is built with its
+    arguments: adding a subcommand's arguments may import its module (the session's alone takes
+    most of a second), and building all of them costs tens of milliseconds, which ``agentmend
+    status`` and ``agentmend --version`` should not pay. Words that name no subcommand (a typo,
+    ``--help``) get every subcommand without its arguments, so the usage error or the help
+    lists every one.
     """
     named = _leading_words(argv) if argv is not None else None
+    commands = list(subcommands if subcommands is not None else _subcommands())
+    if named is not None:
+        wanted = [
+            c
+            for c in commands
+            if tuple(named[: len(c.path)]) == c.path or tuple(c.path[: len(named)]) == tuple(named)
+        ]
+        if named and wanted:
+            commands = wanted
     parser = _Parser(
         prog="agentmend",
         description="Keep a team of LLM agents healthy: record, detect, question, fix, prove.",
@@ -122,7 +133,7 @@ def build_parser(
     groups: dict[tuple[str, ...], argparse._SubParsersAction[Any]] = {}
     parents: dict[tuple[str, ...], argparse.ArgumentParser] = {(): parser}
     leaves: set[tuple[str, ...]] = set()
-    for command in subcommands if subcommands is not None else _subcommands():
+    for command in commands:
         for depth in range(1, len(command.path) + 1):
             prefix, name = command.path[: depth - 1], command.path[depth - 1]
             if command.path[:depth] in parents:

@@ -111,8 +111,9 @@ def _run_status(args: argparse.Namespace) -> int:
 
     with open_store(args) as opened:
         statuses = agent_statuses(opened.store, baseline_n=opened.settings.baseline_n)
+        # the statuses alone: the records (files, verdicts) are not needed to count them
         pending = sum(
-            1 for r in opened.manager.get_history(limit=200) if r.status is ChangeStatus.APPLIED
+            1 for s in opened.manager.changes.recent_statuses(200) if s is ChangeStatus.APPLIED
         )
         chain = opened.manager.verify_audit_chain(repair=False)
         receivers = read_receiver_counts(opened.store)

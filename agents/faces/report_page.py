@@ -85,7 +85,8 @@ def _chart(
     span: tuple[float, float],
 ) -> str:
     """Success rate, p95 latency and, beneath them, each detector chart's statistic as a
-    share of its threshold (the dashed line: an alarm), with issue and change markers."""
+    share of its threshold (the dashed line: an alarm; a point where it was reached), with
+    issue and change markers."""
     start, end = span
     (rate_top, rate_bottom), (lat_top, lat_bottom) = _RATE, _LATENCY
     stat_top, stat_bottom = _STATISTIC
@@ -154,15 +155,24 @@ def _chart(
             (_x(p.start_ts, start, end), stat_bottom - min(p.peak, 1.0) * (stat_bottom - stat_top))
             for p in steps
         ]
+        highest = max(steps, key=lambda p: p.peak)
+        last = steps[-1]
+        # one line per chart, a hover title for the whole of it, and a point only where the
+        # statistic reached its threshold: a point per step of a hundred agents' charts would
+        # be most of the page's weight
         parts.append(
             f'<g class="statistic" data-kind="{_e(kind)}" data-steps="{len(steps)}" '
-            f'data-peak="{max((p.peak for p in steps), default=0.0):.4f}">'
+            f'data-peak="{highest.peak:.4f}"><title>{_e(chart)}: highest {highest.peak:.0%} of '
+            f"its threshold at {_e(_when(highest.start_ts))}; now {last.statistic:.2f} / "
+            f"{last.threshold:.2f}</title>"
             f'<path d="{_path(points)}" fill="none" stroke="{colour}" stroke-width="1.2"/>'
         )
         for step, (x, y) in zip(steps, points, strict=True):
+            if step.peak < 1.0:
+                continue
             parts.append(
-                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.6" fill="{colour}"><title>'
-                f"{_e(_when(step.start_ts))}: {_e(chart)} peak {step.peak:.0%} of its threshold;"
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.2" fill="{colour}"><title>'
+                f"{_e(_when(step.start_ts))}: {_e(chart)} reached its threshold;"
                 f" statistic {step.statistic:.2f} / threshold {step.threshold:.2f}</title></circle>"
             )
         parts.append("</g>")

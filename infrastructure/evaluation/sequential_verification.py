@@ -365,16 +365,7 @@ def _verdict(
     """The sequential run's verdict in the fixed design's form: per case, before and after."""
     before, after = runs.side(name, "before"), runs.side(name, "after")
     rows = tuple(
-        CaseComparison(
-            case_id=old.case_id,
-            before_passes=old.passes,
-            before_runs=len(old.runs),
-            after_passes=new.passes,
-            after_runs=len(new.runs),
-            before_pass=old.majority_pass,
-            after_pass=new.majority_pass,
-            regression=old.case_id in result.regressions,
-        )
+        CaseComparison.of(old, new, regression=old.case_id in result.regressions)
         for old, new in zip(before.cases, after.cases, strict=True)
     )
     ratio = latency_ratio(before, after)

@@ -269,6 +269,20 @@ class CaseComparison(_Frozen):
     after_pass: bool
     regression: bool
 
+    @classmethod
+    def of(cls, old: CaseResult, new: CaseResult, *, regression: bool) -> CaseComparison:
+        """One case's row from its runs before and after the change."""
+        return cls(
+            case_id=old.case_id,
+            before_passes=old.passes,
+            before_runs=len(old.runs),
+            after_passes=new.passes,
+            after_runs=len(new.runs),
+            before_pass=old.majority_pass,
+            after_pass=new.majority_pass,
+            regression=regression,
+        )
+
     @property
     def change(self) -> Literal["fixed", "broken", "still_passing", "still_failing"]:
         if self.before_pass != self.after_pass:
@@ -340,16 +354,7 @@ def compare(
     for old in before.cases:
         new = after_by_id[old.case_id]
         rows.append(
-            CaseComparison(
-                case_id=old.case_id,
-                before_passes=old.passes,
-                before_runs=len(old.runs),
-                after_passes=new.passes,
-                after_runs=len(new.runs),
-                before_pass=old.majority_pass,
-                after_pass=new.majority_pass,
-                regression=old.always_passed and not new.majority_pass,
-            )
+            CaseComparison.of(old, new, regression=old.always_passed and not new.majority_pass)
         )
     b = sum(row.change == "broken" for row in rows)
     c = sum(row.change == "fixed" for row in rows)

@@ -1,19 +1,18 @@
 """``ReleaseFollower``: a worker keeps serving its team's current releases, and says what it serves.
 
 A background thread polls the team's heads row (one indexed row; ``interval_s`` apart, 0.2 s by
-default, so a publication reaches the worker well within a second). When the heads change it
-materializes the stable release and the canary (if any) and switches the team link to the stable
-one; each run then asks :meth:`ReleaseFollower.choose` which release serves it. On every poll it
-also carries the team's rollout a step on (:meth:`Rollouts.advance`), so the rollout lives as
-long as any worker does.
+default, so a publication reaches the worker well within a second). On PostgreSQL it also
+listens (``LISTEN``) on a connection of its own (:mod:`~infrastructure.releases.release_signal`):
+a publication or rollout step wakes it at once, and the poll stays the fallback. When the heads
+change it materializes the stable release and the canary (if any) and switches the team link to
+the stable one; each run then asks :meth:`ReleaseFollower.choose` which release serves it. On
+every poll it also carries the team's rollout a step on (:meth:`Rollouts.advance`), so the
+rollout lives as long as any worker does.
 
 A worker that cannot reach the store keeps serving the last release it had, and its
 :meth:`status` says so (``connected`` False, the error, since when). A worker restarted after
 being killed, even mid-materialization, starts on the release its link points at (always a
 whole one) before it has reached the store.
-
-PostgreSQL's ``LISTEN/NOTIFY`` would wake the thread at once instead of on the next poll; until
-that backend exists, polling is the one mechanism.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from pathlib import Path
 from infrastructure.errors import AgentmendError, NotFound, StoreError
 from infrastructure.releases.materialize import ReleaseDirectories, ServedRelease
 from infrastructure.releases.release_log import ReleaseHeads, ReleaseLog
+from infrastructure.releases.release_signal import ReleaseWakeup
 from infrastructure.releases.rollout import Rollouts
 from infrastructure.releases.routing import Arm, choose_arm, new_run_key
 from infrastructure.structured_logger import get_logger
@@ -78,7 +78,8 @@ class ReleaseFollower:
         releases: the team's release log in the shared store.
         root: the worker's own folder for materialized releases.
         link: the team directory under ``root`` (a link the follower switches).
-        interval_s: how often the store is polled.
+        interval_s: how often the store is polled (on PostgreSQL also the longest a missed
+            notification can delay a worker).
         pin: serve this release only (no canary, no rollout steps).
         advance_rollouts: carry the team's rollout on at every poll.
 
@@ -105,6 +106,7 @@ class ReleaseFollower:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._wakeup = ReleaseWakeup(releases.store, releases.team_id)
         self._generation = -1
         self._stable: ServedRelease | None = None
         self._canary: ServedRelease | None = None
@@ -116,6 +118,11 @@ class ReleaseFollower:
             self._status = replace(self._status, stable=linked.version)
         if pin is not None:
             self.releases.get(pin)  # raises NotFound before the worker serves anything
+
+    @property
+    def listening(self) -> bool:
+        """Whether a PostgreSQL ``LISTEN`` connection wakes this worker (False: polling only)."""
+        return self._wakeup.connected
 
     @property
     def team_dir(self) -> Path:
@@ -234,7 +241,10 @@ class ReleaseFollower:
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:
+            self._wakeup.wait(self.interval_s, self._stop)
+            if self._stop.is_set():
+                return
             try:
                 self.poll()
             except Exception as exc:  # the thread must outlive any one failed poll
@@ -245,6 +255,7 @@ class ReleaseFollower:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self._wakeup.close()
 
     def __enter__(self) -> ReleaseFollower:
         return self.start()

@@ -6,7 +6,12 @@ change log stays the source of what changed and why; a release carries the ids o
 it holds.
 
 What workers serve is the team's *heads* row (stable, canary and its share); a worker polls it
-(:meth:`ReleaseLog.heads`, one indexed row) and materializes what it does not have yet.
+(:meth:`ReleaseLog.heads`, one indexed row) and materializes what it does not have yet. Every
+write that reads the heads to change them locks that row first (:meth:`ReleaseLog.lock_heads`,
+``SELECT ... FOR UPDATE`` on PostgreSQL), so two publishers on two hosts never take the same
+version number or the same parent, whatever else serializes the store's writers; the primary key
+``(team_id, version)`` stands behind it. Every change of the heads is announced in its own
+transaction (:func:`~infrastructure.releases.release_signal.announce`).
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from infrastructure.releases.content import (
     read_team_files,
 )
 from infrastructure.releases.release_errors import RolloutConflict
+from infrastructure.releases.release_signal import announce
 from infrastructure.releases.release_tables import ensure_tables
 from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection
+from infrastructure.store_sql import StoreConnection, backend_of
 from infrastructure.structured_logger import get_logger
 
 __all__ = ["RELEASE_AGENT", "Release", "ReleaseDiff", "ReleaseHeads", "ReleaseLog"]
@@ -102,7 +108,8 @@ class ReleaseLog:
         self.store = store
         self.team_id = team_id
         self.audit = audit
-        self._identity = _file_identity(store.path)
+        # on SQLite the database file itself tells a detached volume (see :meth:`heads`)
+        self._identity = _file_identity(store.path) if store.backend == "sqlite" else None
 
     @contextlib.contextmanager
     def write(
@@ -158,7 +165,7 @@ class ReleaseLog:
         address = content_hash(hashes)
         now = time.time()
         with self.write() as (conn, txn):
-            heads = self.heads_in(conn)
+            heads = self.lock_heads(conn)
             row = conn.execute(
                 "SELECT MAX(version) FROM releases WHERE team_id = ?", (self.team_id,)
             ).fetchone()
@@ -189,6 +196,8 @@ class ReleaseLog:
             )
             if parent is None or stable:
                 self.set_heads(conn, stable=version, canary=None, share=0.0, rollout_id=None)
+            else:
+                announce(conn, self.team_id)  # served by nobody yet; followers may look
             if txn is not None:
                 txn.append(
                     agent_name=RELEASE_AGENT,
@@ -304,7 +313,7 @@ class ReleaseLog:
         """
         # A detached volume or a replaced file: the open connections would go on reading the
         # old file, and a new one would create an empty database at the path.
-        if _file_identity(self.store.path) != self._identity:
+        if self.store.backend == "sqlite" and _file_identity(self.store.path) != self._identity:
             raise StoreError(
                 f"store {self.store.path} is unreachable: its file is gone or was replaced"
             )
@@ -312,6 +321,10 @@ class ReleaseLog:
             return self.heads_in(self.store.connection())
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read releases from {self.store.path}: {exc}") from exc
+        except StoreError as exc:  # the server is down or cannot be reached
+            raise StoreError(
+                f"store {self.store.display} is unreachable: {exc}", cause=exc.cause
+            ) from exc
 
     def heads_in(self, conn: StoreConnection) -> ReleaseHeads:
         """The heads as ``conn`` sees them (inside a write transaction: locked)."""
@@ -325,6 +338,29 @@ class ReleaseLog:
         stable, canary, share, rollout_id, generation = row
         return ReleaseHeads(self.team_id, stable, canary, float(share), rollout_id, generation)
 
+    def lock_heads(self, conn: StoreConnection) -> ReleaseHeads:
+        """The heads, locked until ``conn``'s transaction ends (inside a write transaction).
+
+        A team without a heads row gets an empty one first (generation 0, what :meth:`heads`
+        reports for no row), so there is always a row to lock: two first publications at once
+        wait for each other on it too.
+        """
+        conn.execute(
+            "INSERT INTO release_heads "
+            "(team_id, stable, canary, share, rollout_id, generation, updated_at) "
+            "VALUES (?, NULL, NULL, 0.0, NULL, 0, ?) ON CONFLICT (team_id) DO NOTHING",
+            (self.team_id, time.time()),
+        )
+        # SQLite has no FOR UPDATE and needs none: its write transactions are taken up front
+        locking = " FOR UPDATE" if backend_of(conn) == "postgresql" else ""
+        row = conn.execute(
+            "SELECT stable, canary, share, rollout_id, generation FROM release_heads "
+            f"WHERE team_id = ?{locking}",
+            (self.team_id,),
+        ).fetchone()
+        stable, canary, share, rollout_id, generation = row
+        return ReleaseHeads(self.team_id, stable, canary, float(share), rollout_id, generation)
+
     def set_heads(
         self,
         conn: StoreConnection,
@@ -334,7 +370,8 @@ class ReleaseLog:
         share: float,
         rollout_id: str | None,
     ) -> None:
-        """Point the team's workers at new releases (inside the caller's transaction)."""
+        """Point the team's workers at new releases (inside the caller's transaction), and
+        announce it to them when it commits."""
         conn.execute(
             "INSERT INTO release_heads "
             "(team_id, stable, canary, share, rollout_id, generation, updated_at) "
@@ -345,6 +382,7 @@ class ReleaseLog:
             "generation = release_heads.generation + 1, updated_at = excluded.updated_at",
             (self.team_id, stable, canary, share, rollout_id, time.time()),
         )
+        announce(conn, self.team_id)
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:

@@ -21,7 +21,6 @@ need a principal with the admin permission.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from infrastructure.releases.release_errors import RolloutConflict
 from infrastructure.releases.release_log import RELEASE_AGENT, Release, ReleaseLog
 from infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
 from infrastructure.releases.routing import DEFAULT_SHARE, check_share
-from infrastructure.store_sql import StoreConnection
+from infrastructure.store_sql import StoreConnection, has_table
 from infrastructure.structured_logger import get_logger
 
 __all__ = ["ACTIVE", "RolloutRecord", "Rollouts"]
@@ -105,7 +104,7 @@ class Rollouts:
         # open leaves them to the rollout, which promotes or rolls them back.
         lease = self.leases.acquire(RecordOwner("rollout", rollout_id), LeaseTerms())
         with self.releases.write() as (conn, txn):
-            heads = self.releases.heads_in(conn)
+            heads = self.releases.lock_heads(conn)
             if heads.stable is None:
                 raise RolloutConflict(version, "the team has no stable release to compare with")
             if heads.stable == version:
@@ -227,6 +226,11 @@ class Rollouts:
         # Read and pair outside any write transaction (the monitors keep writing meanwhile),
         # then store the step with a compare-and-set on the cursor: of two workers stepping
         # at once, one step counts and the other is dropped, never counted twice.
+        # The cursor is safe because execution ids become visible in id order on both
+        # backends: SQLite has one writer; on PostgreSQL every insert runs in a store
+        # transaction, which takes the store-wide writer lock before its first statement and
+        # holds it past its commit, so no id below one a reader has seen can commit later
+        # (tests/test_release_race.py checks it with concurrent writers).
         conn = self.releases.store.connection()
         rows = conn.execute(
             "SELECT id, source, success, duration_ms, extra FROM executions "
@@ -389,11 +393,9 @@ def _require_admin(by: Principal, action: str) -> None:
 
 
 def _has_executions(conn: StoreConnection) -> bool:
-    try:
-        conn.execute("SELECT 1 FROM executions LIMIT 1").fetchall()
-    except sqlite3.OperationalError:
-        return False  # no monitor has written to this store yet
-    return True
+    # no monitor may have written to this store yet (a failed statement would also end a
+    # PostgreSQL transaction, so the catalogue is asked instead)
+    return has_table(conn, "executions")
 
 
 def _last_execution_id(conn: StoreConnection) -> int:
