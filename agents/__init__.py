@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agents.faces.mcp_tools import BadRequest
+    from agents.faces.release_serving import NoReleases
     from agents.faces.workspace import TeamDirError, Workspace, WorkspaceError
     from agents.loop.code_review import ModelRequired
     from agents.loop.cycle import (
@@ -117,6 +118,7 @@ if TYPE_CHECKING:
         PerformanceMonitor,
     )
     from infrastructure.principal import Principal
+    from infrastructure.releases.attribution import ReleaseAttribution, linked_release_label
     from infrastructure.releases.follower import ReleaseFollower
     from infrastructure.releases.release_errors import ReleaseRefused, RolloutConflict
     from infrastructure.releases.release_log import ReleaseLog
@@ -191,6 +193,7 @@ __all__ = [
     "ModelRequired",
     "MonitorClosed",
     "NetworkRefusedError",
+    "NoReleases",
     "NotFound",
     "OfflineRuntime",
     "OtelExtraMissing",
@@ -206,6 +209,7 @@ __all__ = [
     "PromptBlockError",
     "ProposedAction",
     "ProposedChange",
+    "ReleaseAttribution",
     "ReleaseFollower",
     "ReleaseLog",
     "ReleasePublisher",
@@ -246,6 +250,7 @@ __all__ = [
     "WrongArgumentType",
     "claude_sdk_hooks",
     "create_ask_agent_tool",
+    "linked_release_label",
     "load_agent_specs",
     "offline_role_runtime",
     "replay_cycle",
@@ -273,6 +278,8 @@ _EXPORTS: dict[str, str] = {
     "LeaseLost": "infrastructure.changes.leases",
     "ChangeWatch": "infrastructure.changes.watch",
     "ChangeWatcher": "infrastructure.changes.watch",
+    "ReleaseAttribution": "infrastructure.releases.attribution",
+    "linked_release_label": "infrastructure.releases.attribution",
     "ReleaseFollower": "infrastructure.releases.follower",
     "ReleaseLog": "infrastructure.releases.release_log",
     "ReleasePublisher": "agents.loop.release_publishing",
@@ -339,6 +346,7 @@ _EXPORTS: dict[str, str] = {
     "OtelExtraMissing": "infrastructure.telemetry.span",
     "OtlpDecodeError": "infrastructure.telemetry.otlp_decode",
     "BadRequest": "agents.faces.mcp_tools",
+    "NoReleases": "agents.faces.release_serving",
     "TeamDirError": "agents.faces.workspace",
     "WorkspaceError": "agents.faces.workspace",
     "ModelRequired": "agents.loop.code_review",

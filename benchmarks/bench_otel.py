@@ -7,6 +7,8 @@ them), so one execution per 3 spans. Everything runs in this one process on one 
 - receiver, in process: ``OtlpReceiver.export()`` on a protobuf body: decode, assemble, map,
   record through a ``PerformanceMonitor``'s buffered path, plus the monitor's drain at the end.
   Baseline: ``ExportTraceServiceRequest.FromString`` alone (the parse any receiver pays).
+  Again with every run labelled ``agentmend.release`` and attributed to the release
+  (``ReleaseAttribution`` on a SQLite store).
 - receiver, over HTTP: the same bodies POSTed on loopback by one client thread (client, server
   and recording share the machine's cores).
 - span processor: N finished SDK spans through ``on_end`` and the worker (``force_flush``).
@@ -94,8 +96,12 @@ def _span(trace_id: bytes, span_id: bytes, parent: bytes, kind: str, n: int) -> 
     )
 
 
-def request_bodies(count: int, seed: int) -> list[bytes]:
-    """``count`` protobuf export requests of 512 spans each, every id unique."""
+def request_bodies(count: int, seed: int, *, release: str | None = None) -> list[bytes]:
+    """``count`` protobuf export requests of 512 spans each, every id unique (``release``:
+    the resource's ``agentmend.release`` label)."""
+    resource = [_kv("service.name", "bench")]
+    if release is not None:
+        resource.append(_kv("agentmend.release", release))
     bodies = []
     n = seed * 10_000_000
     for _ in range(count):
@@ -110,7 +116,7 @@ def request_bodies(count: int, seed: int) -> list[bytes]:
         request = ExportTraceServiceRequest(
             resource_spans=[
                 ResourceSpans(
-                    resource=ProtoResource(attributes=[_kv("service.name", "bench")]),
+                    resource=ProtoResource(attributes=resource),
                     scope_spans=[ScopeSpans(spans=spans[:SPANS_PER_REQUEST])],
                 )
             ]
@@ -150,6 +156,37 @@ def receiver_in_process(bodies: list[bytes]) -> tuple[int, float, int]:
         finally:
             receiver.close()
         recorded = assembler.counts().executions_recorded
+    return len(bodies) * SPANS_PER_REQUEST, elapsed, recorded
+
+
+def receiver_attributed(bodies: list[bytes]) -> tuple[int, float, int]:
+    """As ``receiver_in_process``, every run labelled with release 1 and attributed to it."""
+    import tempfile
+    from pathlib import Path
+
+    from infrastructure.principal import Principal
+    from infrastructure.releases.attribution import ReleaseAttribution
+    from infrastructure.releases.release_log import ReleaseLog
+    from infrastructure.simulation import copy_team
+    from infrastructure.store import Store
+
+    with tempfile.TemporaryDirectory() as folder:
+        store = Store(Path(folder) / "agentmend.db")
+        log = ReleaseLog(store, "team-bench")
+        log.publish_directory(copy_team(Path(folder) / "team"), by=Principal("b", "bench"))
+        with PerformanceMonitor(flush_interval_s=3600) as monitor:
+            assembler = TraceAssembler(monitor.record, attribute=ReleaseAttribution(log).tags)
+            receiver = OtlpReceiver(assembler, port=0)
+            try:
+                start = time.perf_counter()
+                for body in bodies:
+                    assert receiver.export(PROTOBUF, "", body).status == 200
+                monitor.flush()
+                elapsed = time.perf_counter() - start
+            finally:
+                receiver.close()
+            recorded = assembler.counts().executions_recorded
+        store.close()
     return len(bodies) * SPANS_PER_REQUEST, elapsed, recorded
 
 
@@ -304,6 +341,7 @@ def main() -> None:
     spans_total = count * SPANS_PER_REQUEST
 
     parse_runs, decode_runs, receiver_runs, http_runs, processor_runs = [], [], [], [], []
+    attributed_runs = []
     recorded = 0
     for rep in range(reps):
         bodies = request_bodies(count, seed=rep + 1)
@@ -311,6 +349,9 @@ def main() -> None:
         decode_runs.append(decode_only(bodies))
         spans, seconds, recorded = receiver_in_process(bodies)
         receiver_runs.append((spans, seconds))
+        labelled = request_bodies(count, seed=rep + 100, release="1")
+        spans, seconds, _ = receiver_attributed(labelled)
+        attributed_runs.append((spans, seconds))
         http_runs.append(receiver_over_http(request_bodies(count, seed=rep + 50)))
         processor_runs.append(processor_throughput(_finished_spans(spans_total)))
     parse = _median_rate(parse_runs)
@@ -318,6 +359,7 @@ def main() -> None:
         ("protobuf parse only (baseline)", parse),
         ("decode to SpanData", _median_rate(decode_runs)),
         ("receiver in process: decode, map, record", _median_rate(receiver_runs)),
+        ("  the same, every run labelled and attributed", _median_rate(attributed_runs)),
         ("receiver over HTTP on loopback (1 client)", _median_rate(http_runs)),
         ("span processor: on_end + worker", _median_rate(processor_runs)),
     ]

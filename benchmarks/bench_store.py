@@ -8,10 +8,14 @@ process crash), as the store always does. Measured per backend:
 
 - recorded runs per second with 1, 4 and 8 writer processes, each a ``PerformanceMonitor`` with
   the production batching (the background writer every ``flush_interval_s`` = 0.2 s or at
-  ``flush_max_batch`` runs, multi-row INSERTs of 100 rows, one transaction per batch), from
-  the first ``record()`` to the last run committed; every run is counted afterwards;
+  ``flush_max_batch`` runs; the rows appended by ``COPY`` on PostgreSQL, by INSERTs of 100 rows
+  on SQLite; one transaction per batch), from the first ``record()`` to the last run committed;
+  every run is counted afterwards;
 - the caller's ``record()`` cost (ns, median of 3 runs of 100,000 calls, flusher running);
-- apply alone and apply + rollback latency of one file change (ms, median and p95 of 40);
+- apply alone and apply + rollback latency of one file change (ms, median and p95 of 40), beside
+  the disk's ``fdatasync`` of an 8 kB write measured just before (median of 100): an apply
+  waits for six syncs (its intent's commit, the new file, its directory, the backup's
+  directory, the APPLIED commit, the audit head), so six of them are its floor on this disk;
 - audit append throughput with 4 processes appending at once (rows/s), then the chain verified
   (a fork would fail it);
 - a fleet-wide detector check: a fresh checker loads 100 agents x 10,000 runs from the store
@@ -23,6 +27,7 @@ Run: ``.venv/bin/python benchmarks/bench_store.py [--runs 20000] [--quick]``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -133,6 +138,22 @@ def record_cost(url: str, files_dir: Path, n: int = 100_000) -> float:
     return statistics.median(costs)
 
 
+def fdatasync_ms(where: Path, n: int = 100) -> float:
+    """The median time of one durable 8 kB write in ``where`` (what pg_test_fsync measures)."""
+    fd = os.open(where / "sync-probe", os.O_RDWR | os.O_CREAT)
+    times = []
+    try:
+        for i in range(n):
+            start = time.perf_counter()
+            os.pwrite(fd, b"%8192d" % i, 0)
+            os.fdatasync(fd)
+            times.append((time.perf_counter() - start) * 1000)
+    finally:
+        os.close(fd)
+        os.unlink(where / "sync-probe")
+    return statistics.median(times)
+
+
 def apply_latency(url: str, files_dir: Path, team: Path, n: int = 40) -> tuple[float, ...]:
     (team / "agents").mkdir(parents=True, exist_ok=True)
     (team / "agents" / "writer.md").write_text("---\nname: writer\n---\nstart\n")
@@ -194,7 +215,9 @@ def measure(name: str, url: str, files_dir: Path, args: argparse.Namespace) -> d
         rate, whole = recording(url, files_dir, workers, args.runs)
         out[f"runs/s, {workers} writer(s)"] = f"{rate:,.0f}" + ("" if whole else " (LOST RUNS)")
     out["record() caller cost, ns"] = f"{record_cost(url, files_dir):,.0f}"
+    sync = fdatasync_ms(files_dir)
     a50, a95, b50, b95 = apply_latency(url, files_dir, files_dir / f"team-{name}")
+    out["disk fdatasync 8 kB, ms median"] = f"{sync:.2f} (x6 = {6 * sync:.1f})"
     out["apply, ms median / p95"] = f"{a50:.2f} / {a95:.2f}"
     out["apply+rollback, ms median / p95"] = f"{b50:.2f} / {b95:.2f}"
     rate, verified = audit_throughput(url, files_dir, args.audit_rows)
@@ -216,6 +239,7 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=100)
     parser.add_argument("--agent-runs", type=int, default=10_000)
     args = parser.parse_args()
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-store-") as scratch:
         base = Path(scratch)
         results = {"SQLite": measure("sqlite", str(base / "agentmend.db"), base, args)}
@@ -229,6 +253,7 @@ def main() -> None:
     print(f"{'':{width}}  {'SQLite':>24}  {'PostgreSQL':>24}")
     for row in rows:
         print(f"{row:{width}}  {results['SQLite'][row]:>24}  {results['PostgreSQL'][row]:>24}")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

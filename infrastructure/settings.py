@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     # fleet (the [postgres] extra); unset, the workspace's own agentmend.db
     store_url: str | None = None
     provider: Provider = "offline"
+    # the session and the MCP server as workers: follow the team's releases when it has some
+    # (auto), insist (on) or serve the team folder (off); serve_release pins one release
+    follow_releases: Literal["auto", "on", "off"] = "auto"
+    serve_release: int | None = Field(default=None, ge=1)
 
     # detection
     detection_mode: Literal["statistical", "rules"] = "statistical"

@@ -23,6 +23,7 @@ __all__ = ["SqliteBackend"]
 log = get_logger(__name__)
 
 _BUSY_TIMEOUT_MS = 30_000
+_SYNC_NORMAL = 1  # every connection's sync mode; a durable transaction puts it back after
 
 
 class SqliteBackend:
@@ -55,7 +56,7 @@ class SqliteBackend:
                 )
                 conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
                 _use_wal(conn)
-                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute(f"PRAGMA synchronous={_SYNC_NORMAL}")
                 conn.execute("PRAGMA foreign_keys=ON")
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"cannot open store {self.path}: {exc}") from exc
@@ -86,7 +87,7 @@ class SqliteBackend:
         previous: int | None = None  # the sync mode to put back after a durable commit
         try:
             if durable:
-                previous = int(conn.execute("PRAGMA synchronous").fetchone()[0])
+                previous = _SYNC_NORMAL
                 conn.execute("PRAGMA synchronous=FULL")
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:

@@ -1,15 +1,21 @@
-"""The tamper-evident audit log: rows, truncation, the chain, the head file, HMAC, crash order."""
+"""The tamper-evident audit log: rows, truncation, the chain, the head file, HMAC, crash order.
+
+Each test runs on SQLite and on a real PostgreSQL server, in each backend's documented
+configuration: a PostgreSQL store's log is keyed (``AGENTMEND_AUDIT_HMAC_KEY``) and its head
+file is this host's, in the store's ``files_dir``. Tampering goes around the store, through a
+plain database connection (:mod:`raw_sql`).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from raw_sql import raw_execute
 
 from infrastructure.changes.audit import (
     AUDIT_HMAC_KEY_ENV,
@@ -22,12 +28,20 @@ from infrastructure.changes.audit import (
 from infrastructure.changes.audit_head_events import record_head_event
 from infrastructure.errors import AuditChainError, StoreError
 from infrastructure.store import Store
+from infrastructure.store_sql import set_next_id
+
+KEY = b"kept-off-the-database-server"
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(tmp_path / "agentmend.db") as s:
+def store(store_url: str, tmp_path: Path) -> Iterator[Store]:
+    with Store(store_url, files_dir=tmp_path) as s:
         yield s
+
+
+def _audit(store: Store) -> AuditLog:
+    """The store's log as documented: keyed on PostgreSQL, plain by default on SQLite."""
+    return AuditLog(store, hmac_key=KEY if store.backend == "postgresql" else None)
 
 
 def _fill(audit: AuditLog, n: int) -> None:
@@ -44,17 +58,12 @@ def _fill(audit: AuditLog, n: int) -> None:
 
 
 def _raw(store: Store, sql: str, *params: object) -> None:
-    """Write behind the log's back, as a person with a SQLite browser would."""
-    conn = sqlite3.connect(store.path)
-    try:
-        conn.execute(sql, params)
-        conn.commit()
-    finally:
-        conn.close()
+    """Write behind the log's back, as a person with a database client would."""
+    raw_execute(store.url, sql, *params)
 
 
 def test_rows_hold_seed_002_fields_and_truncate_values_to_500(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     entry = audit.append(
         agent_name="writer",
         edit_type="system_prompt",
@@ -78,7 +87,7 @@ def test_rows_hold_seed_002_fields_and_truncate_values_to_500(store: Store) -> N
 
 
 def test_entries_filter_by_agent_and_change_and_keep_oldest_first(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 6)
     assert [e.change_id for e in audit.entries(agent_name="agent-1")] == ["c1", "c3", "c5"]
     assert [e.change_id for e in audit.entries(limit=2)] == ["c4", "c5"]
@@ -86,7 +95,7 @@ def test_entries_filter_by_agent_and_change_and_keep_oldest_first(store: Store) 
 
 
 def test_an_untouched_chain_verifies_and_is_truthy(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 5)
     result = audit.verify_chain()
     assert result
@@ -98,11 +107,11 @@ def test_an_untouched_chain_verifies_and_is_truthy(store: Store) -> None:
 
 
 def test_an_empty_log_verifies(store: Store) -> None:
-    assert AuditLog(store).verify_chain()
+    assert _audit(store).verify_chain()
 
 
 def test_an_edited_row_is_found_by_id(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 5)
     _raw(store, "UPDATE audit_log SET new_value = 'sneaky' WHERE id = 3")
     result = audit.verify_chain()
@@ -113,7 +122,7 @@ def test_an_edited_row_is_found_by_id(store: Store) -> None:
 
 
 def test_an_edit_with_a_recomputed_hash_breaks_the_next_link(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 5)
     _raw(store, "UPDATE audit_log SET row_hash = ? WHERE id = 2", "f" * 64)
     result = audit.verify_chain()
@@ -121,7 +130,7 @@ def test_an_edit_with_a_recomputed_hash_breaks_the_next_link(store: Store) -> No
 
 
 def test_a_deleted_middle_row_is_found(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 5)
     _raw(store, "DELETE FROM audit_log WHERE id = 3")
     result = audit.verify_chain()
@@ -130,7 +139,7 @@ def test_a_deleted_middle_row_is_found(store: Store) -> None:
 
 
 def test_deleted_first_rows_are_found(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 3)
     _raw(store, "DELETE FROM audit_log WHERE id = 1")
     result = audit.verify_chain()
@@ -138,7 +147,7 @@ def test_deleted_first_rows_are_found(store: Store) -> None:
 
 
 def test_rows_cut_off_the_end_are_found_through_the_head_file(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 5)
     _raw(store, "DELETE FROM audit_log WHERE id >= 4")
     result = audit.verify_chain()
@@ -147,7 +156,7 @@ def test_rows_cut_off_the_end_are_found_through_the_head_file(store: Store) -> N
 
 
 def test_rows_appended_after_a_cut_start_a_segment_that_reports_the_cut(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 5)
     _raw(store, "DELETE FROM audit_log WHERE id >= 4")
     with pytest.raises(AuditChainBroken):
@@ -164,7 +173,7 @@ def test_rows_appended_after_a_cut_start_a_segment_that_reports_the_cut(store: S
 
 
 def test_a_deleted_head_file_is_reported(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 3)
     audit.head_path.unlink()
     result = audit.verify_chain()
@@ -172,7 +181,7 @@ def test_a_deleted_head_file_is_reported(store: Store) -> None:
 
 
 def test_an_unreadable_head_file_is_reported(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 2)
     data = bytearray(audit.head_path.read_bytes())
     data[30] = ord("9") if data[30] != ord("9") else ord("8")
@@ -187,7 +196,7 @@ def _garble(audit: AuditLog) -> None:
 
 def test_an_unreadable_head_is_reported_and_never_rewritten_by_verify(store: Store) -> None:
     """Only the crash state is repaired: a rewrite would reset the tail's only witness."""
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 2)
     _garble(audit)
     for repair in (False, True, True):
@@ -199,7 +208,7 @@ def test_an_unreadable_head_is_reported_and_never_rewritten_by_verify(store: Sto
 
 
 def test_an_unreadable_head_is_reported_beside_rows_that_fail(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 3)
     _garble(audit)
     _raw(store, "UPDATE audit_log SET new_value = 'forged' WHERE id = 2")
@@ -213,7 +222,7 @@ def test_a_safety_write_carries_on_past_an_unreadable_head_and_records_the_break
     store: Store,
 ) -> None:
     """A damaged head must not stop a rollback, nor may its rewrite erase the evidence."""
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 2)
     _garble(audit)
     with pytest.raises(AuditChainBroken):
@@ -234,7 +243,7 @@ def test_a_safety_write_carries_on_past_an_unreadable_head_and_records_the_break
 def test_heads_rewritten_by_earlier_versions_stay_reported_until_a_repair_run(
     store: Store,
 ) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 2)
     with store.transaction(durable=True) as conn:
         record_head_event(conn, audit.head_path, "garbled", 2, reported=False)
@@ -249,7 +258,7 @@ def test_heads_rewritten_by_earlier_versions_stay_reported_until_a_repair_run(
 def test_a_write_that_finds_the_head_unreadable_and_rolls_back_records_nothing(
     store: Store,
 ) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 1)
     _garble(audit)
 
@@ -267,7 +276,7 @@ def test_a_write_that_finds_the_head_unreadable_and_rolls_back_records_nothing(
 
 def test_a_head_one_row_behind_after_a_crash_is_repaired(store: Store) -> None:
     """The crash between the row's commit and the head write, reproduced byte for byte."""
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 3)
     head_before = audit.head_path.read_bytes()
     _fill(audit, 1)
@@ -284,7 +293,7 @@ def test_a_head_one_row_behind_after_a_crash_is_repaired(store: Store) -> None:
 
 def test_a_head_one_multi_row_commit_behind_is_repaired(store: Store) -> None:
     """A group of changes commits several rows at once; the crash leaves all of them ahead."""
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 2)
     head_before = audit.head_path.read_bytes()
     with audit.transaction() as txn:
@@ -299,7 +308,7 @@ def test_a_head_one_multi_row_commit_behind_is_repaired(store: Store) -> None:
 
 
 def test_a_head_behind_by_part_of_a_commit_is_not_a_crash(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     with audit.transaction() as txn:
         for i in range(3):
             txn.append(agent_name="g", edit_type="e", old_value=i, new_value=i, user_id="u")
@@ -313,7 +322,7 @@ def test_a_head_behind_by_part_of_a_commit_is_not_a_crash(store: Store) -> None:
 
 
 def test_a_head_behind_after_the_first_row_is_repaired(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 1)
     audit.head_path.write_bytes(b"")  # created, never written
     result = audit.verify_chain()
@@ -322,7 +331,7 @@ def test_a_head_behind_after_the_first_row_is_repaired(store: Store) -> None:
 
 
 def test_without_repair_the_crash_state_is_noted_and_left(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 2)
     head_before = audit.head_path.read_bytes()
     _fill(audit, 1)
@@ -334,7 +343,7 @@ def test_without_repair_the_crash_state_is_noted_and_left(store: Store) -> None:
 
 
 def test_a_head_two_rows_behind_is_not_a_crash_and_is_reported(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     _fill(audit, 2)
     head_before = audit.head_path.read_bytes()
     _fill(audit, 2)
@@ -344,35 +353,33 @@ def test_a_head_two_rows_behind_is_not_a_crash_and_is_reported(store: Store) -> 
     assert not result.repaired
 
 
-def test_a_forged_unkeyed_chain_passes_without_a_key_and_fails_with_one(tmp_path: Path) -> None:
+def test_a_forged_unkeyed_chain_passes_without_a_key_and_fails_with_one(store: Store) -> None:
     """The threat model: without a key, whoever writes both db and head can forge the chain."""
-    key = b"kept-outside-the-workspace"
-    db = tmp_path / "keyed.db"
-    with Store(db) as store:
-        _fill(AuditLog(store, hmac_key=key), 3)
-        assert AuditLog(store, hmac_key=key).verify_chain()
-        assert not AuditLog(store, hmac_key=b"wrong key").verify_chain()
-        # The attacker rewrites row 2 and recomputes every hash and the head, but has no key.
-        forger = AuditLog(store)  # no key: plain SHA-256
-        rows = store.connection().execute("SELECT id FROM audit_log ORDER BY id").fetchall()
-        _raw(store, "DELETE FROM audit_log")
-        _raw(store, "UPDATE sqlite_sequence SET seq = 0 WHERE name = 'audit_log'")
-        forger.head_path.write_bytes(b"")  # the head file too: this attacker writes both
-        for i in range(len(rows)):
-            forger.append(
-                agent_name=f"agent-{i % 2}",
-                edit_type="prompt_modification",
-                old_value=f"old {i}",
-                new_value="forged" if i == 1 else f"new {i}",
-                user_id="u1",
-                user_name="Ada",
-                change_id=f"c{i}",
-            )
-        assert forger.verify_chain()  # out of scope without a key: the forgery holds
-        keyed = AuditLog(store, hmac_key=key).verify_chain()
-        assert not keyed
-        assert {p.kind for p in keyed.problems} == {"unkeyed"}
-        assert AuditLog(store).verify_chain()
+    _fill(AuditLog(store, hmac_key=KEY), 3)
+    assert AuditLog(store, hmac_key=KEY).verify_chain()
+    assert not AuditLog(store, hmac_key=b"wrong key").verify_chain()
+    # The attacker rewrites row 2 and recomputes every hash and the head, but has no key.
+    forger = AuditLog(store)  # no key: plain SHA-256
+    rows = store.connection().execute("SELECT id FROM audit_log ORDER BY id").fetchall()
+    _raw(store, "DELETE FROM audit_log")
+    with store.transaction() as conn:  # the ids start again at 1
+        set_next_id(conn, "audit_log", 0)
+    forger.head_path.write_bytes(b"")  # the head file too: this attacker writes both
+    for i in range(len(rows)):
+        forger.append(
+            agent_name=f"agent-{i % 2}",
+            edit_type="prompt_modification",
+            old_value=f"old {i}",
+            new_value="forged" if i == 1 else f"new {i}",
+            user_id="u1",
+            user_name="Ada",
+            change_id=f"c{i}",
+        )
+    assert forger.verify_chain()  # out of scope without a key: the forgery holds
+    keyed = AuditLog(store, hmac_key=KEY).verify_chain()
+    assert not keyed
+    assert {p.kind for p in keyed.problems} == {"unkeyed"}
+    assert AuditLog(store).verify_chain()
 
 
 def test_keyed_rows_cannot_be_checked_without_the_key(store: Store) -> None:
@@ -413,7 +420,7 @@ def test_the_key_comes_from_the_environment_only_when_asked() -> None:
 
 
 def test_rows_and_other_writes_commit_together_or_not_at_all(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     store.migrate("things", ["CREATE TABLE things (x INTEGER)"])
 
     def abort() -> None:
@@ -436,7 +443,7 @@ def test_rows_and_other_writes_commit_together_or_not_at_all(store: Store) -> No
 
 
 def test_appends_from_many_threads_keep_one_chain(store: Store) -> None:
-    audit = AuditLog(store)
+    audit = _audit(store)
     errors: list[BaseException] = []
 
     def work(n: int) -> None:
@@ -460,7 +467,9 @@ def test_appends_from_many_threads_keep_one_chain(store: Store) -> None:
     assert result.notes == ()
 
 
-def test_verify_audit_chain_accepts_a_path_or_a_store(store: Store) -> None:
-    _fill(AuditLog(store), 2)
-    assert verify_audit_chain(store)
-    assert verify_audit_chain(store.path).rows_checked == 2
+def test_verify_audit_chain_accepts_a_path_or_a_store(tmp_path: Path) -> None:
+    """SQLite only: a path names a SQLite file (a PostgreSQL store is passed as a Store)."""
+    with Store(tmp_path / "agentmend.db") as store:
+        _fill(AuditLog(store), 2)
+        assert verify_audit_chain(store)
+        assert verify_audit_chain(store.path).rows_checked == 2

@@ -1,9 +1,13 @@
 """The audit trail cannot be laundered: tampering done to the database alone stays reported.
 
-Each tampering below is done with a plain SQLite connection, as someone with write access to
-the database (and not to the head file) would, and is followed by ordinary work through the
-public API: applies and keeps are refused, rollbacks and recovery go on and record the break,
-and ``verify`` keeps reporting it until an administrator acknowledges it.
+Each tampering below is done with a plain database connection (:mod:`raw_sql`), as someone
+with write access to the database (and not to the head file) would, and is followed by ordinary
+work through the public API: applies and keeps are refused, rollbacks and recovery go on and
+record the break, and ``verify`` keeps reporting it until an administrator acknowledges it.
+
+Every test runs on SQLite and on a real PostgreSQL server, each in its documented
+configuration: the PostgreSQL store's log is keyed (``AGENTMEND_AUDIT_HMAC_KEY``) and its head
+file is this host's, in the store's ``files_dir``.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ import hashlib
 import hmac
 import json
 import pickle
-import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from raw_sql import raw_execute, raw_rows
 
 from infrastructure.changes.audit import AuditChainBroken, AuditLog
 from infrastructure.changes.improvement_manager import (
@@ -41,24 +47,43 @@ def _action() -> ImprovementAction:
     )
 
 
-def _sql(db: Path, sql: str, *params: object) -> None:
-    conn = sqlite3.connect(db)
-    try:
-        conn.execute(sql, params)
-        conn.commit()
-    finally:
-        conn.close()
+@dataclass(frozen=True)
+class Db:
+    """The store under test: its URL, this host's files for it, the audit key it is run with."""
+
+    url: str
+    files: Path
+    key: bytes | None
+
+    @contextmanager
+    def store(self) -> Iterator[Store]:
+        with Store(self.url, files_dir=self.files) as store:
+            yield store
+
+    def audit(self, store: Store) -> AuditLog:
+        return AuditLog(store, hmac_key=self.key)
+
+    @contextmanager
+    def manager(self) -> Iterator[ImprovementManager]:
+        with self.store() as store, ImprovementManager(store=store, audit_hmac_key=self.key) as m:
+            yield m
 
 
-def _rows(db: Path) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute("SELECT * FROM audit_log ORDER BY id").fetchall()
-    finally:
-        conn.close()
+@pytest.fixture
+def db(store_url: str, tmp_path: Path) -> Db:
+    """SQLite plain by default; PostgreSQL keyed, as the README documents it."""
+    return Db(store_url, tmp_path, KEY if store_url.startswith("postgres") else None)
 
 
-def _rehash(db: Path, row_id: int, prev_hash: str, key: bytes | None = None) -> str:
+def _sql(db: Db, sql: str, *params: object) -> None:
+    raw_execute(db.url, sql, *params)
+
+
+def _rows(db: Db) -> list[tuple[Any, ...]]:
+    return raw_rows(db.url, "SELECT * FROM audit_log ORDER BY id")
+
+
+def _rehash(db: Db, row_id: int, prev_hash: str, key: bytes | None = None) -> str:
     """Recompute a row's hash the way the log does (the scheme is public), link it to
     ``prev_hash`` and store it; returns the new hash."""
     row = next(r for r in _rows(db) if r[0] == row_id)
@@ -80,15 +105,15 @@ def _rehash(db: Path, row_id: int, prev_hash: str, key: bytes | None = None) -> 
     return digest
 
 
-def _edit_newest(db: Path) -> None:
+def _edit_newest(db: Db) -> None:
     _sql(db, "UPDATE audit_log SET new_value = 'nothing to see' WHERE id = 4")
 
 
-def _delete_newest(db: Path) -> None:
+def _delete_newest(db: Db) -> None:
     _sql(db, "DELETE FROM audit_log WHERE id = 4")
 
 
-def _insert_after_newest(db: Path) -> None:
+def _insert_after_newest(db: Db) -> None:
     last = _rows(db)[-1]
     _sql(
         db,
@@ -103,24 +128,24 @@ def _insert_after_newest(db: Path) -> None:
     )
 
 
-def _reorder_newest(db: Path) -> None:
+def _reorder_newest(db: Db) -> None:
     _sql(db, "UPDATE audit_log SET id = -1 WHERE id = 3")
     _sql(db, "UPDATE audit_log SET id = 3 WHERE id = 4")
     _sql(db, "UPDATE audit_log SET id = 4 WHERE id = -1")
 
 
-def _truncate_tail(db: Path) -> None:
+def _truncate_tail(db: Db) -> None:
     _sql(db, "DELETE FROM audit_log WHERE id >= 3")
 
 
-def _rehash_newest(db: Path) -> None:
+def _rehash_newest(db: Db) -> None:
     """Edit the two newest rows and recompute both hashes: the table alone is consistent."""
     _sql(db, "UPDATE audit_log SET new_value = 'rewritten', user_id = 'someone' WHERE id >= 3")
     prev = _rehash(db, 3, _rows(db)[1][10])
     _rehash(db, 4, prev)
 
 
-TAMPERINGS: dict[str, Callable[[Path], None]] = {
+TAMPERINGS: dict[str, Callable[[Db], None]] = {
     "edit": _edit_newest,
     "delete": _delete_newest,
     "insert": _insert_after_newest,
@@ -137,8 +162,8 @@ def _team(tmp_path: Path) -> Path:
     return root
 
 
-def _four_applies(db: Path, root: Path) -> list[str]:
-    with ImprovementManager(db) as m:
+def _four_applies(db: Db, root: Path) -> list[str]:
+    with db.manager() as m:
         return [
             m.apply(_action(), path="agents/writer.md", new_content=f"v{i}", root=root).change_id
             for i in range(1, 5)
@@ -147,12 +172,12 @@ def _four_applies(db: Path, root: Path) -> list[str]:
 
 @pytest.mark.parametrize("tamper", sorted(TAMPERINGS))
 def test_tampering_with_the_database_alone_is_reported_after_ordinary_work(
-    tmp_path: Path, tamper: str
+    db: Db, tmp_path: Path, tamper: str
 ) -> None:
-    db, root = tmp_path / "h.db", _team(tmp_path)
+    root = _team(tmp_path)
     ids = _four_applies(db, root)
     TAMPERINGS[tamper](db)
-    with ImprovementManager(db) as m:  # opening recovers: never refused
+    with db.manager() as m:  # opening recovers: never refused
         before = root.joinpath("agents/writer.md").read_text()
         with pytest.raises(AuditChainBroken) as refused:
             m.apply(_action(), path="agents/writer.md", new_content="v9", root=root)
@@ -173,7 +198,7 @@ def test_tampering_with_the_database_alone_is_reported_after_ordinary_work(
             found = m.verify_audit_chain(repair=repair)
             kinds = [p.kind for p in found.problems]
             assert "chain_break" in kinds, (tamper, kinds)
-    with ImprovementManager(db) as m:  # and after reopening, and more ordinary work
+    with db.manager() as m:  # and after reopening, and more ordinary work
         assert m.rollback_last(reason="more ordinary work") is not None
         found = m.verify_audit_chain()
         (chain_break,) = [p for p in found.problems if p.kind == "chain_break"]
@@ -183,12 +208,12 @@ def test_tampering_with_the_database_alone_is_reported_after_ordinary_work(
 
 @pytest.mark.parametrize("tamper", sorted(TAMPERINGS))
 def test_an_administrator_acknowledges_a_break_and_applies_resume(
-    tmp_path: Path, tamper: str
+    db: Db, tmp_path: Path, tamper: str
 ) -> None:
-    db, root = tmp_path / "h.db", _team(tmp_path)
+    root = _team(tmp_path)
     _four_applies(db, root)
     TAMPERINGS[tamper](db)
-    with ImprovementManager(db) as m:
+    with db.manager() as m:
         with pytest.raises(PermissionRequired, match="admin"):
             m.acknowledge_audit_breaks(PLAIN_USER)
         with pytest.raises(AuditChainBroken):  # the refused acknowledgement wrote nothing
@@ -202,19 +227,21 @@ def test_an_administrator_acknowledges_a_break_and_applies_resume(
         assert any("acknowledged by Ada" in note for note in found.notes)
         # Rows whose content no longer matches their hash stay reported for good.
         leftover = {p.kind for p in found.problems}
-        assert leftover <= {"edited", "broken_link"}
-        assert bool(leftover) == (tamper in {"edit", "insert", "reorder"})
+        assert leftover <= {"edited", "broken_link", "unkeyed"}  # unkeyed: a planted row
+        # (rows rehashed without the key fail their keyed hash: edited, for good)
+        edited = {"edit", "insert", "reorder"} | ({"rehash_newest"} if db.key else set())
+        assert bool(leftover) == (tamper in edited)
         m.apply(_action(), path="agents/writer.md", new_content="v9", root=root)
         assert root.joinpath("agents/writer.md").read_text() == "v9"
 
 
 def test_a_rollback_over_a_break_starts_a_segment_whose_first_row_records_it(
-    tmp_path: Path,
+    db: Db, tmp_path: Path
 ) -> None:
-    db, root = tmp_path / "h.db", _team(tmp_path)
+    root = _team(tmp_path)
     _four_applies(db, root)
     _truncate_tail(db)
-    with ImprovementManager(db) as m:
+    with db.manager() as m:
         assert m.rollback_last() is not None
         entries = m.audit.entries()
     first_of_segment = entries[-2]
@@ -226,11 +253,11 @@ def test_a_rollback_over_a_break_starts_a_segment_whose_first_row_records_it(
     assert entries[-1].batch == first_of_segment.id
 
 
-def test_a_missing_head_file_counts_as_a_break(tmp_path: Path) -> None:
-    db, root = tmp_path / "h.db", _team(tmp_path)
+def test_a_missing_head_file_counts_as_a_break(db: Db, tmp_path: Path) -> None:
+    root = _team(tmp_path)
     _four_applies(db, root)
-    with Store(db) as store:
-        audit = AuditLog(store)
+    with db.store() as store:
+        audit = db.audit(store)
         audit.head_path.unlink()
         with pytest.raises(AuditChainBroken, match="missing or empty"):
             audit.append(agent_name="a", edit_type="e", old_value=1, new_value=2, user_id="u")
@@ -238,11 +265,9 @@ def test_a_missing_head_file_counts_as_a_break(tmp_path: Path) -> None:
         assert audit.verify_chain()
 
 
-def test_an_unreadable_head_counts_as_a_break_and_is_not_repaired_by_verify(
-    tmp_path: Path,
-) -> None:
-    with Store(tmp_path / "h.db") as store:
-        audit = AuditLog(store)
+def test_an_unreadable_head_counts_as_a_break_and_is_not_repaired_by_verify(db: Db) -> None:
+    with db.store() as store:
+        audit = db.audit(store)
         audit.append(agent_name="a", edit_type="e", old_value=1, new_value=2, user_id="u")
         audit.head_path.write_bytes(b"garbage".ljust(256))
         for _ in range(2):
@@ -254,43 +279,43 @@ def test_an_unreadable_head_counts_as_a_break_and_is_not_repaired_by_verify(
         assert [p.kind for p in audit.verify_chain().problems] == ["chain_break"]
 
 
-def test_a_forged_commit_looks_like_the_crash_state_only_without_a_key(tmp_path: Path) -> None:
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+def test_a_forged_commit_looks_like_the_crash_state_only_without_a_key(
+    store_url: str, tmp_path: Path, keyed: bool
+) -> None:
     """Without a key a well-formed appended commit is the documented crash state; with one,
     its hash fails and it is a break."""
-    for key in (None, KEY):
-        db = tmp_path / f"{'keyed' if key else 'plain'}.db"
-        with Store(db) as store:
-            audit = AuditLog(store, hmac_key=key)
-            for i in range(2):
-                audit.append(agent_name="a", edit_type="e", old_value=i, new_value=i, user_id="u")
-        last = _rows(db)[-1]
-        _sql(
-            db,
-            "INSERT INTO audit_log (id, timestamp, agent_name, edit_type, old_value, new_value,"
-            " user_id, user_name, change_id, prev_hash, row_hash, keyed, batch)"
-            " VALUES (3, ?, 'a', 'audit_break_acknowledged', NULL, '[]', 'u', NULL, NULL, ?,"
-            " 'x', ?, 3)",
-            last[1],
-            last[10],
-            int(key is not None),
-        )
-        _rehash(db, 3, last[10], key=None)  # the forger has no key
-        with Store(db) as store:
-            audit = AuditLog(store, hmac_key=key)
-            if key is None:
+    db = Db(store_url, tmp_path, KEY if keyed else None)
+    with db.store() as store:
+        audit = db.audit(store)
+        for i in range(2):
+            audit.append(agent_name="a", edit_type="e", old_value=i, new_value=i, user_id="u")
+    last = _rows(db)[-1]
+    _sql(
+        db,
+        "INSERT INTO audit_log (id, timestamp, agent_name, edit_type, old_value, new_value,"
+        " user_id, user_name, change_id, prev_hash, row_hash, keyed, batch)"
+        " VALUES (3, ?, 'a', 'audit_break_acknowledged', NULL, '[]', 'u', NULL, NULL, ?,"
+        " 'x', ?, 3)",
+        last[1],
+        last[10],
+        int(keyed),
+    )
+    _rehash(db, 3, last[10], key=None)  # the forger has no key
+    with db.store() as store:
+        audit = db.audit(store)
+        if not keyed:
+            audit.append(agent_name="a", edit_type="e", old_value=3, new_value=3, user_id="u")
+        else:
+            with pytest.raises(AuditChainBroken, match="does not match its hash"):
                 audit.append(agent_name="a", edit_type="e", old_value=3, new_value=3, user_id="u")
-            else:
-                with pytest.raises(AuditChainBroken, match="does not match its hash"):
-                    audit.append(
-                        agent_name="a", edit_type="e", old_value=3, new_value=3, user_id="u"
-                    )
 
 
-def test_a_forged_acknowledgement_does_not_count(tmp_path: Path) -> None:
-    db, root = tmp_path / "h.db", _team(tmp_path)
+def test_a_forged_acknowledgement_does_not_count(db: Db, tmp_path: Path) -> None:
+    root = _team(tmp_path)
     _four_applies(db, root)
     _truncate_tail(db)
-    with ImprovementManager(db) as m:
+    with db.manager() as m:
         m.rollback_last()
         break_id = m.audit.entries()[-2].id
     _sql(
@@ -301,7 +326,7 @@ def test_a_forged_acknowledgement_does_not_count(tmp_path: Path) -> None:
         " 'root-1', NULL, NULL, 'x', 'y', 0, 99)",
         json.dumps([break_id]),
     )
-    with ImprovementManager(db) as m:
+    with db.manager() as m:
         kinds = [p.kind for p in m.verify_audit_chain().problems]
     assert "chain_break" in kinds
 

@@ -1,38 +1,51 @@
 """A break in the audit chain as the faces show it: ``agentmend audit verify``, the MCP status,
-and ``agentmend audit acknowledge``, which only an administrator may run."""
+and ``agentmend audit acknowledge``, which only an administrator may run.
+
+On SQLite and on a real PostgreSQL server, each in its documented configuration (a PostgreSQL
+store is keyed through ``AGENTMEND_AUDIT_HMAC_KEY``, its head file kept in the workspace); the
+row is cut off through a plain database connection (:mod:`raw_sql`)."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
+from raw_sql import raw_execute
 
 from agents.faces.cli import main
 from agents.faces.mcp_tools import AgentmendTools
-from agents.faces.workspace import DB_NAME, Workspace
+from agents.faces.workspace import Workspace
 from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
 from infrastructure.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
-def _broken_workspace(folder: Path) -> None:
+@pytest.fixture
+def settings(store_url: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The workspace's store on each backend; a PostgreSQL one keyed, as documented."""
+    monkeypatch.setenv("AGENTMEND_STORE_URL", store_url)
+    if store_url.startswith("postgres"):
+        monkeypatch.setenv("AGENTMEND_AUDIT_HMAC_KEY", "kept-off-the-database-server")
+    else:  # SQLite's default: the store is the workspace's own file
+        monkeypatch.delenv("AGENTMEND_STORE_URL")
+    return Settings()
+
+
+def _broken_workspace(folder: Path, settings: Settings) -> None:
     """Three logged changes, the newest row cut off in the database alone, then a rollback."""
     action = ImprovementAction(
         target_agent="research-agent",
         action_type=ChangeType.PROMPT_MODIFICATION,
         confidence_score=0.9,
     )
-    with Workspace.open(folder, settings=Settings()) as ws:
+    with Workspace.open(folder, settings=settings) as ws:
         for _ in range(3):
             ws.manager.log_change(action, ChangeStatus.APPLIED)
-    conn = sqlite3.connect(folder / DB_NAME)
-    conn.execute("DELETE FROM audit_log WHERE id = 3")
-    conn.commit()
-    conn.close()
-    with Workspace.open(folder, settings=Settings(), create=False) as ws:
+        url = ws.store.url
+    raw_execute(url, "DELETE FROM audit_log WHERE id = 3")
+    with Workspace.open(folder, settings=settings, create=False) as ws:
         assert ws.manager.rollback_last(reason="ordinary work") is not None
 
 
@@ -42,10 +55,13 @@ def _verify(folder: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict
 
 
 def test_the_command_reports_a_break_until_an_administrator_acknowledges_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     folder = tmp_path / "ws"
-    _broken_workspace(folder)
+    _broken_workspace(folder, settings)
     capsys.readouterr()
     for _ in range(2):
         code, report = _verify(folder, capsys)
@@ -73,9 +89,13 @@ def test_the_command_reports_a_break_until_an_administrator_acknowledges_it(
 
 
 async def test_the_mcp_status_reports_the_break(tmp_path: Path) -> None:
+    """SQLite only for now: the MCP tools refuse to read a workspace without an
+    ``agentmend.db`` file in it (``AgentmendTools._require_existing``), which a workspace on a
+    PostgreSQL store never has."""
+    settings = Settings()
     folder = tmp_path / "ws"
-    _broken_workspace(folder)
-    tools = AgentmendTools(folder, project_root=tmp_path, settings=Settings())
+    _broken_workspace(folder, settings)
+    tools = AgentmendTools(folder, project_root=tmp_path, settings=settings)
     try:
         status = await tools.status()
     finally:

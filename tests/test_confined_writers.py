@@ -52,6 +52,10 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         {"os.open(", "os.ftruncate(", "os.write("},
         "the session's lock file in the workspace (its pid), not a team or project file",
     ),
+    "agents/faces/release_serving.py": (
+        {"os.open("},
+        "the lock file of a face's worker folder in the workspace, not a team or project file",
+    ),
     "agents/faces/mcp_stdin.py": ({"os.open("}, "/dev/null, read-only, for fd 0 while serving"),
     "infrastructure/llm/claude_agent_runtime.py": (
         {"shutil.", "tempfile.mkdtemp"},

@@ -171,7 +171,9 @@ def test_a_change_owned_by_a_watch_record_is_continued_not_rolled_back(
                       lease=lease.lease_id)  # fmt: skip
     with ImprovementManager(db) as reopened:
         assert reopened.recover() == []
-        assert reopened.leases.get(lease.lease_id) == replace(lease)
+        team = reopened.leases.get(lease.lease_id).team_id  # type: ignore[union-attr]
+        assert team is not None  # learnt from the change linked to it
+        assert reopened.leases.get(lease.lease_id) == replace(lease, team_id=team)
     assert (root / "a.md").read_text() == NEW["a.md"]
 
 
@@ -332,3 +334,42 @@ class _Approve:
         from infrastructure.changes.safety import GateVerdict
 
         return GateVerdict(gate="code-supervisor", passed=True, reason="test")
+
+
+def test_a_lease_is_keyed_by_the_team_of_its_changes(root: Path, tmp_path: Path) -> None:
+    from infrastructure.changes.team_ids import team_id
+
+    with ImprovementManager(tmp_path / "store.db") as manager:
+        lease_id, _ = _apply_leased(manager, root)
+        team = team_id(root, manager.store)
+        lease = manager.leases.get(lease_id)
+        assert lease is not None
+        assert lease.team_id == team
+        assert [x.lease_id for x in manager.leases.open_leases(team)] == [lease_id]
+        assert manager.leases.open_leases("team-000000000000") == []
+
+
+def test_a_store_from_before_team_keyed_leases_is_migrated_on_open(
+    root: Path, tmp_path: Path
+) -> None:
+    """A store whose leases table is at version 1: its open lease gets its changes' team."""
+    from infrastructure.changes.leases import Leases
+    from infrastructure.changes.team_ids import team_id
+    from infrastructure.store import Store
+
+    db = tmp_path / "store.db"
+    with Store(db) as store:
+        manager = ImprovementManager(store=store)
+        lease_id, _ = _apply_leased(manager, root)
+        with store.transaction() as conn:  # the lease as an agentmend without team keys left it
+            conn.execute("UPDATE leases SET team_id = NULL WHERE lease_id = ?", (lease_id,))
+            conn.execute("UPDATE schema_versions SET version = 1 WHERE component = 'leases'")
+            conn.execute("DROP INDEX leases_team")
+            conn.execute("ALTER TABLE leases DROP COLUMN team_id")
+        team = team_id(root, store)
+    with Store(db) as reopened:
+        leases = Leases(reopened)
+        assert reopened.schema_version("leases") == 2
+        lease = leases.get(lease_id)
+        assert lease is not None
+        assert lease.team_id == team

@@ -27,7 +27,7 @@ from infrastructure.settings import Settings
 from infrastructure.simulation import FaultKind
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = {"self_improve", "analyze", "status", "memory"}
+TOOLS = {"self_improve", "analyze", "run", "status", "memory"}
 TIMEOUT_S = 60.0
 
 DIFF_EXTEND = (
@@ -79,7 +79,7 @@ def _state(project: Path) -> tuple[dict[str, bytes], dict[str, int]]:
     return files, _counts(workspace / "agentmend.db")
 
 
-async def test_the_four_tools_are_listed_with_their_schemas(tools: AgentmendTools) -> None:
+async def test_the_five_tools_are_listed_with_their_schemas(tools: AgentmendTools) -> None:
     async with _client(tools) as client:
         listed = {tool.name: tool for tool in (await client.list_tools()).tools}
     assert set(listed) == TOOLS
@@ -109,6 +109,11 @@ async def test_the_four_tools_are_listed_with_their_schemas(tools: AgentmendTool
     assert (reproduce["type"], reproduce["default"]) == ("boolean", False)
     assert analyze.description is not None
     assert "runs its eval suite" in analyze.description
+    run = listed["run"]
+    assert run.input_schema["required"] == ["prompt"]
+    assert {"agent", "routingKey"} <= set(run.input_schema["properties"])
+    assert run.annotations is not None
+    assert run.annotations.destructive_hint is False
 
 
 BAD_REQUESTS: list[tuple[str, dict[str, Any], str]] = [
@@ -521,3 +526,26 @@ async def test_the_read_only_tools_never_create_a_workspace(project: Path) -> No
             assert _data(await client.call_tool("status", {}))["workspace"] == str(fresh)
     finally:
         await tools.aclose()
+
+
+async def test_the_status_of_a_workspace_whose_store_is_on_a_server(
+    project: Path, pg_url: str
+) -> None:
+    # its folder never holds an agentmend.db: the store is the server's, and status reads it
+    folder = project / "pg-ws"
+    settings = Settings(store_url=pg_url)
+    creator = AgentmendTools(folder, project_root=project, settings=settings)
+    try:
+        async with _client(creator) as client:
+            assert not (await client.call_tool("self_improve", {"action": "status"})).is_error
+    finally:
+        await creator.aclose()
+    assert not (folder / "agentmend.db").exists()
+    reader = AgentmendTools(folder, project_root=project, settings=settings)
+    try:
+        async with _client(reader) as client:
+            result = await client.call_tool("status", {})
+            assert not result.is_error, _text(result)
+            assert _data(result)["workspace"] == str(folder)
+    finally:
+        await reader.aclose()

@@ -3,7 +3,8 @@
 A real store written through the real monitor, change log, issue ledger and audit log; the rows
 are then aged (their timestamps moved 100 days back) so the policy has something to prune. The
 pruning tests run on both backends (a SQLite file, a PostgreSQL database of the test server);
-``agentmend store``, which reports SQLite's file sizes, on SQLite.
+the ``agentmend store`` test here on SQLite (its sizes on both backends are tested in
+``test_store_usage.py``).
 """
 
 from __future__ import annotations

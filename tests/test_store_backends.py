@@ -209,3 +209,37 @@ def test_reconnects_after_a_server_restart(pg_server: PgServer, tmp_path: Path) 
             conn.execute("INSERT INTO tally (name, n) VALUES ('after', 1)")
         names = {r[0] for r in store.connection().execute("SELECT name FROM tally")}
         assert names == {"before", "after"}
+
+
+def _holder_pid(store: Store) -> int:
+    """The server process holding this store's one advisory session lock, seen from outside."""
+    rows = (
+        store.connection()
+        .execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted")
+        .fetchall()
+    )
+    assert len(rows) == 1
+    return int(rows[0][0])
+
+
+def test_team_locks_reuse_pooled_sessions_and_survive_a_restart(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    """A team lock is held on a pooled connection (psycopg_pool): the next lock reuses its
+    server session instead of starting a new one, and after a server restart the dead pooled
+    connection is replaced without an error."""
+    url = pg_server.create_database()
+    with Store(url, files_dir=tmp_path) as store:
+        pids = []
+        for _ in range(3):
+            with store.team_lock("team-1"):
+                pids.append(_holder_pid(store))
+        assert len(set(pids)) == 1
+        assert pids[0] != store.connection().execute("SELECT pg_backend_pid()").fetchone()[0]
+        pg_server.restart_immediate()
+        with pytest.raises(StoreError):  # the store's own connection died with the server
+            store.connection().execute("SELECT 1")
+        with store.team_lock("team-1"):  # the pooled one too: replaced, not reported
+            assert _holder_pid(store) != pids[0]
+        with store.team_lock("team-1"):
+            assert _holder_pid(store) not in pids

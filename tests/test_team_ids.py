@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -58,3 +59,28 @@ def test_changes_record_their_team(store_url: str, tmp_path: Path) -> None:
             assert row[0] == team_id(root, store)
         finally:
             manager.close()
+
+
+def test_the_remembered_id_follows_the_file(store_url: str, tmp_path: Path) -> None:
+    """The id is remembered per root, and read again once its file is replaced or removed."""
+    root = tmp_path / "team"
+    root.mkdir()
+    with Store(store_url, files_dir=tmp_path) as store:
+        first = team_id(root, store)
+        old = (root / TEAM_ID_FILE).stat().st_mtime_ns - 5_000_000_000
+        os.utime(root / TEAM_ID_FILE, ns=(old, old))  # settled: the next read is remembered
+        assert team_id(root, store) == first
+        assert team_id(root, store) == first
+        replacement = root / ".agent" / "new-id"
+        replacement.write_text("team-aaaaaaaaaaaa\n")
+        os.replace(replacement, root / TEAM_ID_FILE)  # a team folder copied over this one
+        assert team_id(root, store) == "team-aaaaaaaaaaaa"
+        assert team_roots(store, "team-aaaaaaaaaaaa") == {
+            socket.gethostname(): str(root.absolute())
+        }
+        (root / TEAM_ID_FILE).write_text("team-bbbbbbbbbbbb\n")  # same size, rewritten in place
+        assert team_id(root, store) == "team-bbbbbbbbbbbb"
+        (root / TEAM_ID_FILE).unlink()
+        made = team_id(root, store)
+        assert made not in (first, "team-aaaaaaaaaaaa", "team-bbbbbbbbbbbb")
+        assert (root / TEAM_ID_FILE).read_text().strip() == made

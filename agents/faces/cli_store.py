@@ -73,7 +73,7 @@ def _run_store(args: argparse.Namespace) -> int:
         usage = store_usage(workspace.store)
     if args.json:
         data: dict[str, Any] = {
-            "path": str(workspace.store.path),
+            "path": workspace.store.display,  # the file, or the server and database
             "file_bytes": usage.file_bytes,
             "wal_bytes": usage.wal_bytes,
             "kinds": {k.kind: {"rows": k.rows, "bytes": k.bytes} for k in usage.kinds},
@@ -85,7 +85,8 @@ def _run_store(args: argparse.Namespace) -> int:
     out = console()
     if result is not None:
         out.print(f"pruned {result.runs_deleted} runs and {result.decisions_deleted} decisions")
-    out.print(f"{workspace.store.path}: {_size(usage.file_bytes)} (+ {_size(usage.wal_bytes)} WAL)")
+    wal = "" if usage.wal_bytes is None else f" (+ {_size(usage.wal_bytes)} WAL)"
+    out.print(f"{workspace.store.display}: {_size(usage.file_bytes)}{wal}")
     for kind in usage.kinds:
         size = "size unknown" if kind.bytes is None else _size(kind.bytes)
         out.print(f"  {kind.kind:<10} {kind.rows:>12,} rows  {size:>10}")

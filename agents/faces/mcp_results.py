@@ -23,6 +23,7 @@ from infrastructure.code_update.code_plans import (
     RollbackResult,
     UpdateStatus,
 )
+from infrastructure.llm.base import AgentResult
 from infrastructure.models import IssueReport, RootCauseAnalysis
 from infrastructure.store import Store
 
@@ -39,10 +40,13 @@ __all__ = [
     "plan_approved_output",
     "plan_created_output",
     "rollback_output",
+    "run_output",
     "status_text",
 ]
 
 MAX_TEXT_CHARS = 20_000
+MAX_ANSWER_CHARS = 4_000
+"""An agent's answer is cut to this many characters in the ``run`` tool's answer."""
 
 
 class ToolOutput(BaseModel):
@@ -272,11 +276,53 @@ def code_smell_output(analysis: CodeAnalysis) -> ToolOutput:
 # -- status ------------------------------------------------------------------------------------
 
 
+def run_output(
+    results: Mapping[str, AgentResult[Any]],
+    issues: list[IssueReport],
+    *,
+    release: Mapping[str, object] | None,
+    routing_key: str | None,
+) -> ToolOutput:
+    """The ``run`` tool's answer: each agent's outcome and text, the release that served it."""
+    runs = [
+        {
+            "agent": name,
+            "success": result.success,
+            "text": result.text[:MAX_ANSWER_CHARS],
+            "error": str(result.error) if result.error is not None else None,
+            "durationMs": round(result.duration_ms, 1),
+        }
+        for name, result in sorted(results.items())
+    ]
+    data: dict[str, Any] = {
+        "routingKey": routing_key,
+        "release": dict(release) if release is not None else None,
+        "runs": runs,
+        "issues": [{"agent": i.agent_name, "kind": i.error_type} for i in issues],
+    }
+    served = (
+        f"release v{release['release']} ({release['arm']})"
+        if release is not None
+        else "the team folder"
+    )
+    ok = sum(result.success for result in results.values())
+    lines = [f"Served by {served}; {ok} of {len(runs)} run(s) ok"]
+    for run in runs:
+        outcome = "ok" if run["success"] else f"FAILED: {run['error']}"
+        lines.append(f"### {run['agent']} ({outcome})\n{run['text']}")
+    for issue in data["issues"]:
+        lines.append(f"Issue detected in {issue['agent']}: {issue['kind']}")
+    return ToolOutput(text="\n\n".join(lines)[:MAX_TEXT_CHARS], data=data)
+
+
 def status_text(
     data: dict[str, Any], agents: list[dict[str, Any]], cycle: dict[str, Any] | None
 ) -> str:
     """The ``status`` tool's text, from its data (workspace, provider, plans) and the agents."""
-    lines = [f"agentmend workspace {data['workspace']} ({data['provider']})", "Agents:"]
+    lines = [f"agentmend workspace {data['workspace']} ({data['provider']})"]
+    if data.get("releases") is not None:
+        lines.append(f"Releases: {data['releases']['text']}")
+    lines.append("Agents:")
     for a in agents:
         if a["executions"]:
             lines.append(

@@ -1,4 +1,4 @@
-"""The MCP server: agentmend's workspace as four orthogonal tools over stdio.
+"""The MCP server: agentmend's workspace as five orthogonal tools over stdio.
 
 Run ``python -m agents.mcp_server`` (or the ``agentmend-mcp`` console script) from the project
 an editor or agent works on. It opens the same workspace as the interactive session
@@ -18,7 +18,13 @@ the rule that fewer, orthogonal tools make more workflows possible:
   mediator's questions are runs of the agent on a model provider, ``reproduce`` runs the eval
   suite, each with the agent's own tools) and records what it did. It is marked
   non-destructive instead.
-- ``status``: each agent's metrics, pending plans, the last execution and the last cycle.
+- ``run``: ``prompt`` (and ``agent``) -> the team's answers, every run recorded; detection looks,
+  nothing is applied. When the team has releases the server is a worker: it follows them
+  (``--follow-releases``, ``--release``; see ``agents.faces.release_serving``) and each call is
+  served by the release its ``routingKey`` draws (a random key when none is given), the canary
+  for its share; the answer names the release and arm.
+- ``status``: each agent's metrics, pending plans, the last execution and the last cycle, and
+  the release served (or that the store is out of reach and the last release runs on).
 - ``memory``: ``query`` history | decisions | audit | config.
 
 Errors: a request that cannot be carried out (unknown action, missing ``planId``, unknown agent,
@@ -73,7 +79,8 @@ _INSTRUCTIONS = (
     "the human approval), execute it (reviewed, applied with backups, compiled and tested, "
     "rolled back automatically on failure), check status, or roll it back with a reason. "
     "analyze: diagnose an agent (nothing is applied; reproduce=true runs its eval suite first) "
-    "or a project file. status: agents' "
+    "or a project file. run: ask the team (routingKey: a user or conversation id keeps one "
+    "caller on one release). status: agents' "
     "health, pending plans, the last cycle. memory: history, decisions, audit or config."
 )
 
@@ -177,6 +184,36 @@ def build_server(tools: AgentmendTools) -> "MCPServer":
         return await answer(tools.analyze(agent, path, description, reproduce))
 
     @server.tool(
+        name="run",
+        # the agents run and the runs are recorded; nothing is changed, hence not destructive
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, open_world_hint=False
+        ),
+        structured_output=False,
+    )
+    async def run(
+        prompt: Annotated[str, Field(description="The task or question for the team")],
+        agent: Annotated[
+            str | None, Field(description="Run only this agent (default: every agent)")
+        ] = None,
+        routingKey: Annotated[  # camelCase, as the other tools' arguments
+            str | None,
+            Field(
+                description="Picks the release that serves this call when the team has a "
+                "canary: a user or conversation id keeps one caller on one release (default: "
+                "a random key per call)"
+            ),
+        ] = None,
+    ) -> CallToolResult:
+        """Run the team (or one agent) on a prompt and return the answers.
+
+        Every run is recorded and detection looks at it; no change is applied. When the team
+        publishes releases, the call is served by the release its routingKey draws (the
+        canary for its share of keys, else the stable release) and the answer says which.
+        """
+        return await answer(tools.run(prompt, agent, routingKey))
+
+    @server.tool(
         name="status",
         annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
         structured_output=False,
@@ -227,6 +264,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"the project root for code updates (default: {PROJECT_ROOT_ENV}, else the "
         "current directory)",
     )
+    parser.add_argument(
+        "--follow-releases",
+        choices=["auto", "on", "off"],
+        help="serve the team's releases, canary included (default: AGENTMEND_FOLLOW_RELEASES, "
+        "else auto: when the team has published one)",
+    )
+    parser.add_argument("--release", type=int, help="serve this release only (no canary)")
     parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
     return parser.parse_args(argv)
 
@@ -302,8 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     from infrastructure.structured_logger import configure_logging
 
     args = _parse_args(argv)
+    overrides: dict[str, object] = {"store_url": args.store} if args.store else {}
+    if args.follow_releases:
+        overrides["follow_releases"] = args.follow_releases
+    if args.release is not None:
+        overrides["serve_release"] = args.release
     try:
-        settings = load_settings(**({"store_url": args.store} if args.store else {}))
+        settings = load_settings(**overrides)
     except InvalidSetting as exc:  # one line and exit 2, as every face says it
         sys.stderr.write(f"agentmend-mcp: {exc}\n")
         return 2

@@ -10,7 +10,10 @@ Opening is lazy and retried: the first call opens the workspace (``agents.faces.
 cannot be opened, that call and every later one fail with the problem, until it can. The tools
 that only read (``status``, ``memory``, marked ``readOnlyHint``) open an existing workspace and
 never create one: on a missing folder or store they fail naming it, and write nothing. The
-others (``self_improve``, ``analyze``) create it on first use. The
+others (``self_improve``, ``analyze``, ``run``) create it on first use. When the team has
+published releases, opening also starts following them (``agents.faces.release_serving``):
+``run`` is then served by the release its routing key draws, and ``status`` names it; a pinned
+release the team does not have makes every call an error naming it. The
 provider's runtimes are built the same way: a provider that cannot run (no API key, no SDK) is
 tried again by every call that needs a model, so setting the key later needs no restart; calls
 that need none (``status``, ``memory``, code plans) work meanwhile.
@@ -37,8 +40,10 @@ from agents.faces.mcp_results import (
     plan_approved_output,
     plan_created_output,
     rollback_output,
+    run_output,
     status_text,
 )
+from agents.faces.release_serving import ServedReleases, release_status_data, serve_releases
 from agents.faces.workspace import DB_NAME, Workspace
 from agents.loop.code_review import CodeAnalyst, CodeReviewer
 from agents.roles.ask_agent_tool import AskAgentTool
@@ -47,9 +52,10 @@ from agents.roles.team import UnknownAgent
 from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.code_update.updater import CodeUpdater, FileOperation
-from infrastructure.errors import AgentmendError, SpecError
+from infrastructure.errors import AgentmendError, SpecError, WrongArgumentType
 from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime
+from infrastructure.releases.routing import new_run_key
 from infrastructure.settings import Settings, load_settings
 from infrastructure.spec import load_agent_specs
 from infrastructure.structured_logger import get_logger
@@ -116,6 +122,7 @@ class AgentmendTools:
         self._team_runtime: AgentRuntime | None = None
         self._roles_runtime: AgentRuntime | None = None
         self._orchestrator: MetaOrchestrator | None = None
+        self._served: ServedReleases | None = None
         self._analyze_lock = asyncio.Lock()
 
     # -- opening ---------------------------------------------------------------------------
@@ -145,6 +152,16 @@ class AgentmendTools:
             if str(self.workspace_path) not in problem:
                 problem = f"workspace {self.workspace_path} cannot be opened: {problem}"
             raise BadRequest(problem) from exc
+        try:  # a worker asked for a release the team does not have is refused here, named
+            self._served = serve_releases(
+                workspace,
+                face="mcp",
+                mode=workspace.settings.follow_releases,
+                pin=workspace.settings.serve_release,
+            )
+        except AgentmendError as exc:
+            workspace.close()
+            raise BadRequest(f"cannot follow the team's releases: {exc}") from exc
         self._workspace = workspace
         log.info("workspace_opened", path=str(workspace.path), provider=workspace.settings.provider)
         self._build_runtimes()
@@ -155,10 +172,16 @@ class AgentmendTools:
         path = self.workspace_path
         if path.exists() and not path.is_dir():
             return  # Workspace.open names that problem ("it is a file")
+        try:
+            url = (self._settings if self._settings is not None else load_settings()).store_url
+        except AgentmendError:
+            return  # opening reports the setting that cannot be used
         if not path.exists():
             missing = "the folder does not exist"
-        elif not (path / DB_NAME).is_file():
-            missing = f"it has no store ({DB_NAME})"
+        elif url is not None and url.startswith(("postgresql://", "postgres://")):
+            return  # a server's store: opening it reads what is there, and creates no file
+        elif not (Path(url.removeprefix("sqlite://")) if url else path / DB_NAME).is_file():
+            missing = f"it has no store ({url or DB_NAME})"
         else:
             return
         raise BadRequest(
@@ -208,10 +231,14 @@ class AgentmendTools:
                 team_runtime=self._team_runtime,
                 roles_runtime=self._roles_runtime,
                 auto_improve=False,
+                releases=self._served.follower if self._served is not None else None,
             )
         return self._orchestrator
 
     async def aclose(self) -> None:
+        if self._served is not None:
+            self._served.close()  # before the store it polls is closed
+            self._served = None
         if self._workspace is not None:
             await self._workspace.aclose()
             self._workspace = None
@@ -383,6 +410,40 @@ class AgentmendTools:
             return core_update_output(await analyst.propose_core_update(path, description))
         return code_smell_output(await analyst.analyze_code_smell(path))
 
+    # -- run -------------------------------------------------------------------------------
+
+    async def run(
+        self, prompt: str, agent: str | None = None, routing_key: object = None
+    ) -> ToolOutput:
+        """Run the team (or one ``agent``) on ``prompt``, recorded; detection looks, nothing
+        is applied. With releases, ``routing_key`` picks the release (None: a random key).
+
+        Raises:
+            WrongArgumentType: ``routing_key`` is not a string.
+        """
+        self._check_arguments(prompt=prompt, agent=agent, routingKey=routing_key)
+        if routing_key is not None and not isinstance(routing_key, str):
+            raise WrongArgumentType("routing key", routing_key, "must be a string (a user id)")
+        if not prompt or not prompt.strip():
+            raise BadRequest("prompt is required")
+        orchestrator = self.orchestrator()
+        key = routing_key if routing_key is not None else new_run_key()
+        if agent is not None:
+            if agent not in orchestrator.team:
+                raise BadRequest(str(UnknownAgent(agent, orchestrator.team.names)))
+            result = await orchestrator.team.run(agent, prompt, routing_key=key)
+            results, issues = {agent: result}, []
+        else:
+            task = await orchestrator.execute_task(prompt, routing_key=key)
+            results, issues = task.results, task.issues
+        choice = self._served.follower.chosen(key) if self._served is not None else None
+        return run_output(
+            results,
+            issues,
+            release=choice.tags() if choice is not None else None,
+            routing_key=routing_key,
+        )
+
     # -- status and memory -----------------------------------------------------------------
 
     async def status(self) -> ToolOutput:
@@ -420,9 +481,11 @@ class AgentmendTools:
         code = (await self._code_status()).data
         cycle = last_cycle(workspace.store)
         chain = workspace.manager.verify_audit_chain(repair=False)
+        served = self._served.follower.status() if self._served is not None else None
         data = {
             "workspace": str(workspace.path),
             "provider": workspace.settings.provider,
+            "releases": release_status_data(served) if served is not None else None,
             "projectRoot": str(self.project_root),
             "agents": agents,
             **code,

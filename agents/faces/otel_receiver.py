@@ -346,6 +346,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--token", help="require this bearer token (default: $AGENTMEND_OTLP_TOKEN, else none)"
     )
     parser.add_argument(
+        "--team",
+        metavar="TEAM_ID",
+        help="attribute runs labelled agentmend.release to this team's releases (default: the "
+        "workspace's team, when it has an id)",
+    )
+    parser.add_argument(
         "--max-body-bytes", type=int, default=16 * 1024 * 1024, help="largest body accepted"
     )
     parser.add_argument(
@@ -375,6 +381,21 @@ def _store_location(args: argparse.Namespace) -> tuple[str | Path, Path]:
     return folder / DB_NAME, folder
 
 
+def _release_attribution(
+    args: argparse.Namespace, store: Any, folder: Path
+) -> Callable[[object, object], Any] | None:
+    """Resolves release labels for ``--team``, else the workspace's team (None: no team)."""
+    from agents.faces.release_serving import existing_team_id
+    from agents.faces.workspace import TEAM_DIR_NAME
+    from infrastructure.releases.attribution import ReleaseAttribution
+    from infrastructure.releases.release_log import ReleaseLog
+
+    team = getattr(args, "team", None) or existing_team_id(folder / TEAM_DIR_NAME)
+    if team is None:
+        return None
+    return ReleaseAttribution(ReleaseLog(store, team)).tags
+
+
 def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | None = None) -> int:
     """Serve until interrupted; the exit code (2 bad arguments, 3 store unavailable)."""
     from infrastructure.monitoring.performance_monitor import PerformanceMonitor
@@ -399,8 +420,17 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
     monitor = PerformanceMonitor(store)
     token = args.token or os.environ.get("AGENTMEND_OTLP_TOKEN") or None
     try:
+        attribute = _release_attribution(args, store, folder)
+    except AgentmendError as exc:
+        sys.stderr.write(f"agentmend: {exc}\n")
+        monitor.close()
+        store.close()
+        return 2
+    try:
         receiver = OtlpReceiver(
-            TraceAssembler(monitor.record, orphan_timeout_s=args.orphan_timeout),
+            TraceAssembler(
+                monitor.record, orphan_timeout_s=args.orphan_timeout, attribute=attribute
+            ),
             host=args.host,
             port=args.port,
             token=token,

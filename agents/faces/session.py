@@ -4,7 +4,9 @@
     agentmend session --provider anthropic --agents .claude/agents
     python main.py --demo                  a scripted scenario, non-interactive, exits 0
 
-``python main.py``, ``python -m agents`` and ``agentmend session`` all start it.
+``python main.py``, ``python -m agents`` and ``agentmend session`` all start it. When the team
+has published releases the session is one of its workers: it serves them, the canary for its
+share (``agents.faces.release_serving``), and publishes what its cycles keep as the next release.
 
 Commands are read one line at a time from standard input, so the session can be scripted with a
 pipe. Ctrl-C during a cycle aborts the cycle; whatever it had applied is rolled back. The end of
@@ -22,9 +24,7 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -40,6 +40,8 @@ from agents.faces.console_views import (
     status_table,
     task_table,
 )
+from agents.faces.release_serving import ServedReleases, release_status_line, serve_releases
+from agents.faces.session_input import LineReader, add_arguments, parse_args, settings_overrides
 from agents.faces.session_lock import SessionLock
 from agents.faces.workspace import Workspace
 from agents.loop.cycle import CycleEvent, CycleResult
@@ -56,6 +58,8 @@ from infrastructure.simulation import FaultKind, SimulatedRuntime
 from infrastructure.structured_logger import configure_logging, get_logger
 
 T = TypeVar("T")
+
+__all__ = ["LineReader", "Session", "add_arguments", "main", "parse_args", "run"]
 
 log = get_logger(__name__)
 
@@ -77,70 +81,22 @@ _KEY_PROVIDERS = {"anthropic", "claude-agent-sdk"}
 _YES_NO = {"y", "yes", "n", "no"}
 
 
-def add_arguments(parser: argparse.ArgumentParser, *, workspace: bool = True) -> None:
-    """The session's flags, shared by ``main.py`` and ``agentmend session``."""
-    if workspace:
-        parser.add_argument("--workspace", type=Path, help="workspace folder (default .agentmend)")
-        parser.add_argument(
-            "--store",
-            metavar="URL",
-            help="the store: a SQLite file or postgresql://user@host/db (default "
-            "AGENTMEND_STORE_URL, else the workspace's agentmend.db)",
-        )
-    parser.add_argument(
-        "--provider",
-        choices=["offline", "anthropic", "claude-agent-sdk"],
-        help="which runtime runs the agents and the roles (default offline)",
-    )
-    parser.add_argument("--agents", type=Path, help="a folder of agent definitions to run")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the simulated team")
-    parser.add_argument("--demo", action="store_true", help="run the scripted demo and exit")
-    parser.add_argument("--verbose", action="store_true", help="log every step to stderr")
-
-
-def parse_args(argv: list[str] | None, prog: str = "main.py") -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return parser.parse_args(argv)
-
-
-class LineReader:
-    """Standard input as an async queue of lines, read by one daemon thread.
-
-    One reader for the whole session means a prompt inside a cycle (y/n) and the command
-    loop never race for the same line, and a prompt can time out without a stuck thread.
-    The end of input is for good: once seen, every later read is None at once, so no prompt
-    after it waits for a line that cannot come.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
-        self._loop = loop
-        self.ended = False
-        threading.Thread(target=self._pump, name="stdin-reader", daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in sys.stdin:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, line.rstrip("\n"))
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
-
-    async def read(self) -> str | None:
-        """The next line, or None at (and after) the end of input."""
-        if self.ended:
-            return None
-        line = await self._queue.get()
-        if line is None:
-            self.ended = True
-        return line
-
-
 class Session:
     """The interactive loop: reads commands, runs the team and the cycle, shows each step."""
 
     def __init__(
-        self, workspace: Workspace, console: Console, reader: LineReader, *, seed: int
+        self,
+        workspace: Workspace,
+        console: Console,
+        reader: LineReader,
+        *,
+        seed: int,
+        served: ServedReleases | None = None,
+        routing_key: str | None = None,
     ) -> None:
         self.workspace = workspace
+        self.served = served
+        self.routing_key = routing_key
         self.console = console
         self.reader = reader
         self.interactive = sys.stdin.isatty()
@@ -157,6 +113,8 @@ class Session:
             confirm_cycle=self._confirm_cycle,
             approval_callback=self._approve_change,
             on_progress=self._show_event,
+            releases=served.follower if served is not None else None,
+            publisher=served.publisher() if served is not None else None,
         )
         self._work: asyncio.Task[Any] | None = None
         self._interrupted = False
@@ -239,6 +197,7 @@ class Session:
                 style="bold",
             )
         )
+        self._print_releases()
         while True:
             if self.interactive:
                 self.console.print("agentmend> ", end="")
@@ -290,7 +249,9 @@ class Session:
         await handler(args)
 
     async def ask(self, question: str) -> None:
-        task = await self._abortable(self.orchestrator.execute_task(question))
+        task = await self._abortable(
+            self.orchestrator.execute_task(question, routing_key=self.routing_key)
+        )
         if task is None:
             return
         self.console.print(task_table(task, simulated=self._simulated()))
@@ -299,7 +260,16 @@ class Session:
         for issue in task.declined:
             self.console.print(Text(f"cycle declined for {issue.agent_name}", style="yellow"))
 
+    def _print_releases(self) -> None:
+        if self.served is not None:
+            status = self.served.follower.status()
+            self.console.print(
+                Text(release_status_line(status), style="yellow" if not status.connected else ""),
+                soft_wrap=True,
+            )
+
     async def status(self, _: list[str]) -> None:
+        self._print_releases()  # first: it holds even when the store is out of reach
         orchestrator = self.orchestrator
         metrics = orchestrator.monitor.get_metrics()
         stats = {name: orchestrator.detector.statistics(name) for name in metrics}
@@ -558,9 +528,22 @@ async def _session(args: argparse.Namespace, settings: Settings, console: Consol
                     style="yellow",
                 )
             )
-        session = Session(
-            workspace, console, LineReader(asyncio.get_running_loop()), seed=args.seed
+        served = serve_releases(
+            workspace, face="session", mode=settings.follow_releases, pin=settings.serve_release
         )
+        try:
+            session = Session(
+                workspace,
+                console,
+                LineReader(asyncio.get_running_loop()),
+                seed=args.seed,
+                served=served,
+                routing_key=getattr(args, "routing_key", None),
+            )
+        except BaseException:
+            if served is not None:
+                served.close()
+            raise
         loop = asyncio.get_running_loop()
         main_task = asyncio.current_task()
 
@@ -576,12 +559,14 @@ async def _session(args: argparse.Namespace, settings: Settings, console: Consol
             console.print("\nbye")
             return 130
         finally:
+            if served is not None:
+                served.close()  # before the store it polls is closed
             await workspace.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python main.py``: parse the session's flags and run it."""
-    return run(parse_args(argv))
+    return run(parse_args(argv, description=__doc__.splitlines()[0]))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -589,13 +574,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
     # no markup: text such as "/rollback [ID]" or an agent's answer is shown as it is
     console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
-    overrides: dict[str, Any] = {}
-    if args.provider:
-        overrides["provider"] = args.provider
-    if getattr(args, "store", None):
-        overrides["store_url"] = args.store
     try:
-        settings = load_settings(**overrides)
+        settings = load_settings(**settings_overrides(args))
         _check_provider(settings)
         if args.demo:
             from agents.faces.demo import run_demo

@@ -46,6 +46,7 @@ from infrastructure.store import Store
 
 if TYPE_CHECKING:
     from agents.loop.meta_orchestrator import MetaOrchestrator
+    from infrastructure.releases.follower import ReleaseFollower
 
 __all__ = [
     "DB_NAME",
@@ -257,6 +258,7 @@ class Workspace:
         team_runtime: AgentRuntime | None = None,
         roles_runtime: AgentRuntime | None = None,
         seed: int = 0,
+        releases: ReleaseFollower | None = None,
         **options: Any,
     ) -> MetaOrchestrator:
         """A ``MetaOrchestrator`` on this workspace's store, monitor and team folder.
@@ -264,7 +266,8 @@ class Workspace:
         Runtimes default to the configured provider's (``runtimes``). ``options`` go to the
         orchestrator (``auto_improve``, ``approval_callback``, ``confirm_cycle``,
         ``on_progress``, ``principal``, ...). It shares the workspace's store and monitor and
-        does not close them.
+        does not close them. ``releases``: serve each run from the release its routing key
+        draws (``agents.faces.release_serving``); cycles still change the team folder.
 
         Raises:
             ConfigurationError: the provider cannot be used, or the team folder is invalid.
@@ -276,7 +279,7 @@ class Workspace:
             default_team, default_roles = self.runtimes(seed=seed)
             team_runtime = team_runtime or default_team
             roles_runtime = roles_runtime or default_roles
-        team = AgentTeam(self.team_dir, team_runtime, monitor=self.monitor)
+        team = AgentTeam(self.team_dir, team_runtime, monitor=self.monitor, releases=releases)
         orchestrator = MetaOrchestrator(
             team,
             roles_runtime=roles_runtime,

@@ -76,7 +76,9 @@ class AgentTeam:
         monitor: where every run is recorded (None: runs are not recorded).
         releases: follow the team's releases (``directory`` is then the follower's team
             link): each run is served by the release the follower chooses for its routing
-            key (the canary for its share) and its record carries that release.
+            key (the canary for its share) and its record carries that release. A
+            ``directory`` other than the link (the team folder a face's cycles change) keeps
+            its own definitions for the cycle while runs are served from the releases.
     """
 
     def __init__(
@@ -214,7 +216,12 @@ class AgentTeam:
 
     def _served_spec(self, choice: ReleaseChoice, name: str) -> AgentSpec:
         """``name``'s definition in the chosen release (read once: a release never changes)."""
-        if choice.arm == "stable" and self._specs_directory != choice.directory.resolve():
+        following_link = self.releases is not None and self.directory == self.releases.team_dir
+        if (
+            following_link
+            and choice.arm == "stable"
+            and self._specs_directory != choice.directory.resolve()
+        ):
             self.reload()  # the stable release moved on: names and specs follow it
         specs = self._release_specs.get(choice.directory)
         if specs is None:

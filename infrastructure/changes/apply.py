@@ -94,7 +94,7 @@ def record_intent(
     group_id: str | None,
     session_id: str,
     applied_by: str,
-    link: Callable[[StoreConnection, list[str]], None] | None = None,
+    link: Callable[[StoreConnection, list[str], str], None] | None = None,
 ) -> datetime:
     """Steps 2 and 3: read the old bytes, record the changes PENDING; returns their time.
 
@@ -104,6 +104,7 @@ def record_intent(
     for item in items:
         item.old = confined.read(root, item.target)
     created = utc_now()
+    team = team_id_of(root, store)
     with store.transaction(durable=True) as conn:
         for item in items:
             item.seq = changes.insert(
@@ -116,11 +117,11 @@ def record_intent(
                 created=created,
                 group_id=group_id,
                 root=str(root),
-                team_id=team_id_of(root, store),
+                team_id=team,
             )
             changes.insert_file(conn, item.stored())
         if link is not None:
-            link(conn, [item.change_id for item in items])
+            link(conn, [item.change_id for item in items], team)
     return created
 
 

@@ -142,6 +142,15 @@ _MIGRATIONS: list[str | dict[Backend, str]] = [
         "sqlite": "",
         "postgresql": "CREATE UNIQUE INDEX audit_log_one_successor ON audit_log (prev_hash)",
     },
+    # ...except a break row: the segment it starts continues from the newest row, which a
+    # tampered table (rows reordered) may already show with a successor, and a rollback or
+    # recovery over a break must never be refused
+    {
+        "sqlite": "",
+        "postgresql": "DROP INDEX audit_log_one_successor;"
+        " CREATE UNIQUE INDEX audit_log_one_successor ON audit_log (prev_hash)"
+        f" WHERE edit_type <> '{BREAK_EDIT_TYPE}'",
+    },
 ]
 
 _COLUMNS = (
@@ -330,22 +339,12 @@ class AuditLog:
         # The next id comes from the table's id sequence, not max(id): rows cut off the end
         # leave a gap that verification reports even after new rows are appended.
         seq = next_id(conn, "audit_log") - 1
-        newest = conn.execute(
-            "SELECT id, row_hash, batch FROM audit_log ORDER BY id DESC LIMIT 1"
-        ).fetchone()
-        tail: list[AuditEntry] = []
-        if newest is not None:
-            start = min(int(newest[2]), int(newest[0]))
-            before = conn.execute(
-                f"SELECT {_COLUMNS} FROM audit_log WHERE id < ? ORDER BY id DESC LIMIT 1",
-                (start,),
-            ).fetchall()
-            commit = conn.execute(
-                f"SELECT {_COLUMNS} FROM audit_log WHERE id >= ? ORDER BY id", (start,)
-            ).fetchall()
-            tail = [_entry(r) for r in (*before, *commit)]
-        following = max(seq, int(newest[0]) if newest else 0) + 1
-        prev_hash = str(newest[1]) if newest else GENESIS_HASH
+        # The newest commit's rows (they share its first row's id as ``batch``) and the row
+        # before them, in one statement.
+        tail = [_entry(r) for r in conn.execute(_TAIL_QUERY)]
+        newest = tail[-1] if tail else None
+        following = max(seq, newest.id if newest else 0) + 1
+        prev_hash = newest.row_hash if newest else GENESIS_HASH
         return (following, prev_hash), find_break(head, unreadable, tail, self._verifies)
 
     def ensure_appendable(self) -> None:
@@ -505,6 +504,16 @@ def _fields(row: AuditEntry) -> tuple[Any, ...]:
         row.id, row.timestamp.isoformat(), row.agent_name, row.edit_type, row.old_value,
         row.new_value, row.user_id, row.user_name, row.change_id, row.prev_hash, row.batch,
     )  # fmt: skip
+
+
+_TAIL_QUERY = (
+    "WITH newest AS (SELECT CASE WHEN batch < id THEN batch ELSE id END AS start"
+    " FROM audit_log ORDER BY id DESC LIMIT 1)"
+    f" SELECT {_COLUMNS} FROM audit_log WHERE id >= coalesce("
+    "(SELECT max(id) FROM audit_log WHERE id < (SELECT start FROM newest)),"
+    " (SELECT start FROM newest)) ORDER BY id"
+)
+"""The newest commit's rows and the one row before them (what :func:`find_break` checks)."""
 
 
 def _entry(row: tuple[Any, ...]) -> AuditEntry:

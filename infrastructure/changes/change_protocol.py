@@ -294,9 +294,9 @@ class ChangeProtocol:
         owner is gone (:mod:`~infrastructure.changes.abandoned`); returns the changes settled."""
         return self.recovery.recover() + self.abandoned.settle()
 
-    def _linker(self, lease_id: str) -> Callable[[StoreConnection, list[str]], None]:
-        def link(conn: StoreConnection, change_ids: list[str]) -> None:
-            self.leases.link(conn, lease_id, change_ids)
+    def _linker(self, lease_id: str) -> Callable[[StoreConnection, list[str], str], None]:
+        def link(conn: StoreConnection, change_ids: list[str], team_id: str) -> None:
+            self.leases.link(conn, lease_id, change_ids, team_id)
 
         return link
 

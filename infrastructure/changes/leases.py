@@ -15,6 +15,11 @@ recovery revokes only a lease still held. A lost lease's changes are settled by 
 the host where their files live (:mod:`infrastructure.changes.abandoned`); any other process
 only revokes.
 
+A lease is keyed by the team whose changes it holds (``team_id``, the id every host agrees on,
+:mod:`infrastructure.changes.team_ids`), not by a root path, which differs per host: it is
+set when the lease's first change is linked (or given on acquiring, by a rollout), and a
+store from before team ids gets its open leases' team filled in from their changes on open.
+
 A process owner renews its lease while it works (:class:`LeaseKeeper`, a thread); the times are
 wall-clock seconds (``time.time()``), compared across hosts with ``LeaseTerms.clock_skew_s`` of
 slack. A record owner's lease (a watch or rollout) has no expiry.
@@ -40,7 +45,7 @@ from infrastructure.changes.owners import (
 )
 from infrastructure.errors import AgentmendError
 from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection, backend_of
+from infrastructure.store_sql import StoreConnection, backend_of, has_table, join_in_order
 from infrastructure.structured_logger import get_logger
 
 __all__ = ["Lease", "LeaseKeeper", "LeaseLost", "LeaseState", "Leases"]
@@ -75,12 +80,17 @@ _MIGRATIONS = [
         lease_id TEXT NOT NULL REFERENCES leases (lease_id)
     );
     CREATE INDEX lease_changes_lease ON lease_changes (lease_id)
+    """,
+    # keyed by team id (backfilled for open leases by ``_backfill_teams``)
     """
+    ALTER TABLE leases ADD COLUMN team_id TEXT;
+    CREATE INDEX leases_team ON leases (team_id, state) WHERE state IN ('held', 'lost')
+    """,
 ]
 
 _COLUMNS = (
     "lease_id, kind, state, hostname, boot_id, machine_id, pid, process_start, record_kind,"
-    " record_id, acquired, renewed, expires, end_reason"
+    " record_id, acquired, renewed, expires, end_reason, team_id"
 )
 
 
@@ -109,6 +119,8 @@ class Lease:
     renewed: float
     expires: float | None
     end_reason: str | None = None
+    team_id: str | None = None
+    """The team whose changes it holds (None until its first change is linked)."""
 
     def expired(self, now: float, *, slack: float = 0.0) -> bool:
         return self.expires is not None and now > self.expires + slack
@@ -118,19 +130,36 @@ class Leases:
     """Queries over ``leases`` and ``lease_changes``; every state change is a compare-and-set."""
 
     def __init__(self, store: Store) -> None:
+        before = store.schema_version("leases")
         store.migrate("leases", _MIGRATIONS)
         self.store = store
+        if 0 < before < 2:
+            self._backfill_teams()
 
-    def acquire(self, owner: Owner, terms: LeaseTerms) -> Lease:
-        """A new held lease for ``owner`` (a record owner's never expires)."""
+    def _backfill_teams(self) -> None:
+        """The migration to team ids: each open lease takes its changes' team (idempotent,
+        so processes migrating at once may both run it)."""
+        if not has_table(self.store.connection(), "changes"):
+            return
+        with self.store.transaction() as conn:
+            conn.execute(
+                "UPDATE leases SET team_id = (SELECT MIN(c.team_id) FROM lease_changes lc"
+                f" {join_in_order(conn)} changes c ON c.change_id = lc.change_id"
+                " WHERE lc.lease_id = leases.lease_id)"
+                " WHERE team_id IS NULL AND state IN ('held', 'lost')"
+            )
+
+    def acquire(self, owner: Owner, terms: LeaseTerms, *, team_id: str | None = None) -> Lease:
+        """A new held lease for ``owner`` (a record owner's never expires), for ``team_id``
+        if known now (else its first linked change's team)."""
         now = time.time()
         expires = now + terms.ttl_s if isinstance(owner, ProcessOwner) else None
-        lease = Lease("l-" + uuid4().hex[:12], owner, "held", now, now, expires)
+        lease = Lease("l-" + uuid4().hex[:12], owner, "held", now, now, expires, team_id=team_id)
         process = owner if isinstance(owner, ProcessOwner) else None
         record = owner if isinstance(owner, RecordOwner) else None
         with self.store.transaction(durable=True) as conn:
             conn.execute(
-                f"INSERT INTO leases ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO leases ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     lease.lease_id,
                     "process" if process is not None else "record",
@@ -146,6 +175,7 @@ class Leases:
                     now,
                     expires,
                     None,
+                    team_id,
                 ),
             )
         return lease
@@ -171,15 +201,27 @@ class Leases:
         )
         return None if row is None else _lease(row)
 
-    def open_leases(self) -> list[Lease]:
-        """Every lease held or lost (served by a partial index: settled ones cost nothing)."""
+    def open_leases(self, team_id: str | None = None) -> list[Lease]:
+        """Every lease held or lost, or only team ``team_id``'s (served by partial indexes:
+        settled ones cost nothing)."""
+        where = "state IN ('held', 'lost')"
+        args: tuple[str, ...] = ()
+        if team_id is not None:
+            where, args = where + " AND team_id = ?", (team_id,)
         rows = self.store.connection().execute(
-            f"SELECT {_COLUMNS} FROM leases WHERE state IN ('held', 'lost') ORDER BY acquired"
+            f"SELECT {_COLUMNS} FROM leases WHERE {where} ORDER BY acquired", args
         )
         return [_lease(row) for row in rows]
 
-    def link(self, conn: StoreConnection, lease_id: str, change_ids: Sequence[str]) -> None:
-        """Put ``change_ids`` under the lease, inside the caller's transaction.
+    def link(
+        self,
+        conn: StoreConnection,
+        lease_id: str,
+        change_ids: Sequence[str],
+        team_id: str | None = None,
+    ) -> None:
+        """Put ``change_ids`` (of team ``team_id``) under the lease, inside the caller's
+        transaction; a lease without a team yet takes theirs.
 
         Raises:
             LeaseLost: the lease is no longer held (nothing is linked; the transaction rolls
@@ -190,6 +232,11 @@ class Leases:
             "INSERT INTO lease_changes (change_id, lease_id) VALUES (?, ?)",
             [(change_id, lease_id) for change_id in change_ids],
         )
+        if team_id is not None:
+            conn.execute(
+                "UPDATE leases SET team_id = ? WHERE lease_id = ? AND team_id IS NULL",
+                (team_id, lease_id),
+            )
 
     def hand_over(self, conn: StoreConnection, lease_id: str, change_ids: Sequence[str]) -> None:
         """Put ``change_ids`` under ``lease_id`` whatever lease held them before.
@@ -290,7 +337,7 @@ class Leases:
 
 def _lease(row: tuple[object, ...]) -> Lease:
     (lease_id, kind, state, hostname, boot_id, machine_id, pid, start, record_kind, record_id,
-     acquired, renewed, expires, end_reason) = row  # fmt: skip
+     acquired, renewed, expires, end_reason, team_id) = row  # fmt: skip
     owner: Owner
     if kind == "process":
         host = HostIdentity(str(hostname), str(boot_id or ""), str(machine_id or ""))
@@ -305,6 +352,7 @@ def _lease(row: tuple[object, ...]) -> Lease:
         renewed=float(str(renewed)),
         expires=None if expires is None else float(str(expires)),
         end_reason=None if end_reason is None else str(end_reason),
+        team_id=None if team_id is None else str(team_id),
     )
 
 

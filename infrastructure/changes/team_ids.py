@@ -8,14 +8,25 @@ root, and :func:`team_guard` serializes apply, verification, rollback and recove
 the root's ``flock`` on this host, then the store's team lock, which on PostgreSQL is a
 session-level advisory lock held across hosts (on SQLite the ``flock`` alone, as every worker
 of a SQLite store is on one host).
+
+Every apply and rollback asks for its team's id, so each store remembers, per root, the id it
+read and registered together with the id file's identity (device, inode, size, change times):
+the next call costs one ``stat``, and a file replaced, rewritten or removed since is read
+(and registered) again. A file changed less than a second before it was read is not
+remembered: a rewrite of the same size within the file system's timestamp granularity would
+leave its identity unchanged (git's "racily clean" files).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import stat
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +55,26 @@ _MIGRATIONS = [
 ]
 
 
+_FileIdentity = tuple[int, int, int, int, int]
+# per store: (host, root) -> (the id file's identity when read, the id read and registered)
+_known: weakref.WeakKeyDictionary[Store, dict[tuple[str, str], tuple[_FileIdentity, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+_known_lock = threading.Lock()
+_SETTLED_NS = 1_000_000_000  # a file older than this has a change time that tells rewrites apart
+
+
+def _identity(root: Path) -> _FileIdentity | None:
+    """The id file's identity, None if it is not a regular file (or cannot be looked at)."""
+    try:
+        st = os.stat(root / TEAM_ID_FILE, follow_symlinks=False)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def team_id(root: Path, store: Store) -> str:
     """The id of the team at ``root`` (made on first use, as releases make it), registered in
     the store with the path this host knows the folder by.
@@ -55,8 +86,30 @@ def team_id(root: Path, store: Store) -> str:
     Raises:
         ConfigurationError: the file holds something that is not an id.
     """
-    store.migrate("teams", _MIGRATIONS)
     host, where = socket.gethostname(), str(root.absolute())
+    before = _identity(root)
+    with _known_lock:
+        cached = _known.get(store, {}).get((host, where))
+    if cached is not None and before is not None and cached[0] == before:
+        return cached[1]
+    text = _read_and_register(root, store, host, where)
+    after = _identity(root)
+    # not remembered if the file changed while being read, or if the registration may yet
+    # roll back with a transaction it joined
+    settled = after is not None and time.time_ns() - max(after[3], after[4]) > _SETTLED_NS
+    if settled and (before is None or after == before) and not _joined(store):
+        assert after is not None
+        with _known_lock:
+            _known.setdefault(store, {})[(host, where)] = (after, text)
+    return text
+
+
+def _joined(store: Store) -> bool:
+    return store.connection().in_transaction
+
+
+def _read_and_register(root: Path, store: Store, host: str, where: str) -> str:
+    store.migrate("teams", _MIGRATIONS)
     try:
         text = team_id_for(root)
     except FileOperationError as exc:

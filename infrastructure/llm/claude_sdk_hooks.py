@@ -40,6 +40,14 @@ Wire facts (CLI 2.1.330, SDK 0.2.187):
   it, a background one's does not), so records carry zero tokens and the subagent transcript
   path in ``extra``.
 
+Release label: the app serves its own definitions, so agentmend does not route these runs,
+but ``release=`` (the version or content hash of the release the subagents were read from, or
+a function returning it, read at each ``SubagentStart``: ``linked_release_label`` of a followed
+``.claude/agents``) with ``releases=ReleaseAttribution(ReleaseLog(store, team_id))`` tags each
+subagent run with its release, arm and rollout, so it counts in the team's rollout. A label
+naming no release is recorded with ``release_unattributed`` saying why; the run is never
+dropped. Tool series are not tagged (they are not the team's runs).
+
 Callbacks answer ``{}`` (no opinion) and never raise: a monitor that fails is logged, and the
 user's agents run on. The ``extra`` keys avoid ``PerformanceMonitor.record``'s own keyword
 ``source`` (``recorded_by`` says where a record came from).
@@ -58,6 +66,8 @@ from infrastructure.structured_logger import get_logger
 if TYPE_CHECKING:
     from claude_agent_sdk import HookContext, HookInput, HookJSONOutput, HookMatcher
     from claude_agent_sdk.types import HookEvent
+
+    from infrastructure.releases.attribution import ReleaseAttribution
 
 __all__ = ["ExecutionRecorder", "SubagentTracker", "claude_sdk_hooks"]
 
@@ -95,10 +105,18 @@ class ExecutionRecorder(Protocol):
     ) -> object: ...
 
 
+ReleaseLabel = int | str | Callable[[], object] | None
+"""A release's version or content hash, or a function returning it (None: unlabelled)."""
+
+Attribute = Callable[[object, object], Mapping[str, object]]
+"""(label, team) -> the record's tags (``ReleaseAttribution.tags``)."""
+
+
 @dataclass
 class _OpenRun:
     agent_type: str
     started: float
+    release: object = None
     tool_calls: int = 0
     tool_failures: list[str] = field(default_factory=list)
     last_tool_error: str | None = None
@@ -117,10 +135,14 @@ class SubagentTracker:
         *,
         record_tools: bool = True,
         clock: Callable[[], float] = time.perf_counter,
+        release: ReleaseLabel = None,
+        attribute: Attribute | None = None,
     ) -> None:
         self._monitor = monitor
         self._record_tools = record_tools
         self._clock = clock
+        self._release = release
+        self._attribute = attribute
         self._open: dict[str, _OpenRun] = {}
 
     @property
@@ -130,7 +152,35 @@ class SubagentTracker:
 
     def subagent_started(self, data: Mapping[str, Any]) -> None:
         agent_id = str(data.get("agent_id", ""))
-        self._open[agent_id] = _OpenRun(str(data.get("agent_type") or "subagent"), self._clock())
+        self._open[agent_id] = _OpenRun(
+            str(data.get("agent_type") or "subagent"), self._clock(), self._label()
+        )
+
+    def _label(self) -> object:
+        """The release label now (a function is asked at each start: the link may move)."""
+        release = self._release
+        if not callable(release):
+            return release
+        try:
+            return release()
+        except Exception as exc:  # a label that cannot be read leaves the run unlabelled
+            log.warning("release_label_unreadable", error=repr(exc))
+            return None
+
+    def _release_tags(self, run: _OpenRun | None) -> Mapping[str, object]:
+        label = run.release if run is not None else self._label()
+        if label is None:
+            return {}
+        if self._attribute is None:
+            from infrastructure.releases.attribution import unattributed
+
+            return unattributed(label, "no release log to attribute it to (pass releases=)")
+        try:
+            return self._attribute(label, None)
+        except Exception as exc:  # the run is recorded whatever its label meets
+            from infrastructure.releases.attribution import unattributed
+
+            return unattributed(label, f"attribution failed: {exc!r}")
 
     def tool_finished(self, data: Mapping[str, Any], *, failed: bool) -> None:
         if failed and data.get("is_interrupt"):
@@ -200,6 +250,7 @@ class SubagentTracker:
             tool_failures=list(run.tool_failures) if run is not None else [],
             start_seen=run is not None,
             **{k: v for k, v in extra.items() if v is not None},
+            **self._release_tags(run),
         )
 
     def _record(
@@ -224,6 +275,8 @@ def claude_sdk_hooks(
     existing: Mapping[HookEvent, Sequence[HookMatcher]] | None = None,
     record_tools: bool = True,
     clock: Callable[[], float] = time.perf_counter,
+    release: ReleaseLabel = None,
+    releases: ReleaseAttribution | None = None,
 ) -> dict[HookEvent, list[HookMatcher]]:
     """The ``hooks`` for ``ClaudeAgentOptions`` that record every subagent run into ``monitor``.
 
@@ -232,13 +285,22 @@ def claude_sdk_hooks(
         existing: hooks you already pass; they are kept, before ours, and not modified.
         record_tools: also record each tool call as ``tool:<name>``.
         clock: seconds, monotonic (a test can pass a fake).
+        release: the label of the release the subagents run (a version, a content hash, or a
+            function returning one at each subagent's start); see the module docstring.
+        releases: resolves that label to release, arm and rollout for the record.
 
     Returns:
         A new ``dict[HookEvent, list[HookMatcher]]``, ready for ``ClaudeAgentOptions(hooks=...)``.
     """
     from claude_agent_sdk import HookMatcher
 
-    tracker = SubagentTracker(monitor, record_tools=record_tools, clock=clock)
+    tracker = SubagentTracker(
+        monitor,
+        record_tools=record_tools,
+        clock=clock,
+        release=release,
+        attribute=releases.tags if releases is not None else None,
+    )
 
     def callback(update: Callable[[Mapping[str, Any]], None]) -> HookMatcher:
         async def hook(

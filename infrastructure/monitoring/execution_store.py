@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from itertools import chain
 from typing import Any, NamedTuple
 
 from infrastructure.monitoring import execution_rollup, run_series
@@ -41,7 +40,7 @@ from infrastructure.monitoring.agent_window import (
     Row,
 )
 from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection
+from infrastructure.store_sql import StoreConnection, append_rows
 
 __all__ = ["ExecutionStore", "LoadedState", "last_run_id", "outcomes_after"]
 
@@ -50,6 +49,7 @@ _ROWS_PER_INSERT = 100  # 1,000 bound parameters per statement, far below SQLite
 _COLUMNS = (
     "agent, source, success, duration_ms, error, input_tokens, output_tokens, cost_usd, ts, extra"
 )
+_INSERTED = (*_COLUMNS.split(", "), "writer", "writer_seq")
 
 _MIGRATIONS = [
     """
@@ -123,7 +123,8 @@ class ExecutionStore:
         self._use_writer(writer)
 
     def insert(self, rows: list[Row]) -> None:
-        """One transaction; multi-row INSERTs, about a third cheaper per row than executemany.
+        """One transaction; rows appended by ``COPY`` on PostgreSQL, by multi-row INSERTs on
+        SQLite (:func:`~infrastructure.store_sql.append_rows`).
 
         Rows sent again after a failed call keep their numbers; those the store already holds
         (the failed call's commit did land) are skipped, runs and series alike.
@@ -139,15 +140,8 @@ class ExecutionStore:
                     ).fetchone()[0]
                     kept = [i for i, n in enumerate(numbers) if n > int(landed)]
                     rows, numbers = [rows[i] for i in kept], [numbers[i] for i in kept]
-                numbered = [(*row, n) for row, n in zip(rows, numbers, strict=True)]
-                full = len(numbered) - len(numbered) % _ROWS_PER_INSERT
-                for i in range(0, full, _ROWS_PER_INSERT):
-                    conn.execute(
-                        self._insert_many,
-                        list(chain.from_iterable(numbered[i : i + _ROWS_PER_INSERT])),
-                    )
-                if full < len(numbered):
-                    conn.executemany(self._insert_one, numbered[full:])
+                numbered = [(*row, self.writer, n) for row, n in zip(rows, numbers, strict=True)]
+                append_rows(conn, "executions", _INSERTED, numbered, per_statement=_ROWS_PER_INSERT)
                 run_series.add_runs(conn, rows)  # same transaction: the series never drifts
                 execution_rollup.add_runs(conn, rows)  # nor the totals opening reads
         except BaseException:
@@ -159,10 +153,6 @@ class ExecutionStore:
         """Write from now on as ``writer`` (hex, safe to inline), numbering rows from 1."""
         self.writer = writer
         self._own = (*self._own, writer)
-        values = f"(?,?,?,?,?,?,?,?,?,?,'{writer}',?)"
-        head = f"INSERT INTO executions ({_COLUMNS}, writer, writer_seq) VALUES "
-        self._insert_one = head + values
-        self._insert_many = head + ",".join([values] * _ROWS_PER_INSERT)
         self._last_seq = 0
         self._numbered = {}
 

@@ -20,12 +20,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from infrastructure.models import ExecutionRecord
+from infrastructure.releases.attribution import unattributed
 from infrastructure.structured_logger import get_logger
 from infrastructure.telemetry.mapping import (
+    RELEASE_LABEL,
+    RELEASE_TEAM,
     SpanMapping,
     is_agent_span,
     is_chat_span,
@@ -38,6 +41,11 @@ __all__ = ["TelemetryCounts", "TraceAssembler"]
 log = get_logger(__name__)
 
 Record = Callable[[ExecutionRecord], None]
+Attribute = Callable[[object, object], Mapping[str, object]]
+"""(release label, team or None) -> the tags of the run's record
+(``ReleaseAttribution.tags``)."""
+
+NO_RELEASE_LOG = "no release log to attribute it to (this receiver or processor names no team)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +93,9 @@ class TraceAssembler:
         max_open_traces: traces buffered at most; the oldest is flushed past it.
         remember: span keys remembered for the idempotency check.
         clock: seconds, monotonic (injectable for tests).
+        attribute: resolves a run's release label (``agentmend.release``) to its release,
+            arm and rollout (``ReleaseAttribution.tags``); None: a labelled run is recorded
+            as unattributed, saying there is no release log.
     """
 
     def __init__(
@@ -92,12 +103,14 @@ class TraceAssembler:
         record: Record,
         mapping: SpanMapping | None = None,
         *,
+        attribute: Attribute | None = None,
         orphan_timeout_s: float = 60.0,
         max_open_traces: int = 10_000,
         remember: int = 1_000_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._record = record
+        self.attribute = attribute
         self.mapping = mapping or SpanMapping()
         self.orphan_timeout_s = orphan_timeout_s
         self._max_open = max_open_traces
@@ -147,9 +160,25 @@ class TraceAssembler:
             for trace_id, trace in touched.items():
                 self._assemble(trace_id, trace, records)
             self._expire(now)
-        for record in records:
-            self._record(record)
+        for record in records:  # outside the lock: attribution may read the store
+            self._record(self._attributed(record))
         return len(records)
+
+    def _attributed(self, record: ExecutionRecord) -> ExecutionRecord:
+        """``record`` with its release label resolved to tags (never dropped for it)."""
+        if RELEASE_LABEL not in record.extra:
+            return record
+        extra = dict(record.extra)
+        label, team = extra.pop(RELEASE_LABEL), extra.pop(RELEASE_TEAM, None)
+        if self.attribute is None:
+            tags: Mapping[str, object] = unattributed(label, NO_RELEASE_LOG)
+        else:
+            try:
+                tags = self.attribute(label, team)
+            except Exception as exc:  # a run is never lost to its label
+                tags = unattributed(label, f"attribution failed: {exc!r}")
+        extra.update(tags)
+        return record.model_copy(update={"extra": extra})
 
     def flush_expired(self) -> int:
         """Flush the traces idle longer than the timeout; how many spans became orphans."""

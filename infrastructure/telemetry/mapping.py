@@ -26,6 +26,9 @@ agent`` or Logfire's agent-run span (an ``agent_name`` attribute on a span with 
   ``anthropic`` SDK's input tokens already include them.
 - model: from the chat spans (``gen_ai.response.model``, ``gen_ai.request.model``, ``model``,
   ``llm.model_name``).
+- release: ``agentmend.release`` (and ``agentmend.team``) on the agent span or its resource,
+  resolved to the release, arm and rollout when the run is recorded
+  (``infrastructure.releases.attribution``); the run is observed, never routed.
 
 **A chat span with no agent span above it** (a plain ``anthropic`` app) is one execution by
 itself, named by its own ``gen_ai.agent.name``, the user's rule, or the resource attribute.
@@ -39,9 +42,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from infrastructure.models import ExecutionRecord
+from infrastructure.releases.attribution import RELEASE_ATTRIBUTE, TEAM_ATTRIBUTE
 from infrastructure.telemetry.span import RECORDED_ATTRIBUTE, STATUS_ERROR, SpanData
 
 __all__ = [
+    "RELEASE_LABEL",
+    "RELEASE_TEAM",
     "AgentNameRule",
     "SpanMapping",
     "is_agent_span",
@@ -51,6 +57,10 @@ __all__ = [
 
 AgentNameRule = Callable[[SpanData], str | None]
 """A user's rule naming the agent of a span (return None to fall through to the resource)."""
+
+RELEASE_LABEL = "release_label"
+"""The ``extra`` key of a run's release label (``agentmend.release``) until it is attributed."""
+RELEASE_TEAM = "release_team"
 
 CHAT_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 _TRUE = (True, "true")
@@ -200,6 +210,12 @@ def _record(
     service = span.resource.get("service.name")
     if isinstance(service, str):
         extra["service"] = service
+    label = span.get(RELEASE_ATTRIBUTE)
+    if label is not None:  # resolved to release, arm and rollout when it is recorded
+        extra[RELEASE_LABEL] = label
+        team = span.get(TEAM_ATTRIBUTE)
+        if team is not None:
+            extra[RELEASE_TEAM] = team
     return ExecutionRecord(
         agent_name=name,
         success=error is None,

@@ -31,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 if TYPE_CHECKING:
     from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+    from infrastructure.releases.attribution import ReleaseAttribution
 
 __all__ = ["AgentmendSpanProcessor", "span_data"]
 
@@ -45,6 +46,9 @@ class AgentmendSpanProcessor(SpanProcessor):
         schedule_delay_s: how often the worker wakes when the queue is not filling up.
         orphan_timeout_s: a trace idle this long is flushed (its leftovers counted as orphans).
         max_open_traces: traces buffered at most.
+        releases: attributes runs labelled ``agentmend.release`` to their release, arm and
+            rollout (``ReleaseAttribution(ReleaseLog(store, team_id))``), so they count in
+            the team's rollout; they are observed, not routed.
     """
 
     def __init__(
@@ -56,6 +60,7 @@ class AgentmendSpanProcessor(SpanProcessor):
         schedule_delay_s: float = 0.2,
         orphan_timeout_s: float = 60.0,
         max_open_traces: int = 10_000,
+        releases: ReleaseAttribution | None = None,
     ) -> None:
         self.monitor = monitor
         self.assembler = TraceAssembler(
@@ -63,6 +68,7 @@ class AgentmendSpanProcessor(SpanProcessor):
             mapping,
             orphan_timeout_s=orphan_timeout_s,
             max_open_traces=max_open_traces,
+            attribute=releases.tags if releases is not None else None,
         )
         self._queue: deque[ReadableSpan] = deque()
         self._max = max_queue_size

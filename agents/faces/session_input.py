@@ -1,0 +1,98 @@
+"""What the interactive session reads: its flags, and standard input one line at a time."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LineReader", "add_arguments", "parse_args", "settings_overrides"]
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, workspace: bool = True) -> None:
+    """The session's flags, shared by ``main.py`` and ``agentmend session``."""
+    if workspace:
+        parser.add_argument("--workspace", type=Path, help="workspace folder (default .agentmend)")
+        parser.add_argument(
+            "--store",
+            metavar="URL",
+            help="the store: a SQLite file or postgresql://user@host/db (default "
+            "AGENTMEND_STORE_URL, else the workspace's agentmend.db)",
+        )
+    parser.add_argument(
+        "--provider",
+        choices=["offline", "anthropic", "claude-agent-sdk"],
+        help="which runtime runs the agents and the roles (default offline)",
+    )
+    parser.add_argument("--agents", type=Path, help="a folder of agent definitions to run")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the simulated team")
+    parser.add_argument("--demo", action="store_true", help="run the scripted demo and exit")
+    parser.add_argument(
+        "--follow-releases",
+        choices=["auto", "on", "off"],
+        help="serve the team's releases, canary included (default AGENTMEND_FOLLOW_RELEASES, "
+        "else auto: when the team has published one)",
+    )
+    parser.add_argument("--release", type=int, metavar="N", help="serve release N only (no canary)")
+    parser.add_argument(
+        "--routing-key",
+        metavar="KEY",
+        help="route every question typed here by KEY (a user id: one arm for the session); "
+        "default a random key per question",
+    )
+    parser.add_argument("--verbose", action="store_true", help="log every step to stderr")
+
+
+def parse_args(
+    argv: list[str] | None, prog: str = "main.py", *, description: str | None = None
+) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``Settings`` fields the flags set (the rest come from ``AGENTMEND_*``)."""
+    overrides: dict[str, Any] = {}
+    if args.provider:
+        overrides["provider"] = args.provider
+    if getattr(args, "store", None):
+        overrides["store_url"] = args.store
+    if getattr(args, "follow_releases", None):
+        overrides["follow_releases"] = args.follow_releases
+    if getattr(args, "release", None) is not None:
+        overrides["serve_release"] = args.release
+    return overrides
+
+
+class LineReader:
+    """Standard input as an async queue of lines, read by one daemon thread.
+
+    One reader for the whole session means a prompt inside a cycle (y/n) and the command
+    loop never race for the same line, and a prompt can time out without a stuck thread.
+    The end of input is for good: once seen, every later read is None at once, so no prompt
+    after it waits for a line that cannot come.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._loop = loop
+        self.ended = False
+        threading.Thread(target=self._pump, name="stdin-reader", daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in sys.stdin:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, line.rstrip("\n"))
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+
+    async def read(self) -> str | None:
+        """The next line, or None at (and after) the end of input."""
+        if self.ended:
+            return None
+        line = await self._queue.get()
+        if line is None:
+            self.ended = True
+        return line

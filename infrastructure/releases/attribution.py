@@ -1,0 +1,207 @@
+"""Runs agentmend did not route, attributed to the release they name by a label.
+
+Runs that arrive through OpenTelemetry or the claude-agent-sdk hooks were served by the app,
+not by a :class:`~infrastructure.releases.follower.ReleaseFollower`, so agentmend cannot route
+them; but when they carry a release label, their records carry the same tags as a routed run
+(``release``, ``arm``, ``rollout``) and count in the rollout's two-sample test.
+
+The label (:data:`RELEASE_ATTRIBUTE`, ``agentmend.release``) is the release's version (``7``,
+``"7"`` or ``"v7"``) or its content hash (at least :data:`MIN_HASH_CHARS` hex digits: the
+directory a worker materialized, ``.releases/v7-1a2b3c4d5e6f``, carries 12).
+:data:`TEAM_ATTRIBUTE` (``agentmend.team``), when given, must name the attributing team.
+:func:`linked_release_label` reads the label of the release a team link points at.
+
+A labelled run whose release is the current canary or stable one gets that arm and the
+rollout; an older release is attributed (``release``) without an arm, so it counts for
+neither. A label naming no release of the team, or not a label at all, is kept on the record
+as ``release_label`` with ``release_unattributed`` saying why: the run is recorded all the
+same, never dropped. Unlabelled runs get no tags.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from infrastructure.errors import AgentmendError, NotFound
+from infrastructure.releases.release_log import ReleaseHeads, ReleaseLog
+
+__all__ = [
+    "MIN_HASH_CHARS",
+    "RELEASE_ATTRIBUTE",
+    "TEAM_ATTRIBUTE",
+    "ReleaseAttribution",
+    "linked_release_label",
+    "unattributed",
+]
+
+RELEASE_ATTRIBUTE = "agentmend.release"
+"""The span or resource attribute naming the release a run was served by."""
+
+TEAM_ATTRIBUTE = "agentmend.team"
+"""The span or resource attribute naming the team of that release (optional)."""
+
+MIN_HASH_CHARS = 8
+
+_VERSION = re.compile(r"^v?([1-9][0-9]{0,17})$")
+_HASH = re.compile(r"^[0-9a-f]+$")
+_MAX_LABEL_CHARS = 200
+
+
+def unattributed(label: object, reason: str) -> dict[str, object]:
+    """The tags of a labelled run no release could be found for (recorded all the same)."""
+    text = label if isinstance(label, str) else repr(label)
+    return {"release_label": text[:_MAX_LABEL_CHARS], "release_unattributed": reason}
+
+
+class ReleaseAttribution:
+    """Turns a run's release label into the tags its record carries (see the module).
+
+    Args:
+        releases: the team's release log (the team runs are attributed to).
+        heads_ttl_s: how long the heads read are reused (a receiver under load reads one
+            row per ``heads_ttl_s``, not one per run).
+        clock: seconds, monotonic (injectable for tests).
+
+    Thread-safe: receivers attribute on several threads.
+    """
+
+    def __init__(
+        self,
+        releases: ReleaseLog,
+        *,
+        heads_ttl_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.releases = releases
+        self.heads_ttl_s = heads_ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._heads: ReleaseHeads | None = None
+        self._heads_at = 0.0
+        self._known: set[int] = set()
+        self._missing: dict[int, float] = {}  # version -> when it was last found missing
+        self._hashes: dict[int, str] = {}
+        self._listed_at: float | None = None
+
+    @property
+    def team_id(self) -> str:
+        return self.releases.team_id
+
+    def tags(self, label: object, team: object = None) -> dict[str, object]:
+        """The tags for a run labelled ``label`` (of ``team``, when the run names one)."""
+        if label is None:
+            return {}
+        if team is not None and team != self.team_id:
+            return unattributed(label, f"the run names team {team!r}, not {self.team_id}")
+        try:
+            heads = self._current_heads()
+            version = self._version(label, heads)
+        except NotFound:
+            return unattributed(label, f"team {self.team_id} has no release {label!r}")
+        except ValueError as exc:
+            return unattributed(label, str(exc))
+        except AgentmendError as exc:  # the store is out of reach: record, say why
+            return unattributed(label, f"releases could not be read: {exc}")
+        found: dict[str, object] = {"release": version, "attributed_by": "label"}
+        if version == heads.canary:
+            found["arm"] = "canary"
+        elif version == heads.stable:
+            found["arm"] = "stable"
+        else:
+            return found  # an older release: attributed, but in neither arm
+        if heads.rollout_id is not None:
+            found["rollout"] = heads.rollout_id
+        return found
+
+    def _current_heads(self) -> ReleaseHeads:
+        now = self._clock()
+        with self._lock:
+            if self._heads is not None and now - self._heads_at < self.heads_ttl_s:
+                return self._heads
+        heads = self.releases.heads()
+        with self._lock:
+            self._heads, self._heads_at = heads, now
+        return heads
+
+    def _version(self, label: object, heads: ReleaseHeads) -> int:
+        """The version ``label`` names. Raises NotFound (no such release) or ValueError."""
+        if isinstance(label, bool) or not isinstance(label, int | str):
+            raise ValueError(f"not a release version or content hash: {label!r}")
+        text = str(label).strip().lower()
+        match = _VERSION.match(text)
+        if match is not None:
+            version = int(match.group(1))
+            try:
+                if version not in self._known:
+                    self._look_up(version)
+                return version
+            except NotFound:
+                if len(text) < MIN_HASH_CHARS or not _HASH.match(text):
+                    raise  # else a hash of digits only, tried below
+        if len(text) < MIN_HASH_CHARS or not _HASH.match(text):
+            raise ValueError(
+                f"not a release version or content hash (at least {MIN_HASH_CHARS} hex "
+                f"digits): {label!r}"
+            )
+        return self._by_hash(text, heads)
+
+    def _look_up(self, version: int) -> None:
+        """Raise NotFound unless the team has ``version`` (a miss is remembered for
+        ``heads_ttl_s``: a flood of runs naming no release reads the store once per period)."""
+        now = self._clock()
+        with self._lock:
+            missed = self._missing.get(version)
+        if missed is not None and now - missed < self.heads_ttl_s:
+            raise NotFound("release", str(version), f"for team {self.team_id}")
+        try:
+            self.releases.get(version)
+        except NotFound:
+            with self._lock:
+                if len(self._missing) >= 1024:
+                    self._missing.clear()
+                self._missing[version] = now
+            raise
+        with self._lock:
+            self._known.add(version)
+            self._missing.pop(version, None)
+
+    def _by_hash(self, prefix: str, heads: ReleaseHeads) -> int:
+        """The release whose content hash starts with ``prefix``: a served one first (a
+        rollback republishes its parent's content, so several versions share one hash), else
+        the newest."""
+        for attempt in range(2):
+            now = self._clock()
+            with self._lock:
+                matches = [v for v, h in self._hashes.items() if h.startswith(prefix)]
+                fresh = self._listed_at is not None and now - self._listed_at < self.heads_ttl_s
+            if matches or attempt or fresh:  # the list is read again at most once a period
+                break
+            listed = {r.version: r.content_hash for r in self.releases.list(limit=100_000)}
+            with self._lock:
+                self._hashes, self._listed_at = listed, now
+        if not matches:
+            raise NotFound("release", prefix, f"for team {self.team_id}")
+        for served in (heads.canary, heads.stable):
+            if served in matches:
+                return served
+        return max(matches)
+
+
+def linked_release_label(team_dir: str | Path) -> str | None:
+    """The label of the release a worker's team link points at (None: not a release).
+
+    For an app that reads a followed team directory itself (Claude Code reading
+    ``.claude/agents``), e.g. to put ``agentmend.release`` in ``OTEL_RESOURCE_ATTRIBUTES``.
+    """
+    from infrastructure.releases.materialize import MANIFEST
+
+    try:
+        manifest = json.loads((Path(team_dir).resolve() / MANIFEST).read_text("utf-8"))
+        return str(int(manifest["version"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
