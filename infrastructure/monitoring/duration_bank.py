@@ -21,6 +21,13 @@ over members (weights add up to 1) that is the budget: the union bound, with no 
 distribution needed. The failure chart stays a single chart: with known rates its exact delay
 is within 1.09x of the optimum from half to twice its design shift (healthy failure rates 0.05
 and 0.2), and splitting its budget would cost more (1.16-1.34x) than it saves.
+
+How close any chart can come: standardised by a mean estimated from 500 runs, a chart sees an
+in-control drift it cannot observe, so its threshold must cover the mean's sampling error. The
+best single CUSUM that even knows the sd and the slowdown, with ``k`` and ``h`` chosen for it,
+needs 1.16x / 1.13x the optimum on 1.22x / 1.25x slowdowns at log-sd 0.5 and 1.70x / 1.55x at
+log-sd 1.0 (Siegmund's approximation, ``benchmarks/bench_shift_bound.py``): a small slowdown of
+a widely spread duration is out of the 1.2x reach of any chart on such a baseline.
 """
 
 from __future__ import annotations

@@ -20,6 +20,18 @@ with an estimated rate, Lee, Wang, Xu, Schuh and Woodall 2013, "The effect of pa
 estimation on upper-sided Bernoulli cumulative sum charts", Quality and Reliability Engineering
 International 29(5), who compute that average exactly, as here).
 
+What the promise costs in delay (exact, 500-run baselines, healthy failure rates 0.05 and 0.2,
+shifts from half to twice the design's; ``benchmarks/bench_shift_bound.py``): the chart knowing
+p0 is within 1.00-1.08x of the optimal CUSUM for each shift (1.03-1.12x at the margin), the
+chart as shipped 1.13-1.32x (p0 0.05) and 1.18-1.52x (p0 0.2), the most at half the shift. The
+estimate of p0 is what costs, and no threshold rule can avoid it: a linear program over every
+rule that keeps the promise (even randomised ones) puts the mean delay at half the design shift
+at no less than 1.22x / 1.37x the optimum for this design and 1.15x / 1.30x for a chart tuned to
+that very shift. At ``n = 500`` the promise holds with room (0.73-0.81 false alarms per 1,000
+against 0.95); a margin of 1.06 would use it all (0.951 at ``p = 0.5``) and take the delay at half
+the shift to 1.23x / 1.38x, but a margin that depends on ``n`` is only as good as the grid it is
+computed on, so it stays one number, checked at every cell of ``bench_detection.py``'s table.
+
 Exactly, not by simulation: the chart's state is an integer, so its in-control ARL for a given
 baseline is exact (``cusum.bernoulli_arl``), and the chart restarts at 0 after every alarm, so
 its long-run alarm rate is ``1 / ARL``. The expected rate over baselines is the sum over the
