@@ -88,11 +88,7 @@ def test_the_command_reports_a_break_until_an_administrator_acknowledges_it(
     assert json.loads(capsys.readouterr().out)["audit"]["ok"] is True
 
 
-async def test_the_mcp_status_reports_the_break(tmp_path: Path) -> None:
-    """SQLite only for now: the MCP tools refuse to read a workspace without an
-    ``agentmend.db`` file in it (``AgentmendTools._require_existing``), which a workspace on a
-    PostgreSQL store never has."""
-    settings = Settings()
+async def test_the_mcp_status_reports_the_break(tmp_path: Path, settings: Settings) -> None:
     folder = tmp_path / "ws"
     _broken_workspace(folder, settings)
     tools = AgentmendTools(folder, project_root=tmp_path, settings=settings)
