@@ -61,13 +61,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from infrastructure.errors import ErrorKind
+from infrastructure.release_labels import ReleaseTagger, unattributed
 from infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from claude_agent_sdk import HookContext, HookInput, HookJSONOutput, HookMatcher
     from claude_agent_sdk.types import HookEvent
-
-    from infrastructure.releases.attribution import ReleaseAttribution
 
 __all__ = ["ExecutionRecorder", "SubagentTracker", "claude_sdk_hooks"]
 
@@ -172,14 +171,10 @@ class SubagentTracker:
         if label is None:
             return {}
         if self._attribute is None:
-            from infrastructure.releases.attribution import unattributed
-
             return unattributed(label, "no release log to attribute it to (pass releases=)")
         try:
             return self._attribute(label, None)
         except Exception as exc:  # the run is recorded whatever its label meets
-            from infrastructure.releases.attribution import unattributed
-
             return unattributed(label, f"attribution failed: {exc!r}")
 
     def tool_finished(self, data: Mapping[str, Any], *, failed: bool) -> None:
@@ -276,7 +271,7 @@ def claude_sdk_hooks(
     record_tools: bool = True,
     clock: Callable[[], float] = time.perf_counter,
     release: ReleaseLabel = None,
-    releases: ReleaseAttribution | None = None,
+    releases: ReleaseTagger | None = None,
 ) -> dict[HookEvent, list[HookMatcher]]:
     """The ``hooks`` for ``ClaudeAgentOptions`` that record every subagent run into ``monitor``.
 

@@ -28,6 +28,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from infrastructure.errors import AgentmendError, NotFound
+from infrastructure.release_labels import (
+    RELEASE_ATTRIBUTE,
+    TEAM_ATTRIBUTE,
+    unattributed,
+)
 from infrastructure.releases.release_log import ReleaseHeads, ReleaseLog
 
 __all__ = [
@@ -39,23 +44,10 @@ __all__ = [
     "unattributed",
 ]
 
-RELEASE_ATTRIBUTE = "agentmend.release"
-"""The span or resource attribute naming the release a run was served by."""
-
-TEAM_ATTRIBUTE = "agentmend.team"
-"""The span or resource attribute naming the team of that release (optional)."""
-
 MIN_HASH_CHARS = 8
 
 _VERSION = re.compile(r"^v?([1-9][0-9]{0,17})$")
 _HASH = re.compile(r"^[0-9a-f]+$")
-_MAX_LABEL_CHARS = 200
-
-
-def unattributed(label: object, reason: str) -> dict[str, object]:
-    """The tags of a labelled run no release could be found for (recorded all the same)."""
-    text = label if isinstance(label, str) else repr(label)
-    return {"release_label": text[:_MAX_LABEL_CHARS], "release_unattributed": reason}
 
 
 class ReleaseAttribution:

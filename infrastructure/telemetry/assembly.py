@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from infrastructure.models import ExecutionRecord
-from infrastructure.releases.attribution import unattributed
+from infrastructure.release_labels import unattributed
 from infrastructure.structured_logger import get_logger
 from infrastructure.telemetry.mapping import (
     RELEASE_LABEL,

@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from infrastructure.models import ExecutionRecord
-from infrastructure.releases.attribution import RELEASE_ATTRIBUTE, TEAM_ATTRIBUTE
+from infrastructure.release_labels import RELEASE_ATTRIBUTE, TEAM_ATTRIBUTE
 from infrastructure.telemetry.span import RECORDED_ATTRIBUTE, STATUS_ERROR, SpanData
 
 __all__ = [

@@ -31,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 if TYPE_CHECKING:
     from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-    from infrastructure.releases.attribution import ReleaseAttribution
+    from infrastructure.release_labels import ReleaseTagger
 
 __all__ = ["AgentmendSpanProcessor", "span_data"]
 
@@ -60,7 +60,7 @@ class AgentmendSpanProcessor(SpanProcessor):
         schedule_delay_s: float = 0.2,
         orphan_timeout_s: float = 60.0,
         max_open_traces: int = 10_000,
-        releases: ReleaseAttribution | None = None,
+        releases: ReleaseTagger | None = None,
     ) -> None:
         self.monitor = monitor
         self.assembler = TraceAssembler(
