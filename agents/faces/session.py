@@ -50,7 +50,7 @@ from agents.roles.team import UnknownAgent
 from infrastructure.changes.audit import ChainVerification
 from infrastructure.changes.gates import HumanApprovalGate
 from infrastructure.changes.safety import ProposedChange
-from infrastructure.errors import AgentmendError, ConfigurationError
+from infrastructure.errors import AgentmendError, ConfigurationError, StoreError
 from infrastructure.models import ChangeStatus, IssueReport
 from infrastructure.principal import Principal
 from infrastructure.settings import Settings, load_settings
@@ -255,10 +255,16 @@ class Session:
         if task is None:
             return
         self.console.print(task_table(task, simulated=self._simulated()))
+        self._print_store_notice(task.store_notice)
         for cycle in task.cycles:
             self.console.print(cycle_summary_line(cycle))
         for issue in task.declined:
             self.console.print(Text(f"cycle declined for {issue.agent_name}", style="yellow"))
+
+    def _print_store_notice(self, notice: str | None) -> None:
+        """The steps a question skipped because the store was out of reach, on one line."""
+        if notice is not None:
+            self.console.print(Text(notice, style="yellow"), soft_wrap=True)
 
     def _print_releases(self) -> None:
         if self.served is not None:
@@ -303,7 +309,14 @@ class Session:
             )
         for stem, error in orchestrator.team.broken.items():
             self.console.print(Text(f"{stem}: definition broken: {error}", style="red"))
-        check = orchestrator.manager.verify_audit_chain(repair=False)
+        try:
+            check = orchestrator.manager.verify_audit_chain(repair=False)
+        except StoreError as exc:  # the runs and the release above hold without the store
+            self.console.print(
+                Text(f"audit chain not checked: store unreachable: {exc}", style="yellow"),
+                soft_wrap=True,
+            )
+            return
         if not check:
             self._print_chain_problems(check)
 
@@ -362,6 +375,7 @@ class Session:
             self.console.print(Text("usage: /traffic [N], N from 1 to 1000", "red"))
             return
         failures: dict[str, int] = {}
+        notice: str | None = None  # the last question's, if it went without the store
         for n in range(count):
             if self.reader.ended:  # a script that ended stops its traffic, not waits on it
                 self.console.print(f"input ended: stopped after {n} of {count} question(s)")
@@ -374,10 +388,12 @@ class Session:
                 return
             for name in task.failed:
                 failures[name] = failures.get(name, 0) + 1
+            notice = task.store_notice
             for cycle in task.cycles:
                 self.console.print(cycle_summary_line(cycle))
         failed = ", ".join(f"{name} {k}" for name, k in sorted(failures.items())) or "none"
         self.console.print(f"ran {count} question(s) through the team; failed runs: {failed}")
+        self._print_store_notice(notice)
 
     async def improve(self, args: list[str]) -> None:
         orchestrator = self.orchestrator

@@ -236,6 +236,9 @@ class TaskResult:
     issues: list[IssueReport] = field(default_factory=list)
     cycles: list[CycleResult] = field(default_factory=list)
     declined: list[IssueReport] = field(default_factory=list)
+    store_notice: str | None = None
+    """Set when the store could not be reached: the steps skipped and why (the question was
+    answered all the same, its runs kept to be written)."""
 
     @property
     def answers(self) -> dict[str, str]:

@@ -27,7 +27,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry.trace import Span, TracerProvider
 
@@ -48,7 +48,12 @@ from infrastructure.changes.gates import ConfidenceGate, HumanApprovalGate, defa
 from infrastructure.changes.improvement_manager import ImprovementManager
 from infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate
 from infrastructure.changes.watch import ChangeWatch
-from infrastructure.errors import ChangeNotFound, ConfigurationError, RollbackConflict
+from infrastructure.errors import (
+    ChangeNotFound,
+    ConfigurationError,
+    RollbackConflict,
+    StoreError,
+)
 from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime, ToolSpec
 from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
@@ -69,6 +74,8 @@ from infrastructure.telemetry.tracing import agentmend_tracer, set_outcome, work
 __all__ = ["SELF_EDIT", "ConfirmCycle", "MetaOrchestrator", "OnProgress"]
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 ConfirmCycle = Callable[[IssueReport], bool | Awaitable[bool]]
 """Asks whether to run a cycle for an issue (the interactive y/n), plain or async; True runs
@@ -360,16 +367,21 @@ class MetaOrchestrator:
         ``routing_key``: for a team that follows releases, the key (a user or conversation id)
         that picks the release serving this task; None draws a random one.
         """
-        self.follow_rollouts()
-        self.advance_watches()  # runs recorded elsewhere since may already decide one
+        skipped: dict[str, str] = {}  # a step that needs the store: why it was skipped
+        self._unless_store_fails("following rollouts", self.follow_rollouts, skipped)
+        # runs recorded elsewhere since may already decide a watch
+        self._unless_store_fails("watched changes", self.advance_watches, skipped)
         results = await self.team.run_all(
             query,
             concurrency=self.concurrency,
             timeout_s=self.task_timeout_s,
             routing_key=routing_key,
         )
-        issues = self.check_all_issues()
+        issues = self._unless_store_fails("detection", self.check_all_issues, skipped) or []
         task = TaskResult(query=query, results=results, issues=issues)
+        if skipped:
+            why = list(skipped.values())[-1]
+            task.store_notice = f"store unreachable, skipped {', '.join(skipped)}: {why}"
         for issue in issues:
             if issue.agent_name not in self._pending:
                 continue  # a cycle for an earlier issue of this task dealt with it
@@ -392,6 +404,23 @@ class MetaOrchestrator:
                 continue
             task.cycles.append(await self.run_improvement_cycle(issue))
         return task
+
+    @staticmethod
+    def _unless_store_fails(step: str, work: Callable[[], T], skipped: dict[str, str]) -> T | None:
+        """One of a task's steps that need the store, skipped (None) when the store fails.
+
+        A question is answered on the release being served even while the store is out of
+        reach (a server down, a volume gone): its runs wait in the monitor's bounded backlog
+        and are written when the store is back. What cannot go on without the store
+        (following rollouts, judging watches, detection) is skipped for this question, with
+        the store's error in ``skipped``; the next question tries again.
+        """
+        try:
+            return work()
+        except StoreError as exc:
+            skipped[step] = str(exc)
+            log.info("task_step_skipped", step=step, error=str(exc))
+            return None
 
     def _hold_while_watched(self, issue: IssueReport) -> bool:
         """Hold ``issue`` (no cycle) when a change to its agent is watched on live runs.
@@ -418,7 +447,10 @@ class MetaOrchestrator:
 
     def _on_run(self, agent_name: str, source: str) -> None:
         if source == RUN and agent_name in self._watched:
-            self.advance_watches(agent_name)
+            try:
+                self.advance_watches(agent_name)
+            except StoreError as exc:  # the run stands; the watch is judged once it is back
+                log.warning("watch_not_advanced", agent=agent_name, error=str(exc))
 
     def advance_watches(self, agent_name: str | None = None) -> list[ChangeWatch]:
         """Judge the open watches of this host (of ``agent_name`` only, if given) on every run
