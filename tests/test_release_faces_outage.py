@@ -195,6 +195,7 @@ async def test_the_mcp_server_runs_on_its_last_release_while_the_server_is_down(
         async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=60) as c:
             first = _data(await c.call_tool("run", {"prompt": "Explain limits"}))
             assert first["release"]["release"] == 1
+            assert first["storeNotice"] is None
             until("the runs written", lambda: own_server.releases_run()[1] >= TEAM_SIZE)
 
             own_server.stop_server()
@@ -205,12 +206,19 @@ async def test_the_mcp_server_runs_on_its_last_release_while_the_server_is_down(
                 answer = _data(await c.call_tool("run", {"prompt": f"Explain series {n}"}))
                 assert answer["release"]["release"] == 1
                 assert len(answer["runs"]) == TEAM_SIZE
+                assert answer["storeNotice"].startswith("store unreachable, skipped ")
+                assert "detection" in answer["storeNotice"]
             alone = _data(await c.call_tool("run", {"prompt": "Explain", "agent": AGENT}))
             assert alone["release"]["release"] == 1
-            status = _data(await c.call_tool("status", {}))
+            result = await c.call_tool("status", {})
+            status = _data(result)
             assert status["releases"]["connected"] is False
-            assert status["unwrittenRuns"] >= 3 * TEAM_SIZE + 1
-            assert status["storeWriteError"]
+            assert status["unwrittenRuns"] >= 3 * TEAM_SIZE + 1  # kept, to be written
+            assert own_server.url in status["storeUnreachable"]
+            text = str(result.content[0])
+            assert "Releases: cut off from store since" in text
+            assert "running last release v1" in text
+            assert "Store unreachable:" in text
 
             own_server.start_server()
             await _status_until(c, lambda s: s["releases"]["connected"] is True)

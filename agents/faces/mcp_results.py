@@ -282,8 +282,10 @@ def run_output(
     *,
     release: Mapping[str, object] | None,
     routing_key: str | None,
+    store_notice: str | None = None,
 ) -> ToolOutput:
-    """The ``run`` tool's answer: each agent's outcome and text, the release that served it."""
+    """The ``run`` tool's answer: each agent's outcome and text, the release that served it,
+    and (``store_notice``) the steps skipped because the store was out of reach."""
     runs = [
         {
             "agent": name,
@@ -299,6 +301,7 @@ def run_output(
         "release": dict(release) if release is not None else None,
         "runs": runs,
         "issues": [{"agent": i.agent_name, "kind": i.error_type} for i in issues],
+        "storeNotice": store_notice,
     }
     served = (
         f"release v{release['release']} ({release['arm']})"
@@ -307,6 +310,8 @@ def run_output(
     )
     ok = sum(result.success for result in results.values())
     lines = [f"Served by {served}; {ok} of {len(runs)} run(s) ok"]
+    if store_notice is not None:
+        lines.append(store_notice)
     for run in runs:
         outcome = "ok" if run["success"] else f"FAILED: {run['error']}"
         lines.append(f"### {run['agent']} ({outcome})\n{run['text']}")
@@ -343,6 +348,12 @@ def status_text(
             f"Runs refused because the record backlog was full: {data['refusedRuns']} "
             "(record() outran the store; see max_record_backlog)"
         )
+    if data.get("storeUnreachable"):
+        lines.append(
+            f"Store unreachable: {data['storeUnreachable']} (runs above are this process's; "
+            "plans, cycles, changes and the audit chain are shown once it is back)"
+        )
+        return "\n".join(lines)
     lines.append(f"Pending plans: {len(data['pendingPlans'])}")
     last = data["lastExecution"]
     lines.append(

@@ -52,7 +52,7 @@ from agents.roles.team import UnknownAgent
 from infrastructure.changes.decisions import list_decisions, record_decision
 from infrastructure.changes.safety import GateVerdict, ProposedChange
 from infrastructure.code_update.updater import CodeUpdater, FileOperation
-from infrastructure.errors import AgentmendError, SpecError, WrongArgumentType
+from infrastructure.errors import AgentmendError, SpecError, StoreError, WrongArgumentType
 from infrastructure.limits import InputLimits
 from infrastructure.llm.base import AgentRuntime
 from infrastructure.releases.routing import new_run_key
@@ -432,23 +432,28 @@ class AgentmendTools:
             if agent not in orchestrator.team:
                 raise BadRequest(str(UnknownAgent(agent, orchestrator.team.names)))
             result = await orchestrator.team.run(agent, prompt, routing_key=key)
-            results, issues = {agent: result}, []
+            results, issues, notice = {agent: result}, [], None
         else:
             task = await orchestrator.execute_task(prompt, routing_key=key)
-            results, issues = task.results, task.issues
+            results, issues, notice = task.results, task.issues, task.store_notice
         choice = self._served.follower.chosen(key) if self._served is not None else None
         return run_output(
             results,
             issues,
             release=choice.tags() if choice is not None else None,
             routing_key=routing_key,
+            store_notice=notice,
         )
 
     # -- status and memory -----------------------------------------------------------------
 
     async def status(self) -> ToolOutput:
         workspace = self.workspace(create=False)
-        workspace.monitor.refresh()
+        unreachable: str | None = None  # the store's error: what only it knows is left out
+        try:
+            workspace.monitor.refresh()
+        except StoreError as exc:  # the runs this process made are still counted
+            unreachable = str(exc)
         broken: dict[str, SpecError] = {}
         try:
             specs = sorted(load_agent_specs(workspace.team_dir, broken=broken))
@@ -478,9 +483,12 @@ class AgentmendTools:
         for stem, error in sorted(broken.items()):
             agents.append({"name": stem, "defined": False, "executions": 0, "broken": str(error)})
         unwritten, write_error = workspace.monitor.write_backlog()
-        code = (await self._code_status()).data
-        cycle = last_cycle(workspace.store)
-        chain = workspace.manager.verify_audit_chain(repair=False)
+        stored: dict[str, Any] = {}
+        if unreachable is None:
+            try:
+                stored = await self._stored_status(workspace)
+            except StoreError as exc:
+                unreachable = str(exc)
         served = self._served.follower.status() if self._served is not None else None
         data = {
             "workspace": str(workspace.path),
@@ -488,19 +496,31 @@ class AgentmendTools:
             "releases": release_status_data(served) if served is not None else None,
             "projectRoot": str(self.project_root),
             "agents": agents,
-            **code,
-            "lastCycle": cycle,
+            **stored,
+            "storeUnreachable": unreachable,
+            "unwrittenRuns": unwritten,
+            "storeWriteError": write_error,
+            "refusedRuns": workspace.monitor.backlog_status().refused,
+        }
+        return ToolOutput(text=status_text(data, agents, data.get("lastCycle")), data=data)
+
+    async def _stored_status(self, workspace: Workspace) -> dict[str, Any]:
+        """The part of ``status`` only the store knows: plans, the last cycle, changes, audit.
+
+        Raises:
+            StoreError: the store cannot be reached.
+        """
+        chain = workspace.manager.verify_audit_chain(repair=False)
+        return {
+            **(await self._code_status()).data,
+            "lastCycle": last_cycle(workspace.store),
             "changes": workspace.manager.get_statistics(),
             "audit": {
                 "ok": chain.ok,
                 "rows_checked": chain.rows_checked,
                 "problems": [f"{p.row_id}: {p.kind}: {p.detail}" for p in chain.problems],
             },
-            "unwrittenRuns": unwritten,
-            "storeWriteError": write_error,
-            "refusedRuns": workspace.monitor.backlog_status().refused,
         }
-        return ToolOutput(text=status_text(data, agents, cycle), data=data)
 
     async def memory(self, query: str, agent: str | None = None, limit: int = 20) -> ToolOutput:
         if query not in ("history", "decisions", "audit", "config"):
