@@ -1,4 +1,4 @@
-"""The session (``main.py``) and the MCP server keep answering while their PostgreSQL server is down.
+"""The session (``main.py``) and the MCP server keep answering while their server is down.
 
 Each test starts a PostgreSQL server of its own and stops it by pid under a running face (the
 postmaster's fast shutdown ends every session, as a crashed or restarted database host does).

@@ -14,6 +14,11 @@ serving the folder instead would run definitions no rollout is judging (its runs
 release, so they count for neither arm), bypassing the canary. A team that never published one
 is served from its folder exactly as before. The improvement cycle still works on the
 workspace's team folder, and what it keeps is published as the next release (a canary).
+
+While the store is out of reach a face goes on serving the release it last followed: each
+question is answered (``MetaOrchestrator.execute_task`` skips the steps that need the store,
+naming them in ``TaskResult.store_notice``), its runs wait in the monitor's backlog, and the
+status line says the face is cut off and which release it runs.
 """
 
 from __future__ import annotations

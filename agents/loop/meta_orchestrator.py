@@ -366,6 +366,9 @@ class MetaOrchestrator:
 
         ``routing_key``: for a team that follows releases, the key (a user or conversation id)
         that picks the release serving this task; None draws a random one.
+
+        While the store cannot be reached the task is still run; following rollouts, judging
+        watches and detection are skipped for it, named in ``store_notice``.
         """
         skipped: dict[str, str] = {}  # a step that needs the store: why it was skipped
         self._unless_store_fails("following rollouts", self.follow_rollouts, skipped)
