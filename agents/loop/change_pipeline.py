@@ -358,14 +358,7 @@ class ChangePipeline:
         self.team.reload()  # the agent's next runs are the change's
         change_ids = [record.change_id for record in applied]
         rec.watch_id = started.watch_id
-        await rec.emit(
-            "change_applied",
-            agent,
-            f"applied {len(applied)} change(s) to {', '.join(sorted(targets))}",
-            change_ids=change_ids,
-            group_id=applied[0].group_id,
-            paths=[edit.path for change in changes for edit in change.edits],
-        )
+        await _emit_applied(rec, agent, applied, targets, changes)
         await rec.emit(
             "change_watched",
             watch.agent,
@@ -426,14 +419,7 @@ class ChangePipeline:
         change_ids = [record.change_id for record in records]
         lease = keeper.lease_id
         try:
-            await rec.emit(
-                "change_applied",
-                agent,
-                f"applied {len(records)} change(s) to {', '.join(sorted(targets))}",
-                change_ids=change_ids,
-                group_id=records[0].group_id,
-                paths=[edit.path for change in changes for edit in change.edits],
-            )
+            await _emit_applied(rec, agent, records, targets, changes)
             verdicts = await self._verify(targets, suites, before, rec)
             rejected = {name: v for name, v in verdicts.items() if not v.accepted}
             # a keep proven only by the weaker check keeps the old detection baseline (see
@@ -682,3 +668,21 @@ def _shown(path: str, root: Path) -> str:
         return Path(path).relative_to(root.resolve()).as_posix()
     except ValueError:
         return path
+
+
+async def _emit_applied(
+    rec: CycleRecorder,
+    agent: str,
+    records: Sequence[ChangeRecord],
+    targets: dict[str, AgentSpec | None],
+    changes: Sequence[ProposedChange],
+) -> None:
+    """Record that the group was applied: its change ids, group and paths."""
+    await rec.emit(
+        "change_applied",
+        agent,
+        f"applied {len(records)} change(s) to {', '.join(sorted(targets))}",
+        change_ids=[record.change_id for record in records],
+        group_id=records[0].group_id,
+        paths=[edit.path for change in changes for edit in change.edits],
+    )
