@@ -135,7 +135,7 @@ def test_a_session_answers_on_its_last_release_while_the_server_is_down(
         session.send("/traffic 4")
         at = session.wait_for("ran 4 question(s)", since=at)
         session.send("What is a limit?")
-        at = session.wait_for("What is a limit?", since=at)
+        at = session.wait_for("Q: What is a limit?", since=at)  # its answer
         session.send("/status")
         at = session.wait_for("running last release v1", since=at)
         at = session.wait_for("runs not yet written to the store", since=at)
