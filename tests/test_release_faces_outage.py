@@ -29,10 +29,13 @@ from pg_server import PgServer, _alive
 from test_release_faces import Session, _env
 
 from agents.faces.workspace import Workspace
+from agents.loop.meta_orchestrator import MetaOrchestrator
 from infrastructure.changes.audit import AuditLog
+from infrastructure.models import ChangeStatus, IssueReport
 from infrastructure.principal import ADMIN, Principal
 from infrastructure.releases.release_log import ReleaseLog
 from infrastructure.settings import Settings
+from infrastructure.simulation import FaultKind, SimulatedRuntime
 from infrastructure.store import Store
 from infrastructure.team_id import team_id_for
 
@@ -235,3 +238,83 @@ async def test_the_mcp_server_runs_on_its_last_release_while_the_server_is_down(
         errlog.close()
     until("runs on v2", lambda: own_server.releases_run()[v2] >= TEAM_SIZE)
     assert "Traceback" not in (tmp_path / "server.stderr").read_text()
+
+
+async def test_a_run_of_a_watched_agent_stands_while_the_server_is_down_and_the_watch_goes_on(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    """Each run of an agent whose change is watched on live runs advances the watch, which
+    needs the store: with the server down the run is answered and kept all the same, and the
+    watch goes on once the server is back."""
+    server = PgServer()
+    try:
+        store = Store(server.create_database(), files_dir=tmp_path / "files")
+        orchestrator = MetaOrchestrator.offline_simulated(
+            tmp_path / "team",
+            seed=5,
+            runtime=SimulatedRuntime(5, base_failure_rate=0.02),
+            store=store,
+            settings=Settings(baseline_n=20, detection_mode="rules"),
+        )
+        try:
+            await _watched_through_an_outage(orchestrator, server, store)
+        finally:
+            orchestrator.close()
+            store.close()
+    finally:
+        server.stop()
+
+
+async def _watched_through_an_outage(
+    orchestrator: MetaOrchestrator, server: PgServer, store: Store
+) -> None:
+    (orchestrator.team.directory / f"{AGENT}.evals.yaml").unlink()  # watched, not evaluated
+    runtime = orchestrator.team.runtime
+    assert isinstance(runtime, SimulatedRuntime)
+    for i in range(30):
+        await orchestrator.team.run(AGENT, f"question {i}")
+    runtime.inject(AGENT, FaultKind.TRUNCATION)
+    for i in range(30):
+        await orchestrator.team.run(AGENT, f"failing {i}")
+    metrics = orchestrator.monitor.get_agent_metrics(AGENT)
+    assert metrics is not None
+    issue = IssueReport(
+        agent_name=AGENT,
+        error_type="low_success_rate",
+        metrics=metrics.model_dump(),
+        error_logs=list(metrics.recent_errors),
+        context="raised for the test",
+        available_agents=orchestrator.team.names,
+    )
+    cycle = await orchestrator.run_improvement_cycle(issue)
+    assert cycle.status == "watching", cycle.summary()
+    orchestrator.monitor.flush()
+    before = _executions(store)
+
+    pid = server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGINT)
+    until("the server to stop", lambda: not _alive(pid))
+    for i in range(3):  # each run's listener advances the watch: the store fails under it
+        result = await orchestrator.team.run(AGENT, f"while down {i}")
+        assert result.agent_name == AGENT
+    task = await orchestrator.execute_task("a question while down")
+    assert len(task.results) == TEAM_SIZE
+    assert task.store_notice is not None
+    assert "watched changes" in task.store_notice
+    assert task.issues == []
+
+    server.start()
+    orchestrator.monitor.flush()  # the runs answered while it was down are written now
+    assert _executions(store) == before + 3 + TEAM_SIZE
+    for n in range(60):  # the watch goes on and, the fix being real, keeps the change
+        await orchestrator.team.run(AGENT, f"after {n}")
+        if not orchestrator.watcher.open_watches(AGENT):
+            break
+    assert not orchestrator.watcher.open_watches(AGENT)
+    (record,) = orchestrator.manager.get_history()
+    assert record.status is ChangeStatus.KEPT
+
+
+def _executions(store: Store) -> int:
+    return int(store.connection().execute("SELECT COUNT(*) FROM executions").fetchone()[0])
