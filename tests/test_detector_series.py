@@ -9,6 +9,7 @@ from pathlib import Path
 
 from infrastructure.monitoring.detection import IssueDetector
 from infrastructure.monitoring.detector_series import (
+    POINT_EVERY_RUNS,
     StatisticPoint,
     add_points,
     read_statistic_series,
@@ -52,7 +53,7 @@ def test_the_statistic_is_kept_as_the_detector_runs_and_peaks_at_an_alarm(
         shown = d.statistics("a")
         assert shown is not None
         threshold = shown["cusum_failure_rate"]["threshold"]
-        # every check left a point, the alarm's peak at the threshold, the healthy ones below it
+        # points along the way: the alarm's peak at the threshold, the healthy ones below it
         assert max(s.peak for s in steps) == 1.0
         highest_healthy = max(h["cusum_failure_rate"]["statistic"] for h in healthy if h)
         assert any(0.0 <= s.peak < 1.0 for s in steps)
@@ -109,3 +110,25 @@ def test_a_long_history_reads_the_peak_of_each_coarse_step(tmp_path: Path) -> No
             assert covered
             assert step.peak == max(p.peak for p in covered)
             assert step.statistic == covered[-1].statistic
+
+
+def test_a_check_after_every_run_leaves_a_point_every_few_runs(tmp_path: Path) -> None:
+    # a point at every check cost more than the check when one follows each task
+    rng = random.Random(13)
+    with Store(tmp_path / "s.db") as store, PerformanceMonitor(store, baseline_n=BASE_N) as m:
+        d = IssueDetector(baseline_n=BASE_N, monitor=m, ledger=IssueLedger(store))
+        _feed(m, rng, BASE_N + 1, 0.97)
+        d.check()
+        for _ in range(5 * POINT_EVERY_RUNS):
+            _feed(m, rng, 1, 1.0)
+            assert d.check() == []
+        m.flush()
+        points = (
+            store.connection()
+            .execute(
+                "SELECT COUNT(*) FROM detector_series WHERE width = 0 AND kind = 'low_success_rate'"
+            )
+            .fetchone()[0]
+        )
+    # one at the first check, then one per POINT_EVERY_RUNS runs (and one per new minute)
+    assert 5 <= points <= 5 + 1 + 2

@@ -71,12 +71,13 @@ from infrastructure.errors import ConfigurationError
 from infrastructure.models import IssueReport
 from infrastructure.monitoring.agent_window import Baseline, log_duration
 from infrastructure.monitoring.cusum import BernoulliChart, NormalChart
-from infrastructure.monitoring.detector_series import StatisticPoint
+from infrastructure.monitoring.detector_series import POINT_EVERY_RUNS, StatisticPoint
 from infrastructure.monitoring.duration_bank import DurationBank, calibrate_duration_bank
 from infrastructure.monitoring.guarantee import DEFAULT_MIN_BASELINE_N, failure_chart
 from infrastructure.monitoring.issue_ledger import IssueLedger, IssueRow, SavedState
 from infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from infrastructure.monitoring.run_feed import EventCursor, RunChunk
+from infrastructure.monitoring.run_series import BUCKET_S
 from infrastructure.structured_logger import get_logger
 
 __all__ = [
@@ -170,12 +171,14 @@ class _AgentState:
         "last_ts",
         "peak_dur",
         "peak_fail",
+        "point_minute",
         "recent",
         "recent_durations",
         "recent_ok",
         "s_dur",
         "s_fail",
         "streak",
+        "unpointed",
         "watches",
     )
 
@@ -189,12 +192,14 @@ class _AgentState:
         self.dur_n: list[int] = []
         self.dur_sum: list[float] = []
         self.dur_restore: SavedState | None = None  # a restart's saved duration state
-        # for the statistic's chart: the peaks since the last save (the failure chart's in its
-        # own units, the bank's as the highest share of a member's threshold), and the time of
-        # the last run read
+        # for the statistic's chart: the peaks since the last point (the failure chart's in its
+        # own units, the bank's as the highest share of a member's threshold), the time of the
+        # last run read, the runs read since the last point and the minute of that point
         self.peak_fail = 0
         self.peak_dur = 0.0
         self.last_ts = 0.0
+        self.unpointed = 0
+        self.point_minute = -1
         self.streak = 0
         self.recent: deque[bool] = deque(maxlen=rules.success_window)
         self.recent_durations: deque[float] = deque(maxlen=rules.success_window)
@@ -453,6 +458,7 @@ class IssueDetector:
                 rows = rows[n_base - start :]
             if rows:
                 st.last_ts = float(rows[-1][8])
+                st.unpointed += len(rows)
             if charts.failure is not None:
                 self._failure_cusum(st, charts.failure, rows, alarms)
             if charts.duration is not None:
@@ -617,7 +623,12 @@ class IssueDetector:
             if charts.duration is not None and st.s_dur:
                 lead = _leading(st.s_dur, charts.duration)
                 shown[SLOWDOWN] = (1.0, charts.duration.members[lead].h)
-            if st.last_ts:
+            minute = int(st.last_ts // BUCKET_S)
+            alarmed = (charts.failure is not None and st.peak_fail >= charts.failure.threshold) or (
+                st.peak_dur >= 1.0
+            )
+            due = st.unpointed >= POINT_EVERY_RUNS or minute != st.point_minute or alarmed
+            if st.last_ts and due:
                 peaks = {
                     LOW_SUCCESS: (st.peak_fail, float(st.s_fail)),
                     SLOWDOWN: (st.peak_dur, _member_state(st, lead)[0]),
@@ -629,7 +640,8 @@ class IssueDetector:
                     points.append(
                         StatisticPoint(agent, kind, st.last_ts, peak, statistic * unit, threshold)
                     )
-            st.peak_fail, st.peak_dur = st.s_fail, _share(st.s_dur, charts.duration)
+                st.peak_fail, st.peak_dur = st.s_fail, _share(st.s_dur, charts.duration)
+                st.unpointed, st.point_minute = 0, minute
             for kind, statistic, runs, total in (
                 (LOW_SUCCESS, float(st.s_fail), st.fail_n, float(st.fail_k)),
                 (SLOWDOWN, *_member_state(st, lead)),

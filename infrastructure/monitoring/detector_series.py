@@ -2,9 +2,12 @@
 
 A chart of "when did this agent start failing" wants the statistic beneath the success rate,
 and replaying months of runs through the charts to redraw it is what the run series exists to
-avoid. So each time the detector saves its state (once per check, for the agents the check
-moved), it also adds one point per chart to per-minute buckets and to the same coarser rollups
-as the run series (``run_series.ROLLUP_WIDTHS``), in the same transaction as the state.
+avoid. So when the detector saves its state after a check, it also adds one point per chart to
+per-minute buckets and to the same coarser rollups as the run series
+(``run_series.ROLLUP_WIDTHS``), in the same transaction as the state: for an agent whose check
+read ``POINT_EVERY_RUNS`` runs since its last point, or the first run of a new minute, or an
+alarm. (A point at every check cost more than the check itself when a check follows each
+task; between points the peak keeps growing, so no crossing is lost.)
 
 A bucket keeps the *peak* of the statistic over the runs it covers, as a share of the
 threshold (1.0 is an alarm; the peak, not the last value, because a statistic that crossed and
@@ -33,6 +36,7 @@ from infrastructure.store_sql import StoreConnection, has_table
 __all__ = [
     "COMPONENT",
     "MIGRATIONS",
+    "POINT_EVERY_RUNS",
     "StatisticPoint",
     "StatisticStep",
     "add_points",
@@ -40,6 +44,8 @@ __all__ = [
 ]
 
 COMPONENT = "detector_series"
+POINT_EVERY_RUNS = 10
+"""An agent's chart gets a point at least every this many of its runs (and each new minute)."""
 MIGRATIONS = [
     """
     CREATE TABLE detector_series (
