@@ -103,7 +103,8 @@ def add_points(
         if not (math.isfinite(p.peak) and math.isfinite(p.threshold)):
             continue  # a member that can never alarm (an infinite threshold) has nothing to draw
         for width in widths:
-            bucket = int(p.ts * 1000) if width == 0 else int(p.ts // width)
+            # width 0 keeps each point: keyed by its microsecond, so two never merge
+            bucket = int(p.ts * 1_000_000) if width == 0 else int(p.ts // width)
             rows.append((width, p.agent, p.kind, bucket, p.peak, p.statistic, p.threshold, p.ts))
     if rows:
         conn.executemany(_UPSERT, rows)
