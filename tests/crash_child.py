@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,6 +166,26 @@ def read_lines(stream: Iterable[str], into: list[str]) -> threading.Thread:
     thread = threading.Thread(target=pump, daemon=True)
     thread.start()
     return thread
+
+
+def kill_at_marker(argv: Sequence[str], marker: str, *, timeout_s: float = 120) -> list[str]:
+    """Run ``argv`` until it prints the line ``marker``, SIGKILL it there; what it printed."""
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=child_env())
+    lines: list[str] = []
+    reader = read_lines(child.stdout or [], lines)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while marker not in lines and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        assert marker in lines, lines
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+        reader.join(timeout=5)
+        if child.stdout is not None:
+            child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+    return lines
 
 
 def run_crash_trial(work: Path, seed: int, *, count: int = 1000, max_delay_s: float = 0.3) -> Trial:

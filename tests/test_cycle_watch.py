@@ -10,16 +10,13 @@ change live, and the next open of the workspace continues the watch instead of u
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from crash_child import child_env, read_lines
+from crash_child import kill_at_marker
 from cycle_watch_child import AGENT, improver_setting
 
 from agents.loop.cycle import cycle_events, replay_cycle
@@ -269,27 +266,7 @@ CHILD = Path(__file__).with_name("cycle_watch_child.py")
 def run_child_until_killed(folder: Path) -> list[str]:
     """Run the child until it has recorded its runs with the watch open, SIGKILL it, and
     return what it printed."""
-    child = subprocess.Popen(
-        [sys.executable, str(CHILD), str(folder)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
-    lines: list[str] = []
-    reader = read_lines(child.stdout or [], lines)
-    try:
-        deadline = time.monotonic() + 120
-        while "RAN" not in lines and time.monotonic() < deadline and child.poll() is None:
-            time.sleep(0.05)
-        assert "RAN" in lines, lines
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
-        reader.join(timeout=5)
-        if child.stdout is not None:
-            child.stdout.close()
-    assert child.returncode == -signal.SIGKILL
-    return lines
+    return kill_at_marker([sys.executable, str(CHILD), str(folder)], "RAN")
 
 
 async def test_a_process_killed_while_its_cycle_s_watch_is_open_is_continued_not_undone(

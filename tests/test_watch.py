@@ -4,14 +4,11 @@
 from __future__ import annotations
 
 import random
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from crash_child import child_env, read_lines
+from crash_child import kill_at_marker
 from watch_child import BEFORE, NEW, OLD, action
 
 from infrastructure.changes.improvement_manager import (
@@ -160,26 +157,10 @@ def test_a_killed_watcher_is_continued_by_the_next_open_not_undone(
     root: Path, tmp_path: Path
 ) -> None:
     db = tmp_path / "s.db"
-    child = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("watch_child.py")), str(db), str(root), "3"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=child_env(),
+    child = Path(__file__).with_name("watch_child.py")
+    lines = kill_at_marker(
+        [sys.executable, str(child), str(db), str(root), "3"], "RAN", timeout_s=60
     )
-    lines: list[str] = []
-    reader = read_lines(child.stdout or [], lines)
-    try:
-        deadline = time.monotonic() + 60
-        while "RAN" not in lines and time.monotonic() < deadline and child.poll() is None:
-            time.sleep(0.05)
-        assert "RAN" in lines, lines
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
-        reader.join(timeout=5)
-        if child.stdout is not None:
-            child.stdout.close()
-    assert child.returncode == -signal.SIGKILL
     watch_id = next(line.split()[1] for line in lines if line.startswith("STARTED"))
     with ImprovementManager(db) as manager:  # recovery ran: a watch's change is not undone
         assert manager.recover() == []
