@@ -160,7 +160,7 @@ class Session:
                 self.proc.stdout.close()
 
 
-def _until(what: str, check: Callable[[], bool], timeout: float = TIMEOUT_S) -> None:
+def until(what: str, check: Callable[[], bool], timeout: float = TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -181,7 +181,7 @@ def test_the_session_serves_a_canary_share_picks_up_a_promotion_and_says_when_cu
         at = session.wait_for("canary v2 to 30% of runs")  # the banner
         session.send("/traffic 30")
         at = session.wait_for("ran 30 question(s)", since=at)
-        _until("the runs written", lambda: len(fleet.rows()) >= 180)
+        until("the runs written", lambda: len(fleet.rows()) >= 180)
         rows = fleet.rows()
         arms = Counter((tags["release"], tags["arm"]) for _, tags in rows)
         assert set(arms) == {(1, "stable"), (2, "canary")}, arms
@@ -197,7 +197,7 @@ def test_the_session_serves_a_canary_share_picks_up_a_promotion_and_says_when_cu
         at = session.status_until("serving release v2 (stable)", since=at)
         session.send("/traffic 5")
         at = session.wait_for("ran 5 question(s)", since=at)
-        _until("the runs written", lambda: len(fleet.rows(last)) >= 30)
+        until("the runs written", lambda: len(fleet.rows(last)) >= 30)
         assert {(t["release"], t["arm"]) for _, t in fleet.rows(last)} == {(2, "stable")}
 
         away = volume.with_name("detached")
@@ -351,7 +351,7 @@ async def test_the_mcp_server_serves_a_canary_share_by_routing_key_and_follows_a
 
 
 async def _wait_rows(fleet: Releases, count: int) -> None:
-    _until(f"{count} runs written", lambda: len(fleet.rows()) >= count)
+    until(f"{count} runs written", lambda: len(fleet.rows()) >= count)
 
 
 async def test_the_mcp_server_names_a_missing_release_and_a_key_that_is_not_a_string(

@@ -26,7 +26,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult
 from pg_server import PgServer, _alive
-from test_release_faces import Session, _env
+from test_release_faces import Session, _env, until
 
 from agents.faces.workspace import Workspace
 from agents.loop.meta_orchestrator import MetaOrchestrator
@@ -95,14 +95,6 @@ class OwnServer:
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
-
-
-def until(what: str, check: Callable[[], bool], timeout: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture
