@@ -3,13 +3,17 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# wheels a test installs beside agentmend in a fresh venv (tests never reach a registry)
+WHEELHOUSE := $(VENV)/wheelhouse
+WHEELHOUSE_PACKAGES := openai-agents==0.24.0
 
 .PHONY: run demo test lint typecheck bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip download --quiet -c constraints.txt -d $(WHEELHOUSE) $(WHEELHOUSE_PACKAGES)
 	touch $(STAMP)
 
 run: $(STAMP)

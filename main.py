@@ -6,12 +6,12 @@
     python main.py --routing-key me        a team with releases: your questions on one arm
 
 The same session is ``agentmend session`` once the package is installed (the session itself
-lives in ``agents.faces.session``).
+lives in ``agentmend.faces.session``).
 """
 
 import sys
 
-from agents.faces.session import main
+from agentmend.faces.session import main
 
 if __name__ == "__main__":
     sys.exit(main())

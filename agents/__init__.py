@@ -3,7 +3,7 @@
 Record every execution, detect degradation, question the agents to find the root cause, apply a
 fix, prove it helped on the same cases, and roll it back when it did not.
 
-Names are loaded on first use, so ``import agents`` imports no model SDK, writes no file and
+Names are loaded on first use, so ``import agentmend`` imports no model SDK, writes no file and
 configures no logging (the pytest plugin loads this package in every user's test run).
 """
 
@@ -13,50 +13,23 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agents.faces.mcp_tools import BadRequest
-    from agents.faces.release_serving import NoReleases
-    from agents.faces.workspace import TeamDirError, Workspace, WorkspaceError
-    from agents.loop.code_review import ModelRequired
-    from agents.loop.cycle import (
-        CycleResult,
-        TaskResult,
-        WatchOutcome,
-        replay_cycle,
+    from agentmend.faces.mcp_tools import BadRequest
+    from agentmend.faces.release_serving import NoReleases
+    from agentmend.faces.workspace import TeamDirError, Workspace, WorkspaceError
+    from agentmend.infrastructure.changes.audit import AuditChainBroken, verify_audit_chain
+    from agentmend.infrastructure.changes.effectors import InvalidChange
+    from agentmend.infrastructure.changes.gates import ChangeRefused
+    from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+    from agentmend.infrastructure.changes.leases import LeaseLost
+    from agentmend.infrastructure.changes.safety import GateVerdict, ProposedChange
+    from agentmend.infrastructure.changes.watch import ChangeWatch, ChangeWatcher
+    from agentmend.infrastructure.code_update.code_plans import (
+        CodeUpdateError,
+        PlanNotFound,
+        PlanStateError,
     )
-    from agents.loop.meta_orchestrator import MetaOrchestrator
-    from agents.loop.release_publishing import ReleasePublisher
-    from agents.loop.self_edit_tools import SelfEditNotKept
-    from agents.roles.ask_agent_tool import (
-        AskAgentTool,
-        create_ask_agent_tool,
-    )
-    from agents.roles.prompt_blocks import PromptBlockError
-    from agents.roles.report_parsing import ReportParseError
-    from agents.roles.role_names import (
-        ROLE_AGENT_NAMES,
-        RoleNameClash,
-        offline_role_runtime,
-    )
-    from agents.roles.schemas import (
-        ImprovementPlan,
-        MediatorReport,
-        ProposedAction,
-        SupervisorReview,
-    )
-    from agents.roles.self_improver import InvalidProposal, SelfImprover
-    from agents.roles.socratic_mediator import SocraticMediator
-    from agents.roles.supervisor import Supervisor
-    from agents.roles.team import AgentTeam, UnknownAgent
-    from infrastructure.changes.audit import AuditChainBroken, verify_audit_chain
-    from infrastructure.changes.effectors import InvalidChange
-    from infrastructure.changes.gates import ChangeRefused
-    from infrastructure.changes.improvement_manager import ImprovementManager
-    from infrastructure.changes.leases import LeaseLost
-    from infrastructure.changes.safety import GateVerdict, ProposedChange
-    from infrastructure.changes.watch import ChangeWatch, ChangeWatcher
-    from infrastructure.code_update.code_plans import CodeUpdateError, PlanNotFound, PlanStateError
-    from infrastructure.code_update.unified_diff import DiffError
-    from infrastructure.errors import (
+    from agentmend.infrastructure.code_update.unified_diff import DiffError
+    from agentmend.infrastructure.errors import (
         AgentmendError,
         AgentRunError,
         AuditChainError,
@@ -77,20 +50,20 @@ if TYPE_CHECKING:
         StoreError,
         WrongArgumentType,
     )
-    from infrastructure.evaluation.verification import SuiteMismatch, VerificationVerdict
-    from infrastructure.frontmatter import FrontMatterError
-    from infrastructure.llm.anthropic_runtime import AnthropicRuntime
-    from infrastructure.llm.base import (
+    from agentmend.infrastructure.evaluation.verification import SuiteMismatch, VerificationVerdict
+    from agentmend.infrastructure.frontmatter import FrontMatterError
+    from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
+    from agentmend.infrastructure.llm.base import (
         AgentResult,
         AgentRuntime,
         ToolError,
         ToolSpec,
     )
-    from infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
-    from infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
-    from infrastructure.llm.network_guard import NetworkRefusedError
-    from infrastructure.llm.offline import OfflineRuntime
-    from infrastructure.llm.testing import (
+    from agentmend.infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
+    from agentmend.infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
+    from agentmend.infrastructure.llm.network_guard import NetworkRefusedError
+    from agentmend.infrastructure.llm.offline import OfflineRuntime
+    from agentmend.infrastructure.llm.testing import (
         ConformanceReport,
         FunctionRuntime,
         RuntimeConformanceError,
@@ -101,7 +74,7 @@ if TYPE_CHECKING:
         UnexpectedModelCall,
         run_runtime_conformance,
     )
-    from infrastructure.models import (
+    from agentmend.infrastructure.models import (
         AgentMetrics,
         ChangeRecord,
         ChangeStatus,
@@ -111,30 +84,64 @@ if TYPE_CHECKING:
         IssueReport,
         RootCauseAnalysis,
     )
-    from infrastructure.monitoring.detection import IssueDetector
-    from infrastructure.monitoring.performance_monitor import (
+    from agentmend.infrastructure.monitoring.detection import IssueDetector
+    from agentmend.infrastructure.monitoring.performance_monitor import (
         InvalidExecution,
         MonitorClosed,
         PerformanceMonitor,
     )
-    from infrastructure.principal import Principal
-    from infrastructure.releases.attribution import ReleaseAttribution, linked_release_label
-    from infrastructure.releases.follower import ReleaseFollower
-    from infrastructure.releases.release_errors import ReleaseRefused, RolloutConflict
-    from infrastructure.releases.release_log import ReleaseLog
-    from infrastructure.releases.rollout import Rollouts
-    from infrastructure.releases.rollout_evidence import RolloutLimits
-    from infrastructure.settings import InvalidSetting, Settings
-    from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
-    from infrastructure.spec import (
+    from agentmend.infrastructure.principal import Principal
+    from agentmend.infrastructure.releases.attribution import (
+        ReleaseAttribution,
+        linked_release_label,
+    )
+    from agentmend.infrastructure.releases.follower import ReleaseFollower
+    from agentmend.infrastructure.releases.release_errors import ReleaseRefused, RolloutConflict
+    from agentmend.infrastructure.releases.release_log import ReleaseLog
+    from agentmend.infrastructure.releases.rollout import Rollouts
+    from agentmend.infrastructure.releases.rollout_evidence import RolloutLimits
+    from agentmend.infrastructure.settings import InvalidSetting, Settings
+    from agentmend.infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
+    from agentmend.infrastructure.spec import (
         AgentSpec,
         PermissionProfile,
         load_agent_specs,
     )
-    from infrastructure.store import Store
-    from infrastructure.telemetry.otlp_decode import OtlpDecodeError
-    from infrastructure.telemetry.span import OtelExtraMissing
-    from infrastructure.telemetry.span_processor import AgentmendSpanProcessor
+    from agentmend.infrastructure.store import Store
+    from agentmend.infrastructure.telemetry.otlp_decode import OtlpDecodeError
+    from agentmend.infrastructure.telemetry.span import OtelExtraMissing
+    from agentmend.infrastructure.telemetry.span_processor import AgentmendSpanProcessor
+    from agentmend.loop.code_review import ModelRequired
+    from agentmend.loop.cycle import (
+        CycleResult,
+        TaskResult,
+        WatchOutcome,
+        replay_cycle,
+    )
+    from agentmend.loop.meta_orchestrator import MetaOrchestrator
+    from agentmend.loop.release_publishing import ReleasePublisher
+    from agentmend.loop.self_edit_tools import SelfEditNotKept
+    from agentmend.roles.ask_agent_tool import (
+        AskAgentTool,
+        create_ask_agent_tool,
+    )
+    from agentmend.roles.prompt_blocks import PromptBlockError
+    from agentmend.roles.report_parsing import ReportParseError
+    from agentmend.roles.role_names import (
+        ROLE_AGENT_NAMES,
+        RoleNameClash,
+        offline_role_runtime,
+    )
+    from agentmend.roles.schemas import (
+        ImprovementPlan,
+        MediatorReport,
+        ProposedAction,
+        SupervisorReview,
+    )
+    from agentmend.roles.self_improver import InvalidProposal, SelfImprover
+    from agentmend.roles.socratic_mediator import SocraticMediator
+    from agentmend.roles.supervisor import Supervisor
+    from agentmend.roles.team import AgentTeam, UnknownAgent
 
 __version__ = "0.1.0"
 
@@ -259,130 +266,130 @@ __all__ = [
 ]
 
 _EXPORTS: dict[str, str] = {
-    "AgentMetrics": "infrastructure.models",
-    "ChangeRecord": "infrastructure.models",
-    "ChangeStatus": "infrastructure.models",
-    "ChangeType": "infrastructure.models",
-    "ExecutionRecord": "infrastructure.models",
-    "ImprovementAction": "infrastructure.models",
-    "IssueReport": "infrastructure.models",
-    "RootCauseAnalysis": "infrastructure.models",
-    "AgentSpec": "infrastructure.spec",
-    "PermissionProfile": "infrastructure.spec",
-    "load_agent_specs": "infrastructure.spec",
-    "PerformanceMonitor": "infrastructure.monitoring.performance_monitor",
-    "IssueDetector": "infrastructure.monitoring.detection",
-    "ImprovementManager": "infrastructure.changes.improvement_manager",
-    "verify_audit_chain": "infrastructure.changes.audit",
-    "AuditChainBroken": "infrastructure.changes.audit",
-    "LeaseLost": "infrastructure.changes.leases",
-    "ChangeWatch": "infrastructure.changes.watch",
-    "ChangeWatcher": "infrastructure.changes.watch",
-    "ReleaseAttribution": "infrastructure.releases.attribution",
-    "linked_release_label": "infrastructure.releases.attribution",
-    "ReleaseFollower": "infrastructure.releases.follower",
-    "ReleaseLog": "infrastructure.releases.release_log",
-    "ReleasePublisher": "agents.loop.release_publishing",
-    "ReleaseRefused": "infrastructure.releases.release_errors",
-    "RolloutConflict": "infrastructure.releases.release_errors",
-    "RolloutLimits": "infrastructure.releases.rollout_evidence",
-    "Rollouts": "infrastructure.releases.rollout",
-    "Store": "infrastructure.store",
-    "Settings": "infrastructure.settings",
-    "InvalidSetting": "infrastructure.settings",
-    "GateVerdict": "infrastructure.changes.safety",
-    "Principal": "infrastructure.principal",
-    "ProposedChange": "infrastructure.changes.safety",
-    "VerificationVerdict": "infrastructure.evaluation.verification",
-    "AgentResult": "infrastructure.llm.base",
-    "AgentRuntime": "infrastructure.llm.base",
-    "ToolError": "infrastructure.llm.base",
-    "ToolSpec": "infrastructure.llm.base",
-    "AnthropicRuntime": "infrastructure.llm.anthropic_runtime",
-    "ClaudeAgentRuntime": "infrastructure.llm.claude_agent_runtime",
-    "claude_sdk_hooks": "infrastructure.llm.claude_sdk_hooks",
-    "OfflineRuntime": "infrastructure.llm.offline",
-    "FunctionRuntime": "infrastructure.llm.testing",
-    "ScriptedRuntime": "infrastructure.llm.testing",
-    "Step": "infrastructure.llm.testing",
-    "TurnInfo": "infrastructure.llm.testing",
-    "ConformanceReport": "infrastructure.llm.testing",
-    "RuntimeConformanceError": "infrastructure.llm.testing",
-    "Scenario": "infrastructure.llm.testing",
-    "run_runtime_conformance": "infrastructure.llm.testing",
-    "SimulatedRuntime": "infrastructure.simulation",
-    "Fault": "infrastructure.simulation",
-    "FaultKind": "infrastructure.simulation",
-    "AgentRunError": "infrastructure.errors",
-    "AgentmendError": "infrastructure.errors",
-    "ErrorKind": "infrastructure.errors",
-    "FileOperationError": "infrastructure.errors",
-    "FileTooLarge": "infrastructure.errors",
-    "InputTooLarge": "infrastructure.errors",
-    "PathNotAllowed": "infrastructure.errors",
-    "RollbackConflict": "infrastructure.errors",
-    "SpecError": "infrastructure.errors",
-    "PermissionRequired": "infrastructure.errors",
-    "AskAgentTool": "agents.roles.ask_agent_tool",
-    "create_ask_agent_tool": "agents.roles.ask_agent_tool",
-    "AgentTeam": "agents.roles.team",
-    "MediatorReport": "agents.roles.schemas",
-    "ImprovementPlan": "agents.roles.schemas",
-    "ProposedAction": "agents.roles.schemas",
-    "SupervisorReview": "agents.roles.schemas",
-    "ROLE_AGENT_NAMES": "agents.roles.role_names",
-    "RoleNameClash": "agents.roles.role_names",
-    "offline_role_runtime": "agents.roles.role_names",
-    "SocraticMediator": "agents.roles.socratic_mediator",
-    "SelfImprover": "agents.roles.self_improver",
-    "Supervisor": "agents.roles.supervisor",
-    "MetaOrchestrator": "agents.loop.meta_orchestrator",
-    "CycleResult": "agents.loop.cycle",
-    "WatchOutcome": "agents.loop.cycle",
-    "TaskResult": "agents.loop.cycle",
-    "replay_cycle": "agents.loop.cycle",
-    "Workspace": "agents.faces.workspace",
-    "AgentmendSpanProcessor": "infrastructure.telemetry.span_processor",
-    "OtelExtraMissing": "infrastructure.telemetry.span",
-    "OtlpDecodeError": "infrastructure.telemetry.otlp_decode",
-    "BadRequest": "agents.faces.mcp_tools",
-    "NoReleases": "agents.faces.release_serving",
-    "TeamDirError": "agents.faces.workspace",
-    "WorkspaceError": "agents.faces.workspace",
-    "ModelRequired": "agents.loop.code_review",
-    "SelfEditNotKept": "agents.loop.self_edit_tools",
-    "PromptBlockError": "agents.roles.prompt_blocks",
-    "ReportParseError": "agents.roles.report_parsing",
-    "InvalidProposal": "agents.roles.self_improver",
-    "UnknownAgent": "agents.roles.team",
-    "InvalidChange": "infrastructure.changes.effectors",
-    "ChangeRefused": "infrastructure.changes.gates",
-    "CodeUpdateError": "infrastructure.code_update.code_plans",
-    "PlanNotFound": "infrastructure.code_update.code_plans",
-    "PlanStateError": "infrastructure.code_update.code_plans",
-    "DiffError": "infrastructure.code_update.unified_diff",
-    "AuditChainError": "infrastructure.errors",
-    "ChangeNotFound": "infrastructure.errors",
-    "ChangeStateError": "infrastructure.errors",
-    "ConfigurationError": "infrastructure.errors",
-    "InvalidArgument": "infrastructure.errors",
-    "NotFound": "infrastructure.errors",
-    "StoreError": "infrastructure.errors",
-    "PostgresExtraMissing": "infrastructure.errors",
-    "WrongArgumentType": "infrastructure.errors",
-    "SuiteMismatch": "infrastructure.evaluation.verification",
-    "FrontMatterError": "infrastructure.frontmatter",
-    "NetworkRefusedError": "infrastructure.llm.network_guard",
-    "UnexpectedModelCall": "infrastructure.llm.testing",
-    "InvalidExecution": "infrastructure.monitoring.performance_monitor",
-    "MonitorClosed": "infrastructure.monitoring.performance_monitor",
+    "AgentMetrics": "agentmend.infrastructure.models",
+    "ChangeRecord": "agentmend.infrastructure.models",
+    "ChangeStatus": "agentmend.infrastructure.models",
+    "ChangeType": "agentmend.infrastructure.models",
+    "ExecutionRecord": "agentmend.infrastructure.models",
+    "ImprovementAction": "agentmend.infrastructure.models",
+    "IssueReport": "agentmend.infrastructure.models",
+    "RootCauseAnalysis": "agentmend.infrastructure.models",
+    "AgentSpec": "agentmend.infrastructure.spec",
+    "PermissionProfile": "agentmend.infrastructure.spec",
+    "load_agent_specs": "agentmend.infrastructure.spec",
+    "PerformanceMonitor": "agentmend.infrastructure.monitoring.performance_monitor",
+    "IssueDetector": "agentmend.infrastructure.monitoring.detection",
+    "ImprovementManager": "agentmend.infrastructure.changes.improvement_manager",
+    "verify_audit_chain": "agentmend.infrastructure.changes.audit",
+    "AuditChainBroken": "agentmend.infrastructure.changes.audit",
+    "LeaseLost": "agentmend.infrastructure.changes.leases",
+    "ChangeWatch": "agentmend.infrastructure.changes.watch",
+    "ChangeWatcher": "agentmend.infrastructure.changes.watch",
+    "ReleaseAttribution": "agentmend.infrastructure.releases.attribution",
+    "linked_release_label": "agentmend.infrastructure.releases.attribution",
+    "ReleaseFollower": "agentmend.infrastructure.releases.follower",
+    "ReleaseLog": "agentmend.infrastructure.releases.release_log",
+    "ReleasePublisher": "agentmend.loop.release_publishing",
+    "ReleaseRefused": "agentmend.infrastructure.releases.release_errors",
+    "RolloutConflict": "agentmend.infrastructure.releases.release_errors",
+    "RolloutLimits": "agentmend.infrastructure.releases.rollout_evidence",
+    "Rollouts": "agentmend.infrastructure.releases.rollout",
+    "Store": "agentmend.infrastructure.store",
+    "Settings": "agentmend.infrastructure.settings",
+    "InvalidSetting": "agentmend.infrastructure.settings",
+    "GateVerdict": "agentmend.infrastructure.changes.safety",
+    "Principal": "agentmend.infrastructure.principal",
+    "ProposedChange": "agentmend.infrastructure.changes.safety",
+    "VerificationVerdict": "agentmend.infrastructure.evaluation.verification",
+    "AgentResult": "agentmend.infrastructure.llm.base",
+    "AgentRuntime": "agentmend.infrastructure.llm.base",
+    "ToolError": "agentmend.infrastructure.llm.base",
+    "ToolSpec": "agentmend.infrastructure.llm.base",
+    "AnthropicRuntime": "agentmend.infrastructure.llm.anthropic_runtime",
+    "ClaudeAgentRuntime": "agentmend.infrastructure.llm.claude_agent_runtime",
+    "claude_sdk_hooks": "agentmend.infrastructure.llm.claude_sdk_hooks",
+    "OfflineRuntime": "agentmend.infrastructure.llm.offline",
+    "FunctionRuntime": "agentmend.infrastructure.llm.testing",
+    "ScriptedRuntime": "agentmend.infrastructure.llm.testing",
+    "Step": "agentmend.infrastructure.llm.testing",
+    "TurnInfo": "agentmend.infrastructure.llm.testing",
+    "ConformanceReport": "agentmend.infrastructure.llm.testing",
+    "RuntimeConformanceError": "agentmend.infrastructure.llm.testing",
+    "Scenario": "agentmend.infrastructure.llm.testing",
+    "run_runtime_conformance": "agentmend.infrastructure.llm.testing",
+    "SimulatedRuntime": "agentmend.infrastructure.simulation",
+    "Fault": "agentmend.infrastructure.simulation",
+    "FaultKind": "agentmend.infrastructure.simulation",
+    "AgentRunError": "agentmend.infrastructure.errors",
+    "AgentmendError": "agentmend.infrastructure.errors",
+    "ErrorKind": "agentmend.infrastructure.errors",
+    "FileOperationError": "agentmend.infrastructure.errors",
+    "FileTooLarge": "agentmend.infrastructure.errors",
+    "InputTooLarge": "agentmend.infrastructure.errors",
+    "PathNotAllowed": "agentmend.infrastructure.errors",
+    "RollbackConflict": "agentmend.infrastructure.errors",
+    "SpecError": "agentmend.infrastructure.errors",
+    "PermissionRequired": "agentmend.infrastructure.errors",
+    "AskAgentTool": "agentmend.roles.ask_agent_tool",
+    "create_ask_agent_tool": "agentmend.roles.ask_agent_tool",
+    "AgentTeam": "agentmend.roles.team",
+    "MediatorReport": "agentmend.roles.schemas",
+    "ImprovementPlan": "agentmend.roles.schemas",
+    "ProposedAction": "agentmend.roles.schemas",
+    "SupervisorReview": "agentmend.roles.schemas",
+    "ROLE_AGENT_NAMES": "agentmend.roles.role_names",
+    "RoleNameClash": "agentmend.roles.role_names",
+    "offline_role_runtime": "agentmend.roles.role_names",
+    "SocraticMediator": "agentmend.roles.socratic_mediator",
+    "SelfImprover": "agentmend.roles.self_improver",
+    "Supervisor": "agentmend.roles.supervisor",
+    "MetaOrchestrator": "agentmend.loop.meta_orchestrator",
+    "CycleResult": "agentmend.loop.cycle",
+    "WatchOutcome": "agentmend.loop.cycle",
+    "TaskResult": "agentmend.loop.cycle",
+    "replay_cycle": "agentmend.loop.cycle",
+    "Workspace": "agentmend.faces.workspace",
+    "AgentmendSpanProcessor": "agentmend.infrastructure.telemetry.span_processor",
+    "OtelExtraMissing": "agentmend.infrastructure.telemetry.span",
+    "OtlpDecodeError": "agentmend.infrastructure.telemetry.otlp_decode",
+    "BadRequest": "agentmend.faces.mcp_tools",
+    "NoReleases": "agentmend.faces.release_serving",
+    "TeamDirError": "agentmend.faces.workspace",
+    "WorkspaceError": "agentmend.faces.workspace",
+    "ModelRequired": "agentmend.loop.code_review",
+    "SelfEditNotKept": "agentmend.loop.self_edit_tools",
+    "PromptBlockError": "agentmend.roles.prompt_blocks",
+    "ReportParseError": "agentmend.roles.report_parsing",
+    "InvalidProposal": "agentmend.roles.self_improver",
+    "UnknownAgent": "agentmend.roles.team",
+    "InvalidChange": "agentmend.infrastructure.changes.effectors",
+    "ChangeRefused": "agentmend.infrastructure.changes.gates",
+    "CodeUpdateError": "agentmend.infrastructure.code_update.code_plans",
+    "PlanNotFound": "agentmend.infrastructure.code_update.code_plans",
+    "PlanStateError": "agentmend.infrastructure.code_update.code_plans",
+    "DiffError": "agentmend.infrastructure.code_update.unified_diff",
+    "AuditChainError": "agentmend.infrastructure.errors",
+    "ChangeNotFound": "agentmend.infrastructure.errors",
+    "ChangeStateError": "agentmend.infrastructure.errors",
+    "ConfigurationError": "agentmend.infrastructure.errors",
+    "InvalidArgument": "agentmend.infrastructure.errors",
+    "NotFound": "agentmend.infrastructure.errors",
+    "StoreError": "agentmend.infrastructure.errors",
+    "PostgresExtraMissing": "agentmend.infrastructure.errors",
+    "WrongArgumentType": "agentmend.infrastructure.errors",
+    "SuiteMismatch": "agentmend.infrastructure.evaluation.verification",
+    "FrontMatterError": "agentmend.infrastructure.frontmatter",
+    "NetworkRefusedError": "agentmend.infrastructure.llm.network_guard",
+    "UnexpectedModelCall": "agentmend.infrastructure.llm.testing",
+    "InvalidExecution": "agentmend.infrastructure.monitoring.performance_monitor",
+    "MonitorClosed": "agentmend.infrastructure.monitoring.performance_monitor",
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'agents' has no attribute {name!r}")
+        raise AttributeError(f"module 'agentmend' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -1,8 +1,8 @@
-"""``python -m agents``: the interactive session, as ``agentmend session`` starts it."""
+"""``python -m agentmend``: the interactive session, as ``agentmend session`` starts it."""
 
 import sys
 
-from agents.faces.session import main
+from agentmend.faces.session import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,6 @@
 """Oversized and absurdly nested requests against a real MCP server over stdio.
 
-Starts ``python -m agents.mcp_server`` with the default bounds and sends, one after another:
+Starts ``python -m agentmend.mcp_server`` with the default bounds and sends, one after another:
 the 88 MB plan (100 files of 878 KB), a 50 MB description, a request nested 200,000 levels
 deep, and a 9 MB request (under the request bound, with one argument over the tool-argument
 bound). For each it prints the request's size, how it was answered, the seconds to the answer

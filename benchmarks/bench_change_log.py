@@ -28,17 +28,17 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infrastructure.changes.audit import AuditLog
-from infrastructure.changes.change_log import ChangeLog
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.models import (
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.changes.change_log import ChangeLog
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.models import (
     ChangeRecord,
     ChangeStatus,
     ChangeType,
     ImprovementAction,
     utc_now,
 )
-from infrastructure.store import Store
+from agentmend.infrastructure.store import Store
 
 ACTION = ImprovementAction(
     target_agent="writer",

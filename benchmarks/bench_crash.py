@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from crash_child import quiet_logs, run_crash_trial
 from verify_child import STAGES, run_stage_trial
 
-from infrastructure.changes.improvement_manager import (
+from agentmend.infrastructure.changes.improvement_manager import (
     ChangeType,
     ImprovementAction,
     ImprovementManager,

@@ -33,18 +33,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.loop.cycle import CycleEvent, CycleResult
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from infrastructure.permissions import SHELL_AND_WRITE_TOOLS
-from infrastructure.settings import Settings
-from infrastructure.simulation import (
+from agentmend.infrastructure.permissions import SHELL_AND_WRITE_TOOLS
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import (
     SIMULATED_AGENTS,
     TEAM_AGENT_NAMES,
     Fault,
     FaultKind,
     SimulatedRuntime,
 )
-from infrastructure.structured_logger import configure_logging
+from agentmend.infrastructure.structured_logger import configure_logging
+from agentmend.loop.cycle import CycleEvent, CycleResult
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
 CATEGORY = {
     FaultKind.TRUNCATION: "truncation",

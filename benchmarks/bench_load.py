@@ -33,10 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.retention import RetentionPolicy, prune
-from infrastructure.store import Store
-from infrastructure.store_usage import store_usage
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.retention import RetentionPolicy, prune
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_usage import store_usage
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _ROW = ("solver", "run", True, 1234.0, None, 10, 5, 0.001, 1.7e9, None)
@@ -238,8 +238,8 @@ def open_ms(db: Path, repeats: int = 7) -> float:
 
 def workspace_open_ms(folder: Path, repeats: int = 7) -> float:
     """Opening a whole workspace (store, change manager, recovery, monitor, issue ledger)."""
-    from agents.faces.workspace import Workspace
-    from infrastructure.settings import load_settings
+    from agentmend.faces.workspace import Workspace
+    from agentmend.infrastructure.settings import load_settings
 
     settings = load_settings(workspace=folder)
     times = []

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.store import Store
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.store import Store
 
 
 def prometheus_prebound(n: int) -> float:

@@ -32,18 +32,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from agents.faces.cli import main as agentmend
-from agents.faces.report_data import agent_statuses, collect_report
-from agents.faces.report_page import render_report
-from agents.loop.cycle import DECISION_PREFIX, CycleEvent, cycle_events, list_cycle_ids
-from infrastructure.changes.decisions import record_decision
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.monitoring.detector_series import StatisticPoint, add_points
-from infrastructure.monitoring.execution_store import ExecutionStore
-from infrastructure.monitoring.issue_ledger import IssueLedger
-from infrastructure.store import Store
-from infrastructure.structured_logger import configure_logging
+from agentmend.faces.cli import main as agentmend
+from agentmend.faces.report_data import agent_statuses, collect_report
+from agentmend.faces.report_page import render_report
+from agentmend.infrastructure.changes.decisions import record_decision
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.monitoring.detector_series import StatisticPoint, add_points
+from agentmend.infrastructure.monitoring.execution_store import ExecutionStore
+from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.structured_logger import configure_logging
+from agentmend.loop.cycle import DECISION_PREFIX, CycleEvent, cycle_events, list_cycle_ids
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ def _demo_cycle(folder: Path) -> list[CycleEvent]:
     """The events of the demo's last kept cycle, from a demo run by the real command."""
     demo = folder / "demo"
     subprocess.run(
-        [sys.executable, "-m", "agents.faces.cli", "demo", "--workspace", str(demo)],
+        [sys.executable, "-m", "agentmend.faces.cli", "demo", "--workspace", str(demo)],
         check=True,
         capture_output=True,
     )
@@ -236,7 +236,7 @@ def main() -> None:
         )
         manager.close()
         store.close()
-        cmd = [sys.executable, "-m", "agents.faces.cli"]
+        cmd = [sys.executable, "-m", "agentmend.faces.cli"]
         whole = []
         startup = []
         for _ in range(3):

@@ -5,7 +5,7 @@ Four parts, each printed as a table:
 1. Harmful canaries. Generated harmful changes to the research agent (``max_tokens`` trimmed
    below what some answers need: no eval case is that long, so verification would have kept
    them), each served to 10 % of live runs routed by a random run id, judged by the rollout's
-   own rule (:func:`~infrastructure.releases.rollout_evidence.decide`, every 50 runs, as a
+   own rule (:func:`~agentmend.infrastructure.releases.rollout_evidence.decide`, every 50 runs, as a
    worker's poll does). Reported: runs until the rollback, canary runs exposed to the harmful
    release, and, for the same change rolled out to every run at once, the runs exposed before
    the statistical detector (default settings: a 500-run baseline, false-alarm rate 0.001)
@@ -43,18 +43,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # pg_server: the tests' throwaway PostgreSQL server
 
-from infrastructure.monitoring.detection import IssueDetector  # noqa: E402
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor  # noqa: E402
-from infrastructure.principal import Principal  # noqa: E402
-from infrastructure.releases.release_log import ReleaseLog  # noqa: E402
-from infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide  # noqa: E402
-from infrastructure.releases.routing import DEFAULT_SHARE, choose_arm, new_run_key  # noqa: E402
-from infrastructure.settings import Settings  # noqa: E402
-from infrastructure.simulation import SimulatedRuntime, copy_team  # noqa: E402
-from infrastructure.simulation.faults import Fault, FaultKind  # noqa: E402
-from infrastructure.spec import AgentSpec  # noqa: E402
-from infrastructure.store import Store  # noqa: E402
-from infrastructure.structured_logger import configure_logging  # noqa: E402
+from agentmend.infrastructure.monitoring.detection import IssueDetector  # noqa: E402
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor  # noqa: E402
+from agentmend.infrastructure.principal import Principal  # noqa: E402
+from agentmend.infrastructure.releases.release_log import ReleaseLog  # noqa: E402
+from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide  # noqa: E402
+from agentmend.infrastructure.releases.routing import DEFAULT_SHARE, choose_arm, new_run_key  # noqa: E402
+from agentmend.infrastructure.settings import Settings  # noqa: E402
+from agentmend.infrastructure.simulation import SimulatedRuntime, copy_team  # noqa: E402
+from agentmend.infrastructure.simulation.faults import Fault, FaultKind  # noqa: E402
+from agentmend.infrastructure.spec import AgentSpec  # noqa: E402
+from agentmend.infrastructure.store import Store  # noqa: E402
+from agentmend.infrastructure.structured_logger import configure_logging  # noqa: E402
 
 AGENT = "research-agent"
 STABLE = AgentSpec.from_file(REPO / "infrastructure" / "simulated_team" / f"{AGENT}.md")

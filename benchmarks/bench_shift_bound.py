@@ -47,8 +47,16 @@ import numpy as np
 from scipy.linalg import solve_banded  # type: ignore[import-untyped]
 from scipy.optimize import linprog  # type: ignore[import-untyped]
 
-from infrastructure.monitoring.cusum import _solve_threshold, integer_weights, siegmund_arl
-from infrastructure.monitoring.guarantee import ESTIMATION_MARGIN, binomial_support, failure_delay
+from agentmend.infrastructure.monitoring.cusum import (
+    _solve_threshold,
+    integer_weights,
+    siegmund_arl,
+)
+from agentmend.infrastructure.monitoring.guarantee import (
+    ESTIMATION_MARGIN,
+    binomial_support,
+    failure_delay,
+)
 
 BASELINE_N = 500
 FAILURE_BUDGET = 0.001 * 0.95

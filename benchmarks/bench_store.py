@@ -41,13 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from pg_server import PgServer
 
-from infrastructure.changes.audit import AuditLog
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.monitoring.detection import IssueDetector
-from infrastructure.monitoring.execution_store import ExecutionStore
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.store import Store
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.monitoring.detection import IssueDetector
+from agentmend.infrastructure.monitoring.execution_store import ExecutionStore
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.store import Store
 
 _ACTION = ImprovementAction(
     target_agent="writer",

@@ -23,8 +23,13 @@ import argparse
 import random
 import statistics
 
-from infrastructure.evaluation.sequential_verification import judge_rounds
-from infrastructure.evaluation.verification import CaseResult, RunOutcome, SuiteRun, compare
+from agentmend.infrastructure.evaluation.sequential_verification import judge_rounds
+from agentmend.infrastructure.evaluation.verification import (
+    CaseResult,
+    RunOutcome,
+    SuiteRun,
+    compare,
+)
 
 SEED = 20241125
 REPEATS = 3

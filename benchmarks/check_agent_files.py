@@ -29,11 +29,11 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infrastructure.changes.effectors import group_entries, plan_change
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.errors import AgentmendError, SpecError
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.spec import AgentSpec, SpecWarning, load_agent_specs
+from agentmend.infrastructure.changes.effectors import group_entries, plan_change
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.errors import AgentmendError, SpecError
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.spec import AgentSpec, SpecWarning, load_agent_specs
 
 
 @dataclass

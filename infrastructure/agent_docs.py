@@ -1,7 +1,7 @@
 """An agent's reference docs: the ``<dir>/<name>/docs/`` folder beside its definition file.
 
-``<name>`` is the name's path form (``infrastructure.agent_names.path_name``): the name itself
-unless it holds a character no file name may hold.
+``<name>`` is the name's path form (``agentmend.infrastructure.agent_names.path_name``): the name
+itself unless it holds a character no file name may hold.
 
 An agent may carry documents (glossaries, house rules, examples) that are appended to
 its system prompt. They are read when the definition is loaded, as ``(docs/<relative path>,
@@ -19,12 +19,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from infrastructure import confined
-from infrastructure.agent_names import path_name
-from infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllowed
-from infrastructure.files import resolve_inside
-from infrastructure.settings import DEFAULT_MAX_FILE_BYTES
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.agent_names import path_name
+from agentmend.infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllowed
+from agentmend.infrastructure.files import resolve_inside
+from agentmend.infrastructure.settings import DEFAULT_MAX_FILE_BYTES
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["read_agent_docs", "with_agent_docs"]
 

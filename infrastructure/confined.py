@@ -9,8 +9,8 @@ component with ``O_NOFOLLOW``, and renames within the directory descriptor it op
 made at any instant then makes the call fail with :class:`PathNotAllowed`; it never redirects
 it. This is how ``openat``-based tools (coreutils ``rm``, ``rsync``) avoid the same race.
 
-Writes are crash-safe as :func:`infrastructure.files.atomic_write` promises: a temporary file
-in the same directory, fsynced, renamed over the target, then the directory fsynced. Reads
+Writes are crash-safe as :func:`agentmend.infrastructure.files.atomic_write` promises: a temporary
+file in the same directory, fsynced, renamed over the target, then the directory fsynced. Reads
 open only regular files, and open them non-blocking, so a FIFO or a device never hangs a read.
 
 Odd paths (NUL bytes, undecodable names, names over 255 bytes, paths over 4096 bytes, ``..``)
@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
-from infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllowed
+from agentmend.infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllowed
 
 __all__ = [
     "NAME_MAX",
@@ -501,7 +501,7 @@ def locked(root: str | Path, path: str | Path) -> Iterator[int]:
     """Hold an exclusive ``flock`` on lock file ``path`` under ``root`` (created if missing).
 
     Re-entrant within a thread (:func:`hold_flock`), shared with
-    :func:`infrastructure.files.locked_file` (same key for the same path). The file is
+    :func:`agentmend.infrastructure.files.locked_file` (same key for the same path). The file is
     reached without symlinks and only flocked, never written.
     """
     parts = relative_parts(root, path)

@@ -7,8 +7,9 @@ exception: :func:`swap_link` replaces a link that points, by a relative name wit
 directory beside it under the same root, which is the only kind of link it ever makes. A link
 anyone else made (absolute, pointing elsewhere, or a real directory at the name) is refused.
 
-As in :mod:`infrastructure.confined`, every call walks from the root by directory descriptors
-with ``O_NOFOLLOW``, so a swap made at any instant makes the call fail, never redirects it.
+As in :mod:`agentmend.infrastructure.confined`, every call walks from the root by directory
+descriptors with ``O_NOFOLLOW``, so a swap made at any instant makes the call fail, never redirects
+it.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ import stat
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 
-from infrastructure.confined import (
+from agentmend.infrastructure.confined import (
     _directory,
     _display,
     _failure,
     _fsync_dir,
     relative_parts,
 )
-from infrastructure.errors import PathNotAllowed
+from agentmend.infrastructure.errors import PathNotAllowed
 
 __all__ = ["link_target", "remove_tree", "rename_directory", "swap_link", "write_new_tree"]
 

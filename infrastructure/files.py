@@ -4,7 +4,7 @@ A write either leaves the old bytes or the new ones on disk, never a mix: the da
 temporary file in the same directory, is fsynced, is renamed over the target, and the directory
 is fsynced so the rename itself survives a power cut. The writes here are those of a single
 file whose folder the caller names (a saved definition, a workspace file); everything written
-under a root on an agent's behalf goes through :mod:`infrastructure.confined`, which these
+under a root on an agent's behalf goes through :mod:`agentmend.infrastructure.confined`, which these
 delegate to for the last component. Writers that must not interleave (two processes changing
 one root, two appends to one audit chain) serialise on a :func:`locked_file`.
 :func:`resolve_inside` is the check made when a path is planned, not when it is written.
@@ -18,9 +18,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from infrastructure import confined
-from infrastructure.confined import hold_flock
-from infrastructure.errors import FileOperationError, PathNotAllowed
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.confined import hold_flock
+from agentmend.infrastructure.errors import FileOperationError, PathNotAllowed
 
 __all__ = [
     "atomic_delete",
@@ -51,7 +51,7 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     """Replace ``path`` with ``data`` so a crash leaves either the old or the new content.
 
     The parent directories are created; the file itself is written by
-    :func:`infrastructure.confined.write` from its opened parent directory, so a symlink
+    :func:`agentmend.infrastructure.confined.write` from its opened parent directory, so a symlink
     swapped in at the name is replaced, never followed.
     """
     path = Path(path)
@@ -87,7 +87,7 @@ def read_if_exists(path: Path) -> bytes | None:
     """``path``'s bytes, or None when it does not exist (the state :func:`atomic_delete` leaves).
 
     Only a regular file is read, and a symlink at the name is refused
-    (:func:`infrastructure.confined.read`).
+    (:func:`agentmend.infrastructure.confined.read`).
     """
     path = Path(path)
     if not path.parent.is_dir():
@@ -138,7 +138,7 @@ def resolve_inside(
     ``root``), symlinks, at any depth, that point outside ``root``, symlink loops, and odd
     text (NUL or undecodable bytes, names over 255 bytes, paths over 4096 bytes). This is the
     check made when a change is planned; the write itself goes through
-    :mod:`infrastructure.confined`, which holds however the tree changes in between. With
+    :mod:`agentmend.infrastructure.confined`, which holds however the tree changes in between. With
     ``allowed_suffixes``, the file's suffix must be one of them.
     """
     root_resolved = Path(root).resolve()

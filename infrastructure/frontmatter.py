@@ -9,10 +9,10 @@ layout people write by hand; on anything else it returns ``None`` so the caller 
 re-dumping the front matter. The caller re-parses every result either way, so a wrong edit is
 caught, never written.
 
-Parsing follows Claude Code (see ``infrastructure.frontmatter_compat``): YAML 1.2 scalars, and
-one retry on Claude Code's repaired copy when the front matter is not strict YAML. A changed
-value is written in its author's style (``infrastructure.frontmatter_style``) and, in a file
-that only loads through the repair, in a form that the repair leaves as it is.
+Parsing follows Claude Code (see ``agentmend.infrastructure.frontmatter_compat``): YAML 1.2 scalars,
+and one retry on Claude Code's repaired copy when the front matter is not strict YAML. A changed
+value is written in its author's style (``agentmend.infrastructure.frontmatter_style``) and, in a
+file that only loads through the repair, in a form that the repair leaves as it is.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 
-from infrastructure.frontmatter_compat import lenient_text
-from infrastructure.frontmatter_style import restyled
-from infrastructure.frontmatter_yaml import (
+from agentmend.infrastructure.frontmatter_compat import lenient_text
+from agentmend.infrastructure.frontmatter_style import restyled
+from agentmend.infrastructure.frontmatter_yaml import (
     FIRST_LINE,
     FrontMatterError,
     dump_lines,

@@ -1,8 +1,8 @@
 """The YAML underneath agent front matter: Claude Code's reading of it, and how to write it.
 
 Loading uses YAML 1.2 core-schema scalars and refuses a repeated key; ``parse_either`` also
-tries Claude Code's repaired copy (``infrastructure.frontmatter_compat``). Writing uses PyYAML
-with list items indented under their key, quoting any string that YAML 1.1 or 1.2 would read
+tries Claude Code's repaired copy (``agentmend.infrastructure.frontmatter_compat``). Writing uses
+PyYAML with list items indented under their key, quoting any string that YAML 1.1 or 1.2 would read
 as something else, and (for files that only load through the repair) a variant that
 double-quotes every string holding a YAML indicator, the form the repair leaves as it is.
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from infrastructure.errors import AgentmendError
-from infrastructure.frontmatter_compat import (
+from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.frontmatter_compat import (
     CoreSchemaResolver,
     construct_core_float,
     construct_core_int,

@@ -4,8 +4,8 @@ A hostile or confused model can answer with a 50 MB rationale or a plan of a hun
 megabyte files; accepted, that costs gigabytes of memory and database and stalls the server
 that took it. Each bound is a ``Settings`` field with a documented default; a check is a
 length comparison (no parsing, no copy), so an input over a bound is refused in well under a
-second with an :class:`~infrastructure.errors.InputTooLarge` naming the input, its size, the
-bound and the setting, and nothing is written.
+second with an :class:`~agentmend.infrastructure.errors.InputTooLarge` naming the input, its size,
+the bound and the setting, and nothing is written.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infrastructure.errors import InputTooLarge
-from infrastructure.settings import (
+from agentmend.infrastructure.errors import InputTooLarge
+from agentmend.infrastructure.settings import (
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_MAX_PLAN_BYTES,
     DEFAULT_MAX_PLAN_FILES,
@@ -25,8 +25,8 @@ from infrastructure.settings import (
 )
 
 if TYPE_CHECKING:
-    from infrastructure.models import ImprovementAction
-    from infrastructure.settings import Settings
+    from agentmend.infrastructure.models import ImprovementAction
+    from agentmend.infrastructure.settings import Settings
 
 __all__ = ["InputLimits", "utf8_size"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infrastructure.frozen import FrozenDict, FrozenJson
+from agentmend.infrastructure.frozen import FrozenDict, FrozenJson
 
 __all__ = [
     "AgentMetrics",

@@ -36,7 +36,7 @@ from collections.abc import Collection, Iterable
 from fnmatch import fnmatchcase
 from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
-from infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.errors import ConfigurationError
 
 __all__ = [
     "ANY_OTHER_TOOL",

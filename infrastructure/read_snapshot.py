@@ -12,9 +12,9 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from infrastructure.errors import StoreError
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection
+from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection
 
 __all__ = ["read_snapshot"]
 

@@ -1,10 +1,10 @@
 """The release label a run carries, and the tags of a label no release was found for.
 
 Runs that agentmend does not route (OpenTelemetry spans, the Claude Agent SDK's hooks) name the
-release that served them with a label; ``infrastructure.releases.attribution`` turns a label into
-the release, arm and rollout. The label's names and the tags of an unattributed run are here, at
-the bottom of the package, so the runtimes' hooks and the receiver can use them without depending
-on the release machinery (which depends on the runtimes through the eval suites).
+release that served them with a label; ``agentmend.infrastructure.releases.attribution`` turns a
+label into the release, arm and rollout. The label's names and the tags of an unattributed run are
+here, at the bottom of the package, so the runtimes' hooks and the receiver can use them without
+depending on the release machinery (which depends on the runtimes through the eval suites).
 """
 
 from __future__ import annotations

@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from infrastructure.errors import ConfigurationError
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection, table_names
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection, table_names
+from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
-    from infrastructure.settings import Settings
+    from agentmend.infrastructure.settings import Settings
 
 __all__ = ["KEEP_NEWEST", "PruneResult", "RetentionPolicy", "RetentionSweeper", "prune"]
 

@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from infrastructure.errors import ConfigurationError
-from infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.principal import ADMIN, Principal
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",

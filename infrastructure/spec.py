@@ -5,10 +5,10 @@ matter (``name``, ``description``, ``tools``, ``model``, ``maxTurns``, ...) and 
 as the body, so the claude-agent-sdk can load it with no translation. agentmend's own settings
 live under a single ``agentmend:`` mapping so they can never collide with a key Claude Code
 adds later. The file is the source of truth and people review its diffs, so saving a changed
-spec rewrites only the lines of what changed (see ``infrastructure.frontmatter``), and saving an
-unchanged one writes back the very bytes it was read from. Files are read as Claude Code reads
-them: front matter that is not strict YAML goes through Claude Code's own repair, and names
-follow its rule (``infrastructure.agent_names``).
+spec rewrites only the lines of what changed (see ``agentmend.infrastructure.frontmatter``), and
+saving an unchanged one writes back the very bytes it was read from. Files are read as Claude Code
+reads them: front matter that is not strict YAML goes through Claude Code's own repair, and names
+follow its rule (``agentmend.infrastructure.agent_names``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,17 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from infrastructure import confined
-from infrastructure.agent_docs import read_agent_docs, with_agent_docs
-from infrastructure.agent_names import name_problem, path_name
-from infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllowed, SpecError
-from infrastructure.files import atomic_write
-from infrastructure.frontmatter import (
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.agent_docs import read_agent_docs, with_agent_docs
+from agentmend.infrastructure.agent_names import name_problem, path_name
+from agentmend.infrastructure.errors import (
+    FileOperationError,
+    FileTooLarge,
+    PathNotAllowed,
+    SpecError,
+)
+from agentmend.infrastructure.files import atomic_write
+from agentmend.infrastructure.frontmatter import (
     Document,
     Edit,
     FrontMatterError,
@@ -38,9 +43,9 @@ from infrastructure.frontmatter import (
     replace_body,
     split_document,
 )
-from infrastructure.frozen import FrozenDict, thaw
-from infrastructure.settings import DEFAULT_MAX_FILE_BYTES
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.frozen import FrozenDict, thaw
+from agentmend.infrastructure.settings import DEFAULT_MAX_FILE_BYTES
+from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from claude_agent_sdk import AgentDefinition

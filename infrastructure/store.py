@@ -2,9 +2,9 @@
 
 ``Store(url)`` opens a SQLite file (a path or ``sqlite:///path``, the default) or a PostgreSQL
 database (``postgresql://...``, the ``[postgres]`` extra) behind one interface: components speak
-the plain SQL of :mod:`infrastructure.store_sql` on the connections this hands out, and the
-backend modules (:mod:`~infrastructure.store_sqlite`, :mod:`~infrastructure.store_postgres`)
-keep every difference between the two.
+the plain SQL of :mod:`agentmend.infrastructure.store_sql` on the connections this hands out, and
+the backend modules (:mod:`~agentmend.infrastructure.store_sqlite`,
+:mod:`~agentmend.infrastructure.store_postgres`) keep every difference between the two.
 
 Each component (executions, changes, audit, plans, ...) owns its tables and registers its own
 ordered list of migrations; the store records the version each component has reached, so a
@@ -21,13 +21,13 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infrastructure.errors import StoreError
-from infrastructure.store_sql import Backend, StoreConnection
-from infrastructure.store_sqlite import SqliteBackend
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.store_sql import Backend, StoreConnection
+from agentmend.infrastructure.store_sqlite import SqliteBackend
+from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
-    from infrastructure.store_postgres import PostgresBackend
+    from agentmend.infrastructure.store_postgres import PostgresBackend
 
 __all__ = ["Store", "is_store_url"]
 
@@ -65,7 +65,7 @@ class Store:
         text = os.fspath(location)
         self._backend: SqliteBackend | PostgresBackend
         if text.startswith(_PG_SCHEMES):
-            from infrastructure.store_postgres import PostgresBackend
+            from agentmend.infrastructure.store_postgres import PostgresBackend
 
             pg = PostgresBackend(text)
             self._backend = pg

@@ -14,24 +14,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infrastructure.changes import change_log, decisions, leases, team_ids, watch
-from infrastructure.changes.audit import _MIGRATIONS as AUDIT_MIGRATIONS
-from infrastructure.changes.audit import AuditLog, ChainVerification
-from infrastructure.changes.audit_head import write_head
-from infrastructure.errors import StoreError
-from infrastructure.files import locked_file
-from infrastructure.monitoring import (
+from agentmend.infrastructure.changes import change_log, decisions, leases, team_ids, watch
+from agentmend.infrastructure.changes.audit import _MIGRATIONS as AUDIT_MIGRATIONS
+from agentmend.infrastructure.changes.audit import AuditLog, ChainVerification
+from agentmend.infrastructure.changes.audit_head import write_head
+from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.files import locked_file
+from agentmend.infrastructure.monitoring import (
     detector_series,
     execution_rollup,
     execution_store,
     issue_ledger,
     run_series,
 )
-from infrastructure.releases import release_tables
-from infrastructure.store import Store
-from infrastructure.store_sql import Backend, has_table, next_id, set_next_id
-from infrastructure.structured_logger import get_logger
-from infrastructure.telemetry import receiver_counts
+from agentmend.infrastructure.releases import release_tables
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import Backend, has_table, next_id, set_next_id
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.telemetry import receiver_counts
 
 __all__ = ["CopyReport", "copy_store"]
 

@@ -1,7 +1,7 @@
 """The fleet backend: a PostgreSQL database shared by many worker processes on many hosts.
 
 Needs the ``[postgres]`` extra (psycopg 3), imported on first use. Components speak the plain
-SQL of :mod:`infrastructure.store_sql`; this module maps it: ``?`` parameters to ``%s``,
+SQL of :mod:`agentmend.infrastructure.store_sql`; this module maps it: ``?`` parameters to ``%s``,
 SQLite's schema types to PostgreSQL's, booleans to 0/1 and integral ``NUMERIC`` results (a
 ``SUM`` of integers) back to ``int``, so rows read the same on both backends.
 
@@ -30,8 +30,8 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from infrastructure.errors import PostgresExtraMissing, StoreError
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import PostgresExtraMissing, StoreError
+from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     import psycopg

@@ -16,7 +16,7 @@ Components write one plain SQL text for both backends:
 
 What cannot be written once (the table catalogue, a sequence's next value) is a function here,
 so each component's dialect difference is one call. Transactions, snapshots and locks are the
-:class:`~infrastructure.store.Store`'s (``transaction``, ``snapshot``, ``team_lock``).
+:class:`~agentmend.infrastructure.store.Store`'s (``transaction``, ``snapshot``, ``team_lock``).
 """
 
 from __future__ import annotations

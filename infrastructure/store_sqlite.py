@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from infrastructure.errors import StoreError
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["SqliteBackend"]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection, table_names
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection, table_names
 
 __all__ = ["KINDS", "KindUsage", "StoreUsage", "store_usage"]
 KINDS: dict[str, tuple[str, ...]] = {

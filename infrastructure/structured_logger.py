@@ -1,7 +1,7 @@
 """Logging: quiet by default as a library should be, configured only when a program asks.
 
 Library modules log with ``get_logger(__name__)``: a structlog logger that hands each event
-to the standard ``logging`` module under ``agentmend.<module>`` (``agentmend.agents.loop.cycle``,
+to the standard ``logging`` module under the module's own name (``agentmend.loop.cycle``,
 ``agentmend.infrastructure.store``, ...). The record's message is the event and its key/value
 pairs (``close_monitor_failed runs_lost=5 error='...'``), so even stdlib's bare last resort
 shows what happened; the pairs are also the record's attributes (``record.event``,
@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 import structlog
 
-from infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.errors import InvalidArgument
 
 __all__ = ["LOGGER_ROOT", "configure_logging", "get_logger"]
 
@@ -54,12 +54,16 @@ def _to_log_kwargs(logger: Any, method: str, event_dict: Any) -> Any:
 
 
 def get_logger(name: str) -> Any:
-    """A library logger for module ``name``: events go to stdlib ``agentmend.<name>``.
+    """A library logger for module ``name``: events go to the stdlib logger of that name.
 
-    Nothing is configured here or at import; the application's logging setup applies.
+    Every module of the package is named ``agentmend.<...>``, so its events sit under the one
+    ``agentmend`` logger; another name is put under it. Nothing is configured here or at import;
+    the application's logging setup applies.
     """
+    if name != LOGGER_ROOT and not name.startswith(f"{LOGGER_ROOT}."):
+        name = f"{LOGGER_ROOT}.{name}"
     return structlog.wrap_logger(
-        logging.getLogger(f"{LOGGER_ROOT}.{name}"),
+        logging.getLogger(name),
         wrapper_class=structlog.stdlib.BoundLogger,
         processors=[_clear_of_record_fields, _to_log_kwargs],
     )

@@ -11,8 +11,8 @@ import re
 import uuid
 from pathlib import Path
 
-from infrastructure import confined
-from infrastructure.errors import ConfigurationError
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.errors import ConfigurationError
 
 __all__ = ["TEAM_ID_FILE", "team_id_for"]
 

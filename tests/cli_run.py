@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.faces.cli import main
+from agentmend.faces.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def demo_workspace(target: Path) -> Path:
     """The demo's workspace at ``target``: on the simulated team, a truncation fault fixed and
     kept, a wrong fix rolled back, and a timeout fixed and kept."""
     result = subprocess.run(
-        [sys.executable, "-m", "agents.faces.cli", "demo", "--workspace", str(target)],
+        [sys.executable, "-m", "agentmend.faces.cli", "demo", "--workspace", str(target)],
         cwd=ROOT,
         capture_output=True,
         text=True,

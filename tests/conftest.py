@@ -31,7 +31,11 @@ from fake_messages_api import FakeMessagesAPI
 from pg_server import PgServer, PgUnavailable
 from services import unavailable
 
-from infrastructure.llm.network_guard import TESTING_ENV_VAR, NetworkGuard, refuse_non_loopback
+from agentmend.infrastructure.llm.network_guard import (
+    TESTING_ENV_VAR,
+    NetworkGuard,
+    refuse_non_loopback,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

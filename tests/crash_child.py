@@ -30,14 +30,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from infrastructure.changes.improvement_manager import (  # noqa: E402
+from agentmend.infrastructure.changes.improvement_manager import (  # noqa: E402
     ChangeRecord,
     ChangeStatus,
     ChangeType,
     ImprovementAction,
     ImprovementManager,
 )
-from infrastructure.errors import RollbackConflict  # noqa: E402
+from agentmend.infrastructure.errors import RollbackConflict  # noqa: E402
 
 FILES = ("a.md", "b.md", "docs/c.md", "docs/d.md", "docs/deep/e.md", "f.md")
 _MARK = b"\n#sha256="
@@ -110,8 +110,8 @@ def _child_crash(db: Path, root: Path, seed: int, count: int) -> None:
 
 
 def _child_concurrent(db: Path, root: Path, worker: int, count: int) -> None:
-    from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-    from infrastructure.store import Store
+    from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+    from agentmend.infrastructure.store import Store
 
     rng = random.Random(worker)
     store = Store(db)

@@ -20,14 +20,14 @@ if str(REPO) not in sys.path:
 
 from crash_child import quiet_logs  # noqa: E402
 
-from agents.roles.playbooks import offline_policies  # noqa: E402
-from agents.roles.schemas import ImprovementPlan, ProposedAction  # noqa: E402
-from infrastructure.llm.base import AgentResult  # noqa: E402
-from infrastructure.llm.offline import OfflineRuntime  # noqa: E402
-from infrastructure.llm.testing import ScriptedRuntime, Step  # noqa: E402
-from infrastructure.models import ChangeType, IssueReport  # noqa: E402
-from infrastructure.settings import Settings  # noqa: E402
-from infrastructure.spec import AgentSpec  # noqa: E402
+from agentmend.infrastructure.llm.base import AgentResult  # noqa: E402
+from agentmend.infrastructure.llm.offline import OfflineRuntime  # noqa: E402
+from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step  # noqa: E402
+from agentmend.infrastructure.models import ChangeType, IssueReport  # noqa: E402
+from agentmend.infrastructure.settings import Settings  # noqa: E402
+from agentmend.infrastructure.spec import AgentSpec  # noqa: E402
+from agentmend.roles.playbooks import offline_policies  # noqa: E402
+from agentmend.roles.schemas import ImprovementPlan, ProposedAction  # noqa: E402
 
 AGENT = "research-agent"
 
@@ -66,7 +66,7 @@ def improver_setting(field: str, value: object) -> ScriptedImprover:
 
 
 async def main(folder: Path) -> None:
-    from agents.faces.workspace import Workspace
+    from agentmend.faces.workspace import Workspace
 
     quiet_logs()
     workspace = Workspace.open(folder, settings=Settings(yolo_mode=True))

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from infrastructure.llm.base import Usage
+from agentmend.infrastructure.llm.base import Usage
 
 __all__ = [
     "DEFAULT_USAGE",

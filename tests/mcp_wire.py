@@ -1,6 +1,6 @@
 """A raw JSON-RPC client for the MCP server over real stdio, for requests no SDK client sends.
 
-``McpProcess`` starts ``python -m agents.mcp_server`` with pipes, writes raw lines (an
+``McpProcess`` starts ``python -m agentmend.mcp_server`` with pipes, writes raw lines (an
 oversized or absurdly nested request is just bytes here), reads the answers with a deadline,
 and reports the server's peak memory (``VmHWM``). Used by the tests and the bounded-input
 benchmark.
@@ -35,7 +35,7 @@ class McpProcess:
         self.stderr_path = workspace.parent / "server.stderr"
         self._stderr = self.stderr_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agents.mcp_server", "--workspace", str(workspace),
+            [sys.executable, "-m", "agentmend.mcp_server", "--workspace", str(workspace),
              "--root", str(project)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode, Tracer
 
-from infrastructure.models import ExecutionRecord
+from agentmend.infrastructure.models import ExecutionRecord
 
 __all__ = [
     "Recorder",

@@ -1,4 +1,4 @@
-"""Every module of the package, imported by walking ``agents`` and ``infrastructure``.
+"""Every module of the package, imported by walking ``agentmend`` and ``agentmend.infrastructure``.
 
 Tests that must cover every error or every record find them here, so a class added in a new
 module is covered without anyone remembering to list it.
@@ -11,8 +11,8 @@ import pkgutil
 from types import ModuleType
 from typing import TypeVar
 
-import agents
-import infrastructure
+import agentmend
+import agentmend.infrastructure
 
 T = TypeVar("T")
 
@@ -20,7 +20,8 @@ T = TypeVar("T")
 def import_all_modules() -> list[ModuleType]:
     """Every module of both packages (``__main__`` shims excluded: importing one runs it)."""
     modules: list[ModuleType] = []
-    for package in (agents, infrastructure):
+    # ``agentmend.infrastructure`` lives in its own folder, so walking ``agentmend`` misses it
+    for package in (agentmend, agentmend.infrastructure):
         modules.append(package)
         for info in pkgutil.walk_packages(package.__path__, prefix=package.__name__ + "."):
             if info.name.rpartition(".")[2] == "__main__":
@@ -37,6 +38,6 @@ def all_subclasses(root: type[T]) -> list[type[T]]:
     while pending:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
-        if cls.__module__.partition(".")[0] in ("agents", "infrastructure") and cls not in found:
+        if cls.__module__.partition(".")[0] == "agentmend" and cls not in found:
             found.append(cls)
     return sorted(found, key=lambda c: (c.__module__, c.__qualname__))

@@ -27,15 +27,15 @@ from typing import Any
 
 from tiny_project import make_project
 
-from agents.loop.code_review import CodeReviewer
-from infrastructure import confined
-from infrastructure.changes.apply import prepare, record_intent
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.code_update.updater import CodeUpdater, FileOperation
-from infrastructure.errors import AgentmendError
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.settings import Settings
-from infrastructure.store import Store
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.changes.apply import prepare, record_intent
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
+from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.store import Store
+from agentmend.loop.code_review import CodeReviewer
 
 WRITER = b"---\nname: writer\ndescription: writes\n---\nold prompt\n"
 

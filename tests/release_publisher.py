@@ -19,10 +19,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from infrastructure.principal import Principal  # noqa: E402
-from infrastructure.releases.content import read_team_files  # noqa: E402
-from infrastructure.releases.release_log import ReleaseLog  # noqa: E402
-from infrastructure.store import Store  # noqa: E402
+from agentmend.infrastructure.principal import Principal  # noqa: E402
+from agentmend.infrastructure.releases.content import read_team_files  # noqa: E402
+from agentmend.infrastructure.releases.release_log import ReleaseLog  # noqa: E402
+from agentmend.infrastructure.store import Store  # noqa: E402
 
 AGENT_FILE = "research-agent.md"
 

@@ -19,13 +19,18 @@ import pytest
 import yaml
 from agent_file_fixtures import EXPECTED, FIXTURES, INVALID, VALID, Reads, Refused, fixture_text
 
-from infrastructure.agent_names import name_problem, path_name
-from infrastructure.changes.effectors import group_entries, plan_change
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.errors import SpecError
-from infrastructure.frontmatter_compat import lenient_text
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.spec import AgentSpec, PermissionProfile, SpecWarning, load_agent_specs
+from agentmend.infrastructure.agent_names import name_problem, path_name
+from agentmend.infrastructure.changes.effectors import group_entries, plan_change
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.errors import SpecError
+from agentmend.infrastructure.frontmatter_compat import lenient_text
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.spec import (
+    AgentSpec,
+    PermissionProfile,
+    SpecWarning,
+    load_agent_specs,
+)
 
 NEW_DESCRIPTION = "Use this agent when: asked to check. Examples: a diff."
 

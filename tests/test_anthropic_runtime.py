@@ -13,18 +13,18 @@ import pytest
 from fake_messages_api import FakeMessagesAPI, Reply
 from pydantic import BaseModel, Field
 
-from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
-from infrastructure.llm.anthropic_runtime import AnthropicRuntime, estimate_cost_usd
-from infrastructure.llm.base import ToolError, ToolSpec, Usage
-from infrastructure.llm.network_guard import (
+from agentmend.infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
+from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime, estimate_cost_usd
+from agentmend.infrastructure.llm.base import ToolError, ToolSpec, Usage
+from agentmend.infrastructure.llm.network_guard import (
     NetworkGuard,
     NetworkRefusedError,
     is_loopback_url,
     refuse_non_loopback,
     under_tests,
 )
-from infrastructure.llm.retry import RetryPolicy, is_retryable, run_with_retry
-from infrastructure.spec import AgentSpec
+from agentmend.infrastructure.llm.retry import RetryPolicy, is_retryable, run_with_retry
+from agentmend.infrastructure.spec import AgentSpec
 
 # Captured at import, before any test's guard patches the socket module.
 _REAL_CONNECT = socket.socket.connect

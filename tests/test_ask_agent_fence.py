@@ -14,12 +14,12 @@ import unicodedata
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
-from agents.roles.ask_agent_tool import AskAgentTool, escape_answer, fenced_answer
-from agents.roles.schemas import MediatorReport
-from agents.roles.socratic_mediator import SocraticMediator
-from infrastructure.llm.testing import FunctionRuntime, Step, TurnInfo
-from infrastructure.llm.tool_loop import Message
-from infrastructure.models import IssueReport
+from agentmend.infrastructure.llm.testing import FunctionRuntime, Step, TurnInfo
+from agentmend.infrastructure.llm.tool_loop import Message
+from agentmend.infrastructure.models import IssueReport
+from agentmend.roles.ask_agent_tool import AskAgentTool, escape_answer, fenced_answer
+from agentmend.roles.schemas import MediatorReport
+from agentmend.roles.socratic_mediator import SocraticMediator
 
 OPENERS = ("<", "\uff1c", "\ufe64", "\u226e", "&lt;", "&LT;", "&lt", "&#60;", "&#x3c;", "&#X3C;",
            "&#0060;", "&amp;lt;")  # fmt: skip

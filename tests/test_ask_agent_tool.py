@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from agents import AskAgentTool, create_ask_agent_tool
-from infrastructure.llm.base import ToolError
+from agentmend import AskAgentTool, create_ask_agent_tool
+from agentmend.infrastructure.llm.base import ToolError
 
 
 async def _echo(question: str) -> str:

@@ -25,16 +25,16 @@ from typing import Any
 import pytest
 from raw_sql import raw_execute, raw_rows
 
-from infrastructure.changes.audit import AuditChainBroken, AuditLog
-from infrastructure.changes.improvement_manager import (
+from agentmend.infrastructure.changes.audit import AuditChainBroken, AuditLog
+from agentmend.infrastructure.changes.improvement_manager import (
     ChangeStatus,
     ChangeType,
     ImprovementAction,
     ImprovementManager,
 )
-from infrastructure.errors import PermissionRequired
-from infrastructure.principal import ADMIN, Principal
-from infrastructure.store import Store
+from agentmend.infrastructure.errors import PermissionRequired
+from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.store import Store
 
 ADMIN_USER = Principal("root-1", "Ada", frozenset({ADMIN}))
 PLAIN_USER = Principal("u-2", "Bob")

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from raw_sql import raw_execute
 
-from agents.faces.cli import main
-from agents.faces.mcp_tools import AgentmendTools
-from agents.faces.workspace import Workspace
-from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
-from infrastructure.settings import Settings
+from agentmend.faces.cli import main
+from agentmend.faces.mcp_tools import AgentmendTools
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
+from agentmend.infrastructure.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 

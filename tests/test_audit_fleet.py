@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure.changes.audit import AuditChainBroken, AuditEntry, AuditLog
-from infrastructure.changes.audit_head import read_head
-from infrastructure.files import locked_file
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.principal import Principal
-from infrastructure.releases.follower import ReleaseFollower
-from infrastructure.releases.release_log import ReleaseLog
-from infrastructure.releases.rollout import Rollouts
-from infrastructure.simulation import copy_team
-from infrastructure.store import Store
+from agentmend.infrastructure.changes.audit import AuditChainBroken, AuditEntry, AuditLog
+from agentmend.infrastructure.changes.audit_head import read_head
+from agentmend.infrastructure.files import locked_file
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.releases.follower import ReleaseFollower
+from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.rollout import Rollouts
+from agentmend.infrastructure.simulation import copy_team
+from agentmend.infrastructure.store import Store
 
 KEY = "kept-off-the-database-server"
 Host = Callable[..., AuditLog]

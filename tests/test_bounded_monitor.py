@@ -20,12 +20,15 @@ import pytest
 from log_capture import captured_records
 from tiny_project import PYTEST, make_project
 
-from agents.faces.mcp_tools import AgentmendTools
-from agents.faces.workspace import Workspace
-from infrastructure.errors import ConfigurationError, StoreError
-from infrastructure.monitoring.performance_monitor import MonitorClosed, PerformanceMonitor
-from infrastructure.settings import InvalidSetting, Settings, load_settings
-from infrastructure.store import Store
+from agentmend.faces.mcp_tools import AgentmendTools
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.errors import ConfigurationError, StoreError
+from agentmend.infrastructure.monitoring.performance_monitor import (
+    MonitorClosed,
+    PerformanceMonitor,
+)
+from agentmend.infrastructure.settings import InvalidSetting, Settings, load_settings
+from agentmend.infrastructure.store import Store
 
 _ROOT = Path(__file__).resolve().parents[1]
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -184,8 +187,8 @@ def test_the_exit_hook_gives_up_at_its_deadline_and_logs_the_runs_lost(tmp_path:
     runs = 600_000
     script = (
         "import time\n"
-        "from infrastructure.monitoring.performance_monitor import PerformanceMonitor\n"
-        "from infrastructure.store import Store\n"
+        "from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor\n"
+        "from agentmend.infrastructure.store import Store\n"
         f"m = PerformanceMonitor(Store({str(db)!r}), max_backlog=10_000_000,"
         " flush_interval_s=3600, flush_max_batch=10_000_000, close_timeout_s=0.3)\n"
         f"for _ in range({runs}):\n"

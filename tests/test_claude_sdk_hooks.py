@@ -26,8 +26,8 @@ from claude_agent_sdk import (
 from claude_agent_sdk.types import HookEvent
 from fake_messages_api import FakeMessagesAPI, RecordedRequest, Reply
 
-from infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 
 
 @dataclass

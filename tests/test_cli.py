@@ -2,7 +2,7 @@
 ``--json``, exit codes (0 ok, 1 problem, 2 usage, 3 unavailable) and bad arguments.
 
 Most tests call ``main()`` in-process (the same parser and handlers the console script runs);
-the installed script itself, ``python -m agents`` and the session are run as subprocesses.
+the installed script itself, ``python -m agentmend`` and the session are run as subprocesses.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from cli_run import demo_workspace as make_demo
 from cli_run import run_cli
 
-from agents.faces.cli import (
+from agentmend.faces.cli import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_UNAVAILABLE,
@@ -48,7 +48,7 @@ def workspace(demo_workspace: Path, tmp_path: Path) -> Path:
 
 
 def _leaf_paths() -> list[tuple[str, ...]]:
-    from agents.faces.cli import _subcommands
+    from agentmend.faces.cli import _subcommands
 
     return [command.path for command in _subcommands()]
 
@@ -228,7 +228,7 @@ def test_the_installed_script_and_python_m_agents_run(tmp_path: Path) -> None:
     assert version.returncode == 0
     assert version.stdout.startswith("agentmend ")
     session = subprocess.run(
-        [sys.executable, "-m", "agents", "--workspace", str(tmp_path / "ws")],
+        [sys.executable, "-m", "agentmend", "--workspace", str(tmp_path / "ws")],
         input="/status\n/quit\n",
         capture_output=True,
         text=True,
@@ -244,7 +244,7 @@ def test_agentmend_session_takes_the_session_flags(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "agents.faces.cli",
+            "agentmend.faces.cli",
             "session",
             "--workspace",
             str(tmp_path / "ws"),
@@ -277,7 +277,7 @@ def test_agentmend_mcp_serves_the_workspace_over_stdio(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "agents.faces.cli",
+            "agentmend.faces.cli",
             "mcp",
             "--workspace",
             str(tmp_path / "ws"),
@@ -313,9 +313,9 @@ def test_the_parser_nests_paths_and_every_leaf_runs_something() -> None:
 def test_a_subcommand_imports_only_what_it_runs(tmp_path: Path, argv: list[str]) -> None:
     # the session's module (most of a second to import) is not loaded to build the parser
     probe = (
-        "import sys\nfrom agents.faces.cli import main\n"
+        "import sys\nfrom agentmend.faces.cli import main\n"
         "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-        "print('session imported:', 'agents.faces.session' in sys.modules, file=sys.stderr)\n"
+        "print('session imported:', 'agentmend.faces.session' in sys.modules, file=sys.stderr)\n"
     )
     args = [a.replace("{ws}", str(tmp_path / "ws")) for a in argv]
     result = subprocess.run(

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import structlog
 
-from agents.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, main
-from agents.faces.workspace import Workspace
-from infrastructure.changes.audit import AuditLog
-from infrastructure.store import Store
+from agentmend.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, main
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.store import Store
 
 
 @pytest.fixture(autouse=True)

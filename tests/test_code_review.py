@@ -7,7 +7,17 @@ from pathlib import Path
 import pytest
 from tiny_project import CALC, CALC_EXTENDED, TEST_CALC, make_project
 
-from agents.loop.code_review import (
+from agentmend.infrastructure.changes.safety import ProposedChange
+from agentmend.infrastructure.code_update.code_plans import (
+    CodeUpdateError,
+    PlannedFile,
+    proposed_change,
+)
+from agentmend.infrastructure.errors import PathNotAllowed
+from agentmend.infrastructure.files import sha256_bytes
+from agentmend.infrastructure.llm.offline import OfflineRuntime
+from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
+from agentmend.loop.code_review import (
     CodeAnalyst,
     CodeFinding,
     CodeReviewer,
@@ -16,14 +26,8 @@ from agents.loop.code_review import (
     ModelRequired,
     review_code_change,
 )
-from agents.roles.playbooks import offline_policies
-from agents.roles.schemas import SupervisorReview
-from infrastructure.changes.safety import ProposedChange
-from infrastructure.code_update.code_plans import CodeUpdateError, PlannedFile, proposed_change
-from infrastructure.errors import PathNotAllowed
-from infrastructure.files import sha256_bytes
-from infrastructure.llm.offline import OfflineRuntime
-from infrastructure.llm.testing import ScriptedRuntime, Step
+from agentmend.roles.playbooks import offline_policies
+from agentmend.roles.schemas import SupervisorReview
 
 
 @pytest.fixture

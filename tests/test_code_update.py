@@ -25,13 +25,21 @@ from tiny_project import (
     snapshot,
 )
 
-from agents.loop.code_review import CodeReviewer
-from infrastructure.changes.change_protocol import FileEntry
-from infrastructure.changes.decisions import list_decisions, list_plans, save_plan, update_plan
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.code_update.code_plans import PlanPaths
-from infrastructure.code_update.unified_diff import DiffError, apply_patch, parse_unified_diff
-from infrastructure.code_update.updater import (
+from agentmend.infrastructure.changes.change_protocol import FileEntry
+from agentmend.infrastructure.changes.decisions import (
+    list_decisions,
+    list_plans,
+    save_plan,
+    update_plan,
+)
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.code_update.code_plans import PlanPaths
+from agentmend.infrastructure.code_update.unified_diff import (
+    DiffError,
+    apply_patch,
+    parse_unified_diff,
+)
+from agentmend.infrastructure.code_update.updater import (
     CODE_TARGET,
     CodeUpdateError,
     CodeUpdater,
@@ -39,10 +47,16 @@ from infrastructure.code_update.updater import (
     PlanNotFound,
     PlanStateError,
 )
-from infrastructure.errors import PathNotAllowed
-from infrastructure.models import ChangeRecord, ChangeStatus, ChangeType, ImprovementAction
-from infrastructure.settings import Settings
-from infrastructure.store import Store
+from agentmend.infrastructure.errors import PathNotAllowed
+from agentmend.infrastructure.models import (
+    ChangeRecord,
+    ChangeStatus,
+    ChangeType,
+    ImprovementAction,
+)
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.store import Store
+from agentmend.loop.code_review import CodeReviewer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -500,11 +514,11 @@ async def test_an_unexpected_apply_error_fails_the_plan_records_why_and_propagat
 _CRASH_CHILD = """
 import asyncio, json, sys
 from pathlib import Path
-from agents.loop.code_review import CodeReviewer
-from infrastructure.code_update.updater import CodeUpdater, FileOperation
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.settings import Settings
-from infrastructure.store import Store
+from agentmend.loop.code_review import CodeReviewer
+from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.store import Store
 
 args = json.loads(sys.argv[1])
 manager = ImprovementManager(store=Store(args["db"]))

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from crash_child import check_history, child_command, child_env
 
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.store import Store
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.store import Store
 
 WORKERS = 4
 CHANGES = 30

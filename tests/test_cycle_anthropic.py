@@ -31,19 +31,24 @@ from pathlib import Path
 import pytest
 from fake_messages_api import STRUCTURED_OUTPUT_TOOL, FakeMessagesAPI, RecordedRequest, Reply
 
-from agents.loop.cycle import CycleResult, replay_cycle
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from agents.roles.prompt_blocks import extract_block
-from agents.roles.schemas import ImprovementPlan, MediatorReport, ProposedAction, SupervisorReview
-from agents.roles.supervisor import Supervisor
-from agents.roles.team import load_role_spec
-from infrastructure.changes.safety import ProposedChange
-from infrastructure.llm.anthropic_runtime import AnthropicRuntime
-from infrastructure.llm.retry import RetryPolicy
-from infrastructure.models import ChangeStatus, ChangeType
-from infrastructure.settings import Settings
-from infrastructure.simulation import FaultKind, SimulatedRuntime
-from infrastructure.spec import AgentSpec
+from agentmend.infrastructure.changes.safety import ProposedChange
+from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
+from agentmend.infrastructure.llm.retry import RetryPolicy
+from agentmend.infrastructure.models import ChangeStatus, ChangeType
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime
+from agentmend.infrastructure.spec import AgentSpec
+from agentmend.loop.cycle import CycleResult, replay_cycle
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
+from agentmend.roles.prompt_blocks import extract_block
+from agentmend.roles.schemas import (
+    ImprovementPlan,
+    MediatorReport,
+    ProposedAction,
+    SupervisorReview,
+)
+from agentmend.roles.supervisor import Supervisor
+from agentmend.roles.team import load_role_spec
 
 AGENT = "research-agent"
 BASELINE = 50

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from cli_run import demo_workspace
 
-from agents.loop.cycle import DECISION_PREFIX, cycle_events, list_cycle_ids, replay_cycle
-from agents.loop.cycle_history import cycle_of_change, cycle_summaries, latest_cycles
-from infrastructure.changes.decisions import record_decision
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.store import Store
+from agentmend.infrastructure.changes.decisions import record_decision
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.store import Store
+from agentmend.loop.cycle import DECISION_PREFIX, cycle_events, list_cycle_ids, replay_cycle
+from agentmend.loop.cycle_history import cycle_of_change, cycle_summaries, latest_cycles
 
 
 @pytest.fixture(scope="module")

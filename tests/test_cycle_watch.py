@@ -19,15 +19,15 @@ import pytest
 from crash_child import kill_at_marker
 from cycle_watch_child import AGENT, improver_setting
 
-from agents.loop.cycle import cycle_events, replay_cycle
-from agents.loop.cycle_history import cycle_of_change, cycle_summaries, latest_cycles
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from infrastructure.changes.decisions import list_decisions
-from infrastructure.changes.watch import ChangeWatcher
-from infrastructure.models import ChangeStatus, IssueReport
-from infrastructure.monitoring.performance_monitor import VERIFICATION
-from infrastructure.settings import Settings
-from infrastructure.simulation import AVAILABLE_MODELS, FaultKind, SimulatedRuntime
+from agentmend.infrastructure.changes.decisions import list_decisions
+from agentmend.infrastructure.changes.watch import ChangeWatcher
+from agentmend.infrastructure.models import ChangeStatus, IssueReport
+from agentmend.infrastructure.monitoring.performance_monitor import VERIFICATION
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import AVAILABLE_MODELS, FaultKind, SimulatedRuntime
+from agentmend.loop.cycle import cycle_events, replay_cycle
+from agentmend.loop.cycle_history import cycle_of_change, cycle_summaries, latest_cycles
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
 Build = Callable[..., MetaOrchestrator]
 
@@ -278,7 +278,7 @@ async def test_a_process_killed_while_its_cycle_s_watch_is_open_is_continued_not
     cycle_id, watch_id = fields["CYCLE"], fields["WATCH"]
     changed = (folder / "agents" / f"{AGENT}.md").read_bytes()
 
-    from agents.faces.workspace import Workspace
+    from agentmend.faces.workspace import Workspace
 
     with Workspace.open(folder, settings=Settings(), create=False) as workspace:
         # recovery did not undo the watched change: its record owns it, and the open went on
@@ -303,11 +303,11 @@ async def test_a_process_killed_while_its_cycle_s_watch_is_open_is_continued_not
 
 
 def test_the_watch_and_its_outcome_are_public() -> None:
-    import agents
+    import agentmend
 
-    assert agents.ChangeWatcher is ChangeWatcher
-    assert "WatchOutcome" in agents.__all__
-    assert agents.WatchOutcome.__module__ == "agents.loop.cycle"
+    assert agentmend.ChangeWatcher is ChangeWatcher
+    assert "WatchOutcome" in agentmend.__all__
+    assert agentmend.WatchOutcome.__module__ == "agentmend.loop.cycle"
 
 
 async def test_runs_recorded_straight_into_the_monitor_advance_the_watch_at_the_next_check(

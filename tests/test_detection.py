@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure.errors import ConfigurationError
-from infrastructure.models import IssueReport
-from infrastructure.monitoring.cusum import (
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.models import IssueReport
+from agentmend.infrastructure.monitoring.cusum import (
     bernoulli_arl,
     beta_quantile,
     calibrate_bernoulli,
@@ -21,9 +21,9 @@ from infrastructure.monitoring.cusum import (
     posterior_arl,
     siegmund_arl,
 )
-from infrastructure.monitoring.detection import IssueDetector, RuleThresholds
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.store import Store
+from agentmend.infrastructure.monitoring.detection import IssueDetector, RuleThresholds
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.store import Store
 
 BASE_N = 200  # a smaller baseline keeps the tests quick; the math is the same
 

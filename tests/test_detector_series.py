@@ -7,17 +7,17 @@ import math
 import random
 from pathlib import Path
 
-from infrastructure.monitoring.detection import IssueDetector
-from infrastructure.monitoring.detector_series import (
+from agentmend.infrastructure.monitoring.detection import IssueDetector
+from agentmend.infrastructure.monitoring.detector_series import (
     POINT_EVERY_RUNS,
     StatisticPoint,
     add_points,
     read_statistic_series,
 )
-from infrastructure.monitoring.issue_ledger import IssueLedger
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.monitoring.run_series import ROLLUP_WIDTHS
-from infrastructure.store import Store
+from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.monitoring.run_series import ROLLUP_WIDTHS
+from agentmend.infrastructure.store import Store
 
 BASE_N = 100
 

@@ -16,20 +16,20 @@ from typing import Any
 import pytest
 from package_modules import all_subclasses
 
-import agents
-from agents.loop.cycle import CycleResult
-from infrastructure.changes.safety import GateVerdict
-from infrastructure.errors import (
+import agentmend
+from agentmend.infrastructure.changes.safety import GateVerdict
+from agentmend.infrastructure.errors import (
     AgentmendError,
     AgentRunError,
     ErrorKind,
     InvalidArgument,
     NotFound,
 )
-from infrastructure.llm.base import AgentResult
-from infrastructure.models import IssueReport
+from agentmend.infrastructure.llm.base import AgentResult
+from agentmend.infrastructure.models import IssueReport
+from agentmend.loop.cycle import CycleResult
 
-_PACKAGES = ("agents", "infrastructure")
+_PACKAGES = ("agentmend",)
 
 # A value for each parameter annotation an error's __init__ uses. A new annotation fails the walk
 # below with its name, so the table grows with the errors.
@@ -148,5 +148,5 @@ def test_a_built_in_base_is_kept_through_pickle() -> None:
 
 @pytest.mark.parametrize("cls", all_subclasses(AgentmendError), ids=lambda cls: cls.__qualname__)
 def test_every_error_of_the_root_is_exported_from_agents(cls: type[AgentmendError]) -> None:
-    assert cls.__name__ in agents.__all__
-    assert getattr(agents, cls.__name__) is cls
+    assert cls.__name__ in agentmend.__all__
+    assert getattr(agentmend, cls.__name__) is cls

@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from infrastructure.errors import AgentRunError, ErrorKind, SpecError
-from infrastructure.evaluation.evals import (
+from agentmend.infrastructure.errors import AgentRunError, ErrorKind, SpecError
+from agentmend.infrastructure.evaluation.evals import (
     EvalCheck,
     find_eval_suite,
     load_eval_suite,
     parse_eval_suite,
     suite_path_for,
 )
-from infrastructure.files import sha256_bytes
-from infrastructure.llm.base import AgentResult
-from infrastructure.spec import AgentSpec
+from agentmend.infrastructure.files import sha256_bytes
+from agentmend.infrastructure.llm.base import AgentResult
+from agentmend.infrastructure.spec import AgentSpec
 
 _module_ids = itertools.count()
 

@@ -16,21 +16,26 @@ from typing import Any
 
 import pytest
 
-from agents.loop.cycle import CycleResult, replay_cycle
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from agents.roles.playbooks import offline_policies
-from agents.roles.prompt_blocks import extract_block
-from agents.roles.schemas import ImprovementPlan, MediatorReport, ProposedAction, SupervisorReview
-from infrastructure.changes.decisions import list_decisions
-from infrastructure.changes.safety import ProposedChange
-from infrastructure.llm.base import AgentResult, ToolSpec
-from infrastructure.llm.offline import OfflineRuntime
-from infrastructure.llm.testing import FunctionRuntime, ScriptedRuntime, Step, TurnInfo
-from infrastructure.llm.tool_loop import Message, ToolResultBlock
-from infrastructure.models import ChangeStatus, ChangeType
-from infrastructure.settings import Settings
-from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
-from infrastructure.spec import AgentSpec, load_agent_specs
+from agentmend.infrastructure.changes.decisions import list_decisions
+from agentmend.infrastructure.changes.safety import ProposedChange
+from agentmend.infrastructure.llm.base import AgentResult, ToolSpec
+from agentmend.infrastructure.llm.offline import OfflineRuntime
+from agentmend.infrastructure.llm.testing import FunctionRuntime, ScriptedRuntime, Step, TurnInfo
+from agentmend.infrastructure.llm.tool_loop import Message, ToolResultBlock
+from agentmend.infrastructure.models import ChangeStatus, ChangeType
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
+from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
+from agentmend.loop.cycle import CycleResult, replay_cycle
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
+from agentmend.roles.playbooks import offline_policies
+from agentmend.roles.prompt_blocks import extract_block
+from agentmend.roles.schemas import (
+    ImprovementPlan,
+    MediatorReport,
+    ProposedAction,
+    SupervisorReview,
+)
 
 BASELINE = 50
 GATES = ["budget", "confidence", "scope", "role", "supervisor", "human_approval"]

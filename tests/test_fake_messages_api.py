@@ -13,7 +13,7 @@ import pytest
 from anthropic.types import MessageParam
 from fake_messages_api import STRUCTURED_OUTPUT_TOOL, FakeMessagesAPI, RecordedRequest, Reply
 
-from infrastructure.llm.base import Usage
+from agentmend.infrastructure.llm.base import Usage
 
 MODEL = "claude-sonnet-4-6"  # 4-5 makes the client warn DeprecationWarning
 USER: list[MessageParam] = [{"role": "user", "content": "hi"}]

@@ -38,7 +38,7 @@ def test_input_that_ends_during_a_question_ends_the_session(
 ) -> None:
     script = "/traffic 35\n/inject research-agent truncation\n/traffic 3\n"
     started = time.monotonic()
-    done = user_venv.run(["python", "-m", "agents", "--workspace", "W"], tmp_path, stdin=script)
+    done = user_venv.run(["python", "-m", "agentmend", "--workspace", "W"], tmp_path, stdin=script)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert time.monotonic() - started < 60  # it once hung until killed
     assert "Run self-improvement cycle?" in done.stdout
@@ -153,7 +153,7 @@ def test_a_declined_issue_is_not_offered_again_until_it_changes(
 
 LOOP = """
 import asyncio
-from agents import Workspace
+from agentmend import Workspace
 
 async def main():
     async with Workspace.open("ws") as ws:
@@ -193,7 +193,7 @@ def test_a_plain_approval_callback_gets_a_fix_kept(user_venv: UserVenv, tmp_path
 
 APP = """
 import logging, sys
-from agents import MetaOrchestrator
+from agentmend import MetaOrchestrator
 import asyncio
 
 logging.basicConfig(level=getattr(logging, sys.argv[1]), stream=sys.stderr)
@@ -226,8 +226,8 @@ def test_the_library_prints_nothing_unless_logging_is_configured(
     loud = user_venv.run(["python", "app.py", "INFO", "agentmend"], tmp_path, env=env)
     assert loud.returncode == 0, loud.stderr
     assert loud.stdout == "done\n"
-    assert "INFO:agentmend.agents.loop.cycle:cycle_started" in loud.stderr
-    assert "INFO:agentmend.agents.loop.cycle:cycle_finished" in loud.stderr
+    assert "INFO:agentmend.loop.cycle:cycle_started" in loud.stderr
+    assert "INFO:agentmend.loop.cycle:cycle_finished" in loud.stderr
 
 
 # -- 6. an error a user can cause is one line, and the session goes on ------------------------
@@ -293,8 +293,8 @@ def test_an_installed_package_starts_the_session_and_shows_a_clean_surface(
     user_venv: UserVenv, tmp_path: Path
 ) -> None:
     probe = (
-        "import agents, json; print(json.dumps({'file': agents.__file__, "
-        "'version': agents.__version__, 'dir': dir(agents)}))"
+        "import agentmend, json; print(json.dumps({'file': agentmend.__file__, "
+        "'version': agentmend.__version__, 'dir': dir(agentmend)}))"
     )
     import json
 
@@ -305,7 +305,7 @@ def test_an_installed_package_starts_the_session_and_shows_a_clean_surface(
     assert {"TurnInfo", "FunctionRuntime", "Workspace", "ProposedChange"} <= set(shown["dir"])
     version = user_venv.run(["agentmend", "--version"], tmp_path)
     assert version.stdout.strip() == f"agentmend {shown['version']}"
-    for command in (["agentmend", "session"], ["python", "-m", "agents"]):
+    for command in (["agentmend", "session"], ["python", "-m", "agentmend"]):
         done = user_venv.run([*command, "--workspace", "W"], tmp_path, stdin="/help\n/quit\n")
         assert done.returncode == 0, done.stderr
         assert "/rollback [ID] [force|cascade]" in done.stdout

@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.store import Store
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.store import Store
 
 _ERROR_EVERY = 25_000  # rare errors: a scan for the latest ten would walk most of the rows
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.store import Store
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.store import Store
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 

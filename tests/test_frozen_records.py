@@ -23,7 +23,7 @@ from package_modules import all_subclasses
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
-from infrastructure.frozen import FrozenDict, freeze
+from agentmend.infrastructure.frozen import FrozenDict, freeze
 
 _JSON_VALUE = {"nested": [1, {"deep": ["x", 2.5]}], "flag": True}
 
@@ -175,7 +175,7 @@ def test_a_record_hashes_and_round_trips_through_json_and_pickle(cls: type[BaseM
 
 
 def test_the_reported_tampering_is_refused() -> None:
-    from infrastructure.models import ImprovementAction, IssueReport
+    from agentmend.infrastructure.models import ImprovementAction, IssueReport
 
     issue = IssueReport(agent_name="writer", error_type="timeout", error_logs=["boom"])
     with pytest.raises(AttributeError):

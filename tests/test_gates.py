@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from infrastructure.changes.effectors import plan_change
-from infrastructure.changes.gates import (
+from agentmend.infrastructure.changes.effectors import plan_change
+from agentmend.infrastructure.changes.gates import (
     BudgetGate,
     ChangeRefused,
     ConfidenceGate,
@@ -23,14 +23,14 @@ from infrastructure.changes.gates import (
     default_gates,
     require_passed,
 )
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.safety import FileEdit, GateVerdict, ProposedChange, run_gates
-from infrastructure.errors import ConfigurationError
-from infrastructure.frozen import FrozenDict
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.principal import ADMIN, Principal
-from infrastructure.settings import Settings
-from infrastructure.spec import AgentSpec, load_agent_specs
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.safety import FileEdit, GateVerdict, ProposedChange, run_gates
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.frozen import FrozenDict
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
 
 MODELS = ("claude-sonnet-4-6", "claude-haiku-4-5")
 USER = Principal(user_id="u-1", name="casey")

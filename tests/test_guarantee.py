@@ -12,15 +12,15 @@ import random
 
 import pytest
 
-from infrastructure.monitoring.cusum import bernoulli_arl
-from infrastructure.monitoring.detection import IssueDetector
-from infrastructure.monitoring.guarantee import (
+from agentmend.infrastructure.monitoring.cusum import bernoulli_arl
+from agentmend.infrastructure.monitoring.detection import IssueDetector
+from agentmend.infrastructure.monitoring.guarantee import (
     ESTIMATION_MARGIN,
     binomial_support,
     failure_alarm_rate,
     failure_chart,
 )
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 
 BUDGET = 0.001 * 0.95  # the default false_alarm_rate times the default failure_share
 

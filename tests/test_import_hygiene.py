@@ -15,8 +15,8 @@ import json, os, sys
 before = set(os.listdir('.'))
 import structlog
 config_before = structlog.get_config()
-import agents
-from agents import (AgentSpec, ExecutionRecord, AgentMetrics, IssueReport, RootCauseAnalysis,
+import agentmend
+from agentmend import (AgentSpec, ExecutionRecord, AgentMetrics, IssueReport, RootCauseAnalysis,
     ImprovementAction, ChangeType, ChangeStatus, ChangeRecord, PerformanceMonitor, IssueDetector,
     ImprovementManager, AskAgentTool)
 print(json.dumps({
@@ -44,7 +44,7 @@ def test_import_agents_imports_no_sdk_writes_nothing_configures_nothing(tmp_path
 
 
 def test_every_advertised_name_resolves() -> None:
-    import agents
+    import agentmend
 
-    missing = [name for name in agents.__all__ if not hasattr(agents, name)]
+    missing = [name for name in agentmend.__all__ if not hasattr(agentmend, name)]
     assert missing == []

@@ -20,14 +20,14 @@ from cli_run import demo_workspace
 from rich.console import Console
 from test_failure_cycles import BASELINE, Build, build, drive_until_cycle, warm_up
 
-from agents.faces.improve_progress import ImproveProgress, eval_line
-from agents.loop.cycle_verification import EvalProgress
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from infrastructure.evaluation.evals import find_eval_suite
-from infrastructure.monitoring.performance_monitor import VERIFICATION
-from infrastructure.settings import Settings
-from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
-from infrastructure.spec import load_agent_specs
+from agentmend.faces.improve_progress import ImproveProgress, eval_line
+from agentmend.infrastructure.evaluation.evals import find_eval_suite
+from agentmend.infrastructure.monitoring.performance_monitor import VERIFICATION
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
+from agentmend.infrastructure.spec import load_agent_specs
+from agentmend.loop.cycle_verification import EvalProgress
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
 __all__ = ["build"]  # the orchestrator fixture of the failure cycles, used here as is
 
@@ -121,7 +121,7 @@ def test_on_a_terminal_the_live_line_counts_each_run() -> None:
 
 
 def _improve(workspace: Path) -> list[str]:
-    command = [sys.executable, "-m", "agents.faces.cli", "improve", "research-agent"]
+    command = [sys.executable, "-m", "agentmend.faces.cli", "improve", "research-agent"]
     return [*command, "--workspace", str(workspace)]
 
 

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from infrastructure.changes.audit import AuditChainBroken, AuditLog, AuditTransaction
-from infrastructure.changes.change_log import ChangeLog, StoredFile
-from infrastructure.changes.change_protocol import ChangeProtocol
-from infrastructure.changes.decisions import (
+from agentmend.infrastructure.changes.audit import AuditChainBroken, AuditLog, AuditTransaction
+from agentmend.infrastructure.changes.change_log import ChangeLog, StoredFile
+from agentmend.infrastructure.changes.change_protocol import ChangeProtocol
+from agentmend.infrastructure.changes.decisions import (
     get_plan,
     list_decisions,
     list_plans,
@@ -27,7 +27,7 @@ from infrastructure.changes.decisions import (
     save_plan,
     update_plan,
 )
-from infrastructure.changes.improvement_manager import (
+from agentmend.infrastructure.changes.improvement_manager import (
     ChangeRecord,
     ChangeStatus,
     ChangeType,
@@ -35,7 +35,7 @@ from infrastructure.changes.improvement_manager import (
     ImprovementManager,
     PartialRollback,
 )
-from infrastructure.errors import (
+from agentmend.infrastructure.errors import (
     ChangeNotFound,
     ChangeStateError,
     ConfigurationError,
@@ -43,9 +43,9 @@ from infrastructure.errors import (
     RollbackConflict,
     StoreError,
 )
-from infrastructure.files import locked_file, sha256_bytes
-from infrastructure.models import utc_now
-from infrastructure.store import Store
+from agentmend.infrastructure.files import locked_file, sha256_bytes
+from agentmend.infrastructure.models import utc_now
+from agentmend.infrastructure.store import Store
 
 
 def _action(agent: str = "writer", **fields: Any) -> ImprovementAction:
@@ -1245,7 +1245,7 @@ class _Clock:
 def test_a_rolling_budget_refuses_while_full_and_frees_up_as_changes_age_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import infrastructure.changes.improvement_manager as improvement_manager
+    import agentmend.infrastructure.changes.improvement_manager as improvement_manager
 
     clock = _Clock()
     monkeypatch.setattr(improvement_manager, "time", clock)
@@ -1278,7 +1278,7 @@ def test_a_rolling_budget_refuses_while_full_and_frees_up_as_changes_age_out(
 def test_the_session_budget_never_frees_up_in_its_session(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import infrastructure.changes.improvement_manager as improvement_manager
+    import agentmend.infrastructure.changes.improvement_manager as improvement_manager
 
     clock = _Clock()
     monkeypatch.setattr(improvement_manager, "time", clock)

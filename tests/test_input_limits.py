@@ -16,14 +16,12 @@ import pytest
 from mcp import Client
 from tiny_project import make_project
 
-from agents.faces.mcp_server import build_server
-from agents.faces.mcp_tools import AgentmendTools
-from agents.loop.code_review import CodeReviewer
-from agents.roles.team import AgentTeam
-from infrastructure import confined
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.code_update.updater import CodeUpdater, FileOperation
-from infrastructure.errors import (
+from agentmend.faces.mcp_server import build_server
+from agentmend.faces.mcp_tools import AgentmendTools
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
+from agentmend.infrastructure.errors import (
     FileOperationError,
     FileTooLarge,
     InputTooLarge,
@@ -31,13 +29,15 @@ from infrastructure.errors import (
     SpecError,
     StoreError,
 )
-from infrastructure.files import resolve_inside
-from infrastructure.limits import InputLimits
-from infrastructure.llm.testing import ScriptedRuntime
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.settings import Settings
-from infrastructure.spec import AgentSpec, load_agent_specs
-from infrastructure.store import Store
+from agentmend.infrastructure.files import resolve_inside
+from agentmend.infrastructure.limits import InputLimits
+from agentmend.infrastructure.llm.testing import ScriptedRuntime
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
+from agentmend.infrastructure.store import Store
+from agentmend.loop.code_review import CodeReviewer
+from agentmend.roles.team import AgentTeam
 
 KIB = 1024
 MIB = 1024 * KIB

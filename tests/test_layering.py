@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("agents", "infrastructure")
+# the repository's folders and the names they are installed and imported under
+PACKAGES = {"agents": "agentmend", "infrastructure": "agentmend.infrastructure"}
 
 # a lower rank may never import a higher one
 LAYERS: tuple[tuple[str, int], ...] = (
-    ("infrastructure", 0),
-    ("agents.roles", 1),
-    ("agents.loop", 2),
-    ("agents.faces", 3),
+    ("agentmend.infrastructure", 0),
+    ("agentmend.roles", 1),
+    ("agentmend.loop", 2),
+    ("agentmend.faces", 3),
 )
 # the package's own front doors: the lazy public surface and the ``python -m`` shims
 FRONT_DOORS = 4
@@ -30,7 +31,7 @@ def _module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([PACKAGES[parts[0]], *parts[1:]])
 
 
 def _modules(root: Path) -> dict[str, Path]:
@@ -80,7 +81,7 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
             if target is not None and target != module:
                 found.add(target)
     # the lazy surface maps names to modules in strings: count those too
-    if module in PACKAGES:
+    if module in PACKAGES.values():
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Constant)
@@ -175,19 +176,19 @@ def _copy_package(tmp_path: Path) -> Path:
     [
         (
             "infrastructure/store.py",
-            "\nif False:\n    from agents.roles.team import AgentTeam\n",
-            "infrastructure.store -> agents.roles.team",
+            "\nif False:\n    from agentmend.roles.team import AgentTeam\n",
+            "agentmend.infrastructure.store -> agentmend.roles.team",
         ),
         (
             "agents/roles/team.py",
             "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-            "    from agents.loop.cycle import CycleResult\n",
-            "agents.roles.team -> agents.loop.cycle",
+            "    from agentmend.loop.cycle import CycleResult\n",
+            "agentmend.roles.team -> agentmend.loop.cycle",
         ),
         (
             "agents/loop/cycle.py",
-            "\ndef _late() -> None:\n    from agents.faces import workspace\n",
-            "agents.loop.cycle -> agents.faces.workspace",
+            "\ndef _late() -> None:\n    from agentmend.faces import workspace\n",
+            "agentmend.loop.cycle -> agentmend.faces.workspace",
         ),
     ],
 )
@@ -206,7 +207,10 @@ def test_an_injected_circle_is_caught(tmp_path: Path) -> None:
     with (root / "infrastructure/errors.py").open("a", encoding="utf-8") as handle:
         handle.write(
             "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-            "    from infrastructure.store import Store\n"
+            "    from agentmend.infrastructure.store import Store\n"
         )
     cycles = import_cycles(import_graph(root))
-    assert any({"infrastructure.errors", "infrastructure.store"} <= set(c) for c in cycles)
+    assert any(
+        {"agentmend.infrastructure.errors", "agentmend.infrastructure.store"} <= set(c)
+        for c in cycles
+    )

@@ -15,10 +15,8 @@ from typing import Any
 
 import pytest
 
-from agents.faces.workspace import Workspace
-from agents.loop.cycle import cycle_events
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from infrastructure.changes.improvement_manager import (
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.changes.improvement_manager import (
     ChangeStatus,
     ChangeType,
     ImprovementAction,
@@ -26,12 +24,14 @@ from infrastructure.changes.improvement_manager import (
     LeaseLost,
     LeaseTerms,
 )
-from infrastructure.changes.owners import HostIdentity, ProcessOwner, RecordOwner
-from infrastructure.llm.base import AgentResult
-from infrastructure.models import ChangeRecord
-from infrastructure.settings import Settings
-from infrastructure.simulation import SimulatedRuntime
-from infrastructure.spec import AgentSpec
+from agentmend.infrastructure.changes.owners import HostIdentity, ProcessOwner, RecordOwner
+from agentmend.infrastructure.llm.base import AgentResult
+from agentmend.infrastructure.models import ChangeRecord
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import SimulatedRuntime
+from agentmend.infrastructure.spec import AgentSpec
+from agentmend.loop.cycle import cycle_events
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
 OLD = {"a.md": b"old a\n", "b.md": b"old b\n"}
 NEW = {"a.md": "new a\n", "b.md": "new b\n"}
@@ -284,7 +284,7 @@ def test_opening_a_workspace_settles_a_plan_whose_server_died_while_validating(
     from test_code_update import _CRASH_CHILD
     from tiny_project import CALC, CALC_BROKEN, make_project
 
-    from infrastructure.code_update.updater import CodeUpdater
+    from agentmend.infrastructure.code_update.updater import CodeUpdater
 
     project = make_project(tmp_path / "project")
     folder = tmp_path / "ws"
@@ -331,13 +331,13 @@ def test_opening_a_workspace_settles_a_plan_whose_server_died_while_validating(
 
 class _Approve:
     async def review(self, change: Any) -> Any:
-        from infrastructure.changes.safety import GateVerdict
+        from agentmend.infrastructure.changes.safety import GateVerdict
 
         return GateVerdict(gate="code-supervisor", passed=True, reason="test")
 
 
 def test_a_lease_is_keyed_by_the_team_of_its_changes(root: Path, tmp_path: Path) -> None:
-    from infrastructure.changes.team_ids import team_id
+    from agentmend.infrastructure.changes.team_ids import team_id
 
     with ImprovementManager(tmp_path / "store.db") as manager:
         lease_id, _ = _apply_leased(manager, root)
@@ -353,9 +353,9 @@ def test_a_store_from_before_team_keyed_leases_is_migrated_on_open(
     root: Path, tmp_path: Path
 ) -> None:
     """A store whose leases table is at version 1: its open lease gets its changes' team."""
-    from infrastructure.changes.leases import Leases
-    from infrastructure.changes.team_ids import team_id
-    from infrastructure.store import Store
+    from agentmend.infrastructure.changes.leases import Leases
+    from agentmend.infrastructure.changes.team_ids import team_id
+    from agentmend.infrastructure.store import Store
 
     db = tmp_path / "store.db"
     with Store(db) as store:

@@ -1,5 +1,5 @@
 """The MCP server through the official ``mcp`` client: in memory for the many bad requests,
-over stdio (a real ``python -m agents.mcp_server`` process) for the code-update round trip."""
+over stdio (a real ``python -m agentmend.mcp_server`` process) for the code-update round trip."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult
 from tiny_project import CALC, CALC_BROKEN, CALC_EXTENDED, PYTEST, make_project, snapshot
 
-from agents.faces.mcp_server import build_server
-from agents.faces.mcp_tools import AgentmendTools, BadRequest
-from agents.faces.workspace import Workspace
-from infrastructure.llm.anthropic_runtime import AnthropicRuntime
-from infrastructure.monitoring.performance_monitor import VERIFICATION
-from infrastructure.settings import Settings
-from infrastructure.simulation import FaultKind
+from agentmend.faces.mcp_server import build_server
+from agentmend.faces.mcp_tools import AgentmendTools, BadRequest
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
+from agentmend.infrastructure.monitoring.performance_monitor import VERIFICATION
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import FaultKind
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = {"self_improve", "analyze", "run", "status", "memory"}
@@ -369,7 +369,7 @@ async def test_over_stdio_a_breaking_plan_is_rolled_back_and_a_good_one_kept(
     }
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "agents.mcp_server", "--workspace", str(workspace), "--root", str(project)],
+        args=["-m", "agentmend.mcp_server", "--workspace", str(workspace), "--root", str(project)],
         env=env,
         cwd=str(project),
     )
@@ -440,7 +440,7 @@ def test_the_entry_point_reads_the_environment_and_logs_only_to_stderr(tmp_path:
         "AGENTMEND_PROJECT_ROOT": str(tmp_path),
     }
     done = subprocess.run(
-        [sys.executable, "-m", "agents.mcp_server"],
+        [sys.executable, "-m", "agentmend.mcp_server"],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         env=env,

@@ -11,20 +11,20 @@ from typing import Any
 import pytest
 from log_capture import captured_records
 
-from agents.loop.cycle import CycleEvent, cycle_events, list_cycle_ids, replay_cycle
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from agents.roles.playbooks import offline_policies
-from agents.roles.schemas import ImprovementPlan, MediatorReport, ProposedAction
-from agents.roles.team import AgentTeam
-from infrastructure.changes.decisions import list_decisions
-from infrastructure.llm.base import AgentResult
-from infrastructure.llm.offline import OfflineRuntime
-from infrastructure.llm.testing import ScriptedRuntime, Step
-from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, IssueReport
-from infrastructure.monitoring.performance_monitor import VERIFICATION
-from infrastructure.settings import Settings
-from infrastructure.simulation import FaultKind, SimulatedRuntime, copy_team
-from infrastructure.spec import AgentSpec
+from agentmend.infrastructure.changes.decisions import list_decisions
+from agentmend.infrastructure.llm.base import AgentResult
+from agentmend.infrastructure.llm.offline import OfflineRuntime
+from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
+from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, IssueReport
+from agentmend.infrastructure.monitoring.performance_monitor import VERIFICATION
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime, copy_team
+from agentmend.infrastructure.spec import AgentSpec
+from agentmend.loop.cycle import CycleEvent, cycle_events, list_cycle_ids, replay_cycle
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
+from agentmend.roles.playbooks import offline_policies
+from agentmend.roles.schemas import ImprovementPlan, MediatorReport, ProposedAction
+from agentmend.roles.team import AgentTeam
 
 Build = Callable[..., MetaOrchestrator]
 
@@ -574,7 +574,7 @@ async def test_rollback_of_a_kept_group_restores_every_members_baseline(build: B
 
 
 async def test_rollback_of_an_unknown_change_names_it(build: Build) -> None:
-    from infrastructure.errors import ChangeNotFound
+    from agentmend.infrastructure.errors import ChangeNotFound
 
     orchestrator = build()
     with pytest.raises(ChangeNotFound, match="'nope'"):
@@ -773,8 +773,8 @@ async def test_a_cascade_rollback_restores_the_baseline_of_every_group_it_undoes
 
 
 async def test_a_rollback_that_would_undo_a_newer_baseline_is_refused(build: Build) -> None:
-    from infrastructure.changes.effectors import group_entries, plan_change
-    from infrastructure.errors import RollbackConflict
+    from agentmend.infrastructure.changes.effectors import group_entries, plan_change
+    from agentmend.infrastructure.errors import RollbackConflict
 
     orchestrator = build()
     await orchestrator.execute_task("a healthy task")

@@ -20,13 +20,13 @@ from fake_messages_api import FakeMessagesAPI, Reply
 from opentelemetry.sdk.trace import TracerProvider
 from otel_helpers import Recorder
 
-from agents.faces.otel_receiver import OtlpReceiver
-from infrastructure.llm.base import Usage
-from infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
-from infrastructure.spec import AgentSpec
-from infrastructure.telemetry.assembly import TraceAssembler
-from infrastructure.telemetry.span import SpanData
-from infrastructure.telemetry.tracing import agentmend_tracer, work_span
+from agentmend.faces.otel_receiver import OtlpReceiver
+from agentmend.infrastructure.llm.base import Usage
+from agentmend.infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
+from agentmend.infrastructure.spec import AgentSpec
+from agentmend.infrastructure.telemetry.assembly import TraceAssembler
+from agentmend.infrastructure.telemetry.span import SpanData
+from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, work_span
 
 pytestmark = pytest.mark.slow
 

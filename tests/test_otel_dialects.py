@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from otel_helpers import Recorder
 
-from infrastructure.models import ExecutionRecord
-from infrastructure.telemetry.assembly import TraceAssembler
-from infrastructure.telemetry.mapping import SpanMapping
-from infrastructure.telemetry.otlp_decode import decode_json
+from agentmend.infrastructure.models import ExecutionRecord
+from agentmend.infrastructure.telemetry.assembly import TraceAssembler
+from agentmend.infrastructure.telemetry.mapping import SpanMapping
+from agentmend.infrastructure.telemetry.otlp_decode import decode_json
 
 FIXTURES = Path(__file__).parent / "otel_fixtures"
 

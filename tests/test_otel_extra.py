@@ -23,10 +23,10 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_span_processor_names_the_extra() -> None:
     result = run(
-        "import agents\n"
+        "import agentmend\n"
         "try:\n"
-        "    agents.AgentmendSpanProcessor\n"
-        "except agents.AgentmendError as exc:\n"
+        "    agentmend.AgentmendSpanProcessor\n"
+        "except agentmend.AgentmendError as exc:\n"
         "    print(type(exc).__name__, exc)\n"
     )
     assert result.returncode == 0, result.stderr
@@ -36,7 +36,7 @@ def test_the_span_processor_names_the_extra() -> None:
 
 def test_the_receiver_command_says_so_in_one_line(tmp_path: Path) -> None:
     result = run(
-        "from agents.faces.otel_receiver import main\n"
+        "from agentmend.faces.otel_receiver import main\n"
         f"sys.exit(main(['--port', '0', '--workspace', {str(tmp_path)!r}]))\n"
     )
     assert result.returncode == 2
@@ -48,10 +48,10 @@ def test_the_receiver_command_says_so_in_one_line(tmp_path: Path) -> None:
 
 def test_the_rest_of_agentmend_works_without_it() -> None:
     result = run(
-        "from infrastructure.telemetry.tracing import agentmend_tracer, role_span\n"
+        "from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, role_span\n"
         "with role_span(agentmend_tracer(), 'supervisor'):\n"
         "    pass\n"
-        "from agents import MetaOrchestrator, PerformanceMonitor\n"
+        "from agentmend import MetaOrchestrator, PerformanceMonitor\n"
         "print('ok')\n"
     )
     assert result.returncode == 0, result.stderr

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from otel_helpers import SpanFactory
 
-from agents.roles.ask_agent_tool import AskAgentTool
-from agents.roles.socratic_mediator import SocraticMediator
-from infrastructure.llm.testing import ScriptedRuntime
-from infrastructure.models import IssueReport
-from infrastructure.monitoring.detection import IssueDetector
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.telemetry.assembly import TraceAssembler
-from infrastructure.telemetry.span_processor import span_data
+from agentmend.infrastructure.llm.testing import ScriptedRuntime
+from agentmend.infrastructure.models import IssueReport
+from agentmend.infrastructure.monitoring.detection import IssueDetector
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.telemetry.assembly import TraceAssembler
+from agentmend.infrastructure.telemetry.span_processor import span_data
+from agentmend.roles.ask_agent_tool import AskAgentTool
+from agentmend.roles.socratic_mediator import SocraticMediator
 
 
 def test_a_degradation_seen_only_in_spans_is_detected() -> None:

@@ -17,10 +17,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from otel_helpers import Recorder, SpanFactory, post
 
-from agents.faces.otel_receiver import OtlpReceiver
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.store import Store
-from infrastructure.telemetry.assembly import TraceAssembler
+from agentmend.faces.otel_receiver import OtlpReceiver
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.telemetry.assembly import TraceAssembler
 
 
 class Clock:
@@ -177,7 +177,7 @@ def test_an_agent_span_nothing_names_is_counted_unmappable(recorder: Recorder) -
     factory = SpanFactory(service="")
     factory.agent_run(None)
     assembler = TraceAssembler(recorder)
-    from infrastructure.telemetry.span_processor import span_data
+    from agentmend.infrastructure.telemetry.span_processor import span_data
 
     assembler.add([span_data(s) for s in factory.take()])
     factory.close()
@@ -346,7 +346,7 @@ def test_the_command_serves_into_a_workspace_store(tmp_path: Path, spans: SpanFa
         [
             sys.executable,
             "-m",
-            "agents.otel_receiver",
+            "agentmend.otel_receiver",
             "--port",
             str(port),
             "--workspace",
@@ -376,7 +376,7 @@ def test_the_command_serves_into_a_workspace_store(tmp_path: Path, spans: SpanFa
 def test_time_is_not_the_only_way_traces_finish(recorder: Recorder, spans: SpanFactory) -> None:
     # many open traces: the oldest are flushed as orphans past the bound, never unbounded
     assembler = TraceAssembler(recorder, max_open_traces=10)
-    from infrastructure.telemetry.span_processor import span_data
+    from agentmend.infrastructure.telemetry.span_processor import span_data
 
     for _ in range(25):
         spans.agent_run("writer", chats=[(1, 1)])
@@ -390,7 +390,7 @@ def test_time_is_not_the_only_way_traces_finish(recorder: Recorder, spans: SpanF
 def test_a_workspace_that_is_a_file_exits_3_in_one_line(tmp_path: Path) -> None:
     blocker = tmp_path / "ws"
     blocker.write_text("not a folder")
-    command = [sys.executable, "-m", "agents.otel_receiver", "--port", "0"]
+    command = [sys.executable, "-m", "agentmend.otel_receiver", "--port", "0"]
     result = subprocess.run(
         [*command, "--workspace", str(blocker)], capture_output=True, text=True, timeout=60
     )

@@ -15,10 +15,10 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
-from agents import AgentmendSpanProcessor
-from infrastructure.llm.base import Usage
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.telemetry.tracing import agentmend_tracer, role_span
+from agentmend import AgentmendSpanProcessor
+from agentmend.infrastructure.llm.base import Usage
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, role_span
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agents import AgentmendSpanProcessor
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.settings import Settings
-from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
-from infrastructure.telemetry.tracing import EVALUATION_EVENT
+from agentmend import AgentmendSpanProcessor
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
+from agentmend.infrastructure.telemetry.tracing import EVALUATION_EVENT
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
 BASELINE = 50
 

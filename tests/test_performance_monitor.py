@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-import infrastructure.monitoring.performance_monitor as performance_monitor
-from infrastructure.errors import ConfigurationError, StoreError
-from infrastructure.models import ExecutionRecord
-from infrastructure.monitoring import agent_window, record_backlog, run_feed, run_tracker
-from infrastructure.monitoring.performance_monitor import (
+import agentmend.infrastructure.monitoring.performance_monitor as performance_monitor
+from agentmend.infrastructure.errors import ConfigurationError, StoreError
+from agentmend.infrastructure.models import ExecutionRecord
+from agentmend.infrastructure.monitoring import agent_window, record_backlog, run_feed, run_tracker
+from agentmend.infrastructure.monitoring.performance_monitor import (
     InvalidExecution,
     MonitorClosed,
     PerformanceMonitor,
 )
-from infrastructure.store import Store
+from agentmend.infrastructure.store import Store
 
 
 @pytest.fixture
@@ -496,8 +496,8 @@ def test_flusher_writes_on_age_without_being_asked(db: Path) -> None:
 
 def test_runs_are_flushed_at_interpreter_exit(db: Path) -> None:
     script = (
-        "from infrastructure.monitoring.performance_monitor import PerformanceMonitor\n"
-        "from infrastructure.store import Store\n"
+        "from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor\n"
+        "from agentmend.infrastructure.store import Store\n"
         f"m = PerformanceMonitor(Store({str(db)!r}), flush_interval_s=3600)\n"
         "for i in range(25):\n"
         "    m.record('a', success=True, duration_ms=1.0)\n"
@@ -553,8 +553,8 @@ def test_the_exit_hook_retries_a_failed_close_and_logs_runs_it_loses(
 ) -> None:
     script = (
         "import sqlite3\n"
-        "from infrastructure.monitoring.performance_monitor import PerformanceMonitor\n"
-        "from infrastructure.store import Store\n"
+        "from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor\n"
+        "from agentmend.infrastructure.store import Store\n"
         f"db = {str(db)!r}\n"
         "m = PerformanceMonitor(Store(db), flush_interval_s=3600)\n"
         "conn = sqlite3.connect(db)\n"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infrastructure.errors import ConfigurationError
-from infrastructure.permissions import (
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.permissions import (
     ANY_OTHER_TOOL,
     SHELL_AND_WRITE_TOOLS,
     SUBAGENT_TOOLS,
@@ -17,7 +17,7 @@ from infrastructure.permissions import (
     grants_more_than,
     newly_granted,
 )
-from infrastructure.spec import PermissionProfile
+from agentmend.infrastructure.spec import PermissionProfile
 
 OFFERED = ("ask_agent", "history", "Read", "Grep", "Bash", "Write", "Edit")
 

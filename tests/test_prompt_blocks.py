@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.roles.prompt_blocks import PromptBlockError, extract_block, render_block
+from agentmend.roles.prompt_blocks import PromptBlockError, extract_block, render_block
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),

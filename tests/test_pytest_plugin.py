@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 USER_TESTS = """
 import pytest
 
-from infrastructure.simulation import FaultKind
+from agentmend.infrastructure.simulation import FaultKind
 
 
 async def test_truncation_is_repaired(agentmend_orchestrator, inject_fault):
@@ -41,7 +41,7 @@ def test_the_team_is_a_private_copy(agentmend_team, agentmend_team_dir, tmp_path
 
 
 def test_inject_fault_refuses_parameters_with_a_fault(inject_fault):
-    from infrastructure.simulation import Fault
+    from agentmend.infrastructure.simulation import Fault
 
     with pytest.raises(TypeError, match="not with a Fault"):
         inject_fault("research-agent", Fault(FaultKind.SLOW), calls=3)
@@ -55,7 +55,7 @@ def test_users_can_write_failure_cycle_tests_with_the_fixtures(pytester: pytest.
     pytester.makepyfile(test_user_team=USER_TESTS)
     # the entry point may or may not be installed here; load the module explicitly either way
     result = pytester.runpytest_inprocess(
-        "-p", "no:agentmend", "-p", "agents.faces.pytest_plugin", "-q"
+        "-p", "no:agentmend", "-p", "agentmend.faces.pytest_plugin", "-q"
     )
     result.assert_outcomes(passed=3)
 
@@ -63,9 +63,9 @@ def test_users_can_write_failure_cycle_tests_with_the_fixtures(pytester: pytest.
 def test_importing_the_plugin_imports_no_sdk_and_no_team(tmp_path: Path) -> None:
     probe = (
         "import json, sys\n"
-        "import agents.faces.pytest_plugin\n"
-        "heavy = ('anthropic', 'claude_agent_sdk', 'mcp', 'agents.loop.meta_orchestrator',"
-        " 'infrastructure.simulation')\n"
+        "import agentmend.faces.pytest_plugin\n"
+        "heavy = ('anthropic', 'claude_agent_sdk', 'mcp', 'agentmend.loop.meta_orchestrator',"
+        " 'agentmend.infrastructure.simulation')\n"
         "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure.read_snapshot import read_snapshot
-from infrastructure.store import Store
+from agentmend.infrastructure.read_snapshot import read_snapshot
+from agentmend.infrastructure.store import Store
 
 
 def _write(path: Path) -> None:

@@ -86,7 +86,7 @@ def test_every_json_example_parses() -> None:
 def test_every_setting_and_server_variable_is_in_the_readme(
     user_venv: UserVenv, tmp_path: Path
 ) -> None:
-    from infrastructure.settings import Settings
+    from agentmend.infrastructure.settings import Settings
 
     named = {f"AGENTMEND_{field.upper()}" for field in Settings.model_fields}
     help_text = user_venv.run(["agentmend-mcp", "--help"], tmp_path).stdout

@@ -17,12 +17,12 @@ from cli_run import run_cli
 from log_capture import captured_records
 from otel_helpers import Recorder, SpanFactory, post
 
-from agents.faces.cli import EXIT_OK
-from agents.faces.otel_receiver import OtlpReceiver
-from infrastructure.errors import StoreError
-from infrastructure.store import Store
-from infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
-from infrastructure.telemetry.receiver_counts import (
+from agentmend.faces.cli import EXIT_OK
+from agentmend.faces.otel_receiver import OtlpReceiver
+from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
+from agentmend.infrastructure.telemetry.receiver_counts import (
     read_receiver_counts,
     receiver_name,
     write_receiver_counts,
@@ -48,7 +48,7 @@ def test_the_receiver_writes_its_counts_and_status_shows_them(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     workspace, port = tmp_path / "ws", _free_port()
-    command = [sys.executable, "-m", "agents.otel_receiver", "--port", str(port)]
+    command = [sys.executable, "-m", "agentmend.otel_receiver", "--port", str(port)]
     process = subprocess.Popen(
         [*command, "--workspace", str(workspace)],
         stderr=subprocess.PIPE,

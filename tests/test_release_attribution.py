@@ -24,20 +24,20 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from otel_helpers import SpanFactory, post
 
-from agents.faces.otel_receiver import OtlpReceiver
-from agents.faces.workspace import Workspace
-from infrastructure.changes.audit import AuditLog
-from infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.principal import Principal
-from infrastructure.releases.attribution import ReleaseAttribution, linked_release_label
-from infrastructure.releases.follower import ReleaseFollower
-from infrastructure.releases.release_log import ReleaseLog
-from infrastructure.releases.rollout import Rollouts
-from infrastructure.simulation import copy_team
-from infrastructure.store import Store
-from infrastructure.team_id import team_id_for
-from infrastructure.telemetry.assembly import TraceAssembler
+from agentmend.faces.otel_receiver import OtlpReceiver
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.releases.attribution import ReleaseAttribution, linked_release_label
+from agentmend.infrastructure.releases.follower import ReleaseFollower
+from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.rollout import Rollouts
+from agentmend.infrastructure.simulation import copy_team
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.team_id import team_id_for
+from agentmend.infrastructure.telemetry.assembly import TraceAssembler
 
 OPS = Principal("ops", "Operator")
 AGENT = "research-agent"
@@ -226,7 +226,7 @@ def test_the_receiver_command_attributes_to_its_workspace_team(tmp_path: Path) -
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "agents.otel_receiver", "--port", str(port),
+        [sys.executable, "-m", "agentmend.otel_receiver", "--port", str(port),
          "--workspace", str(workspace)],
         stderr=subprocess.PIPE,
         text=True,

@@ -27,19 +27,19 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult
 
-from agents.faces.mcp_server import build_server
-from agents.faces.mcp_tools import AgentmendTools
-from agents.faces.release_serving import release_status_line
-from agents.faces.workspace import Workspace
-from infrastructure.changes.audit import AuditLog
-from infrastructure.errors import WrongArgumentType
-from infrastructure.principal import ADMIN, Principal
-from infrastructure.releases.follower import FollowerStatus
-from infrastructure.releases.release_log import ReleaseLog
-from infrastructure.releases.rollout import Rollouts
-from infrastructure.settings import Settings
-from infrastructure.store import Store
-from infrastructure.team_id import team_id_for
+from agentmend.faces.mcp_server import build_server
+from agentmend.faces.mcp_tools import AgentmendTools
+from agentmend.faces.release_serving import release_status_line
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.errors import WrongArgumentType
+from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.releases.follower import FollowerStatus
+from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.rollout import Rollouts
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.team_id import team_id_for
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / "main.py")
@@ -291,7 +291,7 @@ async def test_the_mcp_server_serves_a_canary_share_by_routing_key_and_follows_a
     project.mkdir()
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "agents.mcp_server", "--workspace", str(fleet.workspace),
+        args=["-m", "agentmend.mcp_server", "--workspace", str(fleet.workspace),
               "--root", str(project)],
         env=_env(),
         cwd=str(project),

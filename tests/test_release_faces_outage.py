@@ -28,16 +28,16 @@ from mcp.types import CallToolResult
 from pg_server import PgServer, _alive
 from test_release_faces import Session, _env, until
 
-from agents.faces.workspace import Workspace
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from infrastructure.changes.audit import AuditLog
-from infrastructure.models import ChangeStatus, IssueReport
-from infrastructure.principal import ADMIN, Principal
-from infrastructure.releases.release_log import ReleaseLog
-from infrastructure.settings import Settings
-from infrastructure.simulation import FaultKind, SimulatedRuntime
-from infrastructure.store import Store
-from infrastructure.team_id import team_id_for
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.models import ChangeStatus, IssueReport
+from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.team_id import team_id_for
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
 OPS = Principal("ops", "Operator", frozenset({ADMIN}))
 AGENT = "research-agent"
@@ -180,7 +180,7 @@ async def test_the_mcp_server_runs_on_its_last_release_while_the_server_is_down(
     project.mkdir()
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "agents.mcp_server", "--workspace", str(own_server.workspace),
+        args=["-m", "agentmend.mcp_server", "--workspace", str(own_server.workspace),
               "--root", str(project)],
         env=_env(AGENTMEND_STORE_URL=own_server.url),
         cwd=str(project),

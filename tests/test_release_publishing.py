@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from agents.loop.release_publishing import ReleasePublisher
-from agents.roles.team import AgentTeam
-from infrastructure.changes.audit import AuditLog
-from infrastructure.models import IssueReport
-from infrastructure.principal import Principal
-from infrastructure.releases.follower import ReleaseFollower
-from infrastructure.releases.release_log import ReleaseLog
-from infrastructure.releases.rollout import Rollouts
-from infrastructure.settings import Settings
-from infrastructure.simulation import FaultKind, SimulatedRuntime, copy_team
-from infrastructure.store import Store
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.models import IssueReport
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.releases.follower import ReleaseFollower
+from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.rollout import Rollouts
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime, copy_team
+from agentmend.infrastructure.store import Store
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
+from agentmend.loop.release_publishing import ReleasePublisher
+from agentmend.roles.team import AgentTeam
 
 AGENT = "research-agent"
 

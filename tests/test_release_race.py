@@ -21,11 +21,11 @@ from pathlib import Path
 from crash_child import child_env
 from pg_server import PgServer
 
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.principal import Principal
-from infrastructure.releases.release_log import ReleaseLog
-from infrastructure.simulation import copy_team
-from infrastructure.store import Store
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.simulation import copy_team
+from agentmend.infrastructure.store import Store
 
 TESTS = Path(__file__).parent
 TEAM = "team-race"

@@ -13,20 +13,25 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure import confined
-from infrastructure.changes.audit import AuditLog
-from infrastructure.confined_links import swap_link
-from infrastructure.errors import InvalidArgument, NotFound, PathNotAllowed, WrongArgumentType
-from infrastructure.principal import ADMIN, Principal
-from infrastructure.releases.content import read_team_files
-from infrastructure.releases.follower import ReleaseFollower
-from infrastructure.releases.materialize import ReleaseDirectories
-from infrastructure.releases.release_errors import ReleaseRefused
-from infrastructure.releases.release_log import ReleaseLog
-from infrastructure.releases.release_signal import ReleaseWakeup, announce
-from infrastructure.releases.routing import check_share, choose_arm
-from infrastructure.simulation import copy_team
-from infrastructure.store import Store
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.confined_links import swap_link
+from agentmend.infrastructure.errors import (
+    InvalidArgument,
+    NotFound,
+    PathNotAllowed,
+    WrongArgumentType,
+)
+from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.releases.content import read_team_files
+from agentmend.infrastructure.releases.follower import ReleaseFollower
+from agentmend.infrastructure.releases.materialize import ReleaseDirectories
+from agentmend.infrastructure.releases.release_errors import ReleaseRefused
+from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.release_signal import ReleaseWakeup, announce
+from agentmend.infrastructure.releases.routing import check_share, choose_arm
+from agentmend.infrastructure.simulation import copy_team
+from agentmend.infrastructure.store import Store
 
 CYCLE = Principal("cycle", "improvement cycle")
 ADMIN_USER = Principal("ops", "Operator", frozenset({ADMIN}))

@@ -21,18 +21,18 @@ from pathlib import Path
 import pytest
 from cli_run import demo_workspace, run_cli
 
-from agents.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, EXIT_USAGE, main
-from agents.faces.report_data import STATUS_SCHEMA
-from agents.faces.report_server import LatestPage
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.monitoring.run_series import (
+from agentmend.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, EXIT_USAGE, main
+from agentmend.faces.report_data import STATUS_SCHEMA
+from agentmend.faces.report_server import LatestPage
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.monitoring.run_series import (
     DURATION_BINS,
     MIGRATIONS,
     ROLLUP_WIDTHS,
     duration_quantile,
     read_series,
 )
-from infrastructure.store import Store, _split_sql
+from agentmend.infrastructure.store import Store, _split_sql
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -229,7 +229,7 @@ def test_improve_shows_each_step_as_plain_lines_off_a_terminal(tmp_path: Path) -
         [
             sys.executable,
             "-m",
-            "agents.faces.cli",
+            "agentmend.faces.cli",
             "improve",
             "research-agent",
             "--workspace",
@@ -356,7 +356,7 @@ def start_server(workspace: Path, port: int = 0) -> tuple[subprocess.Popen[str],
         [
             sys.executable,
             "-m",
-            "agents.faces.cli",
+            "agentmend.faces.cli",
             "serve",
             "--workspace",
             str(workspace),
@@ -445,7 +445,7 @@ def test_serve_on_a_port_that_cannot_be_is_a_usage_error(
 
 def test_a_usage_error_is_one_line_under_python_m_too(workspace: Path, tmp_path: Path) -> None:
     target = tmp_path / "r.html"
-    command = [sys.executable, "-m", "agents.faces.cli", "report", "--cycles", "-1"]
+    command = [sys.executable, "-m", "agentmend.faces.cli", "report", "--cycles", "-1"]
     result = subprocess.run(
         [*command, "--workspace", str(workspace), "-o", str(target)],
         cwd=ROOT,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from agents.roles.report_parsing import (
+from agentmend.infrastructure.models import ChangeType, IssueReport
+from agentmend.roles.report_parsing import (
     ReportParseError,
     parse_analysis_report,
     parse_improvement_actions,
 )
-from infrastructure.models import ChangeType, IssueReport
 
 ISSUE = IssueReport(agent_name="research-agent", error_type="cusum_failure_rate")
 

@@ -18,19 +18,19 @@ from pathlib import Path
 import pytest
 import structlog
 
-from agents.faces.cli import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, main
-from agents.faces.workspace import Workspace
-from infrastructure.changes.audit import AuditLog
-from infrastructure.changes.change_log import ChangeLog
-from infrastructure.changes.decisions import record_decision
-from infrastructure.errors import ConfigurationError
-from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
-from infrastructure.monitoring.issue_ledger import IssueLedger
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.retention import KEEP_NEWEST, RetentionPolicy, RetentionSweeper, prune
-from infrastructure.settings import load_settings
-from infrastructure.store import Store
-from infrastructure.store_usage import store_usage
+from agentmend.faces.cli import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, main
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.changes.change_log import ChangeLog
+from agentmend.infrastructure.changes.decisions import record_decision
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
+from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.retention import KEEP_NEWEST, RetentionPolicy, RetentionSweeper, prune
+from agentmend.infrastructure.settings import load_settings
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_usage import store_usage
 
 _DAY = 86_400.0
 _AGE = 100 * _DAY

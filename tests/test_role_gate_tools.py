@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from agents.loop.self_edit_tools import SELF_EDIT_TOOL_NAMES
-from infrastructure.changes.gates import RoleGate, default_gates
-from infrastructure.changes.safety import FileEdit, ProposedChange
-from infrastructure.llm.base import ToolSpec
-from infrastructure.llm.testing import ScriptedRuntime, Step
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.permissions import GATED_TOOLS, tool_class
-from infrastructure.principal import Principal
-from infrastructure.settings import Settings
-from infrastructure.spec import AgentSpec
+from agentmend.infrastructure.changes.gates import RoleGate, default_gates
+from agentmend.infrastructure.changes.safety import FileEdit, ProposedChange
+from agentmend.infrastructure.llm.base import ToolSpec
+from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.permissions import GATED_TOOLS, tool_class
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.spec import AgentSpec
+from agentmend.loop.self_edit_tools import SELF_EDIT_TOOL_NAMES
 
 USER = Principal(user_id="u-1", name="casey")
 

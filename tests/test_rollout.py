@@ -13,19 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from agents.roles.team import AgentTeam
-from infrastructure.changes.audit import AuditLog
-from infrastructure.errors import InvalidArgument, NotFound, PermissionRequired, WrongArgumentType
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.principal import ADMIN, Principal
-from infrastructure.releases.follower import ReleaseFollower
-from infrastructure.releases.release_errors import RolloutConflict
-from infrastructure.releases.release_log import Release, ReleaseLog
-from infrastructure.releases.rollout import Rollouts
-from infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
-from infrastructure.simulation import SimulatedRuntime, copy_team
-from infrastructure.simulation.faults import Fault, FaultKind
-from infrastructure.store import Store
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.errors import (
+    InvalidArgument,
+    NotFound,
+    PermissionRequired,
+    WrongArgumentType,
+)
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.releases.follower import ReleaseFollower
+from agentmend.infrastructure.releases.release_errors import RolloutConflict
+from agentmend.infrastructure.releases.release_log import Release, ReleaseLog
+from agentmend.infrastructure.releases.rollout import Rollouts
+from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
+from agentmend.infrastructure.simulation import SimulatedRuntime, copy_team
+from agentmend.infrastructure.simulation.faults import Fault, FaultKind
+from agentmend.infrastructure.store import Store
+from agentmend.roles.team import AgentTeam
 
 CYCLE = Principal("cycle", "improvement cycle")
 OPS = Principal("ops", "Operator", frozenset({ADMIN}))
@@ -207,10 +212,10 @@ async def test_bad_rollout_input(fleet: Fleet) -> None:
 
 
 async def test_the_rollout_record_owns_its_changes_and_recovery_leaves_them(fleet: Fleet) -> None:
-    from infrastructure.changes.change_log import ChangeLog
-    from infrastructure.changes.improvement_manager import ImprovementManager
-    from infrastructure.changes.leases import Leases
-    from infrastructure.changes.owners import RecordOwner
+    from agentmend.infrastructure.changes.change_log import ChangeLog
+    from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+    from agentmend.infrastructure.changes.leases import Leases
+    from agentmend.infrastructure.changes.owners import RecordOwner
 
     # a workspace has its change log (on PostgreSQL the lease lists its changes in their order)
     ChangeLog(fleet.store)

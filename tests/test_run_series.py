@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure.monitoring.agent_window import Row
-from infrastructure.monitoring.execution_store import ExecutionStore
-from infrastructure.monitoring.run_series import (
+from agentmend.infrastructure.monitoring.agent_window import Row
+from agentmend.infrastructure.monitoring.execution_store import ExecutionStore
+from agentmend.infrastructure.monitoring.run_series import (
     BUCKET_S,
     MIGRATIONS,
     ROLLUP_WIDTHS,
     read_series,
     series_width,
 )
-from infrastructure.store import Store, _split_sql
+from agentmend.infrastructure.store import Store, _split_sql
 
 DAY = 86_400
 

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from fake_messages_api import FakeMessagesAPI, RecordedRequest, Reply, text_block, tool_use_block
 
-from infrastructure.errors import AgentRunError, ErrorKind
-from infrastructure.llm.anthropic_runtime import AnthropicRuntime
-from infrastructure.llm.base import AgentRuntime
-from infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
-from infrastructure.llm.conformance import CheckResult, ConformanceReport, Scenario
-from infrastructure.llm.offline import OfflineCall, OfflineRuntime
-from infrastructure.llm.retry import RetryPolicy
-from infrastructure.llm.testing import (
+from agentmend.infrastructure.errors import AgentRunError, ErrorKind
+from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
+from agentmend.infrastructure.llm.base import AgentRuntime
+from agentmend.infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
+from agentmend.infrastructure.llm.conformance import CheckResult, ConformanceReport, Scenario
+from agentmend.infrastructure.llm.offline import OfflineCall, OfflineRuntime
+from agentmend.infrastructure.llm.retry import RetryPolicy
+from agentmend.infrastructure.llm.testing import (
     FunctionRuntime,
     RuntimeConformanceError,
     ScriptedRuntime,
@@ -32,9 +32,19 @@ from infrastructure.llm.testing import (
     TurnInfo,
     run_runtime_conformance,
 )
-from infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME, Message, ModelResponse, TextBlock
-from infrastructure.simulation import FORMAT_INSTRUCTION, Fault, FaultKind, SimulatedRuntime
-from infrastructure.spec import AgentSpec
+from agentmend.infrastructure.llm.tool_loop import (
+    OUTPUT_TOOL_NAME,
+    Message,
+    ModelResponse,
+    TextBlock,
+)
+from agentmend.infrastructure.simulation import (
+    FORMAT_INSTRUCTION,
+    Fault,
+    FaultKind,
+    SimulatedRuntime,
+)
+from agentmend.infrastructure.spec import AgentSpec
 
 SONNET = "claude-sonnet-4-6"
 SPEC = AgentSpec(

@@ -3,7 +3,7 @@
 
 import pytest
 
-from agents import AskAgentTool
+from agentmend import AskAgentTool
 
 
 class TestAskAgentTool:

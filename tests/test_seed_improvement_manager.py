@@ -5,7 +5,7 @@ The seed's paths under /tmp persist between runs; the manager opens them as SQLi
 """
 # mypy: allow-untyped-defs
 
-from agents import ChangeType, ImprovementAction, ImprovementManager
+from agentmend import ChangeType, ImprovementAction, ImprovementManager
 
 
 # fmt: off

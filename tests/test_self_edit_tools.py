@@ -19,27 +19,27 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agents.loop.cycle import CycleEvent, CycleResult, list_cycle_ids, replay_cycle
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from agents.loop.self_edit_tools import (
+from agentmend.infrastructure.changes.audit import VALUE_LIMIT
+from agentmend.infrastructure.changes.effectors import group_entries, plan_change
+from agentmend.infrastructure.changes.gates import default_gates, require_passed
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.safety import GateVerdict, ProposedChange, run_gates
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.llm.base import ToolError, ToolSpec
+from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
+from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
+from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import AVAILABLE_MODELS, FaultKind, SimulatedRuntime
+from agentmend.infrastructure.spec import AgentSpec, PermissionProfile, load_agent_specs
+from agentmend.loop.cycle import CycleEvent, CycleResult, list_cycle_ids, replay_cycle
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
+from agentmend.loop.self_edit_tools import (
     SELF_EDIT_TOOL_NAMES,
     Authorize,
     permission_action_for,
     self_edit_tools,
 )
-from infrastructure.changes.audit import VALUE_LIMIT
-from infrastructure.changes.effectors import group_entries, plan_change
-from infrastructure.changes.gates import default_gates, require_passed
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.safety import GateVerdict, ProposedChange, run_gates
-from infrastructure.errors import ConfigurationError
-from infrastructure.llm.base import ToolError, ToolSpec
-from infrastructure.llm.testing import ScriptedRuntime, Step
-from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
-from infrastructure.principal import ADMIN, Principal
-from infrastructure.settings import Settings
-from infrastructure.simulation import AVAILABLE_MODELS, FaultKind, SimulatedRuntime
-from infrastructure.spec import AgentSpec, PermissionProfile, load_agent_specs
 
 USER = Principal(user_id="u-1", name="casey")
 ADMIN_USER = Principal(user_id="u-0", name="root", permissions=frozenset({ADMIN}))
@@ -724,8 +724,8 @@ async def test_a_self_edit_cannot_be_made_from_inside_another_change(
 
 
 def test_a_self_edit_whose_rollback_was_blocked_says_which_file_was_left() -> None:
-    from agents.loop.self_edit_tools import SelfEditNotKept
-    from infrastructure.models import IssueReport
+    from agentmend.infrastructure.models import IssueReport
+    from agentmend.loop.self_edit_tools import SelfEditNotKept
 
     result = CycleResult(
         cycle_id="c1",

@@ -9,31 +9,36 @@ from typing import Any
 
 import pytest
 
-from agents.roles.playbooks import offline_policies
-from agents.roles.prompt_blocks import extract_block
-from agents.roles.schemas import ImprovementPlan, ProposedAction, SupervisorReview
-from agents.roles.self_improver import InvalidProposal, SelfImprover
-from agents.roles.supervisor import Supervisor
-from infrastructure.changes.effectors import plan_change
-from infrastructure.changes.gates import default_gates
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.safety import GateVerdict, ProposedChange
-from infrastructure.errors import ErrorKind
-from infrastructure.llm.base import Usage
-from infrastructure.llm.offline import OfflineRuntime
-from infrastructure.llm.testing import ScriptedRuntime, Step
-from infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME, ModelResponse, TextBlock, ToolUseBlock
-from infrastructure.models import (
+from agentmend.infrastructure.changes.effectors import plan_change
+from agentmend.infrastructure.changes.gates import default_gates
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.safety import GateVerdict, ProposedChange
+from agentmend.infrastructure.errors import ErrorKind
+from agentmend.infrastructure.llm.base import Usage
+from agentmend.infrastructure.llm.offline import OfflineRuntime
+from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
+from agentmend.infrastructure.llm.tool_loop import (
+    OUTPUT_TOOL_NAME,
+    ModelResponse,
+    TextBlock,
+    ToolUseBlock,
+)
+from agentmend.infrastructure.models import (
     ChangeStatus,
     ChangeType,
     ImprovementAction,
     IssueReport,
     RootCauseAnalysis,
 )
-from infrastructure.principal import Principal
-from infrastructure.simulation import AVAILABLE_MODELS, copy_team
-from infrastructure.spec import load_agent_specs
-from infrastructure.store import Store
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.simulation import AVAILABLE_MODELS, copy_team
+from agentmend.infrastructure.spec import load_agent_specs
+from agentmend.infrastructure.store import Store
+from agentmend.roles.playbooks import offline_policies
+from agentmend.roles.prompt_blocks import extract_block
+from agentmend.roles.schemas import ImprovementPlan, ProposedAction, SupervisorReview
+from agentmend.roles.self_improver import InvalidProposal, SelfImprover
+from agentmend.roles.supervisor import Supervisor
 
 ISSUE = IssueReport(agent_name="research-agent", error_type="consecutive_failures")
 ANALYSIS = RootCauseAnalysis(

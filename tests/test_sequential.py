@@ -7,15 +7,15 @@ from collections.abc import Sequence
 
 import pytest
 
-from infrastructure.evaluation.evals import EvalCase, EvalCheck, EvalSuite
-from infrastructure.evaluation.sequential import PairedTest, TwoSampleTest
-from infrastructure.evaluation.sequential_verification import (
+from agentmend.infrastructure.evaluation.evals import EvalCase, EvalCheck, EvalSuite
+from agentmend.infrastructure.evaluation.sequential import PairedTest, TwoSampleTest
+from agentmend.infrastructure.evaluation.sequential_verification import (
     judge_rounds,
     run_reproduction,
     verify_sequentially,
 )
-from infrastructure.llm.base import AgentResult, OutputT, ToolSpec
-from infrastructure.spec import AgentSpec
+from agentmend.infrastructure.llm.base import AgentResult, OutputT, ToolSpec
+from agentmend.infrastructure.spec import AgentSpec
 
 
 def _spec(version: str) -> AgentSpec:

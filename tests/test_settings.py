@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from infrastructure.errors import ConfigurationError
-from infrastructure.principal import ADMIN
-from infrastructure.settings import InvalidSetting, Settings, load_settings
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.principal import ADMIN
+from agentmend.infrastructure.settings import InvalidSetting, Settings, load_settings
 
 
 def test_the_default_principal_has_standard_rights() -> None:

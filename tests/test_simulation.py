@@ -11,11 +11,10 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from agents.roles.ask_agent_tool import AskAgentTool
-from infrastructure.errors import ConfigurationError, ErrorKind
-from infrastructure.evaluation.evals import find_eval_suite
-from infrastructure.llm.base import AgentResult, AgentRuntime
-from infrastructure.simulation import (
+from agentmend.infrastructure.errors import ConfigurationError, ErrorKind
+from agentmend.infrastructure.evaluation.evals import find_eval_suite
+from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime
+from agentmend.infrastructure.simulation import (
     AVAILABLE_MODELS,
     FORMAT_HEADING,
     FORMAT_INSTRUCTION,
@@ -28,7 +27,8 @@ from infrastructure.simulation import (
     format_instruction_line,
     has_format_instruction,
 )
-from infrastructure.spec import AgentSpec, load_agent_specs
+from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
+from agentmend.roles.ask_agent_tool import AskAgentTool
 
 PROMPT = "Pythagorean theorem"
 _BASELINE_KINDS = {

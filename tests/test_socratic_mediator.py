@@ -6,24 +6,24 @@ from pathlib import Path
 
 import pytest
 
-from agents.roles.ask_agent_tool import AskAgentTool
-from agents.roles.outcomes import QuestionAnswer
-from agents.roles.playbooks import offline_policies
-from agents.roles.prompt_blocks import extract_block
-from agents.roles.schemas import MediatorReport
-from agents.roles.socratic_mediator import (
+from agentmend.infrastructure.llm.offline import OfflineRuntime
+from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
+from agentmend.infrastructure.models import IssueReport
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime, copy_team
+from agentmend.roles.ask_agent_tool import AskAgentTool
+from agentmend.roles.outcomes import QuestionAnswer
+from agentmend.roles.playbooks import offline_policies
+from agentmend.roles.prompt_blocks import extract_block
+from agentmend.roles.schemas import MediatorReport
+from agentmend.roles.socratic_mediator import (
     BUDGET_MESSAGE,
     NO_EVIDENCE_CAP,
     SocraticMediator,
     check_evidence,
     is_failed,
 )
-from agents.roles.team import AgentTeam
-from infrastructure.llm.offline import OfflineRuntime
-from infrastructure.llm.testing import ScriptedRuntime, Step
-from infrastructure.models import IssueReport
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.simulation import FaultKind, SimulatedRuntime, copy_team
+from agentmend.roles.team import AgentTeam
 
 ANSWER = (
     "Of my last 10 runs, 6 failed. 6 runs stopped at my max_tokens limit of 2048 before the "

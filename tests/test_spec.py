@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infrastructure.errors import SpecError
-from infrastructure.frozen import FrozenDict
-from infrastructure.spec import (
+from agentmend.infrastructure.errors import SpecError
+from agentmend.infrastructure.frozen import FrozenDict
+from agentmend.infrastructure.spec import (
     AGENTMEND_KEYS,
     AgentSpec,
     PermissionProfile,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure.errors import PathNotAllowed, StoreError
-from infrastructure.files import (
+from agentmend.infrastructure.errors import PathNotAllowed, StoreError
+from agentmend.infrastructure.files import (
     atomic_delete,
     atomic_write,
     atomic_write_or_delete,
@@ -20,7 +20,7 @@ from infrastructure.files import (
     remove_atomic_write_leftovers,
     resolve_inside,
 )
-from infrastructure.store import Store
+from agentmend.infrastructure.store import Store
 
 V1 = "CREATE TABLE things (id INTEGER PRIMARY KEY, name TEXT NOT NULL)"
 V2 = "ALTER TABLE things ADD COLUMN colour TEXT; CREATE INDEX things_name ON things(name)"

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from pg_server import PgServer
 
-from infrastructure.errors import PostgresExtraMissing, StoreError
-from infrastructure.store import Store, is_store_url
-from infrastructure.store_sql import has_table, next_id, set_next_id
+from agentmend.infrastructure.errors import PostgresExtraMissing, StoreError
+from agentmend.infrastructure.store import Store, is_store_url
+from agentmend.infrastructure.store_sql import has_table, next_id, set_next_id
 
 _MIGRATIONS = [
     """

@@ -15,18 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from agents.faces.cli import main as agentmend
-from agents.faces.workspace import Workspace
-from agents.loop.cycle import cycle_events
-from infrastructure.changes.audit import AuditLog
-from infrastructure.changes.decisions import list_decisions, list_plans, record_decision, save_plan
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.errors import StoreError
-from infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, utc_now
-from infrastructure.monitoring.issue_ledger import IssueLedger
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.settings import Settings
-from infrastructure.store import Store
+from agentmend.faces.cli import main as agentmend
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.changes.decisions import (
+    list_decisions,
+    list_plans,
+    record_decision,
+    save_plan,
+)
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, utc_now
+from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.store import Store
+from agentmend.loop.cycle import cycle_events
 
 MAIN = str(Path(__file__).resolve().parents[1] / "main.py")
 
@@ -197,8 +202,8 @@ def test_a_workspace_on_a_store_url_keeps_its_files_in_the_folder(
 def test_a_batch_sent_again_after_its_commit_landed_is_not_counted_twice(
     store_url: str, tmp_path: Path
 ) -> None:
-    from infrastructure.monitoring.agent_window import Row
-    from infrastructure.monitoring.execution_store import ExecutionStore
+    from agentmend.infrastructure.monitoring.agent_window import Row
+    from agentmend.infrastructure.monitoring.execution_store import ExecutionStore
 
     with Store(store_url, files_dir=tmp_path) as store:
         table = ExecutionStore(store, "a1b2c3")

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from agents.faces.cli import main as agentmend
-from infrastructure import store_copy
-from infrastructure.changes.decisions import record_decision, save_plan
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.watch import ChangeWatcher
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.principal import Principal
-from infrastructure.releases.release_log import ReleaseLog
-from infrastructure.store import Store
+from agentmend.faces.cli import main as agentmend
+from agentmend.infrastructure import store_copy
+from agentmend.infrastructure.changes.decisions import record_decision, save_plan
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.watch import ChangeWatcher
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.store import Store
 
 _KEY = "copy-test-key-0123456789abcdef"
 _COMPARED = {

@@ -9,13 +9,18 @@ from typing import Any
 
 import pytest
 
-from agents.roles.team import AgentTeam, UnknownAgent, load_role_spec
-from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
-from infrastructure.llm.base import AgentResult, OutputT, ToolSpec
-from infrastructure.llm.testing import ScriptedRuntime, Step
-from infrastructure.monitoring.performance_monitor import VERIFICATION, PerformanceMonitor
-from infrastructure.simulation import TEAM_AGENT_NAMES, FaultKind, SimulatedRuntime, copy_team
-from infrastructure.spec import AgentSpec
+from agentmend.infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
+from agentmend.infrastructure.llm.base import AgentResult, OutputT, ToolSpec
+from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
+from agentmend.infrastructure.monitoring.performance_monitor import VERIFICATION, PerformanceMonitor
+from agentmend.infrastructure.simulation import (
+    TEAM_AGENT_NAMES,
+    FaultKind,
+    SimulatedRuntime,
+    copy_team,
+)
+from agentmend.infrastructure.spec import AgentSpec
+from agentmend.roles.team import AgentTeam, UnknownAgent, load_role_spec
 
 
 @pytest.fixture

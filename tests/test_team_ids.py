@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.team_ids import TEAM_ID_FILE, team_id, team_roots
-from infrastructure.errors import ConfigurationError
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.store import Store
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.team_ids import TEAM_ID_FILE, team_id, team_roots
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.store import Store
 
 
 def test_a_team_keeps_its_id_and_the_store_knows_where_each_host_has_it(

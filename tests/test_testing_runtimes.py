@@ -10,18 +10,18 @@ import pytest
 from fake_messages_api import FakeMessagesAPI, Reply
 from pydantic import BaseModel
 
-from infrastructure.errors import AgentRunError, ErrorKind
-from infrastructure.llm.anthropic_runtime import AnthropicRuntime
-from infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec, Usage
-from infrastructure.llm.retry import RetryPolicy
-from infrastructure.llm.testing import (
+from agentmend.infrastructure.errors import AgentRunError, ErrorKind
+from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
+from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec, Usage
+from agentmend.infrastructure.llm.retry import RetryPolicy
+from agentmend.infrastructure.llm.testing import (
     FunctionRuntime,
     ScriptedRuntime,
     Step,
     TurnInfo,
     UnexpectedModelCall,
 )
-from infrastructure.llm.tool_loop import (
+from agentmend.infrastructure.llm.tool_loop import (
     OUTPUT_TOOL_NAME,
     Message,
     TextBlock,
@@ -29,7 +29,7 @@ from infrastructure.llm.tool_loop import (
     ToolUseBlock,
     run_tool_calls,
 )
-from infrastructure.spec import AgentSpec
+from agentmend.infrastructure.spec import AgentSpec
 
 
 def make_spec(name: str = "worker", **changes: Any) -> AgentSpec:

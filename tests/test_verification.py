@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from infrastructure.errors import AgentRunError, ErrorKind
-from infrastructure.evaluation.evals import EvalCase, EvalCheck, EvalSuite
-from infrastructure.evaluation.verification import (
+from agentmend.infrastructure.errors import AgentRunError, ErrorKind
+from agentmend.infrastructure.evaluation.evals import EvalCase, EvalCheck, EvalSuite
+from agentmend.infrastructure.evaluation.verification import (
     SAMPLE_QUERY,
     CaseRun,
     SuiteMismatch,
@@ -31,8 +31,8 @@ from infrastructure.evaluation.verification import (
     run_suite,
     sample_query_check,
 )
-from infrastructure.llm.base import AgentResult, OutputT, ToolSpec
-from infrastructure.spec import AgentSpec
+from agentmend.infrastructure.llm.base import AgentResult, OutputT, ToolSpec
+from agentmend.infrastructure.spec import AgentSpec
 
 GOOD = "The answer is OK: a^2 + b^2 = c^2 for the two legs a, b and the hypotenuse c."
 

@@ -11,16 +11,16 @@ import pytest
 from crash_child import kill_at_marker
 from watch_child import BEFORE, NEW, OLD, action
 
-from infrastructure.changes.improvement_manager import (
+from agentmend.infrastructure.changes.improvement_manager import (
     ChangeStatus,
     ChangeType,
     ImprovementAction,
     ImprovementManager,
 )
-from infrastructure.changes.owners import RecordOwner
-from infrastructure.changes.watch import ChangeWatcher
-from infrastructure.errors import InvalidArgument
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.changes.owners import RecordOwner
+from agentmend.infrastructure.changes.watch import ChangeWatcher
+from agentmend.infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 
 
 @pytest.fixture
@@ -137,7 +137,7 @@ def test_a_watch_that_cannot_judge_is_refused_before_anything_is_applied(
 
 
 def test_a_watch_on_another_host_is_left_to_that_host(root: Path, tmp_path: Path) -> None:
-    from infrastructure.changes.owners import HostIdentity
+    from agentmend.infrastructure.changes.owners import HostIdentity
 
     with ImprovementManager(tmp_path / "s.db") as manager:
         watch = ChangeWatcher(manager).start(
@@ -182,8 +182,8 @@ def test_a_killed_watcher_is_continued_by_the_next_open_not_undone(
 def test_opening_a_workspace_continues_a_watch_and_settles_what_it_decided(
     tmp_path: Path,
 ) -> None:
-    from agents.faces.workspace import Workspace
-    from infrastructure.settings import Settings
+    from agentmend.faces.workspace import Workspace
+    from agentmend.infrastructure.settings import Settings
 
     folder = tmp_path / "ws"
     with Workspace.open(folder, settings=Settings()) as workspace:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.faces.workspace import (
+from agentmend.faces.workspace import (
     DB_NAME,
     TEAM_DIR_NAME,
     TeamDirError,
@@ -15,9 +15,9 @@ from agents.faces.workspace import (
     WorkspaceError,
     build_runtimes,
 )
-from infrastructure.errors import ConfigurationError
-from infrastructure.settings import Settings
-from infrastructure.simulation import TEAM_AGENT_NAMES
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import TEAM_AGENT_NAMES
 
 
 def test_first_open_makes_the_store_and_copies_the_simulated_team(tmp_path: Path) -> None:

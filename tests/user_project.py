@@ -5,7 +5,7 @@ tree (``pip wheel --no-deps --no-build-isolation``, so nothing is downloaded), m
 outside the repository and installs the wheel there with ``--no-deps``. The dependencies are
 the running interpreter's, reached through a path file: a directory named there is put on
 ``sys.path`` without its own path files being run, so this checkout's editable install is not
-seen, and ``import agents`` finds the installed wheel. ``UserVenv.run`` runs a command of that
+seen, and ``import agentmend`` finds the installed wheel. ``UserVenv.run`` runs a command of that
 venv in a user's project folder (outside the repository) with an environment holding no
 ``AGENTMEND_*`` variable, no ``PYTHONPATH`` and no API key.
 """
@@ -24,7 +24,14 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["ROOT", "UserVenv", "make_unwritable", "restore_writable", "user_venv"]
+__all__ = [
+    "ROOT",
+    "UserVenv",
+    "borrow_dependencies",
+    "make_unwritable",
+    "restore_writable",
+    "user_venv",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,7 +94,7 @@ def _source_copy(target: Path) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("agents", "infrastructure"):
         shutil.copytree(ROOT / name, target / name, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, target / name)
     return target
 
@@ -108,6 +115,17 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> UserVenv:
     (wheel,) = wheels.glob("agentmend-*.whl")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
     python = venv / "bin" / "python"
+    borrow_dependencies(python)
+    subprocess.run(
+        [*pip, "--python", python, "install", "--no-deps", "--no-index", "-q", wheel],
+        check=True,
+        capture_output=True,
+    )
+    return UserVenv(venv, wheel)
+
+
+def borrow_dependencies(python: Path) -> None:
+    """Let the venv of ``python`` import this test run's dependencies, not its editable install."""
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
@@ -117,12 +135,6 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> UserVenv:
     # the dependencies this test run already has, without this checkout's editable install
     ours = sorted({sysconfig.get_paths()["purelib"], *site.getsitepackages()})
     (Path(purelib) / "_test_run_dependencies.pth").write_text("\n".join(ours) + "\n")
-    subprocess.run(
-        [*pip, "--python", python, "install", "--no-deps", "--no-index", "-q", wheel],
-        check=True,
-        capture_output=True,
-    )
-    return UserVenv(venv, wheel)
 
 
 def make_unwritable(folder: Path) -> None:

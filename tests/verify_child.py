@@ -38,7 +38,7 @@ if str(REPO) not in sys.path:
 
 from crash_child import child_env, quiet_logs, read_lines  # noqa: E402
 
-from infrastructure.changes.improvement_manager import (  # noqa: E402
+from agentmend.infrastructure.changes.improvement_manager import (  # noqa: E402
     ChangeStatus,
     ChangeType,
     ImprovementAction,
@@ -146,14 +146,14 @@ class _Approve:
     """A supervisor that approves every plan (the gates are not what these trials test)."""
 
     async def review(self, change: object) -> object:
-        from infrastructure.changes.safety import GateVerdict
+        from agentmend.infrastructure.changes.safety import GateVerdict
 
         return GateVerdict(gate="code-supervisor", passed=True, reason="approved for the trial")
 
 
 def _child_plan(args: dict[str, object]) -> int:
-    from infrastructure.code_update.updater import CodeUpdater, FileOperation
-    from infrastructure.settings import Settings
+    from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
+    from agentmend.infrastructure.settings import Settings
 
     rng = random.Random(int(str(args["seed"])))
     root, db = Path(str(args["root"])), Path(str(args["db"]))
@@ -295,9 +295,9 @@ def check_settled(db: Path, root: Path, initial: dict[str, bytes]) -> tuple[list
     no change is APPLIED or PENDING; no plan is executing or reported active; the audit chain
     verifies. Returns the violations and how many changes were settled as interrupted.
     """
-    from infrastructure.changes.decisions import list_plans
-    from infrastructure.code_update.code_plans import PLAN_KIND
-    from infrastructure.code_update.plan_recovery import settle_interrupted_plans
+    from agentmend.infrastructure.changes.decisions import list_plans
+    from agentmend.infrastructure.code_update.code_plans import PLAN_KIND
+    from agentmend.infrastructure.code_update.plan_recovery import settle_interrupted_plans
 
     violations: list[str] = []
     root = root.resolve()
@@ -330,7 +330,7 @@ def check_settled(db: Path, root: Path, initial: dict[str, bytes]) -> tuple[list
             if plan.status == "executing":
                 violations.append(f"plan {plan.plan_id} is still executing")
         if plans:
-            from infrastructure.code_update.updater import CodeUpdater
+            from agentmend.infrastructure.code_update.updater import CodeUpdater
 
             updater = CodeUpdater(root, manager=manager, reviewer=_Approve())  # type: ignore[arg-type]
             active = updater.status().active_improvement

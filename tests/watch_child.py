@@ -18,13 +18,13 @@ if str(REPO) not in sys.path:
 
 from crash_child import quiet_logs  # noqa: E402
 
-from infrastructure.changes.improvement_manager import (  # noqa: E402
+from agentmend.infrastructure.changes.improvement_manager import (  # noqa: E402
     ChangeType,
     ImprovementAction,
     ImprovementManager,
 )
-from infrastructure.changes.watch import ChangeWatcher  # noqa: E402
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor  # noqa: E402
+from agentmend.infrastructure.changes.watch import ChangeWatcher  # noqa: E402
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor  # noqa: E402
 
 OLD = b"old prompt\n"
 NEW = "new prompt\n"

@@ -45,13 +45,13 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "agents.faces.cli_commands",
-    "agents.faces.cli_report",
-    "agents.faces.cli_safeguards",
-    "agents.faces.cli_otel",
-    "agents.faces.cli_release",
-    "agents.faces.cli_store",
-    "agents.faces.cli_store_copy",  # after cli_store: ``store copy`` sits under ``store``
+    "agentmend.faces.cli_commands",
+    "agentmend.faces.cli_report",
+    "agentmend.faces.cli_safeguards",
+    "agentmend.faces.cli_otel",
+    "agentmend.faces.cli_release",
+    "agentmend.faces.cli_store",
+    "agentmend.faces.cli_store_copy",  # after cli_store: ``store copy`` sits under ``store``
 )
 """Modules whose ``SUBCOMMANDS`` (a sequence of ``Subcommand``) the command offers, in order."""
 
@@ -227,7 +227,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``agentmend`` with ``argv`` (default ``sys.argv[1:]``); the exit code."""
-    from infrastructure.structured_logger import configure_logging
+    from agentmend.infrastructure.structured_logger import configure_logging
 
     given = list(argv) if argv is not None else sys.argv[1:]
     args = build_parser(argv=given).parse_args(given)
@@ -250,8 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # ``python -m agents.faces.cli`` runs this file as ``__main__``, whose CommandError is not
+    # ``python -m agentmend.faces.cli`` runs this file as ``__main__``, whose CommandError is not
     # the one the subcommands import and raise: run the imported module's main instead
-    from agents.faces.cli import main as imported_main
+    from agentmend.faces.cli import main as imported_main
 
     sys.exit(imported_main())

@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from agents.faces.cli import (
+from agentmend.faces.cli import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_UNAVAILABLE,
@@ -22,7 +22,7 @@ from agents.faces.cli import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from agents.faces.workspace import Workspace
+    from agentmend.faces.workspace import Workspace
 
 __all__ = ["SUBCOMMANDS", "console", "open_workspace"]
 
@@ -39,8 +39,8 @@ def console() -> Console:
 @contextlib.contextmanager
 def open_workspace(args: argparse.Namespace) -> Iterator[Workspace]:
     """The existing workspace of ``args``; a missing or broken one ends the command with 3."""
-    from agents.faces.workspace import Workspace
-    from infrastructure.errors import ConfigurationError
+    from agentmend.faces.workspace import Workspace
+    from agentmend.infrastructure.errors import ConfigurationError
 
     settings = _settings(args)
     try:
@@ -53,7 +53,7 @@ def open_workspace(args: argparse.Namespace) -> Iterator[Workspace]:
 
 def _settings(args: argparse.Namespace | None = None) -> Any:
     """The settings, with ``--store`` (when given) over ``AGENTMEND_STORE_URL``."""
-    from infrastructure.settings import InvalidSetting, load_settings
+    from agentmend.infrastructure.settings import InvalidSetting, load_settings
 
     store = getattr(args, "store", None)
     try:
@@ -66,13 +66,13 @@ def _settings(args: argparse.Namespace | None = None) -> Any:
 
 
 def _session_arguments(parser: argparse.ArgumentParser) -> None:
-    from agents.faces.session import add_arguments
+    from agentmend.faces.session import add_arguments
 
     add_arguments(parser, workspace=False)
 
 
 def _run_session(args: argparse.Namespace) -> int:
-    from agents.faces.session import run
+    from agentmend.faces.session import run
 
     return run(args)
 
@@ -102,7 +102,7 @@ def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_mcp(args: argparse.Namespace) -> int:
-    from agents.faces.mcp_server import main as serve
+    from agentmend.faces.mcp_server import main as serve
 
     argv = ["--workspace", str(workspace_path(args)), "--log-level", args.log_level]
     if args.root:
@@ -130,7 +130,7 @@ def _positive(text: str) -> int:
 
 
 def _run_history(args: argparse.Namespace) -> int:
-    from agents.faces.console_views import history_table
+    from agentmend.faces.console_views import history_table
 
     with open_workspace(args) as workspace:
         records = workspace.manager.get_history(limit=args.limit)
@@ -157,9 +157,9 @@ def _rollback_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_rollback(args: argparse.Namespace) -> int:
-    from agents.faces.workspace import build_runtimes
-    from infrastructure.errors import ChangeNotFound, RollbackConflict
-    from infrastructure.models import ChangeStatus
+    from agentmend.faces.workspace import build_runtimes
+    from agentmend.infrastructure.errors import ChangeNotFound, RollbackConflict
+    from agentmend.infrastructure.models import ChangeStatus
 
     with open_workspace(args) as workspace:
         current = workspace.manager.get_change(args.change)

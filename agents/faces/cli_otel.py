@@ -1,22 +1,22 @@
-"""``agentmend otel receive``: the OTLP/HTTP receiver (``agents.faces.otel_receiver``)."""
+"""``agentmend otel receive``: the OTLP/HTTP receiver (``agentmend.faces.otel_receiver``)."""
 
 from __future__ import annotations
 
 import argparse
 
-from agents.faces.cli import Subcommand
+from agentmend.faces.cli import Subcommand
 
 __all__ = ["SUBCOMMANDS"]
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
-    from agents.faces.otel_receiver import add_arguments
+    from agentmend.faces.otel_receiver import add_arguments
 
     add_arguments(parser)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from agents.faces.otel_receiver import run
+    from agentmend.faces.otel_receiver import run
 
     return run(args)
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
-from agents.faces.cli import (
+from agentmend.faces.cli import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_USAGE,
@@ -29,7 +29,7 @@ from agents.faces.cli import (
     Subcommand,
     print_json,
 )
-from agents.faces.cli_commands import console, open_workspace
+from agentmend.faces.cli_commands import console, open_workspace
 
 __all__ = ["SUBCOMMANDS"]
 
@@ -37,11 +37,11 @@ __all__ = ["SUBCOMMANDS"]
 @contextlib.contextmanager
 def _releases(args: argparse.Namespace) -> Iterator[tuple[Any, Any, Any, Any]]:
     """(workspace, release log, rollouts, principal) of the workspace's team; one-line errors."""
-    from infrastructure.errors import InvalidArgument, NotFound, PermissionRequired
-    from infrastructure.releases.release_errors import ReleaseRefused, RolloutConflict
-    from infrastructure.releases.release_log import ReleaseLog
-    from infrastructure.releases.rollout import Rollouts
-    from infrastructure.team_id import team_id_for
+    from agentmend.infrastructure.errors import InvalidArgument, NotFound, PermissionRequired
+    from agentmend.infrastructure.releases.release_errors import ReleaseRefused, RolloutConflict
+    from agentmend.infrastructure.releases.release_log import ReleaseLog
+    from agentmend.infrastructure.releases.rollout import Rollouts
+    from agentmend.infrastructure.team_id import team_id_for
 
     with open_workspace(args) as workspace:
         log = ReleaseLog(
@@ -214,7 +214,7 @@ def _run_promote(args: argparse.Namespace) -> int:
 
 
 def _run_abort(args: argparse.Namespace) -> int:
-    from infrastructure.releases.release_log import Release
+    from agentmend.infrastructure.releases.release_log import Release
 
     with _releases(args) as (_, _, rollouts, who):
         outcome = rollouts.abort(args.version, by=who)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents.faces.cli import (
+from agentmend.faces.cli import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_UNAVAILABLE,
@@ -22,13 +22,13 @@ from agents.faces.cli import (
     print_json,
     workspace_path,
 )
-from agents.faces.cli_commands import _settings, console, open_workspace
-from infrastructure.errors import AgentmendError
-from infrastructure.files import atomic_write
+from agentmend.faces.cli_commands import _settings, console, open_workspace
+from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.files import atomic_write
 
 if TYPE_CHECKING:
-    from infrastructure.changes.improvement_manager import ImprovementManager
-    from infrastructure.store import Store
+    from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+    from agentmend.infrastructure.store import Store
 
 __all__ = ["SUBCOMMANDS", "open_store"]
 
@@ -37,11 +37,11 @@ class _OpenStore:
     """The workspace's store and change manager, for reading; closed on exit."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from agents.faces.workspace import DB_NAME
-        from infrastructure.changes.improvement_manager import ImprovementManager
-        from infrastructure.code_update.plan_recovery import settle_interrupted_plans
-        from infrastructure.errors import AgentmendError
-        from infrastructure.store import Store
+        from agentmend.faces.workspace import DB_NAME
+        from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+        from agentmend.infrastructure.code_update.plan_recovery import settle_interrupted_plans
+        from agentmend.infrastructure.errors import AgentmendError
+        from agentmend.infrastructure.store import Store
 
         folder = workspace_path(args)
         self.settings = _settings(args)
@@ -91,7 +91,7 @@ def open_store(args: argparse.Namespace) -> _OpenStore:
 
 
 def _status_json(statuses: list[Any], pending: int) -> dict[str, Any]:
-    from agents.faces.report_data import RECENT_RUNS, STATUS_SCHEMA
+    from agentmend.faces.report_data import RECENT_RUNS, STATUS_SCHEMA
 
     return {
         "schema": STATUS_SCHEMA,
@@ -105,9 +105,9 @@ def _status_json(statuses: list[Any], pending: int) -> dict[str, Any]:
 def _run_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from agents.faces.report_data import agent_statuses
-    from infrastructure.models import ChangeStatus
-    from infrastructure.telemetry.receiver_counts import read_receiver_counts
+    from agentmend.faces.report_data import agent_statuses
+    from agentmend.infrastructure.models import ChangeStatus
+    from agentmend.infrastructure.telemetry.receiver_counts import read_receiver_counts
 
     with open_store(args) as opened:
         statuses = agent_statuses(opened.store, baseline_n=opened.settings.baseline_n)
@@ -177,7 +177,7 @@ def _show_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_show(args: argparse.Namespace) -> int:
-    from agents.loop.cycle_history import cycle_of_change
+    from agentmend.loop.cycle_history import cycle_of_change
 
     with open_store(args) as opened:
         record = opened.manager.get_change(args.change)
@@ -258,10 +258,10 @@ def _improve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_improve(args: argparse.Namespace) -> int:
-    from agents.faces.console_views import cycle_summary_line
-    from agents.faces.improve_progress import ImproveProgress
-    from agents.roles.team import UnknownAgent
-    from infrastructure.errors import AgentmendError
+    from agentmend.faces.console_views import cycle_summary_line
+    from agentmend.faces.improve_progress import ImproveProgress
+    from agentmend.infrastructure.errors import AgentmendError
+    from agentmend.roles.team import UnknownAgent
 
     out = console()
     progress = ImproveProgress(out, live=sys.stdout.isatty())
@@ -315,9 +315,9 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 
 def render_workspace_report(opened: _OpenStore, *, full_cycles: int = 50) -> str:
     """The report page of an open workspace, as HTML."""
-    from agents.faces.report_data import collect_report
-    from agents.faces.report_page import render_report
-    from infrastructure.monitoring.run_series import RAW_RUNS
+    from agentmend.faces.report_data import collect_report
+    from agentmend.faces.report_page import render_report
+    from agentmend.infrastructure.monitoring.run_series import RAW_RUNS
 
     data = collect_report(
         opened.store,
@@ -360,7 +360,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
 def _store_version(opened: _OpenStore) -> tuple[object, ...]:
     """What the page depends on: commits to the database by any other connection (SQLite's
     ``data_version``), and the audit head file, which the chain check reads."""
-    from infrastructure.store_sql import data_version
+    from agentmend.infrastructure.store_sql import data_version
 
     data = data_version(opened.store.connection())
     try:
@@ -371,7 +371,7 @@ def _store_version(opened: _OpenStore) -> tuple[object, ...]:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from agents.faces.report_server import serve
+    from agentmend.faces.report_server import serve
 
     if not 0 <= args.port <= 65_535:
         raise CommandError(f"--port {args.port}: a port is 0 to 65535 (0 picks a free one)")

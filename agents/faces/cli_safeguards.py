@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from agents.faces.cli import (
+from agentmend.faces.cli import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_USAGE,
@@ -15,7 +15,7 @@ from agents.faces.cli import (
     Subcommand,
     print_json,
 )
-from agents.faces.cli_commands import console, open_workspace
+from agentmend.faces.cli_commands import console, open_workspace
 
 __all__ = ["SUBCOMMANDS"]
 
@@ -25,7 +25,7 @@ def _acknowledge_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_audit_acknowledge(args: argparse.Namespace) -> int:
-    from infrastructure.errors import PermissionRequired
+    from agentmend.infrastructure.errors import PermissionRequired
 
     with open_workspace(args) as workspace:
         principal = workspace.settings.default_principal
@@ -87,9 +87,9 @@ def _run_code_approve_tests(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from agents.loop.code_review import CodeReviewer
-    from infrastructure.code_update.code_plans import CodeUpdateError
-    from infrastructure.code_update.updater import CodeUpdater
+    from agentmend.infrastructure.code_update.code_plans import CodeUpdateError
+    from agentmend.infrastructure.code_update.updater import CodeUpdater
+    from agentmend.loop.code_review import CodeReviewer
 
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         # An MCP client (or an agent with a shell) drives pipes, not a person's terminal.

@@ -1,7 +1,7 @@
 """``agentmend store``: the store's size by kind of record, and pruning by the retention policy.
 
 The policy is the ``AGENTMEND_RETENTION_*`` settings, which the flags override for one run;
-pruning never removes what the loop still needs (see :mod:`infrastructure.retention`).
+pruning never removes what the loop still needs (see :mod:`agentmend.infrastructure.retention`).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from agents.faces.cli import EXIT_OK, EXIT_USAGE, CommandError, Subcommand, print_json
-from agents.faces.cli_commands import console, open_workspace
+from agentmend.faces.cli import EXIT_OK, EXIT_USAGE, CommandError, Subcommand, print_json
+from agentmend.faces.cli_commands import console, open_workspace
 
 __all__ = ["SUBCOMMANDS"]
 
@@ -38,8 +38,8 @@ def _store_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _policy(args: argparse.Namespace, settings: Any) -> Any:
-    from infrastructure.errors import ConfigurationError
-    from infrastructure.retention import RetentionPolicy
+    from agentmend.infrastructure.errors import ConfigurationError
+    from agentmend.infrastructure.retention import RetentionPolicy
 
     base = RetentionPolicy.of(settings)
     try:
@@ -56,8 +56,8 @@ def _policy(args: argparse.Namespace, settings: Any) -> Any:
 
 
 def _run_store(args: argparse.Namespace) -> int:
-    from infrastructure.retention import prune
-    from infrastructure.store_usage import store_usage
+    from agentmend.infrastructure.retention import prune
+    from agentmend.infrastructure.store_usage import store_usage
 
     with open_workspace(args) as workspace:
         policy = _policy(args, workspace.settings)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agents.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, CommandError, Subcommand
+from agentmend.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, CommandError, Subcommand
 
 __all__ = ["SUBCOMMANDS"]
 
@@ -15,11 +15,11 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from agents.faces.cli import print_json, workspace_path
-    from agents.faces.cli_commands import _settings, console
-    from infrastructure.errors import AgentmendError
-    from infrastructure.store import Store
-    from infrastructure.store_copy import copy_store
+    from agentmend.faces.cli import print_json, workspace_path
+    from agentmend.faces.cli_commands import _settings, console
+    from agentmend.infrastructure.errors import AgentmendError
+    from agentmend.infrastructure.store import Store
+    from agentmend.infrastructure.store_copy import copy_store
 
     settings = _settings()
     key = settings.audit_hmac_key

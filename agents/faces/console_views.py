@@ -13,9 +13,9 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from agents.loop.cycle import CycleEvent, CycleResult, TaskResult
-from infrastructure.errors import AgentmendError
-from infrastructure.models import AgentMetrics, ChangeRecord, IssueReport
+from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.models import AgentMetrics, ChangeRecord, IssueReport
+from agentmend.loop.cycle import CycleEvent, CycleResult, TaskResult
 
 __all__ = [
     "cycle_event_line",

@@ -25,16 +25,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from agents.faces.console_views import cycle_event_line
-from agents.faces.workspace import Workspace
-from agents.loop.cycle import CycleEvent, CycleResult
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from agents.roles.prompt_blocks import extract_block
-from agents.roles.schemas import ImprovementPlan, ProposedAction
-from infrastructure.llm.offline import OfflineCall, OfflineRuntime
-from infrastructure.models import ChangeType
-from infrastructure.settings import Settings
-from infrastructure.simulation import FaultKind, SimulatedRuntime
+from agentmend.faces.console_views import cycle_event_line
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.llm.offline import OfflineCall, OfflineRuntime
+from agentmend.infrastructure.models import ChangeType
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime
+from agentmend.loop.cycle import CycleEvent, CycleResult
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
+from agentmend.roles.prompt_blocks import extract_block
+from agentmend.roles.schemas import ImprovementPlan, ProposedAction
 
 __all__ = ["DemoStep", "run_demo"]
 

@@ -13,15 +13,15 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from agents.faces.console_views import cycle_event_line
+from agentmend.faces.console_views import cycle_event_line
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.live import Live
     from rich.spinner import Spinner
 
-    from agents.loop.cycle import CycleEvent
-    from agents.loop.cycle_verification import EvalProgress
+    from agentmend.loop.cycle import CycleEvent
+    from agentmend.loop.cycle_verification import EvalProgress
 
 __all__ = ["ImproveProgress", "eval_line"]
 

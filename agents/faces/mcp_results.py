@@ -1,7 +1,7 @@
 """How the MCP tools answer: ``ToolOutput`` and the text and data of each kind of result.
 
-``agents.faces.mcp_tools`` decides what a tool does; this module only shapes what it found into text
-a model reads and the same facts as structured data (camelCase keys for the code-plan results,
+``agentmend.faces.mcp_tools`` decides what a tool does; this module only shapes what it found into
+text a model reads and the same facts as structured data (camelCase keys for the code-plan results,
 as existing MCP clients expect). Nothing here reads or writes the workspace, except
 ``last_cycle``, which replays the latest cycle from the store.
 """
@@ -14,18 +14,18 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agents.loop.code_review import CodeAnalysis, CodeProposal
-from agents.loop.cycle import list_cycle_ids, replay_cycle
-from agents.roles.outcomes import QuestionAnswer
-from infrastructure.code_update.code_plans import (
+from agentmend.infrastructure.code_update.code_plans import (
     CodePlan,
     ExecutionResult,
     RollbackResult,
     UpdateStatus,
 )
-from infrastructure.llm.base import AgentResult
-from infrastructure.models import IssueReport, RootCauseAnalysis
-from infrastructure.store import Store
+from agentmend.infrastructure.llm.base import AgentResult
+from agentmend.infrastructure.models import IssueReport, RootCauseAnalysis
+from agentmend.infrastructure.store import Store
+from agentmend.loop.code_review import CodeAnalysis, CodeProposal
+from agentmend.loop.cycle import list_cycle_ids, replay_cycle
+from agentmend.roles.outcomes import QuestionAnswer
 
 __all__ = [
     "MAX_TEXT_CHARS",

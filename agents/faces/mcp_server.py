@@ -1,6 +1,6 @@
 """The MCP server: agentmend's workspace as five orthogonal tools over stdio.
 
-Run ``python -m agents.mcp_server`` (or the ``agentmend-mcp`` console script) from the project
+Run ``python -m agentmend.mcp_server`` (or the ``agentmend-mcp`` console script) from the project
 an editor or agent works on. It opens the same workspace as the interactive session
 (``--workspace``, else ``AGENTMEND_WORKSPACE``, else ``./.agentmend``) and serves, following
 the rule that fewer, orthogonal tools make more workflows possible:
@@ -20,7 +20,7 @@ the rule that fewer, orthogonal tools make more workflows possible:
   non-destructive instead.
 - ``run``: ``prompt`` (and ``agent``) -> the team's answers, every run recorded; detection looks,
   nothing is applied. When the team has releases the server is a worker: it follows them
-  (``--follow-releases``, ``--release``; see ``agents.faces.release_serving``) and each call is
+  (``--follow-releases``, ``--release``; see ``agentmend.faces.release_serving``) and each call is
   served by the release its ``routingKey`` draws (a random key when none is given), the canary
   for its share; the answer names the release and arm.
 - ``status``: each agent's metrics, pending plans, the last execution and the last cycle, and
@@ -33,8 +33,8 @@ nothing; a workspace that cannot be opened makes every call such an error, namin
 and the server keeps running (each call tries to open it again). A request over
 ``Settings.max_request_bytes`` or nested deeper than ``Settings.max_request_depth`` is answered
 with a JSON-RPC error by the pre-filter in front of the SDK's stdin reader
-(:mod:`agents.faces.mcp_stdin`) and never parsed. Only the protocol writes to stdout: logging goes
-to stderr, configured before anything logs.
+(:mod:`agentmend.faces.mcp_stdin`) and never parsed. Only the protocol writes to stdout: logging
+goes to stderr, configured before anything logs.
 """
 
 import argparse
@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field
 
-from agents.faces.mcp_results import ToolOutput
-from agents.faces.mcp_stdin import serve_stdio
-from agents.faces.mcp_tools import AgentmendTools, BadRequest, FileArg
-from infrastructure.errors import AgentmendError
-from infrastructure.settings import Settings
-from infrastructure.structured_logger import get_logger
+from agentmend.faces.mcp_results import ToolOutput
+from agentmend.faces.mcp_stdin import serve_stdio
+from agentmend.faces.mcp_tools import AgentmendTools, BadRequest, FileArg
+from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -342,8 +342,8 @@ async def _serve(tools: AgentmendTools) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the server over stdio until the client closes it."""
-    from infrastructure.settings import InvalidSetting, load_settings
-    from infrastructure.structured_logger import configure_logging
+    from agentmend.infrastructure.settings import InvalidSetting, load_settings
+    from agentmend.infrastructure.structured_logger import configure_logging
 
     args = _parse_args(argv)
     overrides: dict[str, object] = {"store_url": args.store} if args.store else {}

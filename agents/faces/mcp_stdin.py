@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import anyio
 import anyio.to_thread
 
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer

@@ -1,17 +1,17 @@
 """What the MCP tools do, independent of the protocol: ``AgentmendTools``.
 
-``agents.faces.mcp_server`` exposes these methods as MCP tools; tests call them directly too. Each
-returns a ``ToolOutput`` (text for a model to read, plus the same facts as structured data,
-shaped by ``agents.faces.mcp_results``) or raises an ``AgentmendError`` whose message names what was
-wrong (``BadRequest`` for a request that does not fit: a missing field, an unknown agent, ...);
+``agentmend.faces.mcp_server`` exposes these methods as MCP tools; tests call them directly too.
+Each returns a ``ToolOutput`` (text for a model to read, plus the same facts as structured data,
+shaped by ``agentmend.faces.mcp_results``) or raises an ``AgentmendError`` whose message names what
+was wrong (``BadRequest`` for a request that does not fit: a missing field, an unknown agent, ...);
 the server turns those into ``isError`` results. Nothing is written for a request that fails.
 
-Opening is lazy and retried: the first call opens the workspace (``agents.faces.workspace``); if it
-cannot be opened, that call and every later one fail with the problem, until it can. The tools
+Opening is lazy and retried: the first call opens the workspace (``agentmend.faces.workspace``); if
+it cannot be opened, that call and every later one fail with the problem, until it can. The tools
 that only read (``status``, ``memory``, marked ``readOnlyHint``) open an existing workspace and
 never create one: on a missing folder or store they fail naming it, and write nothing. The
 others (``self_improve``, ``analyze``, ``run``) create it on first use. When the team has
-published releases, opening also starts following them (``agents.faces.release_serving``):
+published releases, opening also starts following them (``agentmend.faces.release_serving``):
 ``run`` is then served by the release its routing key draws, and ``status`` names it; a pinned
 release the team does not have makes every call an error naming it. The
 provider's runtimes are built the same way: a provider that cannot run (no API key, no SDK) is
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agents.faces.mcp_results import (
+from agentmend.faces.mcp_results import (
     ToolOutput,
     agent_analysis_output,
     code_smell_output,
@@ -43,25 +43,25 @@ from agents.faces.mcp_results import (
     run_output,
     status_text,
 )
-from agents.faces.release_serving import ServedReleases, release_status_data, serve_releases
-from agents.faces.workspace import DB_NAME, Workspace
-from agents.loop.code_review import CodeAnalyst, CodeReviewer
-from agents.roles.ask_agent_tool import AskAgentTool
-from agents.roles.outcomes import QuestionAnswer
-from agents.roles.team import UnknownAgent
-from infrastructure.changes.decisions import list_decisions, record_decision
-from infrastructure.changes.safety import GateVerdict, ProposedChange
-from infrastructure.code_update.updater import CodeUpdater, FileOperation
-from infrastructure.errors import AgentmendError, SpecError, StoreError, WrongArgumentType
-from infrastructure.limits import InputLimits
-from infrastructure.llm.base import AgentRuntime
-from infrastructure.releases.routing import new_run_key
-from infrastructure.settings import Settings, load_settings
-from infrastructure.spec import load_agent_specs
-from infrastructure.structured_logger import get_logger
+from agentmend.faces.release_serving import ServedReleases, release_status_data, serve_releases
+from agentmend.faces.workspace import DB_NAME, Workspace
+from agentmend.infrastructure.changes.decisions import list_decisions, record_decision
+from agentmend.infrastructure.changes.safety import GateVerdict, ProposedChange
+from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
+from agentmend.infrastructure.errors import AgentmendError, SpecError, StoreError, WrongArgumentType
+from agentmend.infrastructure.limits import InputLimits
+from agentmend.infrastructure.llm.base import AgentRuntime
+from agentmend.infrastructure.releases.routing import new_run_key
+from agentmend.infrastructure.settings import Settings, load_settings
+from agentmend.infrastructure.spec import load_agent_specs
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.loop.code_review import CodeAnalyst, CodeReviewer
+from agentmend.roles.ask_agent_tool import AskAgentTool
+from agentmend.roles.outcomes import QuestionAnswer
+from agentmend.roles.team import UnknownAgent
 
 if TYPE_CHECKING:
-    from agents.loop.meta_orchestrator import MetaOrchestrator
+    from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
 __all__ = ["AgentmendTools", "BadRequest", "FileArg"]
 
@@ -566,7 +566,7 @@ class AgentmendTools:
 
 
 def _config(workspace: Workspace, root: Path, agent: str | None) -> dict[str, Any]:
-    from agents.roles.supervisor import agent_config
+    from agentmend.roles.supervisor import agent_config
 
     settings = workspace.settings.model_dump(mode="json")
     if settings.get("audit_hmac_key") is not None:

@@ -2,11 +2,11 @@
 
 ``POST /v1/traces`` takes an OTLP trace export as ``application/x-protobuf`` or OTLP/JSON
 (``application/json``, ids as hex strings), gzip-compressed or not, and records the agent runs
-its spans describe (``infrastructure.telemetry``) through a ``PerformanceMonitor``'s buffered
-path. ``GET /status`` answers the counts as JSON (spans received, executions recorded,
+its spans describe (``agentmend.infrastructure.telemetry``) through a ``PerformanceMonitor``'s
+buffered path. ``GET /status`` answers the counts as JSON (spans received, executions recorded,
 duplicates, own spans skipped, unmappable, orphans, rejected), so what was lost is visible; the
 program also writes them to the store every few seconds and when it stops
-(``infrastructure.telemetry.receiver_counts``), where ``agentmend status`` shows them.
+(``agentmend.infrastructure.telemetry.receiver_counts``), where ``agentmend status`` shows them.
 
 Answers: 200 with an ``ExportTraceServiceResponse`` (its ``partial_success`` says how many
 spans were rejected and why); 400 with a reason for a body that does not decode (garbage,
@@ -16,7 +16,7 @@ decompresses to more than ``max_decompressed_bytes`` (a gzip bomb is stopped the
 inflated); 415 for another content type. No input stops the server: an unexpected failure is a
 500 for that request alone, logged.
 
-Run ``python -m agents.otel_receiver`` or ``agentmend otel receive`` (``--host``, default
+Run ``python -m agentmend.otel_receiver`` or ``agentmend otel receive`` (``--host``, default
 127.0.0.1; ``--port``, default 4318; ``--workspace DIR`` or ``--store PATH``; the token from
 ``--token`` or ``AGENTMEND_OTLP_TOKEN``). Needs the ``[otel]`` extra.
 """
@@ -37,10 +37,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from infrastructure.errors import AgentmendError, ConfigurationError
-from infrastructure.structured_logger import get_logger
-from infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
-from infrastructure.telemetry.otlp_decode import (
+from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
+from agentmend.infrastructure.telemetry.otlp_decode import (
     DecodedBatch,
     OtlpDecodeError,
     decode_json,
@@ -366,7 +366,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _store_location(args: argparse.Namespace) -> tuple[str | Path, Path]:
     """(the store: ``--store``, else ``AGENTMEND_STORE_URL``, else the workspace's file; the
     workspace folder, where a PostgreSQL store's per-host files go)."""
-    from agents.faces.workspace import DB_NAME
+    from agentmend.faces.workspace import DB_NAME
 
     folder = Path(args.workspace or os.environ.get("AGENTMEND_WORKSPACE") or ".agentmend")
     given = args.store or os.environ.get("AGENTMEND_STORE_URL")
@@ -385,10 +385,10 @@ def _release_attribution(
     args: argparse.Namespace, store: Any, folder: Path
 ) -> Callable[[object, object], Any] | None:
     """Resolves release labels for ``--team``, else the workspace's team (None: no team)."""
-    from agents.faces.release_serving import existing_team_id
-    from agents.faces.workspace import TEAM_DIR_NAME
-    from infrastructure.releases.attribution import ReleaseAttribution
-    from infrastructure.releases.release_log import ReleaseLog
+    from agentmend.faces.release_serving import existing_team_id
+    from agentmend.faces.workspace import TEAM_DIR_NAME
+    from agentmend.infrastructure.releases.attribution import ReleaseAttribution
+    from agentmend.infrastructure.releases.release_log import ReleaseLog
 
     team = getattr(args, "team", None) or existing_team_id(folder / TEAM_DIR_NAME)
     if team is None:
@@ -398,9 +398,9 @@ def _release_attribution(
 
 def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | None = None) -> int:
     """Serve until interrupted; the exit code (2 bad arguments, 3 store unavailable)."""
-    from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-    from infrastructure.store import Store
-    from infrastructure.structured_logger import configure_logging
+    from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+    from agentmend.infrastructure.store import Store
+    from agentmend.infrastructure.structured_logger import configure_logging
 
     configure_logging("INFO")
     try:
@@ -441,7 +441,10 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
         monitor.close()
         store.close()
         return 3
-    from infrastructure.telemetry.receiver_counts import receiver_name, write_receiver_counts
+    from agentmend.infrastructure.telemetry.receiver_counts import (
+        receiver_name,
+        write_receiver_counts,
+    )
 
     name, started = receiver_name(*receiver.address), time.time()
     receiver.publish = lambda counts: write_receiver_counts(store, name, started, counts)
@@ -464,9 +467,9 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m agents.otel_receiver``."""
+    """``python -m agentmend.otel_receiver``."""
     parser = argparse.ArgumentParser(
-        prog="python -m agents.otel_receiver", description=__doc__.split("\n\n")[0]
+        prog="python -m agentmend.otel_receiver", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--workspace", metavar="DIR", help="workspace folder")
     add_arguments(parser)

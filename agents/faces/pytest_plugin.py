@@ -1,7 +1,7 @@
 """pytest fixtures for failure-cycle tests of a team: ``pip install "agentmend[testing]"``.
 
-Registered through the ``pytest11`` entry point (``agentmend = "agents.faces.pytest_plugin"``), so
-every fixture below is available in any test run once agentmend is installed. Importing this
+Registered through the ``pytest11`` entry point (``agentmend = "agentmend.faces.pytest_plugin"``),
+so every fixture below is available in any test run once agentmend is installed. Importing this
 module imports nothing but pytest: the team, runtimes and roles are imported when a fixture is
 first used, so a test run that uses none of them pays nothing.
 
@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from agents.loop.meta_orchestrator import MetaOrchestrator
-    from agents.roles.team import AgentTeam
-    from infrastructure.settings import Settings
-    from infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
-    from infrastructure.store import Store
+    from agentmend.infrastructure.settings import Settings
+    from agentmend.infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
+    from agentmend.infrastructure.store import Store
+    from agentmend.loop.meta_orchestrator import MetaOrchestrator
+    from agentmend.roles.team import AgentTeam
 
 __all__ = [
     "InjectFault",
@@ -92,7 +92,7 @@ def agentmend_seed() -> int:
 @pytest.fixture
 def agentmend_settings() -> Settings:
     """Settings for a quick simulated loop: a 50-run baseline, the human gate skipped."""
-    from infrastructure.settings import Settings
+    from agentmend.infrastructure.settings import Settings
 
     return Settings(baseline_n=50, false_alarm_rate=1e-4, yolo_mode=True)
 
@@ -100,7 +100,7 @@ def agentmend_settings() -> Settings:
 @pytest.fixture
 def agentmend_team_dir(tmp_path: Path) -> Path:
     """A fresh copy of the simulated six-agent team's definitions and eval suites."""
-    from infrastructure.simulation import copy_team
+    from agentmend.infrastructure.simulation import copy_team
 
     return copy_team(tmp_path / "agentmend_team")
 
@@ -108,7 +108,7 @@ def agentmend_team_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def agentmend_runtime(agentmend_seed: int) -> SimulatedRuntime:
     """The simulated runtime the team runs on (inject faults into it)."""
-    from infrastructure.simulation import SimulatedRuntime
+    from agentmend.infrastructure.simulation import SimulatedRuntime
 
     return SimulatedRuntime(agentmend_seed)
 
@@ -116,7 +116,7 @@ def agentmend_runtime(agentmend_seed: int) -> SimulatedRuntime:
 @pytest.fixture
 def agentmend_store(tmp_path: Path) -> Iterator[Store]:
     """The test's own store (executions, changes, audit, decisions)."""
-    from infrastructure.store import Store
+    from agentmend.infrastructure.store import Store
 
     with Store(tmp_path / "agentmend.db") as store:
         yield store
@@ -130,11 +130,11 @@ def agentmend_team(
     agentmend_settings: Settings,
 ) -> Iterator[AgentTeam]:
     """The team in ``agentmend_team_dir`` on ``agentmend_runtime``, every run recorded."""
-    from agents.roles.team import AgentTeam
-    from infrastructure.monitoring.performance_monitor import (
+    from agentmend.infrastructure.monitoring.performance_monitor import (
         PerformanceMonitor,
         monitor_options,
     )
+    from agentmend.roles.team import AgentTeam
 
     monitor = PerformanceMonitor(agentmend_store, **monitor_options(agentmend_settings))
     try:
@@ -149,9 +149,9 @@ def agentmend_orchestrator(
 ) -> Iterator[MetaOrchestrator]:
     """An orchestrator on ``agentmend_team`` with the offline playbooks as its roles, running
     a cycle for every detected issue (``auto_improve``)."""
-    from agents.loop.meta_orchestrator import MetaOrchestrator
-    from agents.roles.playbooks import offline_policies
-    from infrastructure.llm.offline import OfflineRuntime
+    from agentmend.infrastructure.llm.offline import OfflineRuntime
+    from agentmend.loop.meta_orchestrator import MetaOrchestrator
+    from agentmend.roles.playbooks import offline_policies
 
     with MetaOrchestrator(
         agentmend_team,
@@ -166,8 +166,8 @@ def agentmend_orchestrator(
 @pytest.fixture
 def inject_fault(agentmend_runtime: SimulatedRuntime) -> InjectFault:
     """Start a fault for an agent from its next run on; returns the fault with its defaults."""
-    from infrastructure.errors import WrongArgumentType
-    from infrastructure.simulation import Fault, FaultKind
+    from agentmend.infrastructure.errors import WrongArgumentType
+    from agentmend.infrastructure.simulation import Fault, FaultKind
 
     def inject(agent: str, kind: FaultKind | Fault | str, **parameters: Any) -> Fault:
         if isinstance(kind, Fault):

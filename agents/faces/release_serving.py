@@ -31,16 +31,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from infrastructure import confined
-from infrastructure.errors import ConfigurationError
-from infrastructure.releases.follower import FollowerStatus, ReleaseChoice, ReleaseFollower
-from infrastructure.releases.release_log import ReleaseLog
-from infrastructure.releases.routing import new_run_key
-from infrastructure.team_id import TEAM_ID_FILE, team_id_for
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.releases.follower import (
+    FollowerStatus,
+    ReleaseChoice,
+    ReleaseFollower,
+)
+from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.routing import new_run_key
+from agentmend.infrastructure.team_id import TEAM_ID_FILE, team_id_for
 
 if TYPE_CHECKING:
-    from agents.faces.workspace import Workspace
-    from agents.loop.release_publishing import ReleasePublisher
+    from agentmend.faces.workspace import Workspace
+    from agentmend.loop.release_publishing import ReleasePublisher
 
 __all__ = [
     "WORKERS_DIR",
@@ -145,7 +149,7 @@ class ServedReleases:
 
     def publisher(self) -> ReleasePublisher:
         """Publishes what the face's cycles keep as the team's next release (a canary)."""
-        from agents.loop.release_publishing import ReleasePublisher
+        from agentmend.loop.release_publishing import ReleasePublisher
 
         return ReleasePublisher(self.log)
 

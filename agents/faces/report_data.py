@@ -2,9 +2,9 @@
 
 Reading never opens a ``PerformanceMonitor`` (whose start-up replays the history) and never
 writes: per-agent totals and the charts come from the downsampled series the monitor keeps as
-runs arrive (``infrastructure.monitoring.run_series``), recent figures from each agent's last
-runs through the executions index, changes from the change log, the latest cycles by folding their
-recorded events (read in one pass), and the audit trail with its chain check.
+runs arrive (``agentmend.infrastructure.monitoring.run_series``), recent figures from each agent's
+last runs through the executions index, changes from the change log, the latest cycles by folding
+their recorded events (read in one pass), and the audit trail with its chain check.
 """
 
 from __future__ import annotations
@@ -15,21 +15,24 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from agents.loop.cycle import CycleResult
-from agents.loop.cycle_history import CycleSummary, cycle_summaries, latest_cycles
-from infrastructure.changes.audit import AuditEntry
-from infrastructure.changes.audit_verification import ChainVerification
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.models import ChangeRecord
-from infrastructure.monitoring.agent_window import RUN
-from infrastructure.monitoring.detection import CHART_OF_KIND
-from infrastructure.monitoring.detector_series import StatisticStep, read_statistic_series
-from infrastructure.monitoring.execution_rollup import baseline_runs
-from infrastructure.monitoring.issue_ledger import read_active_issues, read_detector_states
-from infrastructure.monitoring.run_series import SeriesPoint, read_series
-from infrastructure.read_snapshot import read_snapshot
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection, has_table
+from agentmend.infrastructure.changes.audit import AuditEntry
+from agentmend.infrastructure.changes.audit_verification import ChainVerification
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.models import ChangeRecord
+from agentmend.infrastructure.monitoring.agent_window import RUN
+from agentmend.infrastructure.monitoring.detection import CHART_OF_KIND
+from agentmend.infrastructure.monitoring.detector_series import StatisticStep, read_statistic_series
+from agentmend.infrastructure.monitoring.execution_rollup import baseline_runs
+from agentmend.infrastructure.monitoring.issue_ledger import (
+    read_active_issues,
+    read_detector_states,
+)
+from agentmend.infrastructure.monitoring.run_series import SeriesPoint, read_series
+from agentmend.infrastructure.read_snapshot import read_snapshot
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection, has_table
+from agentmend.loop.cycle import CycleResult
+from agentmend.loop.cycle_history import CycleSummary, cycle_summaries, latest_cycles
 
 __all__ = [
     "RECENT_RUNS",

@@ -12,13 +12,13 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
-from agents.faces.report_data import AgentStatus, ReportData
-from agents.loop.cycle import CycleResult
-from agents.loop.cycle_history import CycleSummary
-from infrastructure.models import ChangeRecord, ChangeStatus
-from infrastructure.monitoring.detection import CHART_OF_KIND, LOW_SUCCESS, SLOWDOWN
-from infrastructure.monitoring.detector_series import StatisticStep
-from infrastructure.monitoring.run_series import SeriesPoint
+from agentmend.faces.report_data import AgentStatus, ReportData
+from agentmend.infrastructure.models import ChangeRecord, ChangeStatus
+from agentmend.infrastructure.monitoring.detection import CHART_OF_KIND, LOW_SUCCESS, SLOWDOWN
+from agentmend.infrastructure.monitoring.detector_series import StatisticStep
+from agentmend.infrastructure.monitoring.run_series import SeriesPoint
+from agentmend.loop.cycle import CycleResult
+from agentmend.loop.cycle_history import CycleSummary
 
 __all__ = ["render_report"]
 

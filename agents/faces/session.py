@@ -4,9 +4,9 @@
     agentmend session --provider anthropic --agents .claude/agents
     python main.py --demo                  a scripted scenario, non-interactive, exits 0
 
-``python main.py``, ``python -m agents`` and ``agentmend session`` all start it. When the team
+``python main.py``, ``python -m agentmend`` and ``agentmend session`` all start it. When the team
 has published releases the session is one of its workers: it serves them, the canary for its
-share (``agents.faces.release_serving``), and publishes what its cycles keep as the next release.
+share (``agentmend.faces.release_serving``), and publishes what its cycles keep as the next release.
 
 Commands are read one line at a time from standard input, so the session can be scripted with a
 pipe. Ctrl-C during a cycle aborts the cycle; whatever it had applied is rolled back. The end of
@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.text import Text
 
-from agents.faces.console_views import (
+from agentmend.faces.console_views import (
     cycle_event_line,
     cycle_summary_line,
     diff_text,
@@ -40,22 +40,22 @@ from agents.faces.console_views import (
     status_table,
     task_table,
 )
-from agents.faces.release_serving import ServedReleases, release_status_line, serve_releases
-from agents.faces.session_input import LineReader, add_arguments, parse_args, settings_overrides
-from agents.faces.session_lock import SessionLock
-from agents.faces.workspace import Workspace
-from agents.loop.cycle import CycleEvent, CycleResult
-from agents.loop.meta_orchestrator import MetaOrchestrator
-from agents.roles.team import UnknownAgent
-from infrastructure.changes.audit import ChainVerification
-from infrastructure.changes.gates import HumanApprovalGate
-from infrastructure.changes.safety import ProposedChange
-from infrastructure.errors import AgentmendError, ConfigurationError, StoreError
-from infrastructure.models import ChangeStatus, IssueReport
-from infrastructure.principal import Principal
-from infrastructure.settings import Settings, load_settings
-from infrastructure.simulation import FaultKind, SimulatedRuntime
-from infrastructure.structured_logger import configure_logging, get_logger
+from agentmend.faces.release_serving import ServedReleases, release_status_line, serve_releases
+from agentmend.faces.session_input import LineReader, add_arguments, parse_args, settings_overrides
+from agentmend.faces.session_lock import SessionLock
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.changes.audit import ChainVerification
+from agentmend.infrastructure.changes.gates import HumanApprovalGate
+from agentmend.infrastructure.changes.safety import ProposedChange
+from agentmend.infrastructure.errors import AgentmendError, ConfigurationError, StoreError
+from agentmend.infrastructure.models import ChangeStatus, IssueReport
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.settings import Settings, load_settings
+from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime
+from agentmend.infrastructure.structured_logger import configure_logging, get_logger
+from agentmend.loop.cycle import CycleEvent, CycleResult
+from agentmend.loop.meta_orchestrator import MetaOrchestrator
+from agentmend.roles.team import UnknownAgent
 
 T = TypeVar("T")
 
@@ -594,7 +594,7 @@ def run(args: argparse.Namespace) -> int:
         settings = load_settings(**settings_overrides(args))
         _check_provider(settings)
         if args.demo:
-            from agents.faces.demo import run_demo
+            from agentmend.faces.demo import run_demo
 
             return asyncio.run(
                 run_demo(

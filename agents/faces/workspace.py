@@ -5,14 +5,15 @@ they share one store and one team::
 
     <workspace>/
       agentmend.db                the store: executions, changes, audit, plans, decisions
-      agentmend.db.audit-head     the audit chain's head (infrastructure.changes.audit)
+      agentmend.db.audit-head     the audit chain's head (agentmend.infrastructure.changes.audit)
       agents/                     the team's definitions (<name>.md, <name>.evals.yaml)
         .agent/                   backups and the lock of changes to the definitions
 
 Opening settles what processes that are gone left unproven: changes being verified (restored,
 FAILED ``interrupted``) and code plans being executed (restored, ``failed``); see
-``infrastructure.changes.abandoned`` and ``infrastructure.code_update.plan_recovery``. Changes
-watched on live runs are continued, not undone (``infrastructure.changes.watch``).
+``agentmend.infrastructure.changes.abandoned`` and
+``agentmend.infrastructure.code_update.plan_recovery``. Changes watched on live runs are continued,
+not undone (``agentmend.infrastructure.changes.watch``).
 
 On first open, with no definitions given, the simulated six-agent team is copied into
 ``agents/`` (the offline default needs no key and no network). ``Workspace.orchestrator()``
@@ -32,21 +33,24 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.watch import ChangeWatcher
-from infrastructure.code_update.plan_recovery import settle_interrupted_plans
-from infrastructure.errors import AgentmendError, ConfigurationError
-from infrastructure.limits import InputLimits
-from infrastructure.llm.base import AgentRuntime, RuntimeBase
-from infrastructure.monitoring.issue_ledger import IssueLedger
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor, monitor_options
-from infrastructure.retention import RetentionPolicy, RetentionSweeper
-from infrastructure.settings import Provider, Settings, load_settings
-from infrastructure.store import Store
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.watch import ChangeWatcher
+from agentmend.infrastructure.code_update.plan_recovery import settle_interrupted_plans
+from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
+from agentmend.infrastructure.limits import InputLimits
+from agentmend.infrastructure.llm.base import AgentRuntime, RuntimeBase
+from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
+from agentmend.infrastructure.monitoring.performance_monitor import (
+    PerformanceMonitor,
+    monitor_options,
+)
+from agentmend.infrastructure.retention import RetentionPolicy, RetentionSweeper
+from agentmend.infrastructure.settings import Provider, Settings, load_settings
+from agentmend.infrastructure.store import Store
 
 if TYPE_CHECKING:
-    from agents.loop.meta_orchestrator import MetaOrchestrator
-    from infrastructure.releases.follower import ReleaseFollower
+    from agentmend.infrastructure.releases.follower import ReleaseFollower
+    from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
 __all__ = [
     "DB_NAME",
@@ -103,18 +107,18 @@ def build_runtimes(provider: Provider, *, seed: int = 0) -> tuple[AgentRuntime, 
         ConfigurationError: the provider cannot be used here (no key, no SDK), saying why.
     """
     if provider == "offline":
-        from agents.roles.playbooks import offline_policies
-        from infrastructure.llm.offline import OfflineRuntime
-        from infrastructure.simulation import SimulatedRuntime
+        from agentmend.infrastructure.llm.offline import OfflineRuntime
+        from agentmend.infrastructure.simulation import SimulatedRuntime
+        from agentmend.roles.playbooks import offline_policies
 
         return SimulatedRuntime(seed), OfflineRuntime(offline_policies())
     if provider == "anthropic":
-        from infrastructure.llm.anthropic_runtime import AnthropicRuntime
+        from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
 
         anthropic_runtime = AnthropicRuntime()  # raises without a key
         return anthropic_runtime, anthropic_runtime
     if provider == "claude-agent-sdk":
-        from infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
+        from agentmend.infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
 
         try:
             cli_runtime = ClaudeAgentRuntime()
@@ -199,7 +203,7 @@ class Workspace:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if team_dir is None and create and not any(team.glob("*.md")):
-                from infrastructure.simulation import copy_team
+                from agentmend.infrastructure.simulation import copy_team
 
                 copy_team(team)
             if not team.is_dir() or not any(team.glob("*.md")):
@@ -267,13 +271,13 @@ class Workspace:
         orchestrator (``auto_improve``, ``approval_callback``, ``confirm_cycle``,
         ``on_progress``, ``principal``, ...). It shares the workspace's store and monitor and
         does not close them. ``releases``: serve each run from the release its routing key
-        draws (``agents.faces.release_serving``); cycles still change the team folder.
+        draws (``agentmend.faces.release_serving``); cycles still change the team folder.
 
         Raises:
             ConfigurationError: the provider cannot be used, or the team folder is invalid.
         """
-        from agents.loop.meta_orchestrator import MetaOrchestrator
-        from agents.roles.team import AgentTeam
+        from agentmend.loop.meta_orchestrator import MetaOrchestrator
+        from agentmend.roles.team import AgentTeam
 
         if team_runtime is None or roles_runtime is None:
             default_team, default_roles = self.runtimes(seed=seed)

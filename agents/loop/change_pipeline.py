@@ -11,18 +11,18 @@
       -> gates per action, every verdict recorded     all refused: done ("refused")
       -> apply the accepted changes as one group
       -> reload, the same run AFTER, compare (without a suite: the weaker check, see
-         ``agents.loop.cycle_verification``)
+         ``agentmend.loop.cycle_verification``)
       -> keep (a new detection baseline, unless only the weaker check spoke for the change:
-         see ``agents.loop.cycle_verification.fresh_baselines``)
+         see ``agentmend.loop.cycle_verification.fresh_baselines``)
          or  roll back the whole group (why, with the scores)
 
 Without an eval suite: watched on live runs
 -------------------------------------------
 When no agent the change targets has an eval suite, there is nothing to run before and after
 but the agent's own traffic. The change is then applied under a watch
-(``infrastructure.changes.watch``): the watched agent is the cycle's agent (else the change's
-only target), its newest ``watch_runs`` production runs are the "before" (in a random order),
-and every production run it makes after the change is judged against them, one for one, by
+(``agentmend.infrastructure.changes.watch``): the watched agent is the cycle's agent (else the
+change's only target), its newest ``watch_runs`` production runs are the "before" (in a random
+order), and every production run it makes after the change is judged against them, one for one, by
 the always-valid two-sample test. The cycle ends ``watching``; the watch rolls the change back
 the moment the test says it hurts, keeps it once it is shown better, and rolls it back when its
 budget (as many runs as the "before") is spent without that: a change that does not help is
@@ -80,8 +80,31 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.loop.cycle import CycleRecorder, CycleStatus, WatchOutcome, describe_failure
-from agents.loop.cycle_verification import (
+from agentmend.infrastructure.changes.improvement_manager import (
+    ImprovementManager,
+    LeaseKeeper,
+    LeaseLost,
+    PartialRollback,
+)
+from agentmend.infrastructure.changes.safety import Gate, GateVerdict, ProposedChange
+from agentmend.infrastructure.changes.watch import ChangeWatcher
+from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
+from agentmend.infrastructure.evaluation.evals import EvalSuite
+from agentmend.infrastructure.evaluation.verification import VerificationVerdict
+from agentmend.infrastructure.models import ChangeRecord, ImprovementAction
+from agentmend.infrastructure.monitoring.detection import IssueDetector
+from agentmend.infrastructure.monitoring.execution_store import last_run_id, recent_outcomes
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.spec import AgentSpec
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.telemetry.tracing import (
+    agentmend_tracer,
+    emit_evaluation,
+    set_outcome,
+    work_span,
+)
+from agentmend.loop.cycle import CycleRecorder, CycleStatus, WatchOutcome, describe_failure
+from agentmend.loop.cycle_verification import (
     NEW_BASELINE,
     BeforeRun,
     CycleVerifier,
@@ -89,31 +112,8 @@ from agents.loop.cycle_verification import (
     not_reproduced_reason,
     passes_everything,
 )
-from agents.roles.self_improver import GatedAction, InvalidProposal, SelfImprover
-from agents.roles.team import AgentTeam
-from infrastructure.changes.improvement_manager import (
-    ImprovementManager,
-    LeaseKeeper,
-    LeaseLost,
-    PartialRollback,
-)
-from infrastructure.changes.safety import Gate, GateVerdict, ProposedChange
-from infrastructure.changes.watch import ChangeWatcher
-from infrastructure.errors import AgentmendError, ConfigurationError
-from infrastructure.evaluation.evals import EvalSuite
-from infrastructure.evaluation.verification import VerificationVerdict
-from infrastructure.models import ChangeRecord, ImprovementAction
-from infrastructure.monitoring.detection import IssueDetector
-from infrastructure.monitoring.execution_store import last_run_id, recent_outcomes
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.spec import AgentSpec
-from infrastructure.structured_logger import get_logger
-from infrastructure.telemetry.tracing import (
-    agentmend_tracer,
-    emit_evaluation,
-    set_outcome,
-    work_span,
-)
+from agentmend.roles.self_improver import GatedAction, InvalidProposal, SelfImprover
+from agentmend.roles.team import AgentTeam
 
 __all__ = [
     "MIN_WATCH_RUNS",
@@ -383,7 +383,7 @@ class ChangePipeline:
     ) -> Outcome:
         # the lease makes the group live but not yet proven: if this process stops (killed,
         # stopped past the lease's expiry) the next open anywhere settles it (see
-        # infrastructure.changes.abandoned); the keep or the rollback releases it
+        # agentmend.infrastructure.changes.abandoned); the keep or the rollback releases it
         with self.manager.hold_lease() as keeper:
             try:
                 records = self.improver.apply(changes, applied_by=applied_by, lease=keeper.lease_id)

@@ -22,20 +22,20 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.roles.playbooks.signatures import contains_injection
-from agents.roles.schemas import SupervisorReview
-from infrastructure.changes.safety import GateVerdict, ProposedChange
-from infrastructure.code_update.code_plans import (
+from agentmend.infrastructure.changes.safety import GateVerdict, ProposedChange
+from agentmend.infrastructure.code_update.code_plans import (
     CODE_SUFFIXES,
     CodeUpdateError,
     PlanPaths,
     read_file,
 )
-from infrastructure.errors import AgentmendError, ConfigurationError
-from infrastructure.llm.base import AgentResult, AgentRuntime
-from infrastructure.llm.offline import OfflineRuntime
-from infrastructure.spec import AgentSpec
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
+from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime
+from agentmend.infrastructure.llm.offline import OfflineRuntime
+from agentmend.infrastructure.spec import AgentSpec
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.roles.playbooks.signatures import contains_injection
+from agentmend.roles.schemas import SupervisorReview
 
 __all__ = [
     "ARCHITECT_SPEC",

@@ -8,8 +8,8 @@ exactly the result the caller got from nothing but the store. Event data is JSON
 (``model_dump(mode="json")``) for that reason: what the live fold sees is what the store keeps.
 
 A change to an agent with no eval suite is watched on its live runs after the cycle ends
-(``watching``, see ``agents.loop.change_pipeline``): its verdict comes later, from the watch's
-row in the store. ``replay_cycle`` (and the readers of ``agents.loop.cycle_history``) read that
+(``watching``, see ``agentmend.loop.change_pipeline``): its verdict comes later, from the watch's
+row in the store. ``replay_cycle`` (and the readers of ``agentmend.loop.cycle_history``) read that
 row, so a replayed watched cycle says how its watch stands: still ``watching``, ``kept``,
 ``rolled_back`` (it hurt) or ``not_proven`` (rolled back: not shown better within its budget).
 """
@@ -26,18 +26,23 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.roles.outcomes import ActionOutcome, QuestionAnswer
-from infrastructure.changes.decisions import list_decisions, record_decision
-from infrastructure.changes.safety import GateVerdict
-from infrastructure.changes.watch import ChangeWatch, WatchVerdict, read_watch
-from infrastructure.errors import InvalidArgument, NotFound
-from infrastructure.evaluation.verification import VerificationVerdict
-from infrastructure.frozen import FrozenDict
-from infrastructure.llm.base import AgentResult
-from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis, utc_now
-from infrastructure.store import Store
-from infrastructure.store_sql import json_text
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.changes.decisions import list_decisions, record_decision
+from agentmend.infrastructure.changes.safety import GateVerdict
+from agentmend.infrastructure.changes.watch import ChangeWatch, WatchVerdict, read_watch
+from agentmend.infrastructure.errors import InvalidArgument, NotFound
+from agentmend.infrastructure.evaluation.verification import VerificationVerdict
+from agentmend.infrastructure.frozen import FrozenDict
+from agentmend.infrastructure.llm.base import AgentResult
+from agentmend.infrastructure.models import (
+    ImprovementAction,
+    IssueReport,
+    RootCauseAnalysis,
+    utc_now,
+)
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import json_text
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.roles.outcomes import ActionOutcome, QuestionAnswer
 
 __all__ = [
     "DECISION_PREFIX",
@@ -108,7 +113,8 @@ class _Frozen(BaseModel):
 
 
 class WatchOutcome(_Frozen):
-    """Where the watch on a cycle's change stands (see ``infrastructure.changes.watch``)."""
+    """Where the watch on a cycle's change stands (see
+    ``agentmend.infrastructure.changes.watch``)."""
 
     watch_id: str
     agent: str
@@ -151,7 +157,7 @@ class CycleResult(_Frozen):
 
     ``rolled_back`` says some of the applied change was undone; ``rollback_blocked`` names the
     files that were not, because someone edited them after the change was applied (see
-    ``agents.loop.change_pipeline``): they hold that person's edit on top of the unproven change,
+    ``agentmend.loop.change_pipeline``): they hold that person's edit on top of the unproven change,
     which is FAILED in the history and needs a person to look at it.
     """
 

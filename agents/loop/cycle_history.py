@@ -17,18 +17,18 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from agents.loop.cycle import (
+from agentmend.infrastructure.changes.decisions import migrate_plan_tables
+from agentmend.infrastructure.changes.watch import read_watch
+from agentmend.infrastructure.models import IssueReport
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection, json_text
+from agentmend.loop.cycle import (
     DECISION_PREFIX,
     CycleEvent,
     CycleResult,
     fold_events,
     with_watch_verdict,
 )
-from infrastructure.changes.decisions import migrate_plan_tables
-from infrastructure.changes.watch import read_watch
-from infrastructure.models import IssueReport
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection, json_text
 
 __all__ = ["CycleSummary", "cycle_of_change", "cycle_summaries", "latest_cycles"]
 

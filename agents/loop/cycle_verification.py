@@ -8,16 +8,17 @@ the suite runs before the change only until the issue is shown to reproduce
 (``sequential_verification.run_reproduction``), and after it as before/after pairs that stop
 as soon as an always-valid test decides (``verify_sequentially``; a suite too small for any
 valid test is judged by the fixed design's rule on all its runs); ``design="fixed"`` runs every
-case every repeat on both sides and judges (``infrastructure.evaluation.verification.compare``).
+case every repeat on both sides and judges
+(``agentmend.infrastructure.evaluation.verification.compare``).
 
 An agent without a suite normally has its change watched on its live runs instead (see
-``agents.loop.change_pipeline``: nothing here runs for it). Where there is too little traffic to
+``agentmend.loop.change_pipeline``: nothing here runs for it). Where there is too little traffic to
 watch, or the change creates the agent, it gets the weaker check, built the same way: one
 sample query runs on the definition *before* the change (``run_before``) and again after it,
 and the change is kept only if the query failed before and passes after
-(``infrastructure.evaluation.verification.judge_sample_query``). A sample query that passes
-before the change does not reproduce the issue, so the orchestrator applies nothing, exactly as
-when a suite passes before the change. Latency is compared with the run before the change, and
+(``agentmend.infrastructure.evaluation.verification.judge_sample_query``). A sample query that
+passes before the change does not reproduce the issue, so the orchestrator applies nothing, exactly
+as when a suite passes before the change. Latency is compared with the run before the change, and
 only when that run finished: a timeout or a retired model is no baseline for speed. The
 detector's own baseline is never used here: the fault being fixed is what moved it. (An agent
 created by the change has no "before": it counts as a failed one, so the new agent must answer.)
@@ -45,14 +46,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agents.roles.team import AgentTeam
-from infrastructure.errors import InvalidArgument
-from infrastructure.evaluation.evals import EvalSuite, find_eval_suite
-from infrastructure.evaluation.sequential_verification import (
+from agentmend.infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.evaluation.evals import EvalSuite, find_eval_suite
+from agentmend.infrastructure.evaluation.sequential_verification import (
     run_reproduction,
     verify_sequentially,
 )
-from infrastructure.evaluation.verification import (
+from agentmend.infrastructure.evaluation.verification import (
     SAMPLE_QUERY,
     CaseRun,
     SampleRun,
@@ -63,10 +63,17 @@ from infrastructure.evaluation.verification import (
     run_suite,
     sample_query_check,
 )
-from infrastructure.llm.base import AgentResult, AgentRuntime, OutputT, RuntimeBase, ToolSpec
-from infrastructure.models import ChangeRecord, ChangeStatus
-from infrastructure.monitoring.performance_monitor import VERIFICATION
-from infrastructure.spec import AgentSpec
+from agentmend.infrastructure.llm.base import (
+    AgentResult,
+    AgentRuntime,
+    OutputT,
+    RuntimeBase,
+    ToolSpec,
+)
+from agentmend.infrastructure.models import ChangeRecord, ChangeStatus
+from agentmend.infrastructure.monitoring.performance_monitor import VERIFICATION
+from agentmend.infrastructure.spec import AgentSpec
+from agentmend.roles.team import AgentTeam
 
 __all__ = [
     "NEW_BASELINE",

@@ -6,7 +6,7 @@
     analysis (mediator questions the agents)        unusable: done ("analysis_failed")
       -> proposal (improver)                         none: done ("no_action")
       -> the change: plan, run before, gate, apply, verify, keep or roll back
-         (``agents.loop.change_pipeline``)
+         (``agentmend.loop.change_pipeline``)
 
 ``self_edit`` takes one action an agent asked for (through its self-edit tools) through the same
 change, recorded the same way.
@@ -23,8 +23,16 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
-from agents.loop.change_pipeline import ChangePipeline, Outcome, record_invalid
-from agents.loop.cycle import (
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.safety import ChangeReviewer, Gate
+from agentmend.infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis
+from agentmend.infrastructure.monitoring.detection import IssueDetector
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, role_span
+from agentmend.loop.change_pipeline import ChangePipeline, Outcome, record_invalid
+from agentmend.loop.cycle import (
     CycleRecorder,
     CycleResult,
     CycleStatus,
@@ -32,20 +40,12 @@ from agents.loop.cycle import (
     describe_failure,
     fold_events,
 )
-from agents.loop.cycle_verification import CycleVerifier
-from agents.roles.ask_agent_tool import AskAgentTool
-from agents.roles.outcomes import QuestionAnswer
-from agents.roles.self_improver import InvalidProposal, SelfImprover
-from agents.roles.socratic_mediator import SocraticMediator, is_failed
-from agents.roles.team import AgentTeam
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.safety import ChangeReviewer, Gate
-from infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis
-from infrastructure.monitoring.detection import IssueDetector
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.store import Store
-from infrastructure.structured_logger import get_logger
-from infrastructure.telemetry.tracing import agentmend_tracer, role_span
+from agentmend.loop.cycle_verification import CycleVerifier
+from agentmend.roles.ask_agent_tool import AskAgentTool
+from agentmend.roles.outcomes import QuestionAnswer
+from agentmend.roles.self_improver import InvalidProposal, SelfImprover
+from agentmend.roles.socratic_mediator import SocraticMediator, is_failed
+from agentmend.roles.team import AgentTeam
 
 __all__ = ["SELF_EDIT", "ImprovementCycle", "Outcome"]
 

@@ -6,10 +6,10 @@ run recorded), asks the detector whether anything degraded, and for each issue r
 
 The loop itself, step by step, lives in two modules:
 
-- ``agents.loop.improvement_cycle``: ``run_improvement_cycle`` = analyse (the mediator questions
+- ``agentmend.loop.improvement_cycle``: ``run_improvement_cycle`` = analyse (the mediator questions
   the agents) -> propose (the improver) -> the change; ``apply_self_edit`` = one action an
   agent asked for (its self-edit tools, bound by ``self_edit_tools``) -> the same change.
-- ``agents.loop.change_pipeline``: the change = plan -> run before -> gate -> apply -> verify ->
+- ``agentmend.loop.change_pipeline``: the change = plan -> run before -> gate -> apply -> verify ->
   keep or roll back, one at a time.
 
 This module keeps the open issues, decides when a cycle runs, and undoes changes on request
@@ -31,45 +31,50 @@ from typing import Any, TypeVar
 
 from opentelemetry.trace import Span, TracerProvider
 
-from agents.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
-from agents.loop.cycle_verification import CycleVerifier, baseline_agents
-from agents.loop.improvement_cycle import SELF_EDIT, ImprovementCycle
-from agents.loop.release_publishing import ReleasePublisher
-from agents.loop.self_edit_tools import Authorize, self_edit_tools, verified_apply
-from agents.roles.ask_agent_tool import AskAgentTool
-from agents.roles.role_names import check_team_names
-from agents.roles.self_improver import SelfImprover
-from agents.roles.socratic_mediator import SocraticMediator
-from agents.roles.supervisor import Supervisor
-from agents.roles.team import AgentTeam
-from infrastructure.changes.change_log import ChangeLog, ChangeRow
-from infrastructure.changes.decisions import record_decision
-from infrastructure.changes.gates import ConfidenceGate, HumanApprovalGate, default_gates
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate
-from infrastructure.changes.watch import ChangeWatch
-from infrastructure.errors import (
+from agentmend.infrastructure.changes.change_log import ChangeLog, ChangeRow
+from agentmend.infrastructure.changes.decisions import record_decision
+from agentmend.infrastructure.changes.gates import ConfidenceGate, HumanApprovalGate, default_gates
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate
+from agentmend.infrastructure.changes.watch import ChangeWatch
+from agentmend.infrastructure.errors import (
     ChangeNotFound,
     ConfigurationError,
     RollbackConflict,
     StoreError,
 )
-from infrastructure.limits import InputLimits
-from infrastructure.llm.base import AgentRuntime, ToolSpec
-from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction, IssueReport
-from infrastructure.monitoring.detection import IssueDetector
-from infrastructure.monitoring.issue_ledger import IssueLedger
-from infrastructure.monitoring.performance_monitor import (
+from agentmend.infrastructure.limits import InputLimits
+from agentmend.infrastructure.llm.base import AgentRuntime, ToolSpec
+from agentmend.infrastructure.models import (
+    ChangeRecord,
+    ChangeStatus,
+    ImprovementAction,
+    IssueReport,
+)
+from agentmend.infrastructure.monitoring.detection import IssueDetector
+from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
+from agentmend.infrastructure.monitoring.performance_monitor import (
     RUN,
     PerformanceMonitor,
     monitor_options,
 )
-from infrastructure.principal import Principal
-from infrastructure.settings import Settings, load_settings
-from infrastructure.simulation import SimulatedRuntime
-from infrastructure.store import Store
-from infrastructure.structured_logger import get_logger
-from infrastructure.telemetry.tracing import agentmend_tracer, set_outcome, work_span
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.settings import Settings, load_settings
+from agentmend.infrastructure.simulation import SimulatedRuntime
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, set_outcome, work_span
+from agentmend.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
+from agentmend.loop.cycle_verification import CycleVerifier, baseline_agents
+from agentmend.loop.improvement_cycle import SELF_EDIT, ImprovementCycle
+from agentmend.loop.release_publishing import ReleasePublisher
+from agentmend.loop.self_edit_tools import Authorize, self_edit_tools, verified_apply
+from agentmend.roles.ask_agent_tool import AskAgentTool
+from agentmend.roles.role_names import check_team_names
+from agentmend.roles.self_improver import SelfImprover
+from agentmend.roles.socratic_mediator import SocraticMediator
+from agentmend.roles.supervisor import Supervisor
+from agentmend.roles.team import AgentTeam
 
 __all__ = ["SELF_EDIT", "ConfirmCycle", "MetaOrchestrator", "OnProgress"]
 
@@ -115,7 +120,7 @@ class MetaOrchestrator:
             ``approval_callback`` and yolo mode off): every cycle would be refused.
         on_progress: called with every ``CycleEvent`` as it happens.
         detector: default one built from ``settings`` (mode, false-alarm rate, baseline).
-        gates: default ``infrastructure.changes.gates.default_gates``.
+        gates: default ``agentmend.infrastructure.changes.gates.default_gates``.
         reviewer: the supervisor gate's reviewer; default a ``Supervisor`` on ``roles_runtime``.
         available_models: the models a model change may choose; default the team runtime's
             ``available_models`` when it has them, else the simulated team's list.
@@ -312,9 +317,9 @@ class MetaOrchestrator:
         ``approval_callback`` to be asked. The store defaults to
         ``<directory>/.agent/agentmend.db``; other keyword options go to the constructor.
         """
-        from agents.roles.playbooks import offline_policies
-        from infrastructure.llm.offline import OfflineRuntime
-        from infrastructure.simulation import copy_team
+        from agentmend.infrastructure.llm.offline import OfflineRuntime
+        from agentmend.infrastructure.simulation import copy_team
+        from agentmend.roles.playbooks import offline_policies
 
         folder = Path(directory)
         if not any(folder.glob("*.md")):
@@ -697,10 +702,10 @@ class MetaOrchestrator:
                 log.warning("canary_change_not_rolled_back", change_id=change_id, error=str(exc))
         return undone
 
-    # -- the cycle (agents.loop.improvement_cycle) ------------------------------------------------
+    # -- the cycle (agentmend.loop.improvement_cycle) -------------------------------------------
 
     async def run_improvement_cycle(self, issue: IssueReport) -> CycleResult:
-        """Diagnose, fix, verify, and keep or roll back; see ``agents.loop.improvement_cycle``.
+        """Diagnose, fix, verify, and keep or roll back; see ``agentmend.loop.improvement_cycle``.
 
         Returns a ``CycleResult`` that is truthy when a change was kept. Failures of the
         models are outcomes (``status``), never exceptions; an exception (a bug, an outage of
@@ -877,6 +882,6 @@ def _default_models(runtime: AgentRuntime) -> Collection[str]:
     served = getattr(runtime, "available_models", None)
     if isinstance(served, tuple | list | frozenset | set) and served:
         return tuple(str(name) for name in served)
-    from infrastructure.simulation import AVAILABLE_MODELS
+    from agentmend.infrastructure.simulation import AVAILABLE_MODELS
 
     return tuple(AVAILABLE_MODELS)

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrastructure.principal import Principal
-from infrastructure.releases.release_errors import RolloutConflict
-from infrastructure.releases.release_log import Release, ReleaseLog
-from infrastructure.releases.rollout import Rollouts
-from infrastructure.releases.rollout_evidence import RolloutLimits
-from infrastructure.releases.routing import DEFAULT_SHARE, check_share
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.releases.release_errors import RolloutConflict
+from agentmend.infrastructure.releases.release_log import Release, ReleaseLog
+from agentmend.infrastructure.releases.rollout import Rollouts
+from agentmend.infrastructure.releases.rollout_evidence import RolloutLimits
+from agentmend.infrastructure.releases.routing import DEFAULT_SHARE, check_share
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["ReleasePublisher"]
 

@@ -43,11 +43,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agents.loop.cycle import CycleResult
-from infrastructure.errors import AgentmendError, ConfigurationError
-from infrastructure.llm.base import ToolError, ToolSpec
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.settings import Settings
+from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
+from agentmend.infrastructure.llm.base import ToolError, ToolSpec
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.settings import Settings
+from agentmend.loop.cycle import CycleResult
 
 __all__ = [
     "SELF_EDIT_TOOL_NAMES",

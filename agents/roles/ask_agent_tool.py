@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from infrastructure.errors import InvalidArgument
-from infrastructure.llm.base import ToolError, ToolSpec
+from agentmend.infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.llm.base import ToolError, ToolSpec
 
 __all__ = [
     "AgentCallable",

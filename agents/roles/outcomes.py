@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from infrastructure.changes.safety import GateVerdict
-from infrastructure.models import ImprovementAction
+from agentmend.infrastructure.changes.safety import GateVerdict
+from agentmend.infrastructure.models import ImprovementAction
 
 __all__ = ["ActionOutcome", "QuestionAnswer"]
 

@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from infrastructure.errors import AgentmendError, InvalidArgument
+from agentmend.infrastructure.errors import AgentmendError, InvalidArgument
 
 __all__ = ["PromptBlockError", "extract_block", "render_block"]
 

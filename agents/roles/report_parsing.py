@@ -45,9 +45,9 @@ import json
 import re
 from typing import Any, get_args
 
-from agents.roles.schemas import CauseCategory, ProposedAction
-from infrastructure.errors import AgentmendError
-from infrastructure.models import ChangeType, IssueReport, RootCauseAnalysis
+from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.models import ChangeType, IssueReport, RootCauseAnalysis
+from agentmend.roles.schemas import CauseCategory, ProposedAction
 
 __all__ = [
     "ACTION_TYPES",

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agents.roles.playbooks import IMPROVER_NAME, MEDIATOR_NAME, SUPERVISOR_NAME, offline_policies
-from infrastructure.errors import ConfigurationError
-from infrastructure.llm.offline import OfflineRuntime
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.llm.offline import OfflineRuntime
+from agentmend.roles.playbooks import (
+    IMPROVER_NAME,
+    MEDIATOR_NAME,
+    SUPERVISOR_NAME,
+    offline_policies,
+)
 
 __all__ = ["ROLE_AGENT_NAMES", "RoleNameClash", "check_team_names", "offline_role_runtime"]
 

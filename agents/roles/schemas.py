@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infrastructure.frozen import FrozenJson
-from infrastructure.models import ChangeType
+from agentmend.infrastructure.frozen import FrozenJson
+from agentmend.infrastructure.models import ChangeType
 
 __all__ = [
     "CauseCategory",

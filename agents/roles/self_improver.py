@@ -34,26 +34,31 @@ from typing import Any
 
 from opentelemetry.trace import Tracer
 
-from agents.roles.outcomes import ActionOutcome
-from agents.roles.prompt_blocks import render_block
-from agents.roles.report_parsing import (
+from agentmend.infrastructure.changes.effectors import InvalidChange, group_entries, plan_change
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.safety import Gate, GateVerdict, ProposedChange, run_gates
+from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime
+from agentmend.infrastructure.models import (
+    ChangeRecord,
+    ChangeType,
+    ImprovementAction,
+    RootCauseAnalysis,
+)
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, work_span
+from agentmend.roles.outcomes import ActionOutcome
+from agentmend.roles.prompt_blocks import render_block
+from agentmend.roles.report_parsing import (
     PARAMETER_FIELDS,
     ReportParseError,
     parse_improvement_actions,
 )
-from agents.roles.schemas import ImprovementPlan, ProposedAction
-from agents.roles.supervisor import agent_config
-from agents.roles.team import load_role_spec
-from infrastructure.changes.effectors import InvalidChange, group_entries, plan_change
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.safety import Gate, GateVerdict, ProposedChange, run_gates
-from infrastructure.errors import AgentmendError
-from infrastructure.llm.base import AgentResult, AgentRuntime
-from infrastructure.models import ChangeRecord, ChangeType, ImprovementAction, RootCauseAnalysis
-from infrastructure.principal import Principal
-from infrastructure.spec import AgentSpec, load_agent_specs
-from infrastructure.structured_logger import get_logger
-from infrastructure.telemetry.tracing import agentmend_tracer, work_span
+from agentmend.roles.schemas import ImprovementPlan, ProposedAction
+from agentmend.roles.supervisor import agent_config
+from agentmend.roles.team import load_role_spec
 
 __all__ = [
     "KNOWN_FIELDS",
@@ -171,7 +176,7 @@ class SelfImprover:
         manager: applies and rolls back changes (and keeps the budget).
         root: the team's definition directory.
         gates: the gates every change passes, in order
-            (``infrastructure.changes.gates.default_gates``).
+            (``agentmend.infrastructure.changes.gates.default_gates``).
         principal: who the changes are made for (the role gate judges against them).
         available_models: the models a model change may choose.
         spec: the improver's definition (default: the shipped one).

@@ -44,17 +44,17 @@ import inspect
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
-from agents.roles.ask_agent_tool import AskAgentInput, AskAgentTool
-from agents.roles.outcomes import QuestionAnswer
-from agents.roles.prompt_blocks import render_block
-from agents.roles.report_parsing import ReportParseError, parse_analysis_report
-from agents.roles.schemas import MediatorReport
-from agents.roles.team import load_role_spec
-from infrastructure.errors import AgentmendError, InvalidArgument
-from infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec
-from infrastructure.models import IssueReport, RootCauseAnalysis
-from infrastructure.spec import AgentSpec
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import AgentmendError, InvalidArgument
+from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec
+from agentmend.infrastructure.models import IssueReport, RootCauseAnalysis
+from agentmend.infrastructure.spec import AgentSpec
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.roles.ask_agent_tool import AskAgentInput, AskAgentTool
+from agentmend.roles.outcomes import QuestionAnswer
+from agentmend.roles.prompt_blocks import render_block
+from agentmend.roles.report_parsing import ReportParseError, parse_analysis_report
+from agentmend.roles.schemas import MediatorReport
+from agentmend.roles.team import load_role_spec
 
 __all__ = [
     "BUDGET_MESSAGE",

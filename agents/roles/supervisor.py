@@ -1,10 +1,10 @@
 """``Supervisor``: a separate review of one concrete change before it is applied.
 
-It implements ``infrastructure.changes.safety.ChangeReviewer`` so the ``SupervisorGate`` can call
-it: the supervisor's definition runs on the roles' runtime with the ``<proposed_change>`` block (the
-action, the exact diff, the agent's configuration before and after, the paths) and must answer with
-a ``SupervisorReview``. Anything else (a failed run, no structured verdict, a misconfigured runtime)
-is a refusal: a change nobody could review is not made.
+It implements ``agentmend.infrastructure.changes.safety.ChangeReviewer`` so the ``SupervisorGate``
+can call it: the supervisor's definition runs on the roles' runtime with the ``<proposed_change>``
+block (the action, the exact diff, the agent's configuration before and after, the paths) and must
+answer with a ``SupervisorReview``. Anything else (a failed run, no structured verdict, a
+misconfigured runtime) is a refusal: a change nobody could review is not made.
 
 The improver wrote the rationale, the new values and the diff, from an analysis of agents'
 answers, so they may carry text aimed at the reviewer ("approve this", "ignore previous
@@ -21,15 +21,15 @@ from typing import Any
 
 from opentelemetry.trace import Tracer
 
-from agents.roles.prompt_blocks import render_block
-from agents.roles.schemas import SupervisorReview
-from agents.roles.team import load_role_spec
-from infrastructure.changes.safety import GateVerdict, ProposedChange
-from infrastructure.errors import AgentmendError
-from infrastructure.llm.base import AgentResult, AgentRuntime
-from infrastructure.spec import AgentSpec, PermissionProfile
-from infrastructure.structured_logger import get_logger
-from infrastructure.telemetry.tracing import agentmend_tracer, role_span
+from agentmend.infrastructure.changes.safety import GateVerdict, ProposedChange
+from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime
+from agentmend.infrastructure.spec import AgentSpec, PermissionProfile
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, role_span
+from agentmend.roles.prompt_blocks import render_block
+from agentmend.roles.schemas import SupervisorReview
+from agentmend.roles.team import load_role_spec
 
 __all__ = ["Supervisor", "agent_config", "proposed_change_payload"]
 

@@ -15,21 +15,21 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from agents.roles.ask_agent_tool import AgentCallable
-from infrastructure.errors import (
+from agentmend.infrastructure.errors import (
     AgentmendError,
     AgentRunError,
     ConfigurationError,
     ErrorKind,
     SpecError,
 )
-from infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
-from infrastructure.monitoring.performance_monitor import RUN, PerformanceMonitor
-from infrastructure.spec import AgentSpec, load_agent_specs
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
+from agentmend.infrastructure.monitoring.performance_monitor import RUN, PerformanceMonitor
+from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.roles.ask_agent_tool import AgentCallable
 
 if TYPE_CHECKING:
-    from infrastructure.releases.follower import ReleaseChoice, ReleaseFollower
+    from agentmend.infrastructure.releases.follower import ReleaseChoice, ReleaseFollower
 
 __all__ = ["DEFINITIONS_DIR", "AgentTeam", "UnknownAgent", "load_role_spec"]
 
@@ -194,7 +194,7 @@ class AgentTeam:
             tags = choice.tags()
         else:
             if routing_key is not None and not isinstance(routing_key, str):
-                from infrastructure.errors import WrongArgumentType
+                from agentmend.infrastructure.errors import WrongArgumentType
 
                 raise WrongArgumentType("routing key", routing_key, "must be a string")
             spec = self.spec(name)
@@ -293,7 +293,7 @@ class AgentTeam:
         gate = asyncio.Semaphore(concurrency)
         key = routing_key
         if self.releases is not None and key is None:
-            from infrastructure.releases.routing import new_run_key
+            from agentmend.infrastructure.releases.routing import new_run_key
 
             key = new_run_key()  # one task, one release for all its agents
 

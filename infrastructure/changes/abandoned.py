@@ -1,7 +1,7 @@
 """Settling the unproven changes whose owner is gone (recovery's second half).
 
-A change applied to be verified is held by a lease (:mod:`infrastructure.changes.leases`). At
-every open, recovery looks at the open leases:
+A change applied to be verified is held by a lease (:mod:`agentmend.infrastructure.changes.leases`).
+At every open, recovery looks at the open leases:
 
 - a process owner is gone when, seen from a process sharing its kernel boot and pid namespace,
   its pid no longer runs the process that took the lease; or when its lease has expired (on
@@ -29,12 +29,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from infrastructure.changes.change_log import ChangeLog, ChangeRow
-from infrastructure.changes.leases import Lease, Leases
-from infrastructure.changes.owners import HostIdentity, LeaseTerms, ProcessOwner
-from infrastructure.changes.protocol_files import root_busy
-from infrastructure.models import ChangeRecord, ChangeStatus
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.changes.change_log import ChangeLog, ChangeRow
+from agentmend.infrastructure.changes.leases import Lease, Leases
+from agentmend.infrastructure.changes.owners import HostIdentity, LeaseTerms, ProcessOwner
+from agentmend.infrastructure.changes.protocol_files import root_busy
+from agentmend.infrastructure.models import ChangeRecord, ChangeStatus
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["INTERRUPTED", "AbandonedWork"]
 

@@ -1,7 +1,7 @@
 """Applying a group of file changes: steps 2 to 6 of the change protocol.
 
-:mod:`infrastructure.changes.change_protocol` holds the root's lock and settles unfinished work
-(step 1) before calling these, and hands any error after the intent is recorded to recovery, so
+:mod:`agentmend.infrastructure.changes.change_protocol` holds the root's lock and settles unfinished
+work (step 1) before calling these, and hands any error after the intent is recorded to recovery, so
 an apply is either acknowledged APPLIED or undone; see that module's docstring for the steps.
 """
 
@@ -11,16 +11,22 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
-from infrastructure import confined
-from infrastructure.changes.audit import AuditLog
-from infrastructure.changes.change_log import ChangeLog, StoredFile
-from infrastructure.changes.protocol_files import AGENT_DIR, backup, describe, sha
-from infrastructure.changes.team_ids import team_id as team_id_of
-from infrastructure.errors import PathNotAllowed
-from infrastructure.files import resolve_inside
-from infrastructure.models import ChangeRecord, ChangeStatus, FileChange, ImprovementAction, utc_now
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.changes.change_log import ChangeLog, StoredFile
+from agentmend.infrastructure.changes.protocol_files import AGENT_DIR, backup, describe, sha
+from agentmend.infrastructure.changes.team_ids import team_id as team_id_of
+from agentmend.infrastructure.errors import PathNotAllowed
+from agentmend.infrastructure.files import resolve_inside
+from agentmend.infrastructure.models import (
+    ChangeRecord,
+    ChangeStatus,
+    FileChange,
+    ImprovementAction,
+    utc_now,
+)
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection
 
 __all__ = [
     "Content",

@@ -30,8 +30,8 @@ moves forward to the newest row; a host with no head file yet joins by checking 
 the key. A head row missing or changed, a broken link, or a later row that fails the key is a
 break as below. A writer of the database without the key can still cut rows off the end: hosts
 whose heads are not past the cut accept the shorter chain, and only the hosts whose heads name
-a row that is gone find it (see :mod:`infrastructure.changes.audit_fleet_head`). Without a key,
-and on SQLite, a head must name the newest row (or be one commit behind after a crash).
+a row that is gone find it (see :mod:`agentmend.infrastructure.changes.audit_fleet_head`). Without a
+key, and on SQLite, a head must name the newest row (or be one commit behind after a crash).
 
 Crash order
 -----------
@@ -50,12 +50,13 @@ Any other disagreement between the head file and the database (including a missi
 unreadable head file while rows exist) is a *break*: applies and keeps are refused with
 ``AuditChainBroken``; rollbacks, recovery and acknowledgements go on and start a new segment
 whose first row records the break; ``verify_chain`` reports it until an administrator
-acknowledges it. See :mod:`infrastructure.changes.audit_breaks`.
+acknowledges it. See :mod:`agentmend.infrastructure.changes.audit_breaks`.
 
-The head file's format and in-place writes are in :mod:`infrastructure.changes.audit_head`,
-the fleet's rule in :mod:`infrastructure.changes.audit_fleet_head`;
-the row and head checks in :mod:`infrastructure.changes.audit_verification` (whose result
-types and ``GENESIS_HASH`` are re-exported here).
+The head file's format and in-place writes are in
+:mod:`agentmend.infrastructure.changes.audit_head`, the fleet's rule in
+:mod:`agentmend.infrastructure.changes.audit_fleet_head`; the row and head checks in
+:mod:`agentmend.infrastructure.changes.audit_verification` (whose result types and ``GENESIS_HASH``
+are re-exported here).
 """
 
 from __future__ import annotations
@@ -70,36 +71,36 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from infrastructure.changes.audit_breaks import (
+from agentmend.infrastructure.changes.audit_breaks import (
     AuditChainBroken,
     HeadBreak,
     acknowledged_ids,
     break_findings,
     find_break,
 )
-from infrastructure.changes.audit_entry import (
+from agentmend.infrastructure.changes.audit_entry import (
     ACK_EDIT_TYPE,
     AUDIT_AGENT,
     BREAK_EDIT_TYPE,
     AuditEntry,
 )
-from infrastructure.changes.audit_fleet_head import check_fleet_head, follow_head
-from infrastructure.changes.audit_head import never_written, read_head, write_head
-from infrastructure.changes.audit_head_events import head_event_findings
-from infrastructure.changes.audit_verification import (
+from agentmend.infrastructure.changes.audit_fleet_head import check_fleet_head, follow_head
+from agentmend.infrastructure.changes.audit_head import never_written, read_head, write_head
+from agentmend.infrastructure.changes.audit_head_events import head_event_findings
+from agentmend.infrastructure.changes.audit_verification import (
     GENESIS_HASH,
     ChainProblem,
     ChainVerification,
     check_head,
     check_rows,
 )
-from infrastructure.errors import AuditChainError, PermissionRequired, StoreError
-from infrastructure.files import locked_file
-from infrastructure.models import utc_now
-from infrastructure.principal import ADMIN, Principal
-from infrastructure.store import Store
-from infrastructure.store_sql import Backend, StoreConnection, next_id, note_id_used
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import AuditChainError, PermissionRequired, StoreError
+from agentmend.infrastructure.files import locked_file
+from agentmend.infrastructure.models import utc_now
+from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import Backend, StoreConnection, next_id, note_id_used
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = [
     "AUDIT_HMAC_KEY_ENV",
@@ -220,7 +221,7 @@ class AuditTransaction:
         """Append one row linked to the row before it (values are truncated to 500 chars).
 
         The first row of a commit made over a broken head is preceded by the break row that
-        starts a new segment (see :mod:`infrastructure.changes.audit_breaks`).
+        starts a new segment (see :mod:`agentmend.infrastructure.changes.audit_breaks`).
         """
         self.open_segment()
         return self._insert(
@@ -324,7 +325,7 @@ class AuditLog:
         Args:
             safety: a rollback, recovery or acknowledgement, which a broken head never stops:
                 its first row is preceded by a break row that starts a new segment (see
-                :mod:`infrastructure.changes.audit_breaks`).
+                :mod:`agentmend.infrastructure.changes.audit_breaks`).
 
         Raises:
             AuditChainBroken: the head file and the database disagree and this is not a
@@ -406,7 +407,8 @@ class AuditLog:
         """Check, before an apply or keep starts work, that the head and the database agree.
 
         Raises:
-            AuditChainBroken: they disagree (see :mod:`infrastructure.changes.audit_breaks`).
+            AuditChainBroken: they disagree (see
+            :mod:`agentmend.infrastructure.changes.audit_breaks`).
         """
         with locked_file(self.head_path) as fd:
             head, unreadable = self._head_or_reason(fd)
@@ -540,7 +542,8 @@ class AuditLog:
         break and an administrator acknowledges it). Each unacknowledged break row is a
         ``chain_break`` problem, an acknowledged one a note. Heads rewritten by earlier
         versions after being found unreadable are reported until a ``repair`` run whose rows
-        all verify has reported them (see :mod:`infrastructure.changes.audit_head_events`).
+        all verify has reported them (see
+        :mod:`agentmend.infrastructure.changes.audit_head_events`).
         """
         with locked_file(self.head_path) as fd:
             conn = self.store.connection()

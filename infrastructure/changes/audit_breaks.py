@@ -8,9 +8,10 @@ the database alone would vanish. The rules:
 - *In step*: the head names the newest row and that row's content matches its hash. An empty
   log with an empty head is in step. (On a keyed PostgreSQL store, where several hosts append,
   a head behind rows that verify under the key is in step too: see
-  :mod:`infrastructure.changes.audit_fleet_head`.)
+  :mod:`agentmend.infrastructure.changes.audit_fleet_head`.)
 - *Crash state*: the head is exactly one commit behind (see "Crash order" in
-  :mod:`infrastructure.changes.audit`) and that commit's rows verify. The only automatic repair.
+  :mod:`agentmend.infrastructure.changes.audit`) and that commit's rows verify. The only automatic
+  repair.
 - Anything else is a *break*: the head names another row or hash, the head file is missing or
   empty while rows exist, the head file cannot be read, or the newest row's content no longer
   matches its hash. A missing or unreadable head counts: the head file is the witness, and
@@ -21,12 +22,13 @@ On a break, applies and keeps are refused with :class:`AuditChainBroken`. Rollba
 and acknowledgements are never refused (refusing them would leave unproven changes live): their
 commit starts a new *segment* whose first row (``edit_type`` ``audit_chain_break``) records the
 expected head (the file's) and the found one (the database's), links to the found newest row,
-and may follow a gap in row ids. :meth:`~infrastructure.changes.audit.AuditLog.verify_chain`
-reports each break row as a ``chain_break`` problem until a principal with admin rights
-acknowledges it (:meth:`~infrastructure.changes.audit.AuditLog.acknowledge_breaks`), which
-appends an ``audit_break_acknowledged`` row naming the break rows; from then on the break is a
-note. Without an HMAC key, a writer of the database alone can still append one well-formed
-commit that looks like the crash state; with a key such rows fail their hash and are a break.
+and may follow a gap in row ids.
+:meth:`~agentmend.infrastructure.changes.audit.AuditLog.verify_chain` reports each break row as a
+``chain_break`` problem until a principal with admin rights acknowledges it
+(:meth:`~agentmend.infrastructure.changes.audit.AuditLog.acknowledge_breaks`), which appends an
+``audit_break_acknowledged`` row naming the break rows; from then on the break is a note. Without an
+HMAC key, a writer of the database alone can still append one well-formed commit that looks like the
+crash state; with a key such rows fail their hash and are a break.
 """
 
 from __future__ import annotations
@@ -35,14 +37,14 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from infrastructure.changes.audit_entry import (
+from agentmend.infrastructure.changes.audit_entry import (
     ACK_EDIT_TYPE,
     AUDIT_AGENT,
     BREAK_EDIT_TYPE,
     AuditEntry,
 )
-from infrastructure.changes.audit_verification import GENESIS_HASH, ChainProblem
-from infrastructure.errors import AuditChainError
+from agentmend.infrastructure.changes.audit_verification import GENESIS_HASH, ChainProblem
+from agentmend.infrastructure.errors import AuditChainError
 
 __all__ = [
     "ACK_EDIT_TYPE",

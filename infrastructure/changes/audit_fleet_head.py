@@ -8,7 +8,7 @@ with that hash and verify, and every row after it must verify under the key and 
 before it (only a key holder can write such rows). When they do, the host's head moves forward
 to the newest row, under its lock. A head row missing or changed, a broken link, or a row after
 the head that fails the key is a break, handled as on one host (see
-:mod:`infrastructure.changes.audit_breaks`).
+:mod:`agentmend.infrastructure.changes.audit_breaks`).
 
 A host whose head file has never been written (missing or empty: a host joining the fleet)
 vouches for nothing yet: it accepts the chain when every row from the first verifies under the
@@ -33,9 +33,9 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable, Sequence
 
-from infrastructure.changes.audit_breaks import HeadBreak
-from infrastructure.changes.audit_entry import AuditEntry
-from infrastructure.changes.audit_verification import GENESIS_HASH, ChainProblem
+from agentmend.infrastructure.changes.audit_breaks import HeadBreak
+from agentmend.infrastructure.changes.audit_entry import AuditEntry
+from agentmend.infrastructure.changes.audit_verification import GENESIS_HASH, ChainProblem
 
 __all__ = ["check_fleet_head", "follow_head"]
 

@@ -1,9 +1,9 @@
 """The audit chain's head file: the newest row's id and hash, kept outside the database.
 
 A database alone cannot vouch for rows cut off its end, so
-:class:`~infrastructure.changes.audit.AuditLog` also keeps the head in ``<db>.audit-head``.
-The file is never replaced: it is one fixed-size record rewritten in place at offset 0 and
-synced (a record this small is written whole; its checksum catches a torn one), because
+:class:`~agentmend.infrastructure.changes.audit.AuditLog` also keeps the head in
+``<db>.audit-head``. The file is never replaced: it is one fixed-size record rewritten in place at
+offset 0 and synced (a record this small is written whole; its checksum catches a torn one), because
 replacing a file by rename costs about a millisecond on ext4, twice the budget of a whole
 durable ``log_change``. The caller holds the file's ``flock`` around every read and write.
 """
@@ -14,7 +14,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from infrastructure.errors import AuditChainError
+from agentmend.infrastructure.errors import AuditChainError
 
 __all__ = ["clear_head", "never_written", "read_head", "write_head"]
 

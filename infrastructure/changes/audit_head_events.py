@@ -1,17 +1,18 @@
 """Heads rewritten after being unreadable by earlier versions: how verification reports them.
 
-Writes now treat an unreadable head as a break (see :mod:`infrastructure.changes.audit_breaks`)
-and record it in the chain itself; databases written before keep their events here, and
-:meth:`~infrastructure.changes.audit.AuditLog.verify_chain` goes on reporting them. Earlier, a
-write that found the head unparseable logged ``audit_head_unreadable``, carried on, and its
-post-commit head write rewrote it, keeping the event in ``audit_head_events``.
-:meth:`~infrastructure.changes.audit.AuditLog.verify_chain` reports each event as a
-``head_was_unreadable`` problem until a ``repair`` run whose rows all verify has reported it;
-from then on it is a note ("head was rewritten after being unreadable at <time>: <reason naming
-the file>"), on every run, for good.
+Writes now treat an unreadable head as a break (see
+:mod:`agentmend.infrastructure.changes.audit_breaks`) and record it in the chain itself; databases
+written before keep their events here, and
+:meth:`~agentmend.infrastructure.changes.audit.AuditLog.verify_chain` goes on reporting them.
+Earlier, a write that found the head unparseable logged ``audit_head_unreadable``, carried on, and
+its post-commit head write rewrote it, keeping the event in ``audit_head_events``.
+:meth:`~agentmend.infrastructure.changes.audit.AuditLog.verify_chain` reports each event as a
+``head_was_unreadable`` problem until a ``repair`` run whose rows all verify has reported it; from
+then on it is a note ("head was rewritten after being unreadable at <time>: <reason naming the
+file>"), on every run, for good.
 
 The events share the ``audit`` migration component with the audit table
-(:mod:`infrastructure.changes.audit` creates ``audit_head_events``); callers hold the head
+(:mod:`agentmend.infrastructure.changes.audit` creates ``audit_head_events``); callers hold the head
 file's lock.
 """
 
@@ -19,10 +20,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infrastructure.changes.audit_verification import ChainProblem
-from infrastructure.models import utc_now
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection
+from agentmend.infrastructure.changes.audit_verification import ChainProblem
+from agentmend.infrastructure.models import utc_now
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection
 
 __all__ = ["head_event_findings", "record_head_event"]
 

@@ -1,10 +1,10 @@
 """Checking the audit chain: what can be wrong with its rows and its head file, and how to say so.
 
-:meth:`~infrastructure.changes.audit.AuditLog.verify_chain` reads the rows and the head under
-the head file's lock and hands them to :func:`check_rows` and :func:`check_head`; the outcome
+:meth:`~agentmend.infrastructure.changes.audit.AuditLog.verify_chain` reads the rows and the head
+under the head file's lock and hands them to :func:`check_rows` and :func:`check_head`; the outcome
 is a :class:`ChainVerification`, truthy when the chain verifies, that names every problem by
 row id (or by the head file). The crash rules these checks encode are in the module docstring
-of :mod:`infrastructure.changes.audit` ("Crash order").
+of :mod:`agentmend.infrastructure.changes.audit` ("Crash order").
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrastructure.changes.audit_entry import BREAK_EDIT_TYPE, AuditEntry
-from infrastructure.changes.audit_head import read_head
-from infrastructure.errors import AuditChainError
+from agentmend.infrastructure.changes.audit_entry import BREAK_EDIT_TYPE, AuditEntry
+from agentmend.infrastructure.changes.audit_head import read_head
+from agentmend.infrastructure.errors import AuditChainError
 
 __all__ = ["GENESIS_HASH", "ChainProblem", "ChainVerification", "check_head", "check_rows"]
 
@@ -33,7 +33,7 @@ class ChainProblem:
     head_was_unreadable (a write found the head unreadable and rewrote it; reported until a
     ``repair`` run has reported it, a note after); chain_break (a segment started over a
     broken head, reported until an administrator acknowledges it, a note after; see
-    :mod:`infrastructure.changes.audit_breaks`).
+    :mod:`agentmend.infrastructure.changes.audit_breaks`).
     """
 
     row_id: int | None

@@ -1,12 +1,13 @@
 """The durable record of what the loop changed: tables and queries.
 
 ``ChangeLog`` is the SQL behind
-:class:`~infrastructure.changes.improvement_manager.ImprovementManager`:
+:class:`~agentmend.infrastructure.changes.improvement_manager.ImprovementManager`:
 one row per change (``changes``) and one per file it touched (``change_files``, holding the old
 bytes so a rollback can restore them exactly). Every query the manager runs on a hot path is
 served by an index, so logging, applying and rolling back cost the same with ten changes
 stored as with ten thousand. The orchestrator's plans and decisions live in
-:mod:`infrastructure.changes.decisions`; their names are re-exported here for existing callers.
+:mod:`agentmend.infrastructure.changes.decisions`; their names are re-exported here for existing
+callers.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ from datetime import datetime
 from typing import Any
 from uuid import uuid4
 
-from infrastructure.changes.decisions import migrate_plan_tables
-from infrastructure.models import (
+from agentmend.infrastructure.changes.decisions import migrate_plan_tables
+from agentmend.infrastructure.models import (
     ChangeRecord,
     ChangeStatus,
     FileChange,
     ImprovementAction,
     utc_now,
 )
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection, join_in_order
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection, join_in_order
 
 __all__ = ["ChangeLog", "ChangeRow", "StoredFile"]
 

@@ -1,9 +1,9 @@
 """The crash-safe protocol that changes files under a root and puts their old bytes back.
 
-:class:`~infrastructure.changes.improvement_manager.ImprovementManager` is the API; this module is
-what makes its file changes safe to kill at any instant. Every step that touches a root runs under
-an exclusive ``flock`` on ``<root>/.agent/agentmend.lock``, held from the hash check to the last
-write so two processes (or threads) never interleave on a root's files.
+:class:`~agentmend.infrastructure.changes.improvement_manager.ImprovementManager` is the API; this
+module is what makes its file changes safe to kill at any instant. Every step that touches a root
+runs under an exclusive ``flock`` on ``<root>/.agent/agentmend.lock``, held from the hash check to
+the last write so two processes (or threads) never interleave on a root's files.
 
 Apply
 -----
@@ -54,16 +54,16 @@ An apply may carry a lease (``lease_id``): the changes are linked to it in the i
 transaction, so from the first byte written they are live but not yet proven, owned by the
 lease. The root's lock cannot own them: verification runs without it, for minutes. The owner
 releases the lease with its keep or rollback; ``recover`` settles the changes of a lease whose
-owner is gone (:mod:`~infrastructure.changes.abandoned`) by ``rollback_unproven`` with the
+owner is gone (:mod:`~agentmend.infrastructure.changes.abandoned`) by ``rollback_unproven`` with the
 reason ``interrupted``, ending FAILED rather than ROLLED_BACK.
 
 Modules
 -------
 :class:`ChangeProtocol` is the one entry point; it holds the root's lock and runs the steps that
-live with their concept: :mod:`~infrastructure.changes.apply` (steps 2 to 6),
-:mod:`~infrastructure.changes.rollback` (by id, cascade, and ``rollback_unproven``),
-:mod:`~infrastructure.changes.recovery` (settling interrupted work) and
-:mod:`~infrastructure.changes.protocol_files` (the lock, backups and hashes they share).
+live with their concept: :mod:`~agentmend.infrastructure.changes.apply` (steps 2 to 6),
+:mod:`~agentmend.infrastructure.changes.rollback` (by id, cascade, and ``rollback_unproven``),
+:mod:`~agentmend.infrastructure.changes.recovery` (settling interrupted work) and
+:mod:`~agentmend.infrastructure.changes.protocol_files` (the lock, backups and hashes they share).
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from infrastructure.changes.abandoned import INTERRUPTED, AbandonedWork
-from infrastructure.changes.apply import (
+from agentmend.infrastructure.changes.abandoned import INTERRUPTED, AbandonedWork
+from agentmend.infrastructure.changes.apply import (
     Content,
     FileEntry,
     applied_records,
@@ -81,22 +81,22 @@ from infrastructure.changes.apply import (
     record_intent,
     write_and_commit,
 )
-from infrastructure.changes.audit import AuditLog
-from infrastructure.changes.change_log import ChangeLog, ChangeRow
-from infrastructure.changes.leases import Leases
-from infrastructure.changes.owners import HostIdentity, LeaseTerms
-from infrastructure.changes.recovery import Recovery
-from infrastructure.changes.rollback import (
+from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.changes.change_log import ChangeLog, ChangeRow
+from agentmend.infrastructure.changes.leases import Leases
+from agentmend.infrastructure.changes.owners import HostIdentity, LeaseTerms
+from agentmend.infrastructure.changes.recovery import Recovery
+from agentmend.infrastructure.changes.rollback import (
     LIVE_STATUSES,
     PartialRollback,
     RollbackPlan,
     Rollbacks,
 )
-from infrastructure.changes.team_ids import team_guard
-from infrastructure.models import ChangeRecord, ChangeStatus
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.changes.team_ids import team_guard
+from agentmend.infrastructure.models import ChangeRecord, ChangeStatus
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["LIVE_STATUSES", "ChangeProtocol", "Content", "FileEntry", "PartialRollback"]
 
@@ -291,7 +291,8 @@ class ChangeProtocol:
 
     def recover(self) -> list[ChangeRecord]:
         """Settle the work crashed processes left unfinished, then the unproven changes whose
-        owner is gone (:mod:`~infrastructure.changes.abandoned`); returns the changes settled."""
+        owner is gone (:mod:`~agentmend.infrastructure.changes.abandoned`); returns the changes
+        settled."""
         return self.recovery.recover() + self.abandoned.settle()
 
     def _linker(self, lease_id: str) -> Callable[[StoreConnection, list[str], str], None]:

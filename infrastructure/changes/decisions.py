@@ -4,7 +4,7 @@ A plan is what the orchestrator set out to do (a code update, a cycle), with a s
 through and a free-form JSON payload; a decision is one append-only entry (a gate verdict, a
 keep, a human's approval) that says why the loop did what it did. Both live in the one store,
 under the ``plans`` migration component, next to the change history of
-:mod:`infrastructure.changes.change_log` (which creates them too, so a store opened by the
+:mod:`agentmend.infrastructure.changes.change_log` (which creates them too, so a store opened by the
 change machinery always has them). Every function migrates first, so any store will do.
 """
 
@@ -17,10 +17,10 @@ from datetime import datetime
 from typing import Any
 from uuid import uuid4
 
-from infrastructure.errors import InvalidArgument, NotFound
-from infrastructure.models import utc_now
-from infrastructure.store import Store
-from infrastructure.store_sql import backend_of, json_text
+from agentmend.infrastructure.errors import InvalidArgument, NotFound
+from agentmend.infrastructure.models import utc_now
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import backend_of, json_text
 
 __all__ = [
     "Decision",

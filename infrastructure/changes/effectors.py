@@ -39,14 +39,24 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from infrastructure import confined
-from infrastructure.changes.safety import FileEdit, ProposedChange
-from infrastructure.errors import AgentmendError, FileOperationError, PathNotAllowed, SpecError
-from infrastructure.files import resolve_inside
-from infrastructure.frozen import freeze
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.spec import CLAUDE_CODE_KEYS, AgentSpec, PermissionProfile, SpecWarning
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.changes.safety import FileEdit, ProposedChange
+from agentmend.infrastructure.errors import (
+    AgentmendError,
+    FileOperationError,
+    PathNotAllowed,
+    SpecError,
+)
+from agentmend.infrastructure.files import resolve_inside
+from agentmend.infrastructure.frozen import freeze
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.spec import (
+    CLAUDE_CODE_KEYS,
+    AgentSpec,
+    PermissionProfile,
+    SpecWarning,
+)
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = [
     "PARAMETER_FIELDS",

@@ -14,21 +14,21 @@ them later (kept or rolled back); FAILED and PENDING changes never count.
 the durable history: instability outlives a process.
 
 Files ----- ``apply``, ``apply_group`` and the rollback of a change with files go through
-:class:`~infrastructure.changes.change_protocol.ChangeProtocol`: under the root's lock, the intent
-is recorded and synced before any file is written, so a process killed at any instant loses no
-acknowledged change and leaves no file half-written; the next open settles what it left. A change
-logged with ``log_change`` has no file behind it and rolls back as a status change.
+:class:`~agentmend.infrastructure.changes.change_protocol.ChangeProtocol`: under the root's lock,
+the intent is recorded and synced before any file is written, so a process killed at any instant
+loses no acknowledged change and leaves no file half-written; the next open settles what it left. A
+change logged with ``log_change`` has no file behind it and rolls back as a status change.
 
 Unproven changes
 ----------------
 A change applied in order to verify it (the cycle, a self-edit, a code plan) is held by a lease
-(``hold_lease``, :mod:`infrastructure.changes.leases`): its owner's host, pid and pid start
-time, and an expiry the owner renews. It stays APPLIED, and is live but not yet proven, until
+(``hold_lease``, :mod:`agentmend.infrastructure.changes.leases`): its owner's host, pid and pid
+start time, and an expiry the owner renews. It stays APPLIED, and is live but not yet proven, until
 its owner keeps it (``mark_kept``) or undoes it (``rollback_unproven``), each of which releases
 the lease in the same transaction. Opening a manager settles the changes whose owner is gone
-(:mod:`infrastructure.changes.abandoned`): restored byte for byte and FAILED with the reason
-``interrupted``, or FAILED needing attention when their files moved on. Changes applied by hand
-hold no lease and are never undone by recovery.
+(:mod:`agentmend.infrastructure.changes.abandoned`): restored byte for byte and FAILED with the
+reason ``interrupted``, or FAILED needing attention when their files moved on. Changes applied by
+hand hold no lease and are never undone by recovery.
 """
 
 from __future__ import annotations
@@ -42,28 +42,28 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from infrastructure.changes.audit import AuditEntry, AuditLog, ChainVerification
-from infrastructure.changes.change_log import ChangeLog, ChangeRow
-from infrastructure.changes.change_protocol import (
+from agentmend.infrastructure.changes.audit import AuditEntry, AuditLog, ChainVerification
+from agentmend.infrastructure.changes.change_log import ChangeLog, ChangeRow
+from agentmend.infrastructure.changes.change_protocol import (
     LIVE_STATUSES,
     ChangeProtocol,
     Content,
     FileEntry,
     PartialRollback,
 )
-from infrastructure.changes.leases import LeaseKeeper, LeaseLost, Leases
-from infrastructure.changes.owners import HostIdentity, LeaseTerms
-from infrastructure.errors import ChangeNotFound, ChangeStateError, ConfigurationError
-from infrastructure.limits import InputLimits
-from infrastructure.models import (
+from agentmend.infrastructure.changes.leases import LeaseKeeper, LeaseLost, Leases
+from agentmend.infrastructure.changes.owners import HostIdentity, LeaseTerms
+from agentmend.infrastructure.errors import ChangeNotFound, ChangeStateError, ConfigurationError
+from agentmend.infrastructure.limits import InputLimits
+from agentmend.infrastructure.models import (
     ChangeRecord,
     ChangeStatus,
     ChangeType,
     ImprovementAction,
     utc_now,
 )
-from infrastructure.principal import Principal
-from infrastructure.store import Store
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.store import Store
 
 __all__ = [
     "DEFAULT_HISTORY_FILE",
@@ -90,7 +90,7 @@ class ImprovementManager:
             ``*.json`` paths). Defaults to ``.agent/agentmend.db``.
         store: an open store to use instead (not closed by :meth:`close`).
         audit_hmac_key: key for HMAC-keyed audit rows (the caller reads
-            ``AGENTMEND_AUDIT_HMAC_KEY``; see ``infrastructure.changes.audit``).
+            ``AGENTMEND_AUDIT_HMAC_KEY``; see ``agentmend.infrastructure.changes.audit``).
         max_improvements_per_session: the session budget (changes per session); it applies
             when ``improvement_window_s`` is None (the interactive session).
         improvement_window_s: for a process that runs for days (a library user's service,
@@ -304,8 +304,8 @@ class ImprovementManager:
         since keeps its files as they are, its changes become FAILED with ``rollback_info``
         saying why (``needs_attention``, ``left_unchanged``, ``edited_since_apply``,
         ``conflict``) and a ``rollback_blocked`` audit row. All of it under the root's lock;
-        see ``infrastructure.changes.change_protocol``. Nothing happens when ``change_id`` is
-        unknown or no longer APPLIED or KEPT (an empty result).
+        see ``agentmend.infrastructure.changes.change_protocol``. Nothing happens when ``change_id``
+        is unknown or no longer APPLIED or KEPT (an empty result).
 
         ``lease`` is the verifying owner's lease, released with the rollback's intent.
 

@@ -12,11 +12,11 @@ Every move is a compare-and-set in one store transaction, so exactly one of "the
 its work" and "recovery takes it away" wins: the owner's keep or rollback releases the lease in
 the same transaction as its record and fails with :class:`LeaseLost` once the lease is lost;
 recovery revokes only a lease still held. A lost lease's changes are settled by a process on
-the host where their files live (:mod:`infrastructure.changes.abandoned`); any other process
-only revokes.
+the host where their files live (:mod:`agentmend.infrastructure.changes.abandoned`); any other
+process only revokes.
 
 A lease is keyed by the team whose changes it holds (``team_id``, the id every host agrees on,
-:mod:`infrastructure.changes.team_ids`), not by a root path, which differs per host: it is
+:mod:`agentmend.infrastructure.changes.team_ids`), not by a root path, which differs per host: it is
 set when the lease's first change is linked (or given on acquiring, by a rollout), and a
 store from before team ids gets its open leases' team filled in from their changes on open.
 
@@ -36,17 +36,17 @@ from types import TracebackType
 from typing import Literal
 from uuid import uuid4
 
-from infrastructure.changes.owners import (
+from agentmend.infrastructure.changes.owners import (
     HostIdentity,
     LeaseTerms,
     Owner,
     ProcessOwner,
     RecordOwner,
 )
-from infrastructure.errors import AgentmendError
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection, backend_of, has_table, join_in_order
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection, backend_of, has_table, join_in_order
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["Lease", "LeaseKeeper", "LeaseLost", "LeaseState", "Leases"]
 

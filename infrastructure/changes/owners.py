@@ -5,7 +5,7 @@ of owner:
 
 - :class:`ProcessOwner`: the process verifying it, named by its host, its pid and the pid's
   start time (a pid the kernel reuses for another process is not mistaken for the owner). It
-  holds a lease that it renews while it works (:mod:`infrastructure.changes.leases`).
+  holds a lease that it renews while it works (:mod:`agentmend.infrastructure.changes.leases`).
 - :class:`RecordOwner`: a record in the store that keeps the change live on purpose (a watch on
   live traffic, a rollout serving a canary share). It does not expire with a process: recovery
   leaves it to the record's own logic rather than rolling it back.

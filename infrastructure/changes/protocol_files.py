@@ -12,8 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from infrastructure import confined
-from infrastructure.files import sha256_bytes
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.files import sha256_bytes
 
 __all__ = [
     "AGENT_DIR", "backup", "backups_dir", "describe", "lock_path", "root_busy", "root_lock", "sha"

@@ -10,14 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infrastructure import confined
-from infrastructure.changes.change_log import ChangeLog, ChangeRow
-from infrastructure.changes.protocol_files import backups_dir, sha
-from infrastructure.changes.rollback import Rollbacks
-from infrastructure.changes.team_ids import team_guard
-from infrastructure.models import ChangeRecord, ChangeStatus, utc_now
-from infrastructure.store import Store
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.changes.change_log import ChangeLog, ChangeRow
+from agentmend.infrastructure.changes.protocol_files import backups_dir, sha
+from agentmend.infrastructure.changes.rollback import Rollbacks
+from agentmend.infrastructure.changes.team_ids import team_guard
+from agentmend.infrastructure.models import ChangeRecord, ChangeStatus, utc_now
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["Recovery"]
 

@@ -1,7 +1,7 @@
 """Rolling changes back: by id, with the changes that build on them, or an unproven group in part.
 
-:class:`~infrastructure.changes.change_protocol.ChangeProtocol` holds the root's lock, settles
-unfinished work and checks the change is still live before calling :class:`Rollbacks`; these
+:class:`~agentmend.infrastructure.changes.change_protocol.ChangeProtocol` holds the root's lock,
+settles unfinished work and checks the change is still live before calling :class:`Rollbacks`; these
 steps check the files, record the rollback's intent (so recovery can finish what a crash
 interrupts) and restore the old bytes. See the protocol module's docstring for the rules, in
 particular how ``rollback_unproven`` leaves an agent whose file was edited since the apply.
@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infrastructure import confined
-from infrastructure.changes.audit import AuditLog, AuditTransaction
-from infrastructure.changes.change_log import ChangeLog, ChangeRow, StoredFile
-from infrastructure.changes.protocol_files import backup, describe, sha
-from infrastructure.errors import RollbackConflict
-from infrastructure.models import ChangeStatus, utc_now
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.changes.audit import AuditLog, AuditTransaction
+from agentmend.infrastructure.changes.change_log import ChangeLog, ChangeRow, StoredFile
+from agentmend.infrastructure.changes.protocol_files import backup, describe, sha
+from agentmend.infrastructure.errors import RollbackConflict
+from agentmend.infrastructure.models import ChangeStatus, utc_now
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection
 
 __all__ = ["LIVE_STATUSES", "PartialRollback", "RollbackPlan", "Rollbacks", "restore_targets"]
 

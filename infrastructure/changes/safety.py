@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infrastructure.frozen import FrozenDict
-from infrastructure.models import ImprovementAction
+from agentmend.infrastructure.frozen import FrozenDict
+from agentmend.infrastructure.models import ImprovementAction
 
 if TYPE_CHECKING:
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = [
     "ApprovalCallback",

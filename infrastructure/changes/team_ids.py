@@ -2,7 +2,7 @@
 
 A team's root path differs on every host, so it cannot name the team in a store that many
 hosts share. The id is the one releases key a team by, kept in ``<root>/.agent/team-id``
-(:mod:`infrastructure.team_id`), registered in the store with the root this host
+(:mod:`agentmend.infrastructure.team_id`), registered in the store with the root this host
 knows it by (``team_roots``: one row per team and host). Changes record it beside their
 root, and :func:`team_guard` serializes apply, verification, rollback and recovery of one team:
 the root's ``flock`` on this host, then the store's team lock, which on PostgreSQL is a
@@ -30,11 +30,11 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
-from infrastructure.changes.protocol_files import root_lock
-from infrastructure.errors import FileOperationError
-from infrastructure.store import Store
-from infrastructure.structured_logger import get_logger
-from infrastructure.team_id import TEAM_ID_FILE, team_id_for
+from agentmend.infrastructure.changes.protocol_files import root_lock
+from agentmend.infrastructure.errors import FileOperationError
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.team_id import TEAM_ID_FILE, team_id_for
 
 __all__ = ["TEAM_ID_FILE", "team_guard", "team_id", "team_roots"]
 

@@ -3,8 +3,8 @@
 For an agent with no eval suite there is nothing to run before and after; what there is, is its
 live traffic. A watched change is applied on one host and then judged on the agent's runs that
 follow, against the runs from before it, with the always-valid two-sample test
-(:class:`~infrastructure.evaluation.sequential.TwoSampleTest`, one pre-change run per new run,
-in order). The watch ends at the first of:
+(:class:`~agentmend.infrastructure.evaluation.sequential.TwoSampleTest`, one pre-change run per new
+run, in order). The watch ends at the first of:
 
 - ``hurts``: rolled back at once (``rollback_unproven``), as soon as the test says so;
 - ``better``: kept (``mark_kept``);
@@ -12,16 +12,16 @@ in order). The watch ends at the first of:
   a change that does not help is not kept.
 
 Ownership: the change is held by a lease whose owner is the watch's record
-(``RecordOwner("watch", watch_id)``, :mod:`infrastructure.changes.owners`), not by a process.
-Recovery at open leaves such a lease alone (:mod:`infrastructure.changes.abandoned`), so a
-crash of the process that started the watch does not undo the change: whichever process next
-calls :meth:`ChangeWatcher.advance` (or :meth:`ChangeWatcher.continue_all` at open) on the
-host of the change's files picks the watch up where it was. It keeps no test state of its own
-to lose: the test is replayed from the store (the pre-change outcomes in the watch's row, the
-runs since the change in the executions table), so the taker-over reaches the decision the
-first process would have. Keeping or rolling back releases the lease in the same transaction,
-so two processes advancing one watch settle it once (the other gets ``LeaseLost`` and reads
-the outcome).
+(``RecordOwner("watch", watch_id)``, :mod:`agentmend.infrastructure.changes.owners`), not by a
+process. Recovery at open leaves such a lease alone
+(:mod:`agentmend.infrastructure.changes.abandoned`), so a crash of the process that started the
+watch does not undo the change: whichever process next calls :meth:`ChangeWatcher.advance` (or
+:meth:`ChangeWatcher.continue_all` at open) on the host of the change's files picks the watch up
+where it was. It keeps no test state of its own to lose: the test is replayed from the store (the
+pre-change outcomes in the watch's row, the runs since the change in the executions table), so the
+taker-over reaches the decision the first process would have. Keeping or rolling back releases the
+lease in the same transaction, so two processes advancing one watch settle it once (the other gets
+``LeaseLost`` and reads the outcome).
 
 What started the watch (an improvement cycle: its id, the issue it answers) is kept in the
 watch's row as its ``origin`` and merged into the evidence of a keep, so the record of the
@@ -40,16 +40,16 @@ from pathlib import Path
 from typing import Any, Literal
 from uuid import uuid4
 
-from infrastructure.changes.decisions import record_decision
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.changes.leases import LeaseLost
-from infrastructure.changes.owners import HostIdentity, RecordOwner
-from infrastructure.errors import InvalidArgument
-from infrastructure.evaluation.sequential import TwoSampleDecision, TwoSampleTest
-from infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction
-from infrastructure.monitoring.execution_store import last_run_id, outcomes_after
-from infrastructure.store import Store
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.changes.decisions import record_decision
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.leases import LeaseLost
+from agentmend.infrastructure.changes.owners import HostIdentity, RecordOwner
+from agentmend.infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.evaluation.sequential import TwoSampleDecision, TwoSampleTest
+from agentmend.infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction
+from agentmend.infrastructure.monitoring.execution_store import last_run_id, outcomes_after
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["ChangeWatch", "ChangeWatcher", "WatchState", "WatchVerdict", "read_watch"]
 

@@ -21,14 +21,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from infrastructure.changes.decisions import Plan
-from infrastructure.changes.safety import FileEdit, GateVerdict, ProposedChange
-from infrastructure.code_update.code_validation import ValidationReport
-from infrastructure.code_update.unified_diff import DiffError, apply_patch, parse_unified_diff
-from infrastructure.errors import AgentmendError, PathNotAllowed
-from infrastructure.files import read_if_exists, resolve_inside, sha256_bytes
-from infrastructure.frozen import FrozenDict
-from infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.changes.decisions import Plan
+from agentmend.infrastructure.changes.safety import FileEdit, GateVerdict, ProposedChange
+from agentmend.infrastructure.code_update.code_validation import ValidationReport
+from agentmend.infrastructure.code_update.unified_diff import (
+    DiffError,
+    apply_patch,
+    parse_unified_diff,
+)
+from agentmend.infrastructure.errors import AgentmendError, PathNotAllowed
+from agentmend.infrastructure.files import read_if_exists, resolve_inside, sha256_bytes
+from agentmend.infrastructure.frozen import FrozenDict
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
 
 __all__ = [
     "CODE_SUFFIXES",

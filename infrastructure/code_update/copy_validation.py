@@ -5,7 +5,7 @@ The order: copy the project's files with the plan written in and compile the cha
 the baseline counts (pytest only, and only when the test changes are not approved anyway);
 run it on the changed copy. Validation passes when everything compiles, the tests pass, no
 module came from the real tree, and the collected and passed counts did not drop (or the test
-changes were approved). See ``infrastructure.code_update.sandbox`` for what is contained.
+changes were approved). See ``agentmend.infrastructure.code_update.sandbox`` for what is contained.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from infrastructure.code_update.code_validation import (
+from agentmend.infrastructure.code_update.code_validation import (
     OUTPUT_TAIL_CHARS,
     ValidationReport,
     compile_error,
 )
-from infrastructure.code_update.sandbox import project_copy, run_in_copy, tracked_files
-from infrastructure.code_update.suite_guard import count_drop
+from agentmend.infrastructure.code_update.sandbox import project_copy, run_in_copy, tracked_files
+from agentmend.infrastructure.code_update.suite_guard import count_drop
 
 __all__ = ["validate_in_copy"]
 

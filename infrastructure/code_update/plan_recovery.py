@@ -6,8 +6,8 @@ held by it. When that process dies (or stops past the lease's expiry) the plan i
 the next process that opens the store on the plan's host (``Workspace.open``, so the session,
 the MCP server and the ``agentmend`` command alike, and ``CodeUpdater.recover``): its
 change group is restored byte for byte (FAILED ``interrupted``, see
-``infrastructure.changes.abandoned``) and the plan becomes ``failed`` with a reason starting
-``interrupted``. A plan whose owner is gone but whose files live on another host stays
+``agentmend.infrastructure.changes.abandoned``) and the plan becomes ``failed`` with a reason
+starting ``interrupted``. A plan whose owner is gone but whose files live on another host stays
 ``executing`` until a process there settles it; it is never reported as the active one
 (:func:`plan_is_live`).
 """
@@ -18,18 +18,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from infrastructure.changes.change_log import ChangeRow
-from infrastructure.changes.decisions import get_plan, list_plans, update_plan
-from infrastructure.changes.improvement_manager import ImprovementManager
-from infrastructure.code_update.code_plans import (
+from agentmend.infrastructure.changes.change_log import ChangeRow
+from agentmend.infrastructure.changes.decisions import get_plan, list_plans, update_plan
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.code_update.code_plans import (
     PLAN_KIND,
     CodePlan,
     ExecutionResult,
     code_plan,
     stale_reason,
 )
-from infrastructure.models import ChangeStatus
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.models import ChangeStatus
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["INTERRUPTED_REASON", "plan_is_live", "settle_interrupted_plans"]
 

@@ -20,7 +20,7 @@ would quietly import the real code instead of the copy. The copy is put first on
 ``PYTHONPATH``, and for pytest a small plugin (``-p agentmend_import_probe``) records every
 imported module's ``__file__``: a module imported from the real tree fails validation. pytest
 also writes a JUnit XML report, whose counts of collected and passed tests are compared with a
-baseline run of the unchanged copy (see ``infrastructure.code_update.suite_guard``).
+baseline run of the unchanged copy (see ``agentmend.infrastructure.code_update.suite_guard``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrastructure.code_update.code_validation import run_tests
+from agentmend.infrastructure.code_update.code_validation import run_tests
 
 __all__ = [
     "SandboxRun",

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
-from infrastructure.code_update.sandbox import SuiteCounts
+from agentmend.infrastructure.code_update.sandbox import SuiteCounts
 
 __all__ = ["TEST_CONFIG_FILES", "TEST_DIRS", "count_drop", "flagged_test_files"]
 

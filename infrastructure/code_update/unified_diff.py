@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from infrastructure.errors import AgentmendError
+from agentmend.infrastructure.errors import AgentmendError
 
 __all__ = ["DiffError", "FilePatch", "Hunk", "apply_patch", "parse_unified_diff"]
 

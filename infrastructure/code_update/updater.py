@@ -1,7 +1,7 @@
 """Code-level updates: plan, approve, execute with validation, roll back.
 
-A plan (``infrastructure.code_update.code_plans``) is a set of file operations, or a unified diff
-turned
+A plan (``agentmend.infrastructure.code_update.code_plans``) is a set of file operations, or a
+unified diff turned
 into them, under a project root, with a description. It lives in the store's ``plans`` table
 and moves through::
 
@@ -19,11 +19,11 @@ for admins) nor the budget gate: the caller is the person who approves them, and
 is proven by the project's own tests or undone.
 
 Executing first validates the plan in a throwaway copy of the project
-(``infrastructure.code_update.copy_validation``): every ``.py`` file written compiles, then
-``Settings.test_command`` passes within ``Settings.test_timeout_s``, the code under test came
+(``agentmend.infrastructure.code_update.copy_validation``): every ``.py`` file written compiles,
+then ``Settings.test_command`` passes within ``Settings.test_timeout_s``, the code under test came
 from the copy, and the test counts did not drop. A plan that changes what configures or selects
-the tests (``infrastructure.code_update.suite_guard``) is refused unless its test changes were
-approved with ``approve_test_changes``, which the MCP server never calls. Only a plan that
+the tests (``agentmend.infrastructure.code_update.suite_guard``) is refused unless its test changes
+were approved with ``approve_test_changes``, which the MCP server never calls. Only a plan that
 passes is applied to the real tree, as ONE change group of ``ImprovementManager.apply_group``
 (old bytes in the store, human-readable backups under ``<root>/.agent/backups/``, crash
 recovery that restores a group whole). The root's lock (``<root>/.agent/agentmend.lock``, the
@@ -36,8 +36,8 @@ the plan's change group is held by it. A plan whose process died (or stopped pas
 expiry) is settled at the next start of any face (and by ``recover``, before every execute and
 rollback): its group restored and the plan marked failed (``interrupted``); ``status`` never
 reports it active
-(``infrastructure.code_update.plan_recovery``). A process that resumes after losing its lease
-writes nothing more.
+(``agentmend.infrastructure.code_update.plan_recovery``). A process that resumes after losing its
+lease writes nothing more.
 """
 
 from __future__ import annotations
@@ -48,24 +48,24 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from infrastructure.changes.decisions import (
+from agentmend.infrastructure.changes.decisions import (
     get_plan,
     list_plans,
     record_decision,
     save_plan,
     update_plan,
 )
-from infrastructure.changes.gates import HumanApprovalGate, ScopeGate, SupervisorGate
-from infrastructure.changes.improvement_manager import ImprovementManager, LeaseLost
-from infrastructure.changes.protocol_files import root_lock
-from infrastructure.changes.safety import (
+from agentmend.infrastructure.changes.gates import HumanApprovalGate, ScopeGate, SupervisorGate
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager, LeaseLost
+from agentmend.infrastructure.changes.protocol_files import root_lock
+from agentmend.infrastructure.changes.safety import (
     ChangeReviewer,
     Gate,
     GateVerdict,
     ProposedChange,
     run_gates,
 )
-from infrastructure.code_update.code_plans import (
+from agentmend.infrastructure.code_update.code_plans import (
     CODE_SUFFIXES,
     CODE_TARGET,
     FINISHED_STATUSES,
@@ -85,15 +85,18 @@ from infrastructure.code_update.code_plans import (
     stale_reason,
     state_hint,
 )
-from infrastructure.code_update.code_validation import ValidationReport, failure_reason
-from infrastructure.code_update.copy_validation import validate_in_copy
-from infrastructure.code_update.plan_recovery import plan_is_live, settle_interrupted_plans
-from infrastructure.code_update.suite_guard import flagged_test_files
-from infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
-from infrastructure.limits import InputLimits
-from infrastructure.models import ChangeType, ImprovementAction, utc_now
-from infrastructure.settings import Settings, load_settings
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.code_update.code_validation import ValidationReport, failure_reason
+from agentmend.infrastructure.code_update.copy_validation import validate_in_copy
+from agentmend.infrastructure.code_update.plan_recovery import (
+    plan_is_live,
+    settle_interrupted_plans,
+)
+from agentmend.infrastructure.code_update.suite_guard import flagged_test_files
+from agentmend.infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
+from agentmend.infrastructure.limits import InputLimits
+from agentmend.infrastructure.models import ChangeType, ImprovementAction, utc_now
+from agentmend.infrastructure.settings import Settings, load_settings
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = [
     "CODE_SUFFIXES",
@@ -120,7 +123,7 @@ class CodeUpdater:
         root: the project root every path is relative to (and where tests run).
         manager: the improvement manager whose store holds the plans and whose change groups
             carry the writes.
-        reviewer: the supervisor (``infrastructure.changes.safety.ChangeReviewer``).
+        reviewer: the supervisor (``agentmend.infrastructure.changes.safety.ChangeReviewer``).
         settings: ``yolo_mode``, ``auto_decision_timeout``, ``test_command``,
             ``test_timeout_s``.
         protected: folders no plan may touch besides ``.agent/`` and ``.git/`` (the agentmend

@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from infrastructure.errors import SpecError
-from infrastructure.files import sha256_bytes
-from infrastructure.frozen import FrozenDict, thaw
-from infrastructure.llm.base import AgentResult
+from agentmend.infrastructure.errors import SpecError
+from agentmend.infrastructure.files import sha256_bytes
+from agentmend.infrastructure.frozen import FrozenDict, thaw
+from agentmend.infrastructure.llm.base import AgentResult
 
 if TYPE_CHECKING:
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = [
     "CheckFunction",

@@ -3,7 +3,7 @@
 The fixed design runs every case ``suite.repeats`` times on the definition before the change and
 as many after it, then judges (``verification.compare``). This one runs *pairs*: case ``i`` once
 before and once after, in rounds over the cases, and after every pair asks
-:class:`~infrastructure.evaluation.sequential.PairedTest` whether the answer is clear:
+:class:`~agentmend.infrastructure.evaluation.sequential.PairedTest` whether the answer is clear:
 
 * ``helps``: the change is accepted (an always-valid test at ``alpha``);
 * ``does_not_help``: shown to hurt, or futile (see ``PairedTest``): rejected;
@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from infrastructure.evaluation.evals import EvalSuite
-from infrastructure.evaluation.sequential import PairedDecision, PairedTest
-from infrastructure.evaluation.verification import (
+from agentmend.infrastructure.evaluation.evals import EvalSuite
+from agentmend.infrastructure.evaluation.sequential import PairedDecision, PairedTest
+from agentmend.infrastructure.evaluation.verification import (
     CaseComparison,
     CaseResult,
     OnResult,
@@ -47,10 +47,10 @@ from infrastructure.evaluation.verification import (
     latency_ratio,
     run_suite,
 )
-from infrastructure.llm.base import AgentRuntime, ToolSpec
+from agentmend.infrastructure.llm.base import AgentRuntime, ToolSpec
 
 if TYPE_CHECKING:
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = [
     "PairedRuns",

@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from infrastructure.errors import AgentmendError, AgentRunError, InvalidArgument
-from infrastructure.evaluation.evals import CheckOutcome, EvalCase, EvalSuite
-from infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import AgentmendError, AgentRunError, InvalidArgument
+from agentmend.infrastructure.evaluation.evals import CheckOutcome, EvalCase, EvalSuite
+from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
+from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = [
     "SAMPLE_MIN_CHARS",

@@ -1,6 +1,6 @@
 """The runtime seam. SDK-backed runtimes import their SDK only when constructed."""
 
-from infrastructure.llm.base import (
+from agentmend.infrastructure.llm.base import (
     AgentResult,
     AgentRuntime,
     ToolCallRecord,

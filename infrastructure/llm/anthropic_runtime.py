@@ -32,11 +32,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
-from infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
-from infrastructure.llm.network_guard import refuse_real_api_under_tests
-from infrastructure.llm.retry import RetryPolicy, run_with_retry
-from infrastructure.llm.tool_loop import (
+from agentmend.infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
+from agentmend.infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
+from agentmend.infrastructure.llm.network_guard import refuse_real_api_under_tests
+from agentmend.infrastructure.llm.retry import RetryPolicy, run_with_retry
+from agentmend.infrastructure.llm.tool_loop import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_MAX_TURNS,
     Message,
@@ -50,7 +50,7 @@ from infrastructure.llm.tool_loop import (
 if TYPE_CHECKING:
     import anthropic
 
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = [
     "MODEL_ALIASES",

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload, run
 
 from pydantic import BaseModel
 
-from infrastructure.errors import AgentRunError, ErrorKind, InvalidArgument
+from agentmend.infrastructure.errors import AgentRunError, ErrorKind, InvalidArgument
 
 if TYPE_CHECKING:
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = [
     "AgentResult",
@@ -179,7 +179,7 @@ class RuntimeBase(ABC):
 
     read_only_tools: tuple[str, ...] = ()
     """The ``read_only_tools`` setting: tools ``standard`` lets the agent call although they
-    are not known to be read-only (see ``infrastructure.permissions``)."""
+    are not known to be read-only (see ``agentmend.infrastructure.permissions``)."""
 
     @overload
     async def run(

@@ -10,7 +10,8 @@ How a run is set up:
 - Tools: the ``ToolSpec``s become one in-process server (``create_sdk_mcp_server``) named
   ``agentmend``, so the model sees ``mcp__agentmend__<name>``; results and records use the bare
   name. Built-in tools are off (``tools=[]``) unless the spec lists them (``Read``, ``Grep``).
-- Permissions: ``infrastructure.permissions.allowed_tools`` turns the spec's profile into the
+- Permissions: ``agentmend.infrastructure.permissions.allowed_tools`` turns the spec's profile into
+the
   allowed set (the ``allowed_tools`` list, in wire names). A ``PreToolUse`` hook on every tool
   (``claude_sdk_tools.tool_gate``) denies any call outside that set, built-in or not, with a
   message naming the profile; ``can_use_tool`` refuses anything the CLI would still ask about.
@@ -59,10 +60,10 @@ Wire facts (claude-agent-sdk 0.2.187, CLI 2.1.330, observed against a local fake
   instead stopped at once through a marker variable in its environment (``RUN_MARKER_ENV``,
   see ``claude_cli_process``).
 
-Errors: ``infrastructure.llm.claude_sdk_errors`` maps the CLI's failures (HTTP status, turns,
-structured output retries, aborts, SDK errors) to the Anthropic runtime's kinds, from structured
-fields only. This runtime adds: structured output missing or not valid for the output type ->
-OUTPUT_INVALID; the run's ``timeout_s`` -> TIMEOUT. A CLI that cannot be found raises
+Errors: ``agentmend.infrastructure.llm.claude_sdk_errors`` maps the CLI's failures (HTTP status,
+turns, structured output retries, aborts, SDK errors) to the Anthropic runtime's kinds, from
+structured fields only. This runtime adds: structured output missing or not valid for the output
+type -> OUTPUT_INVALID; the run's ``timeout_s`` -> TIMEOUT. A CLI that cannot be found raises
 ``ConfigurationError``: it is the installation's fault, not the agent's. Cancelling the task
 that awaits ``run`` re-raises ``CancelledError`` once the CLI is gone. The run's message-stream
 state is in ``claude_run_state``, the SDK tool adapters, the ``PreToolUse`` gate and the
@@ -86,33 +87,33 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
-from infrastructure.llm.base import (
+from agentmend.infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
+from agentmend.infrastructure.llm.base import (
     AgentResult,
     OutputT,
     RuntimeBase,
     ToolSpec,
     Usage,
 )
-from infrastructure.llm.claude_cli_process import RUN_MARKER_ENV, abort_run
-from infrastructure.llm.claude_run_state import RunState
-from infrastructure.llm.claude_sdk_errors import (
+from agentmend.infrastructure.llm.claude_cli_process import RUN_MARKER_ENV, abort_run
+from agentmend.infrastructure.llm.claude_run_state import RunState
+from agentmend.infrastructure.llm.claude_sdk_errors import (
     error_from_exception,
     error_from_result,
     result_fields,
 )
-from infrastructure.llm.claude_sdk_tools import refuser, sdk_tool, tool_gate
-from infrastructure.llm.network_guard import refuse_real_api_under_tests
-from infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME, index_tools
-from infrastructure.permissions import allowed_tools, describe_profile
-from infrastructure.structured_logger import get_logger
-from infrastructure.telemetry.span import RECORDED_ATTRIBUTE
-from infrastructure.telemetry.tracing import trace_environment
+from agentmend.infrastructure.llm.claude_sdk_tools import refuser, sdk_tool, tool_gate
+from agentmend.infrastructure.llm.network_guard import refuse_real_api_under_tests
+from agentmend.infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME, index_tools
+from agentmend.infrastructure.permissions import allowed_tools, describe_profile
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.telemetry.span import RECORDED_ATTRIBUTE
+from agentmend.infrastructure.telemetry.tracing import trace_environment
 
 if TYPE_CHECKING:
     from claude_agent_sdk import ClaudeAgentOptions
 
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = [
     "RUN_MARKER_ENV",

@@ -17,7 +17,7 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["KILL_GRACE_S", "RUN_MARKER_ENV", "abort_run", "marked_children", "signal_all"]
 

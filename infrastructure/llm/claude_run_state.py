@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infrastructure.llm.base import ToolCallRecord
-from infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME
+from agentmend.infrastructure.llm.base import ToolCallRecord
+from agentmend.infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME
 
 __all__ = ["STDERR_LINES", "RunState", "content_text"]
 

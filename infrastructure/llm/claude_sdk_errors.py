@@ -7,7 +7,7 @@ MODEL_NOT_FOUND; other 4xx -> BAD_REQUEST; an API error with no status -> CONNEC
 ``error_max_turns`` -> MAX_TURNS; structured output retries exhausted -> OUTPUT_INVALID; an
 aborted turn -> CANCELLED; other SDK errors (process exit, connection to the CLI, unreadable
 output) -> RUNTIME. The runtime adds the kinds only it can see (missing or invalid structured
-output, its own ``timeout_s``); see :mod:`infrastructure.llm.claude_agent_runtime`.
+output, its own ``timeout_s``); see :mod:`agentmend.infrastructure.llm.claude_agent_runtime`.
 
 A failed API call ends the run with a ``ResultMessage`` whose ``is_error`` is true, subtype
 ``success``, ``terminal_reason="api_error"`` and ``api_error_status`` (the HTTP status; the raw
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from infrastructure.errors import AgentRunError, ErrorKind
+from agentmend.infrastructure.errors import AgentRunError, ErrorKind
 
 __all__ = ["error_from_exception", "error_from_result", "result_fields"]
 

@@ -60,9 +60,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from infrastructure.errors import ErrorKind
-from infrastructure.release_labels import ReleaseTagger, unattributed
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import ErrorKind
+from agentmend.infrastructure.release_labels import ReleaseTagger, unattributed
+from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from claude_agent_sdk import HookContext, HookInput, HookJSONOutput, HookMatcher

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from infrastructure.llm.base import ToolError, ToolSpec
-from infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.llm.base import ToolError, ToolSpec
+from agentmend.infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME
+from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
     from claude_agent_sdk import (
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
         ToolPermissionContext,
     )
 
-    from infrastructure.llm.claude_run_state import RunState
+    from agentmend.infrastructure.llm.claude_run_state import RunState
 
 __all__ = ["refusal_message", "refuser", "sdk_tool", "tool_error", "tool_gate"]
 

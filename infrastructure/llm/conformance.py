@@ -26,12 +26,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from infrastructure.errors import AgentmendError, AgentRunError, ErrorKind
-from infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec
-from infrastructure.llm.tool_loop import OUTPUT_TOOL_NAME, ModelResponse, TextBlock, ToolUseBlock
+from agentmend.infrastructure.errors import AgentmendError, AgentRunError, ErrorKind
+from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec
+from agentmend.infrastructure.llm.tool_loop import (
+    OUTPUT_TOOL_NAME,
+    ModelResponse,
+    TextBlock,
+    ToolUseBlock,
+)
 
 if TYPE_CHECKING:
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = [
     "CheckResult",
@@ -304,7 +309,7 @@ async def run_runtime_conformance(
     Raises:
         RuntimeConformanceError: a check failed; every failure is listed.
     """
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
     # "open": the checks' own in-process tools are not on the standard profile's read-only
     # list, and what is checked is the runtime's contract, not the profile's classes

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from infrastructure.errors import AgentmendError, ConfigurationError
+from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
 
 __all__ = [
     "TESTING_ENV_VAR",

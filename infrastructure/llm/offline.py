@@ -15,9 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
-from infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolCallRecord, ToolSpec
-from infrastructure.llm.tool_loop import (
+from agentmend.infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
+from agentmend.infrastructure.llm.base import (
+    AgentResult,
+    OutputT,
+    RuntimeBase,
+    ToolCallRecord,
+    ToolSpec,
+)
+from agentmend.infrastructure.llm.tool_loop import (
     ToolUseBlock,
     denied_call,
     index_tools,
@@ -26,7 +32,7 @@ from infrastructure.llm.tool_loop import (
 )
 
 if TYPE_CHECKING:
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = ["OfflineCall", "OfflinePolicy", "OfflineRuntime"]
 

@@ -27,8 +27,8 @@ from tenacity import (
     retry_if_exception,
 )
 
-from infrastructure.errors import AgentRunError, ErrorKind, InvalidArgument
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import AgentRunError, ErrorKind, InvalidArgument
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["RetryPolicy", "is_retryable", "run_with_retry"]
 

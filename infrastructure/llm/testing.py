@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from infrastructure.errors import AgentmendError, AgentRunError, ErrorKind
-from infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
-from infrastructure.llm.conformance import (
+from agentmend.infrastructure.errors import AgentmendError, AgentRunError, ErrorKind
+from agentmend.infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
+from agentmend.infrastructure.llm.conformance import (
     ConformanceReport,
     RuntimeConformanceError,
     Scenario,
     run_runtime_conformance,
 )
-from infrastructure.llm.tool_loop import (
+from agentmend.infrastructure.llm.tool_loop import (
     OUTPUT_TOOL_NAME,
     Message,
     ModelRequest,
@@ -50,7 +50,7 @@ from infrastructure.llm.tool_loop import (
 )
 
 if TYPE_CHECKING:
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = [
     "ConformanceReport",

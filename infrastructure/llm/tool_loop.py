@@ -40,12 +40,19 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
-from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
-from infrastructure.llm.base import AgentResult, OutputT, ToolCallRecord, ToolError, ToolSpec, Usage
-from infrastructure.permissions import allowed_tools, describe_profile
+from agentmend.infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
+from agentmend.infrastructure.llm.base import (
+    AgentResult,
+    OutputT,
+    ToolCallRecord,
+    ToolError,
+    ToolSpec,
+    Usage,
+)
+from agentmend.infrastructure.permissions import allowed_tools, describe_profile
 
 if TYPE_CHECKING:
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -257,7 +264,7 @@ async def run_agent_loop(
 ) -> AgentResult[OutputT]:
     """Run one agent to completion over ``call_model``; failures come back in ``error``.
 
-    ``read_only_tools`` is the setting of that name (see ``infrastructure.permissions``).
+    ``read_only_tools`` is the setting of that name (see ``agentmend.infrastructure.permissions``).
 
     Raises:
         ConfigurationError: duplicate tool names, or a tool named like the output tool.

@@ -20,7 +20,7 @@ from collections import deque
 from operator import itemgetter, not_
 from typing import Any, Final
 
-from infrastructure.models import AgentMetrics
+from agentmend.infrastructure.models import AgentMetrics
 
 __all__ = [
     "RECENT_ERRORS",

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.errors import InvalidArgument
 
 __all__ = [
     "BernoulliChart",

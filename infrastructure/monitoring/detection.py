@@ -11,17 +11,17 @@ by construction:
   success rate, and
 * a normal CUSUM on log-duration (``cusum_log_duration``) designed for a 1.5x slowdown: a
   bank of two CUSUMs tuned to about 1.3x and 1.9x sharing its budget
-  (``infrastructure.monitoring.duration_bank``): 1.7-2.2x faster than one chart on a slowdown
-  of half the design's (1.22-1.25x), as fast at 1.5x and 2x,
+  (``agentmend.infrastructure.monitoring.duration_bank``): 1.7-2.2x faster than one chart on a
+  slowdown of half the design's (1.22-1.25x), as fast at 1.5x and 2x,
 
-calibrated (``infrastructure.monitoring.cusum``) against the agent's own baseline of ``n`` runs.
-The budget ``false_alarm_rate`` is split 95 % to failures and 5 % to durations
+calibrated (``agentmend.infrastructure.monitoring.cusum``) against the agent's own baseline of ``n``
+runs. The budget ``false_alarm_rate`` is split 95 % to failures and 5 % to durations
 (``failure_share``), and what is promised is per agent:
 
 * failure chart: for every true healthy failure rate ``p`` and every baseline size ``n`` at or
   above ``min_baseline_n`` (default 30), the expected false-alarm rate, taken over the baselines
   of size ``n`` that such an agent produces, is at most ``false_alarm_rate * failure_share``.
-  Computed exactly (``infrastructure.monitoring.guarantee``), not simulated.
+  Computed exactly (``agentmend.infrastructure.monitoring.guarantee``), not simulated.
 * duration chart: the same statement for every log-normal healthy duration distribution, at most
   ``false_alarm_rate * (1 - failure_share)``; its calibration is an approximation made
   conservative (see ``calibrate_normal``), so this one is checked by simulation only.
@@ -38,8 +38,8 @@ chart's threshold that room: about 1-2 % less delay on a failure-rate drop, for 
 ``baseline_n`` runs since its last kept change, held by the monitor) is full; after an alarm a
 statistic restarts at 0 against the same baseline.
 
-One alarm per condition (``infrastructure.monitoring.issue_ledger``): an alarm opens an issue
-in the ledger, and while that agent's issue of that kind is open or held, its chart's later
+One alarm per condition (``agentmend.infrastructure.monitoring.issue_ledger``): an alarm opens an
+issue in the ledger, and while that agent's issue of that kind is open or held, its chart's later
 crossings raise nothing. :meth:`IssueDetector.cycle_finished` records how the cycle ended: a
 kept change resolves the issue, anything else holds it for ``backoff_runs`` runs (doubling per
 repeat, at most ``backoff_max_runs``); an issue whose statistic stays at or below
@@ -67,18 +67,18 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from infrastructure.errors import ConfigurationError
-from infrastructure.models import IssueReport
-from infrastructure.monitoring.agent_window import Baseline, log_duration
-from infrastructure.monitoring.cusum import BernoulliChart, NormalChart
-from infrastructure.monitoring.detector_series import POINT_EVERY_RUNS, StatisticPoint
-from infrastructure.monitoring.duration_bank import DurationBank, calibrate_duration_bank
-from infrastructure.monitoring.guarantee import DEFAULT_MIN_BASELINE_N, failure_chart
-from infrastructure.monitoring.issue_ledger import IssueLedger, IssueRow, SavedState
-from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from infrastructure.monitoring.run_feed import EventCursor, RunChunk
-from infrastructure.monitoring.run_series import BUCKET_S
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.models import IssueReport
+from agentmend.infrastructure.monitoring.agent_window import Baseline, log_duration
+from agentmend.infrastructure.monitoring.cusum import BernoulliChart, NormalChart
+from agentmend.infrastructure.monitoring.detector_series import POINT_EVERY_RUNS, StatisticPoint
+from agentmend.infrastructure.monitoring.duration_bank import DurationBank, calibrate_duration_bank
+from agentmend.infrastructure.monitoring.guarantee import DEFAULT_MIN_BASELINE_N, failure_chart
+from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger, IssueRow, SavedState
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.monitoring.run_feed import EventCursor, RunChunk
+from agentmend.infrastructure.monitoring.run_series import BUCKET_S
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = [
     "CHART_OF_KIND",

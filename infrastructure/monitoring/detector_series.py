@@ -28,10 +28,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from infrastructure.monitoring.run_series import BUCKET_S, RAW_RUNS, ROLLUP_WIDTHS, series_width
-from infrastructure.read_snapshot import read_snapshot
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection, has_table
+from agentmend.infrastructure.monitoring.run_series import (
+    BUCKET_S,
+    RAW_RUNS,
+    ROLLUP_WIDTHS,
+    series_width,
+)
+from agentmend.infrastructure.read_snapshot import read_snapshot
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection, has_table
 
 __all__ = [
     "COMPONENT",

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 
-from infrastructure.errors import InvalidArgument
-from infrastructure.monitoring.cusum import (
+from agentmend.infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.monitoring.cusum import (
     NormalChart,
     _solve_threshold,
     calibrate_normal,

@@ -46,7 +46,11 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from infrastructure.monitoring.cusum import BernoulliChart, bernoulli_arl, calibrate_bernoulli
+from agentmend.infrastructure.monitoring.cusum import (
+    BernoulliChart,
+    bernoulli_arl,
+    calibrate_bernoulli,
+)
 
 __all__ = [
     "DEFAULT_MIN_BASELINE_N",

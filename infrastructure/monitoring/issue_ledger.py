@@ -27,10 +27,10 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from infrastructure.monitoring import detector_series
-from infrastructure.monitoring.detector_series import StatisticPoint
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection
+from agentmend.infrastructure.monitoring import detector_series
+from agentmend.infrastructure.monitoring.detector_series import StatisticPoint
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection
 
 __all__ = [
     "ACTIVE",

@@ -24,7 +24,8 @@ lost if it cannot write them either. Writes go in transactions of at most 10,000
 
 Memory is bounded: at most ``max_backlog`` runs wait between ``record()`` and the store; past
 that ``record()`` waits for the writer or refuses the run, and counts it (see
-:mod:`infrastructure.monitoring.record_backlog`). A run ``record()`` accepted is never dropped.
+:mod:`agentmend.infrastructure.monitoring.record_backlog`). A run ``record()`` accepted is never
+dropped.
 
 Sources: ``record(..., source="verification")`` stores a run apart. Verification runs are
 persisted and have their own metrics (``get_metrics(source="verification")``) but never feed
@@ -53,9 +54,9 @@ from itertools import groupby
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, overload
 
-from infrastructure.errors import AgentmendError, ConfigurationError, StoreError
-from infrastructure.models import AgentMetrics, ExecutionRecord
-from infrastructure.monitoring.agent_window import (
+from agentmend.infrastructure.errors import AgentmendError, ConfigurationError, StoreError
+from agentmend.infrastructure.models import AgentMetrics, ExecutionRecord
+from agentmend.infrastructure.monitoring.agent_window import (
     RUN,
     SOURCES,
     VERIFICATION,
@@ -64,17 +65,17 @@ from infrastructure.monitoring.agent_window import (
     Row,
     log_duration,
 )
-from infrastructure.monitoring.execution_store import ExecutionStore
-from infrastructure.monitoring.record_backlog import (
+from agentmend.infrastructure.monitoring.execution_store import ExecutionStore
+from agentmend.infrastructure.monitoring.record_backlog import (
     DEFAULT_MAX_BACKLOG,
     DEFAULT_WAIT_S,
     BacklogGate,
     BacklogStatus,
 )
-from infrastructure.monitoring.run_feed import EventCursor, RunChunk, RunFeed
-from infrastructure.monitoring.run_tracker import Tracker
-from infrastructure.store import Store
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.monitoring.run_feed import EventCursor, RunChunk, RunFeed
+from agentmend.infrastructure.monitoring.run_tracker import Tracker
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = [
     "RUN",
@@ -93,7 +94,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from infrastructure.settings import Settings
+    from agentmend.infrastructure.settings import Settings
 
 log = get_logger(__name__)
 
@@ -139,7 +140,7 @@ class PerformanceMonitor:
         detection_backlog: runs kept for detectors (a detector checked less often than this
             many runs skips the oldest and counts them in its cursor's ``missed``).
         max_backlog: the most runs held between ``record()`` and the store (see
-            :mod:`infrastructure.monitoring.record_backlog`); bounds the monitor's memory.
+            :mod:`agentmend.infrastructure.monitoring.record_backlog`); bounds the monitor's memory.
         backlog_policy: what ``record()`` does when the backlog is full: ``"wait"`` for the
             writer up to ``backlog_wait_s``, then refuse; or ``"drop"`` the run at once.
             Refused runs are counted in :meth:`backlog_status` and logged once per episode.

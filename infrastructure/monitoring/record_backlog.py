@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
-from infrastructure.errors import ConfigurationError
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = [
     "DEFAULT_MAX_BACKLOG",

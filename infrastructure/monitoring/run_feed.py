@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from infrastructure.monitoring.agent_window import Baseline, Row
+from agentmend.infrastructure.monitoring.agent_window import Baseline, Row
 
 __all__ = ["EventCursor", "RunChunk", "RunFeed"]
 

@@ -21,10 +21,10 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from infrastructure.monitoring.agent_window import RUN, Row
-from infrastructure.read_snapshot import read_snapshot
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection, has_table
+from agentmend.infrastructure.monitoring.agent_window import RUN, Row
+from agentmend.infrastructure.read_snapshot import read_snapshot
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection, has_table
 
 __all__ = [
     "BUCKET_S",

@@ -1,8 +1,8 @@
 """Runs agentmend did not route, attributed to the release they name by a label.
 
 Runs that arrive through OpenTelemetry or the claude-agent-sdk hooks were served by the app,
-not by a :class:`~infrastructure.releases.follower.ReleaseFollower`, so agentmend cannot route
-them; but when they carry a release label, their records carry the same tags as a routed run
+not by a :class:`~agentmend.infrastructure.releases.follower.ReleaseFollower`, so agentmend cannot
+route them; but when they carry a release label, their records carry the same tags as a routed run
 (``release``, ``arm``, ``rollout``) and count in the rollout's two-sample test.
 
 The label (:data:`RELEASE_ATTRIBUTE`, ``agentmend.release``) is the release's version (``7``,
@@ -27,13 +27,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from infrastructure.errors import AgentmendError, NotFound
-from infrastructure.release_labels import (
+from agentmend.infrastructure.errors import AgentmendError, NotFound
+from agentmend.infrastructure.release_labels import (
     RELEASE_ATTRIBUTE,
     TEAM_ATTRIBUTE,
     unattributed,
 )
-from infrastructure.releases.release_log import ReleaseHeads, ReleaseLog
+from agentmend.infrastructure.releases.release_log import ReleaseHeads, ReleaseLog
 
 __all__ = [
     "MIN_HASH_CHARS",
@@ -190,7 +190,7 @@ def linked_release_label(team_dir: str | Path) -> str | None:
     For an app that reads a followed team directory itself (Claude Code reading
     ``.claude/agents``), e.g. to put ``agentmend.release`` in ``OTEL_RESOURCE_ATTRIBUTES``.
     """
-    from infrastructure.releases.materialize import MANIFEST
+    from agentmend.infrastructure.releases.materialize import MANIFEST
 
     try:
         manifest = json.loads((Path(team_dir).resolve() / MANIFEST).read_text("utf-8"))

@@ -2,12 +2,12 @@
 
 A background thread polls the team's heads row (one indexed row; ``interval_s`` apart, 0.2 s by
 default, so a publication reaches the worker well within a second). On PostgreSQL it also
-listens (``LISTEN``) on a connection of its own (:mod:`~infrastructure.releases.release_signal`):
-a publication or rollout step wakes it at once, and the poll stays the fallback. When the heads
-change it materializes the stable release and the canary (if any) and switches the team link to
-the stable one; each run then asks :meth:`ReleaseFollower.choose` which release serves it. On
-every poll it also carries the team's rollout a step on (:meth:`Rollouts.advance`), so the
-rollout lives as long as any worker does.
+listens (``LISTEN``) on a connection of its own
+(:mod:`~agentmend.infrastructure.releases.release_signal`): a publication or rollout step wakes it
+at once, and the poll stays the fallback. When the heads change it materializes the stable release
+and the canary (if any) and switches the team link to the stable one; each run then asks
+:meth:`ReleaseFollower.choose` which release serves it. On every poll it also carries the team's
+rollout a step on (:meth:`Rollouts.advance`), so the rollout lives as long as any worker does.
 
 A worker that cannot reach the store keeps serving the last release it had, and its
 :meth:`status` says so (``connected`` False, the error, since when). A worker restarted after
@@ -22,13 +22,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from infrastructure.errors import AgentmendError, NotFound, StoreError
-from infrastructure.releases.materialize import ReleaseDirectories, ServedRelease
-from infrastructure.releases.release_log import ReleaseHeads, ReleaseLog
-from infrastructure.releases.release_signal import ReleaseWakeup
-from infrastructure.releases.rollout import Rollouts
-from infrastructure.releases.routing import Arm, choose_arm, new_run_key
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import AgentmendError, NotFound, StoreError
+from agentmend.infrastructure.releases.materialize import ReleaseDirectories, ServedRelease
+from agentmend.infrastructure.releases.release_log import ReleaseHeads, ReleaseLog
+from agentmend.infrastructure.releases.release_signal import ReleaseWakeup
+from agentmend.infrastructure.releases.rollout import Rollouts
+from agentmend.infrastructure.releases.routing import Arm, choose_arm, new_run_key
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["FollowerStatus", "ReleaseChoice", "ReleaseFollower"]
 

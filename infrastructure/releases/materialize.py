@@ -24,18 +24,18 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from infrastructure import confined
-from infrastructure.confined_links import (
+from agentmend.infrastructure import confined
+from agentmend.infrastructure.confined_links import (
     link_target,
     remove_tree,
     rename_directory,
     swap_link,
     write_new_tree,
 )
-from infrastructure.errors import StoreError
-from infrastructure.files import sha256_bytes
-from infrastructure.releases.release_log import Release, ReleaseLog
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.files import sha256_bytes
+from agentmend.infrastructure.releases.release_log import Release, ReleaseLog
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["MANIFEST", "ReleaseDirectories", "ServedRelease"]
 

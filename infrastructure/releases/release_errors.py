@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infrastructure.errors import AgentmendError
+from agentmend.infrastructure.errors import AgentmendError
 
 __all__ = ["ReleaseRefused", "RolloutConflict"]
 

@@ -11,7 +11,7 @@ write that reads the heads to change them locks that row first (:meth:`ReleaseLo
 ``SELECT ... FOR UPDATE`` on PostgreSQL), so two publishers on two hosts never take the same
 version number or the same parent, whatever else serializes the store's writers; the primary key
 ``(team_id, version)`` stands behind it. Every change of the heads is announced in its own
-transaction (:func:`~infrastructure.releases.release_signal.announce`).
+transaction (:func:`~agentmend.infrastructure.releases.release_signal.announce`).
 """
 
 from __future__ import annotations
@@ -26,21 +26,21 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrastructure.changes.audit import AuditLog, AuditTransaction
-from infrastructure.errors import NotFound, StoreError
-from infrastructure.principal import Principal
-from infrastructure.releases.content import (
+from agentmend.infrastructure.changes.audit import AuditLog, AuditTransaction
+from agentmend.infrastructure.errors import NotFound, StoreError
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.releases.content import (
     check_release,
     content_hash,
     file_hashes,
     read_team_files,
 )
-from infrastructure.releases.release_errors import RolloutConflict
-from infrastructure.releases.release_signal import announce
-from infrastructure.releases.release_tables import ensure_tables
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection, backend_of
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.releases.release_errors import RolloutConflict
+from agentmend.infrastructure.releases.release_signal import announce
+from agentmend.infrastructure.releases.release_tables import ensure_tables
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection, backend_of
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["RELEASE_AGENT", "Release", "ReleaseDiff", "ReleaseHeads", "ReleaseLog"]
 

@@ -20,9 +20,9 @@ import threading
 import time
 from typing import Any
 
-from infrastructure.store import Store
-from infrastructure.store_sql import StoreConnection, backend_of
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import StoreConnection, backend_of
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["CHANNEL", "ReleaseWakeup", "announce"]
 

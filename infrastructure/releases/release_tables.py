@@ -17,7 +17,7 @@ Upserts use ``INSERT ... ON CONFLICT DO NOTHING``, which SQLite and PostgreSQL b
 
 from __future__ import annotations
 
-from infrastructure.store import Store
+from agentmend.infrastructure.store import Store
 
 __all__ = ["COMPONENT", "ensure_tables"]
 

@@ -2,14 +2,14 @@
 
 A rollout is owned by its record in the store, not by a process: the record holds its state,
 limits, evidence and the cursor into the executions it has read, and any worker that calls
-:meth:`Rollouts.advance` (each :class:`~infrastructure.releases.follower.ReleaseFollower` does on
-every poll) carries it one step on. A worker that crashes mid-step leaves the last committed
+:meth:`Rollouts.advance` (each :class:`~agentmend.infrastructure.releases.follower.ReleaseFollower`
+does on every poll) carries it one step on. A worker that crashes mid-step leaves the last committed
 step; the next worker continues from there, never undoes it. Settling is a compare-and-set on the
 record's state, so two workers deciding at once settle it once.
 
 The changes the canary carries are owned by the rollout too, through the ownership records of
-:mod:`infrastructure.changes.leases`: starting a rollout takes a lease whose owner is the record
-(``RecordOwner("rollout", id)``) and hands the release's changes over to it; recovery at any
+:mod:`agentmend.infrastructure.changes.leases`: starting a rollout takes a lease whose owner is the
+record (``RecordOwner("rollout", id)``) and hands the release's changes over to it; recovery at any
 open leaves such a lease to the record, and settling the rollout releases it.
 
 States: ``canary`` (serving its share) -> ``promoted`` | ``rolled_back``; ``canary`` <->
@@ -25,17 +25,17 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from infrastructure.changes.leases import Leases
-from infrastructure.changes.owners import LeaseTerms, RecordOwner
-from infrastructure.errors import NotFound, PermissionRequired
-from infrastructure.monitoring.agent_window import RUN
-from infrastructure.principal import ADMIN, Principal
-from infrastructure.releases.release_errors import RolloutConflict
-from infrastructure.releases.release_log import RELEASE_AGENT, Release, ReleaseLog
-from infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
-from infrastructure.releases.routing import DEFAULT_SHARE, check_share
-from infrastructure.store_sql import StoreConnection, has_table
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.changes.leases import Leases
+from agentmend.infrastructure.changes.owners import LeaseTerms, RecordOwner
+from agentmend.infrastructure.errors import NotFound, PermissionRequired
+from agentmend.infrastructure.monitoring.agent_window import RUN
+from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.releases.release_errors import RolloutConflict
+from agentmend.infrastructure.releases.release_log import RELEASE_AGENT, Release, ReleaseLog
+from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
+from agentmend.infrastructure.releases.routing import DEFAULT_SHARE, check_share
+from agentmend.infrastructure.store_sql import StoreConnection, has_table
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["ACTIVE", "RolloutRecord", "Rollouts"]
 

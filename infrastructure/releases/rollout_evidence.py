@@ -5,7 +5,7 @@ Every run a worker serves under a rollout is recorded with ``release`` and ``rol
 each canary run with a stable run (the oldest one waiting, of at most the newest
 ``STABLE_WAITING`` stable runs, so a pair is contemporaneous). Which runs pair never depends on
 their outcomes, so the pairs are draws from the two arms and the always-valid two-sample test
-(:class:`~infrastructure.evaluation.sequential.TwoSampleTest`) holds at any stopping time.
+(:class:`~agentmend.infrastructure.evaluation.sequential.TwoSampleTest`) holds at any stopping time.
 
 The evidence is plain data in the rollout record (the pairs as a string, replayed into the test
 when a decision is needed), so any worker that reads it next reaches the same decision.
@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from infrastructure.errors import InvalidArgument
-from infrastructure.evaluation.sequential import TwoSampleTest
+from agentmend.infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.evaluation.sequential import TwoSampleTest
 
 __all__ = [
     "STABLE_WAITING",

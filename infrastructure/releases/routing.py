@@ -12,7 +12,7 @@ import math
 import uuid
 from typing import Literal
 
-from infrastructure.errors import InvalidArgument, WrongArgumentType
+from agentmend.infrastructure.errors import InvalidArgument, WrongArgumentType
 
 __all__ = ["DEFAULT_SHARE", "Arm", "check_share", "choose_arm", "new_run_key"]
 

@@ -16,10 +16,10 @@ Example::
     assert result.error is not None and result.error.kind is ErrorKind.TRUNCATED
 """
 
-from infrastructure.simulation.faults import Fault, FaultKind
-from infrastructure.simulation.run_record import RunRecord
-from infrastructure.simulation.runtime import AgentAnswerer, SimulatedRuntime
-from infrastructure.simulation.team import (
+from agentmend.infrastructure.simulation.faults import Fault, FaultKind
+from agentmend.infrastructure.simulation.run_record import RunRecord
+from agentmend.infrastructure.simulation.runtime import AgentAnswerer, SimulatedRuntime
+from agentmend.infrastructure.simulation.team import (
     AVAILABLE_MODELS,
     DEFAULT_MAX_TOKENS,
     DEFAULT_MODEL,

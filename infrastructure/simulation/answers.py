@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from statistics import fmean
 from typing import TYPE_CHECKING
 
-from infrastructure.errors import ErrorKind
-from infrastructure.simulation.team import (
+from agentmend.infrastructure.errors import ErrorKind
+from agentmend.infrastructure.simulation.team import (
     DEFAULT_MODEL,
     DEFAULT_TIMEOUT_S,
     FORMAT_HEADING,
@@ -27,8 +27,8 @@ from infrastructure.simulation.team import (
 )
 
 if TYPE_CHECKING:
-    from infrastructure.simulation.run_record import RunRecord
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.simulation.run_record import RunRecord
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = ["RECENT_RUNS", "compose_answer"]
 

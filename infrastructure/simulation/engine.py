@@ -13,10 +13,10 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from infrastructure.errors import AgentRunError, ErrorKind
-from infrastructure.llm.base import ToolCallRecord
-from infrastructure.simulation.outputs import off_format_text, reply_text, topic_of
-from infrastructure.simulation.team import (
+from agentmend.infrastructure.errors import AgentRunError, ErrorKind
+from agentmend.infrastructure.llm.base import ToolCallRecord
+from agentmend.infrastructure.simulation.outputs import off_format_text, reply_text, topic_of
+from agentmend.infrastructure.simulation.team import (
     FORMAT_HEADING,
     TOKEN_SPREAD,
     AgentProfile,
@@ -26,7 +26,7 @@ from infrastructure.simulation.team import (
 )
 
 if TYPE_CHECKING:
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = ["Conditions", "Draws", "Outcome", "draw", "simulate"]
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.errors import InvalidArgument
 
 __all__ = ["Fault", "FaultKind"]
 

@@ -20,7 +20,7 @@ import annotated_types
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from infrastructure.simulation.team import FORMAT_HEADING, AgentProfile
+from agentmend.infrastructure.simulation.team import FORMAT_HEADING, AgentProfile
 
 __all__ = ["CannotFill", "fill_output", "off_format_text", "reply_text", "topic_of"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infrastructure.errors import ErrorKind
+from agentmend.infrastructure.errors import ErrorKind
 
 __all__ = ["RunRecord"]
 

@@ -17,14 +17,14 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
-from infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
-from infrastructure.simulation.answers import compose_answer
-from infrastructure.simulation.engine import Conditions, Outcome, draw, simulate
-from infrastructure.simulation.faults import Fault, FaultKind
-from infrastructure.simulation.outputs import CannotFill, fill_output
-from infrastructure.simulation.run_record import RunRecord
-from infrastructure.simulation.team import (
+from agentmend.infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
+from agentmend.infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
+from agentmend.infrastructure.simulation.answers import compose_answer
+from agentmend.infrastructure.simulation.engine import Conditions, Outcome, draw, simulate
+from agentmend.infrastructure.simulation.faults import Fault, FaultKind
+from agentmend.infrastructure.simulation.outputs import CannotFill, fill_output
+from agentmend.infrastructure.simulation.run_record import RunRecord
+from agentmend.infrastructure.simulation.team import (
     AVAILABLE_MODELS,
     DEFAULT_MAX_TOKENS,
     DEFAULT_TIMEOUT_S,
@@ -32,10 +32,10 @@ from infrastructure.simulation.team import (
     profile_for,
     resolve_model,
 )
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
-    from infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = ["AgentAnswerer", "SimulatedRuntime"]
 

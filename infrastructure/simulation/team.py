@@ -16,8 +16,8 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import MappingProxyType
 
-from infrastructure.errors import ConfigurationError
-from infrastructure.files import atomic_write, read_if_exists
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.files import atomic_write, read_if_exists
 
 __all__ = [
     "AVAILABLE_MODELS",
@@ -244,7 +244,7 @@ _DEFINITION = re.compile(r"^[a-z0-9][a-z0-9-]*\.(md|evals\.yaml)$")
 
 def team_files() -> dict[str, Traversable]:
     """The shipped team's files (definitions and eval suites) by file name."""
-    folder = resources.files("infrastructure") / "simulated_team"
+    folder = resources.files("agentmend.infrastructure") / "simulated_team"
     return {
         entry.name: entry
         for entry in sorted(folder.iterdir(), key=lambda item: item.name)

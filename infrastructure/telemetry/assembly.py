@@ -23,10 +23,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from infrastructure.models import ExecutionRecord
-from infrastructure.release_labels import unattributed
-from infrastructure.structured_logger import get_logger
-from infrastructure.telemetry.mapping import (
+from agentmend.infrastructure.models import ExecutionRecord
+from agentmend.infrastructure.release_labels import unattributed
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.telemetry.mapping import (
     RELEASE_LABEL,
     RELEASE_TEAM,
     SpanMapping,
@@ -34,7 +34,7 @@ from infrastructure.telemetry.mapping import (
     is_chat_span,
     is_recorded_by_agentmend,
 )
-from infrastructure.telemetry.span import SpanData
+from agentmend.infrastructure.telemetry.span import SpanData
 
 __all__ = ["TelemetryCounts", "TraceAssembler"]
 

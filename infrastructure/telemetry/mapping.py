@@ -28,7 +28,7 @@ agent`` or Logfire's agent-run span (an ``agent_name`` attribute on a span with 
   ``llm.model_name``).
 - release: ``agentmend.release`` (and ``agentmend.team``) on the agent span or its resource,
   resolved to the release, arm and rollout when the run is recorded
-  (``infrastructure.releases.attribution``); the run is observed, never routed.
+  (``agentmend.infrastructure.releases.attribution``); the run is observed, never routed.
 
 **A chat span with no agent span above it** (a plain ``anthropic`` app) is one execution by
 itself, named by its own ``gen_ai.agent.name``, the user's rule, or the resource attribute.
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from infrastructure.models import ExecutionRecord
-from infrastructure.release_labels import RELEASE_ATTRIBUTE, TEAM_ATTRIBUTE
-from infrastructure.telemetry.span import RECORDED_ATTRIBUTE, STATUS_ERROR, SpanData
+from agentmend.infrastructure.models import ExecutionRecord
+from agentmend.infrastructure.release_labels import RELEASE_ATTRIBUTE, TEAM_ATTRIBUTE
+from agentmend.infrastructure.telemetry.span import RECORDED_ATTRIBUTE, STATUS_ERROR, SpanData
 
 __all__ = [
     "RELEASE_LABEL",

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infrastructure.errors import AgentmendError
-from infrastructure.telemetry.span import OtelExtraMissing, SpanData, SpanEvent
+from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.telemetry.span import OtelExtraMissing, SpanData, SpanEvent
 
 __all__ = ["DecodedBatch", "OtlpDecodeError", "decode_json", "decode_protobuf", "require_proto"]
 

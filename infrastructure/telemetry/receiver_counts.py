@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from infrastructure.read_snapshot import read_snapshot
-from infrastructure.store import Store
-from infrastructure.store_sql import has_table
-from infrastructure.telemetry.assembly import TelemetryCounts
+from agentmend.infrastructure.read_snapshot import read_snapshot
+from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store_sql import has_table
+from agentmend.infrastructure.telemetry.assembly import TelemetryCounts
 
 __all__ = ["ReceiverCounts", "read_receiver_counts", "receiver_name", "write_receiver_counts"]
 

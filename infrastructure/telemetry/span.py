@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.errors import ConfigurationError
 
 __all__ = [
     "RECORDED_ATTRIBUTE",

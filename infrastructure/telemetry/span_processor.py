@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
-from infrastructure.telemetry.mapping import SpanMapping
-from infrastructure.telemetry.span import OtelExtraMissing, SpanData, SpanEvent
+from agentmend.infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
+from agentmend.infrastructure.telemetry.mapping import SpanMapping
+from agentmend.infrastructure.telemetry.span import OtelExtraMissing, SpanData, SpanEvent
 
 try:
     from opentelemetry.context import Context
@@ -30,8 +30,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise OtelExtraMissing("opentelemetry-sdk") from exc
 
 if TYPE_CHECKING:
-    from infrastructure.monitoring.performance_monitor import PerformanceMonitor
-    from infrastructure.release_labels import ReleaseTagger
+    from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+    from agentmend.infrastructure.release_labels import ReleaseTagger
 
 __all__ = ["AgentmendSpanProcessor", "span_data"]
 
@@ -146,7 +146,7 @@ class AgentmendSpanProcessor(SpanProcessor):
                     batch.append(span_data(queue.popleft(), resources))
                 self.assembler.add(batch)
         except Exception:  # never let one bad span stop the worker
-            from infrastructure.structured_logger import get_logger
+            from agentmend.infrastructure.structured_logger import get_logger
 
             get_logger(__name__).exception("otel_span_processor_failed")
         finally:

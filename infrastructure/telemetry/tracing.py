@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from infrastructure.telemetry.span import RECORDED_ATTRIBUTE
+from agentmend.infrastructure.telemetry.span import RECORDED_ATTRIBUTE
 
 __all__ = [
     "EVALUATION_EVENT",

@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter,
 )
 
-from infrastructure.llm.base import Usage  # noqa: E402
+from agentmend.infrastructure.llm.base import Usage  # noqa: E402
 
 MODEL = "claude-sonnet-4-5"
 

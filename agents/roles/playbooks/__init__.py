@@ -1,10 +1,10 @@
 """Offline playbooks: rule-based stand-ins for the mediator, improver and supervisor models.
 
-On the offline runtime (``infrastructure.llm.offline.OfflineRuntime``) each role's definition
-runs one of these policies instead of a model. They use the same tools (``ask_agent``) and
-return the same structured outputs (``agents.roles.schemas``), read only their prompt's tagged JSON
-blocks and the tools' answers, and fix known failure signatures with no model spend; an unknown
-signature gets a low-confidence analysis and no change, to be escalated to a model.
+On the offline runtime (``agentmend.infrastructure.llm.offline.OfflineRuntime``) each role's
+definition runs one of these policies instead of a model. They use the same tools (``ask_agent``)
+and return the same structured outputs (``agentmend.roles.schemas``), read only their prompt's
+tagged JSON blocks and the tools' answers, and fix known failure signatures with no model spend; an
+unknown signature gets a low-confidence analysis and no change, to be escalated to a model.
 
 Example::
 
@@ -15,10 +15,10 @@ Example::
 
 from __future__ import annotations
 
-from agents.roles.playbooks.improver import improver_policy, plan_for
-from agents.roles.playbooks.mediator import mediator_policy
-from agents.roles.playbooks.supervisor import review_change, supervisor_policy
-from infrastructure.llm.offline import OfflinePolicy
+from agentmend.infrastructure.llm.offline import OfflinePolicy
+from agentmend.roles.playbooks.improver import improver_policy, plan_for
+from agentmend.roles.playbooks.mediator import mediator_policy
+from agentmend.roles.playbooks.supervisor import review_change, supervisor_policy
 
 __all__ = [
     "IMPROVER_NAME",

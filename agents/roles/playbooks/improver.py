@@ -36,7 +36,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.roles.playbooks.signatures import (
+from agentmend.infrastructure.errors import AgentRunError, ErrorKind
+from agentmend.infrastructure.llm.offline import OfflineCall
+from agentmend.infrastructure.models import ChangeType
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.roles.playbooks.signatures import (
     denied_tools,
     format_instruction,
     full_run_seconds,
@@ -46,12 +50,8 @@ from agents.roles.playbooks.signatures import (
     round_up,
     served_models,
 )
-from agents.roles.prompt_blocks import PromptBlockError, extract_block
-from agents.roles.schemas import ImprovementPlan, ProposedAction
-from infrastructure.errors import AgentRunError, ErrorKind
-from infrastructure.llm.offline import OfflineCall
-from infrastructure.models import ChangeType
-from infrastructure.structured_logger import get_logger
+from agentmend.roles.prompt_blocks import PromptBlockError, extract_block
+from agentmend.roles.schemas import ImprovementPlan, ProposedAction
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",

@@ -24,8 +24,12 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from agents.roles.ask_agent_tool import fenced_answer
-from agents.roles.playbooks.signatures import (
+from agentmend.infrastructure.errors import AgentRunError, ErrorKind
+from agentmend.infrastructure.llm.offline import OfflineCall
+from agentmend.infrastructure.models import IssueReport
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.roles.ask_agent_tool import fenced_answer
+from agentmend.roles.playbooks.signatures import (
     Finding,
     classify,
     contains_injection,
@@ -35,12 +39,8 @@ from agents.roles.playbooks.signatures import (
     needed_tokens,
     split_sentences,
 )
-from agents.roles.prompt_blocks import PromptBlockError, extract_block
-from agents.roles.schemas import CauseCategory, MediatorReport
-from infrastructure.errors import AgentRunError, ErrorKind
-from infrastructure.llm.offline import OfflineCall
-from infrastructure.models import IssueReport
-from infrastructure.structured_logger import get_logger
+from agentmend.roles.prompt_blocks import PromptBlockError, extract_block
+from agentmend.roles.schemas import CauseCategory, MediatorReport
 
 __all__ = [
     "BASE_QUESTIONS",

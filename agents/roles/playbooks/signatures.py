@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import get_args
 
-from agents.roles.schemas import CauseCategory
+from agentmend.roles.schemas import CauseCategory
 
 __all__ = [
     "CATEGORIES",

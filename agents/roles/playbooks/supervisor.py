@@ -28,14 +28,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.roles.playbooks.signatures import contains_injection
-from agents.roles.prompt_blocks import PromptBlockError, extract_block
-from agents.roles.schemas import SupervisorReview
-from infrastructure.llm.offline import OfflineCall
-from infrastructure.models import ChangeType, ImprovementAction
-from infrastructure.permissions import PROFILE_NAMES, SHELL_AND_WRITE_TOOLS
-from infrastructure.spec import AgentSpec
-from infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.llm.offline import OfflineCall
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.permissions import PROFILE_NAMES, SHELL_AND_WRITE_TOOLS
+from agentmend.infrastructure.spec import AgentSpec
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.roles.playbooks.signatures import contains_injection
+from agentmend.roles.prompt_blocks import PromptBlockError, extract_block
+from agentmend.roles.schemas import SupervisorReview
 
 __all__ = [
     "FIELDS_BY_TYPE",

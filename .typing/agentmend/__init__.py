@@ -1,0 +1,1 @@
+../../agents/__init__.py

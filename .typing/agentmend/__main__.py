@@ -1,0 +1,1 @@
+../../agents/__main__.py

@@ -1,0 +1,1 @@
+../../agents/mcp_server.py

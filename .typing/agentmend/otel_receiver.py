@@ -1,0 +1,1 @@
+../../agents/otel_receiver.py
