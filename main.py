@@ -6,12 +6,12 @@
     python main.py --routing-key me        a team with releases: your questions on one arm
 
 The same session is ``agentmend session`` once the package is installed (the session itself
-lives in ``agentmend.faces.session``).
+lives in ``agentmend.faces.session.app``).
 """
 
 import sys
 
-from agentmend.faces.session import main
+from agentmend.faces.session.app import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,22 +13,29 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agentmend.faces.mcp_tools import BadRequest
+    from agentmend.faces.mcp.tools import BadRequest
     from agentmend.faces.release_serving import NoReleases
     from agentmend.faces.workspace import TeamDirError, Workspace, WorkspaceError
-    from agentmend.infrastructure.changes.audit import AuditChainBroken, verify_audit_chain
+    from agentmend.infrastructure.changes.audit.log import AuditChainBroken, verify_audit_chain
     from agentmend.infrastructure.changes.effectors import InvalidChange
     from agentmend.infrastructure.changes.gates import ChangeRefused
     from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-    from agentmend.infrastructure.changes.leases import LeaseLost
-    from agentmend.infrastructure.changes.safety import GateVerdict, ProposedChange
+    from agentmend.infrastructure.changes.proposal import GateVerdict, ProposedChange
+    from agentmend.infrastructure.changes.protocol.leases import LeaseLost
     from agentmend.infrastructure.changes.watch import ChangeWatch, ChangeWatcher
-    from agentmend.infrastructure.code_update.code_plans import (
+    from agentmend.infrastructure.code_update.plans import (
         CodeUpdateError,
         PlanNotFound,
         PlanStateError,
     )
     from agentmend.infrastructure.code_update.unified_diff import DiffError
+    from agentmend.infrastructure.definitions.frontmatter import FrontMatterError
+    from agentmend.infrastructure.definitions.spec import (
+        AgentSpec,
+        PermissionProfile,
+        load_agent_specs,
+    )
+    from agentmend.infrastructure.detection.detector import IssueDetector
     from agentmend.infrastructure.errors import (
         AgentmendError,
         AgentRunError,
@@ -51,7 +58,6 @@ if TYPE_CHECKING:
         WrongArgumentType,
     )
     from agentmend.infrastructure.evaluation.verification import SuiteMismatch, VerificationVerdict
-    from agentmend.infrastructure.frontmatter import FrontMatterError
     from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
     from agentmend.infrastructure.llm.base import (
         AgentResult,
@@ -59,8 +65,8 @@ if TYPE_CHECKING:
         ToolError,
         ToolSpec,
     )
-    from agentmend.infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
-    from agentmend.infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
+    from agentmend.infrastructure.llm.claude.hooks import claude_sdk_hooks
+    from agentmend.infrastructure.llm.claude.runtime import ClaudeAgentRuntime
     from agentmend.infrastructure.llm.network_guard import NetworkRefusedError
     from agentmend.infrastructure.llm.offline import OfflineRuntime
     from agentmend.infrastructure.llm.testing import (
@@ -84,7 +90,6 @@ if TYPE_CHECKING:
         IssueReport,
         RootCauseAnalysis,
     )
-    from agentmend.infrastructure.monitoring.detection import IssueDetector
     from agentmend.infrastructure.monitoring.performance_monitor import (
         InvalidExecution,
         MonitorClosed,
@@ -95,23 +100,17 @@ if TYPE_CHECKING:
         ReleaseAttribution,
         linked_release_label,
     )
+    from agentmend.infrastructure.releases.errors import ReleaseRefused, RolloutConflict
     from agentmend.infrastructure.releases.follower import ReleaseFollower
-    from agentmend.infrastructure.releases.release_errors import ReleaseRefused, RolloutConflict
-    from agentmend.infrastructure.releases.release_log import ReleaseLog
+    from agentmend.infrastructure.releases.log import ReleaseLog
     from agentmend.infrastructure.releases.rollout import Rollouts
     from agentmend.infrastructure.releases.rollout_evidence import RolloutLimits
     from agentmend.infrastructure.settings import InvalidSetting, Settings
     from agentmend.infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
-    from agentmend.infrastructure.spec import (
-        AgentSpec,
-        PermissionProfile,
-        load_agent_specs,
-    )
-    from agentmend.infrastructure.store import Store
+    from agentmend.infrastructure.store.api import Store
     from agentmend.infrastructure.telemetry.otlp_decode import OtlpDecodeError
     from agentmend.infrastructure.telemetry.span import OtelExtraMissing
     from agentmend.infrastructure.telemetry.span_processor import AgentmendSpanProcessor
-    from agentmend.loop.code_review import ModelRequired
     from agentmend.loop.cycle import (
         CycleResult,
         TaskResult,
@@ -125,6 +124,7 @@ if TYPE_CHECKING:
         AskAgentTool,
         create_ask_agent_tool,
     )
+    from agentmend.roles.code_review import ModelRequired
     from agentmend.roles.prompt_blocks import PromptBlockError
     from agentmend.roles.report_parsing import ReportParseError
     from agentmend.roles.role_names import (
@@ -274,40 +274,40 @@ _EXPORTS: dict[str, str] = {
     "ImprovementAction": "agentmend.infrastructure.models",
     "IssueReport": "agentmend.infrastructure.models",
     "RootCauseAnalysis": "agentmend.infrastructure.models",
-    "AgentSpec": "agentmend.infrastructure.spec",
-    "PermissionProfile": "agentmend.infrastructure.spec",
-    "load_agent_specs": "agentmend.infrastructure.spec",
+    "AgentSpec": "agentmend.infrastructure.definitions.spec",
+    "PermissionProfile": "agentmend.infrastructure.definitions.spec",
+    "load_agent_specs": "agentmend.infrastructure.definitions.spec",
     "PerformanceMonitor": "agentmend.infrastructure.monitoring.performance_monitor",
-    "IssueDetector": "agentmend.infrastructure.monitoring.detection",
+    "IssueDetector": "agentmend.infrastructure.detection.detector",
     "ImprovementManager": "agentmend.infrastructure.changes.improvement_manager",
-    "verify_audit_chain": "agentmend.infrastructure.changes.audit",
-    "AuditChainBroken": "agentmend.infrastructure.changes.audit",
-    "LeaseLost": "agentmend.infrastructure.changes.leases",
+    "verify_audit_chain": "agentmend.infrastructure.changes.audit.log",
+    "AuditChainBroken": "agentmend.infrastructure.changes.audit.log",
+    "LeaseLost": "agentmend.infrastructure.changes.protocol.leases",
     "ChangeWatch": "agentmend.infrastructure.changes.watch",
     "ChangeWatcher": "agentmend.infrastructure.changes.watch",
     "ReleaseAttribution": "agentmend.infrastructure.releases.attribution",
     "linked_release_label": "agentmend.infrastructure.releases.attribution",
     "ReleaseFollower": "agentmend.infrastructure.releases.follower",
-    "ReleaseLog": "agentmend.infrastructure.releases.release_log",
+    "ReleaseLog": "agentmend.infrastructure.releases.log",
     "ReleasePublisher": "agentmend.loop.release_publishing",
-    "ReleaseRefused": "agentmend.infrastructure.releases.release_errors",
-    "RolloutConflict": "agentmend.infrastructure.releases.release_errors",
+    "ReleaseRefused": "agentmend.infrastructure.releases.errors",
+    "RolloutConflict": "agentmend.infrastructure.releases.errors",
     "RolloutLimits": "agentmend.infrastructure.releases.rollout_evidence",
     "Rollouts": "agentmend.infrastructure.releases.rollout",
-    "Store": "agentmend.infrastructure.store",
+    "Store": "agentmend.infrastructure.store.api",
     "Settings": "agentmend.infrastructure.settings",
     "InvalidSetting": "agentmend.infrastructure.settings",
-    "GateVerdict": "agentmend.infrastructure.changes.safety",
+    "GateVerdict": "agentmend.infrastructure.changes.proposal",
     "Principal": "agentmend.infrastructure.principal",
-    "ProposedChange": "agentmend.infrastructure.changes.safety",
+    "ProposedChange": "agentmend.infrastructure.changes.proposal",
     "VerificationVerdict": "agentmend.infrastructure.evaluation.verification",
     "AgentResult": "agentmend.infrastructure.llm.base",
     "AgentRuntime": "agentmend.infrastructure.llm.base",
     "ToolError": "agentmend.infrastructure.llm.base",
     "ToolSpec": "agentmend.infrastructure.llm.base",
     "AnthropicRuntime": "agentmend.infrastructure.llm.anthropic_runtime",
-    "ClaudeAgentRuntime": "agentmend.infrastructure.llm.claude_agent_runtime",
-    "claude_sdk_hooks": "agentmend.infrastructure.llm.claude_sdk_hooks",
+    "ClaudeAgentRuntime": "agentmend.infrastructure.llm.claude.runtime",
+    "claude_sdk_hooks": "agentmend.infrastructure.llm.claude.hooks",
     "OfflineRuntime": "agentmend.infrastructure.llm.offline",
     "FunctionRuntime": "agentmend.infrastructure.llm.testing",
     "ScriptedRuntime": "agentmend.infrastructure.llm.testing",
@@ -352,11 +352,11 @@ _EXPORTS: dict[str, str] = {
     "AgentmendSpanProcessor": "agentmend.infrastructure.telemetry.span_processor",
     "OtelExtraMissing": "agentmend.infrastructure.telemetry.span",
     "OtlpDecodeError": "agentmend.infrastructure.telemetry.otlp_decode",
-    "BadRequest": "agentmend.faces.mcp_tools",
+    "BadRequest": "agentmend.faces.mcp.tools",
     "NoReleases": "agentmend.faces.release_serving",
     "TeamDirError": "agentmend.faces.workspace",
     "WorkspaceError": "agentmend.faces.workspace",
-    "ModelRequired": "agentmend.loop.code_review",
+    "ModelRequired": "agentmend.roles.code_review",
     "SelfEditNotKept": "agentmend.loop.self_edit_tools",
     "PromptBlockError": "agentmend.roles.prompt_blocks",
     "ReportParseError": "agentmend.roles.report_parsing",
@@ -364,9 +364,9 @@ _EXPORTS: dict[str, str] = {
     "UnknownAgent": "agentmend.roles.team",
     "InvalidChange": "agentmend.infrastructure.changes.effectors",
     "ChangeRefused": "agentmend.infrastructure.changes.gates",
-    "CodeUpdateError": "agentmend.infrastructure.code_update.code_plans",
-    "PlanNotFound": "agentmend.infrastructure.code_update.code_plans",
-    "PlanStateError": "agentmend.infrastructure.code_update.code_plans",
+    "CodeUpdateError": "agentmend.infrastructure.code_update.plans",
+    "PlanNotFound": "agentmend.infrastructure.code_update.plans",
+    "PlanStateError": "agentmend.infrastructure.code_update.plans",
     "DiffError": "agentmend.infrastructure.code_update.unified_diff",
     "AuditChainError": "agentmend.infrastructure.errors",
     "ChangeNotFound": "agentmend.infrastructure.errors",
@@ -378,7 +378,7 @@ _EXPORTS: dict[str, str] = {
     "PostgresExtraMissing": "agentmend.infrastructure.errors",
     "WrongArgumentType": "agentmend.infrastructure.errors",
     "SuiteMismatch": "agentmend.infrastructure.evaluation.verification",
-    "FrontMatterError": "agentmend.infrastructure.frontmatter",
+    "FrontMatterError": "agentmend.infrastructure.definitions.frontmatter",
     "NetworkRefusedError": "agentmend.infrastructure.llm.network_guard",
     "UnexpectedModelCall": "agentmend.infrastructure.llm.testing",
     "InvalidExecution": "agentmend.infrastructure.monitoring.performance_monitor",

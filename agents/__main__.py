@@ -2,7 +2,7 @@
 
 import sys
 
-from agentmend.faces.session import main
+from agentmend.faces.session.app import main
 
 if __name__ == "__main__":
     sys.exit(main())

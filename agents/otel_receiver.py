@@ -1,9 +1,9 @@
 """``python -m agentmend.otel_receiver``: starts the OTLP/HTTP receiver face
-(``agentmend.faces.otel_receiver``)."""
+(``agentmend.faces.cli.otel``, around ``agentmend.infrastructure.telemetry.receiver``)."""
 
 import sys
 
-from agentmend.faces.otel_receiver import main
+from agentmend.faces.cli.otel import main
 
 if __name__ == "__main__":
     sys.exit(main())

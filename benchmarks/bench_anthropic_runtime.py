@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import anthropic
 from fake_messages_api import FakeMessagesAPI, Reply
 
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
 from agentmend.infrastructure.llm.base import ToolSpec
 from agentmend.infrastructure.llm.retry import RetryPolicy
-from agentmend.infrastructure.spec import AgentSpec
 
 MODEL = "claude-sonnet-4-6"
 LOOP_TURNS = 4

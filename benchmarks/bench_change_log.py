@@ -28,9 +28,9 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentmend.infrastructure.changes.audit import AuditLog
-from agentmend.infrastructure.changes.change_log import ChangeLog
+from agentmend.infrastructure.changes.audit.log import AuditLog
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.protocol.change_log import ChangeLog
 from agentmend.infrastructure.models import (
     ChangeRecord,
     ChangeStatus,
@@ -38,7 +38,7 @@ from agentmend.infrastructure.models import (
     ImprovementAction,
     utc_now,
 )
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 ACTION = ImprovementAction(
     target_agent="writer",

@@ -35,10 +35,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fake_messages_api import FakeMessagesAPI, RecordedRequest, Reply  # noqa: E402
 
+from agentmend.infrastructure.definitions.spec import AgentSpec  # noqa: E402
 from agentmend.infrastructure.errors import ErrorKind  # noqa: E402
 from agentmend.infrastructure.llm.base import AgentResult, ToolSpec  # noqa: E402
-from agentmend.infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime  # noqa: E402
-from agentmend.infrastructure.spec import AgentSpec  # noqa: E402
+from agentmend.infrastructure.llm.claude.runtime import ClaudeAgentRuntime  # noqa: E402
 
 SPEC = AgentSpec(
     name="bench",

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentmend.infrastructure.permissions import SHELL_AND_WRITE_TOOLS
+from agentmend.infrastructure.definitions.permissions import SHELL_AND_WRITE_TOOLS
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import (
     SIMULATED_AGENTS,

@@ -1,13 +1,13 @@
 """False alarms and detection delay: the per-agent guarantee; seed 003's rules against the CUSUMs.
 
-First, exactly (no simulation; ``agentmend.infrastructure.monitoring.guarantee``): for baseline
+First, exactly (no simulation; ``agentmend.infrastructure.detection.guarantee``): for baseline
 sizes 30, 50, 100, 200, 500 and 2,000 and healthy success rates 0.5 .. 0.999, the failure chart's
 expected false alarms per 1,000 healthy runs over the baselines such an agent produces (goal: at
 most its budget, ``false_alarm_rate * failure_share`` = 0.95), and its expected detection delay for
 a relative drop of 15 % and 30 % of the success rate against the optimal CUSUM that knows both
 rates, at the same false-alarm rate (goal: at most 1.2x where the baseline is 500 or more).
 Then, by simulation, the duration chart's (a bank of two CUSUMs,
-``agentmend.infrastructure.monitoring.duration_bank``) false alarms per 1,000 healthy runs for
+``agentmend.infrastructure.detection.duration_bank``) false alarms per 1,000 healthy runs for
 log-normal durations of log-sd 0.5 and 1.0 at the same baseline sizes (goal: at most its budget,
 0.05). Delay by shift size, against the optimum and river's detectors: ``bench_shift_size.py``.
 
@@ -24,7 +24,7 @@ With ``--simulate``, a spot check through the public API follows (``PerformanceM
 The yardstick is the optimal CUSUM for the same false-alarm rate: a Bernoulli CUSUM that knows the
 true p0 and p1, with its threshold set for an in-control ARL of exactly 1,000 (interpolated between
 the two integer thresholds around it), its delay computed exactly
-(``agentmend.infrastructure.monitoring.cusum.bernoulli_arl``). The statistical detector has to
+(``agentmend.infrastructure.detection.cusum.bernoulli_arl``). The statistical detector has to
 estimate p0 from its 500-run baseline and is tuned to one shift for both drops, so its ratio to that
 optimum shows what not knowing them costs. Goals: at most 1 false alarm per 1,000 runs at every
 healthy rate; delay within 1.1x of the optimum. Seeded; the exact table takes minutes to an hour
@@ -43,13 +43,13 @@ import time
 from collections import Counter
 from typing import Any
 
-from agentmend.infrastructure.monitoring.cusum import bernoulli_arl, integer_weights
-from agentmend.infrastructure.monitoring.detection import DetectionMode, IssueDetector
-from agentmend.infrastructure.monitoring.duration_bank import (
+from agentmend.infrastructure.detection.cusum import bernoulli_arl, integer_weights
+from agentmend.infrastructure.detection.detector import DetectionMode, IssueDetector
+from agentmend.infrastructure.detection.duration_bank import (
     DEFAULT_MEMBERS,
     calibrate_duration_bank,
 )
-from agentmend.infrastructure.monitoring.guarantee import failure_alarm_rate, failure_delay
+from agentmend.infrastructure.detection.guarantee import failure_alarm_rate, failure_delay
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 
 SEED = 20240901

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.retention import RetentionPolicy, prune
-from agentmend.infrastructure.store import Store
-from agentmend.infrastructure.store_usage import store_usage
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.retention import RetentionPolicy, prune
+from agentmend.infrastructure.store.usage import store_usage
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _ROW = ("solver", "run", True, 1234.0, None, 10, 5, 0.001, 1.7e9, None)

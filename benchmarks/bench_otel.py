@@ -39,10 +39,10 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
-from agentmend.faces.otel_receiver import PROTOBUF, OtlpReceiver
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.telemetry.assembly import TraceAssembler
 from agentmend.infrastructure.telemetry.otlp_decode import decode_protobuf
+from agentmend.infrastructure.telemetry.receiver import PROTOBUF, OtlpReceiver
 from agentmend.infrastructure.telemetry.span_processor import AgentmendSpanProcessor
 
 SPANS_PER_REQUEST = 512
@@ -166,9 +166,9 @@ def receiver_attributed(bodies: list[bytes]) -> tuple[int, float, int]:
 
     from agentmend.infrastructure.principal import Principal
     from agentmend.infrastructure.releases.attribution import ReleaseAttribution
-    from agentmend.infrastructure.releases.release_log import ReleaseLog
+    from agentmend.infrastructure.releases.log import ReleaseLog
     from agentmend.infrastructure.simulation import copy_team
-    from agentmend.infrastructure.store import Store
+    from agentmend.infrastructure.store.api import Store
 
     with tempfile.TemporaryDirectory() as folder:
         store = Store(Path(folder) / "agentmend.db")

@@ -25,7 +25,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 
 def prometheus_prebound(n: int) -> float:

@@ -32,16 +32,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from agentmend.faces.cli import main as agentmend
-from agentmend.faces.report_data import agent_statuses, collect_report
-from agentmend.faces.report_page import render_report
-from agentmend.infrastructure.changes.decisions import record_decision
+from agentmend.faces.cli.app import main as agentmend
+from agentmend.faces.report.data import agent_statuses, collect_report
+from agentmend.faces.report.page import render_report
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.protocol.decisions import record_decision
+from agentmend.infrastructure.detection.issue_ledger import IssueLedger
+from agentmend.infrastructure.detection.series import StatisticPoint, add_points
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
-from agentmend.infrastructure.monitoring.detector_series import StatisticPoint, add_points
 from agentmend.infrastructure.monitoring.execution_store import ExecutionStore
-from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.structured_logger import configure_logging
 from agentmend.loop.cycle import DECISION_PREFIX, CycleEvent, cycle_events, list_cycle_ids
 

@@ -43,17 +43,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # pg_server: the tests' throwaway PostgreSQL server
 
-from agentmend.infrastructure.monitoring.detection import IssueDetector  # noqa: E402
+from agentmend.infrastructure.definitions.spec import AgentSpec  # noqa: E402
+from agentmend.infrastructure.detection.detector import IssueDetector  # noqa: E402
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor  # noqa: E402
 from agentmend.infrastructure.principal import Principal  # noqa: E402
-from agentmend.infrastructure.releases.release_log import ReleaseLog  # noqa: E402
+from agentmend.infrastructure.releases.log import ReleaseLog  # noqa: E402
 from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide  # noqa: E402
 from agentmend.infrastructure.releases.routing import DEFAULT_SHARE, choose_arm, new_run_key  # noqa: E402
 from agentmend.infrastructure.settings import Settings  # noqa: E402
 from agentmend.infrastructure.simulation import SimulatedRuntime, copy_team  # noqa: E402
 from agentmend.infrastructure.simulation.faults import Fault, FaultKind  # noqa: E402
-from agentmend.infrastructure.spec import AgentSpec  # noqa: E402
-from agentmend.infrastructure.store import Store  # noqa: E402
+from agentmend.infrastructure.store.api import Store  # noqa: E402
 from agentmend.infrastructure.structured_logger import configure_logging  # noqa: E402
 
 AGENT = "research-agent"

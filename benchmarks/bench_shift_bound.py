@@ -47,12 +47,12 @@ import numpy as np
 from scipy.linalg import solve_banded  # type: ignore[import-untyped]
 from scipy.optimize import linprog  # type: ignore[import-untyped]
 
-from agentmend.infrastructure.monitoring.cusum import (
+from agentmend.infrastructure.detection.cusum import (
     _solve_threshold,
     integer_weights,
     siegmund_arl,
 )
-from agentmend.infrastructure.monitoring.guarantee import (
+from agentmend.infrastructure.detection.guarantee import (
     ESTIMATION_MARGIN,
     binomial_support,
     failure_delay,

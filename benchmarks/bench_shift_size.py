@@ -13,7 +13,7 @@ the change to the first alarm (the change comes right after a healthy 500-run ba
 Detectors, all at the same false-alarm rate:
 
 - ``detector``: the statistical detector's chart as shipped (its baseline estimated from the 500
-  runs; for latency the two-member bank of ``agentmend.infrastructure.monitoring.duration_bank``),
+  runs; for latency the two-member bank of ``agentmend.infrastructure.detection.duration_bank``),
   by simulation; for failures also its exact mean over the Binomial(500, p0) baselines;
 - ``single``: latency only, one chart tuned to x1.5 with the whole duration budget (the design
   before the bank), by simulation;
@@ -51,15 +51,15 @@ from functools import partial
 
 from river.drift import ADWIN, PageHinkley
 
-from agentmend.infrastructure.monitoring.cusum import (
+from agentmend.infrastructure.detection.cusum import (
     NormalChart,
     bernoulli_arl,
     calibrate_normal,
     integer_weights,
     siegmund_arl,
 )
-from agentmend.infrastructure.monitoring.duration_bank import DurationBank, calibrate_duration_bank
-from agentmend.infrastructure.monitoring.guarantee import failure_chart, failure_delay
+from agentmend.infrastructure.detection.duration_bank import DurationBank, calibrate_duration_bank
+from agentmend.infrastructure.detection.guarantee import failure_chart, failure_delay
 
 SEED = 20260115
 BASELINE_N = 500

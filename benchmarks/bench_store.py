@@ -41,13 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from pg_server import PgServer
 
-from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.changes.audit.log import AuditLog
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.detection.detector import IssueDetector
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
-from agentmend.infrastructure.monitoring.detection import IssueDetector
 from agentmend.infrastructure.monitoring.execution_store import ExecutionStore
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 _ACTION = ImprovementAction(
     target_agent="writer",

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentmend.infrastructure.changes.effectors import group_entries, plan_change
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.definitions.spec import AgentSpec, SpecWarning, load_agent_specs
 from agentmend.infrastructure.errors import AgentmendError, SpecError
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
-from agentmend.infrastructure.spec import AgentSpec, SpecWarning, load_agent_specs
 
 
 @dataclass

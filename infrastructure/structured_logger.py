@@ -2,7 +2,7 @@
 
 Library modules log with ``get_logger(__name__)``: a structlog logger that hands each event
 to the standard ``logging`` module under the module's own name (``agentmend.loop.cycle``,
-``agentmend.infrastructure.store``, ...). The record's message is the event and its key/value
+``agentmend.infrastructure.store.api``, ...). The record's message is the event and its key/value
 pairs (``close_monitor_failed runs_lost=5 error='...'``), so even stdlib's bare last resort
 shows what happened; the pairs are also the record's attributes (``record.event``,
 ``record.runs_lost``) for handlers that format their own. So an

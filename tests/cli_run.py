@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agentmend.faces.cli import main
+from agentmend.faces.cli.app import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

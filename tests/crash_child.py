@@ -111,7 +111,7 @@ def _child_crash(db: Path, root: Path, seed: int, count: int) -> None:
 
 def _child_concurrent(db: Path, root: Path, worker: int, count: int) -> None:
     from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-    from agentmend.infrastructure.store import Store
+    from agentmend.infrastructure.store.api import Store
 
     rng = random.Random(worker)
     store = Store(db)

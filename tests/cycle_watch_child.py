@@ -20,12 +20,12 @@ if str(REPO) not in sys.path:
 
 from crash_child import quiet_logs  # noqa: E402
 
+from agentmend.infrastructure.definitions.spec import AgentSpec  # noqa: E402
 from agentmend.infrastructure.llm.base import AgentResult  # noqa: E402
 from agentmend.infrastructure.llm.offline import OfflineRuntime  # noqa: E402
 from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step  # noqa: E402
 from agentmend.infrastructure.models import ChangeType, IssueReport  # noqa: E402
 from agentmend.infrastructure.settings import Settings  # noqa: E402
-from agentmend.infrastructure.spec import AgentSpec  # noqa: E402
 from agentmend.roles.playbooks import offline_policies  # noqa: E402
 from agentmend.roles.schemas import ImprovementPlan, ProposedAction  # noqa: E402
 

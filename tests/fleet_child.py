@@ -25,7 +25,7 @@ from crash_child import _action, make_content, quiet_logs  # noqa: E402
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager  # noqa: E402
 from agentmend.infrastructure.errors import AgentmendError, StoreError  # noqa: E402
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor  # noqa: E402
-from agentmend.infrastructure.store import Store  # noqa: E402
+from agentmend.infrastructure.store.api import Store  # noqa: E402
 
 _DEADLINE_S = 120.0
 

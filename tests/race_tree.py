@@ -27,15 +27,15 @@ from typing import Any
 
 from tiny_project import make_project
 
-from agentmend.infrastructure import confined
-from agentmend.infrastructure.changes.apply import prepare, record_intent
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.protocol.apply import prepare, record_intent
 from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
 from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.store import Store
-from agentmend.loop.code_review import CodeReviewer
+from agentmend.infrastructure.store.api import Store
+from agentmend.roles.code_review import CodeReviewer
 
 WRITER = b"---\nname: writer\ndescription: writes\n---\nold prompt\n"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from agentmend.infrastructure.store_postgres import translate_statement
+from agentmend.infrastructure.store.postgres import translate_statement
 
 __all__ = ["raw_execute", "raw_rows"]
 

@@ -21,8 +21,8 @@ if str(REPO) not in sys.path:
 
 from agentmend.infrastructure.principal import Principal  # noqa: E402
 from agentmend.infrastructure.releases.content import read_team_files  # noqa: E402
-from agentmend.infrastructure.releases.release_log import ReleaseLog  # noqa: E402
-from agentmend.infrastructure.store import Store  # noqa: E402
+from agentmend.infrastructure.releases.log import ReleaseLog  # noqa: E402
+from agentmend.infrastructure.store.api import Store  # noqa: E402
 
 AGENT_FILE = "research-agent.md"
 

@@ -33,13 +33,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from agentmend.infrastructure.changes.audit import AuditLog  # noqa: E402
+from agentmend.infrastructure.changes.audit.log import AuditLog  # noqa: E402
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor  # noqa: E402
 from agentmend.infrastructure.releases.follower import ReleaseFollower  # noqa: E402
-from agentmend.infrastructure.releases.release_log import ReleaseLog  # noqa: E402
+from agentmend.infrastructure.releases.log import ReleaseLog  # noqa: E402
 from agentmend.infrastructure.simulation import SimulatedRuntime  # noqa: E402
 from agentmend.infrastructure.simulation.faults import Fault, FaultKind  # noqa: E402
-from agentmend.infrastructure.store import Store  # noqa: E402
+from agentmend.infrastructure.store.api import Store  # noqa: E402
 from agentmend.roles.team import AgentTeam  # noqa: E402
 
 AGENT = "research-agent"

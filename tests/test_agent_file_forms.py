@@ -19,18 +19,18 @@ import pytest
 import yaml
 from agent_file_fixtures import EXPECTED, FIXTURES, INVALID, VALID, Reads, Refused, fixture_text
 
-from agentmend.infrastructure.agent_names import name_problem, path_name
 from agentmend.infrastructure.changes.effectors import group_entries, plan_change
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.errors import SpecError
-from agentmend.infrastructure.frontmatter_compat import lenient_text
-from agentmend.infrastructure.models import ChangeType, ImprovementAction
-from agentmend.infrastructure.spec import (
+from agentmend.infrastructure.definitions.claude_compat import lenient_text
+from agentmend.infrastructure.definitions.names import name_problem, path_name
+from agentmend.infrastructure.definitions.spec import (
     AgentSpec,
     PermissionProfile,
     SpecWarning,
     load_agent_specs,
 )
+from agentmend.infrastructure.errors import SpecError
+from agentmend.infrastructure.models import ChangeType, ImprovementAction
 
 NEW_DESCRIPTION = "Use this agent when: asked to check. Examples: a diff."
 

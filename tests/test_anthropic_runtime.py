@@ -13,6 +13,7 @@ import pytest
 from fake_messages_api import FakeMessagesAPI, Reply
 from pydantic import BaseModel, Field
 
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
 from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime, estimate_cost_usd
 from agentmend.infrastructure.llm.base import ToolError, ToolSpec, Usage
@@ -24,7 +25,6 @@ from agentmend.infrastructure.llm.network_guard import (
     under_tests,
 )
 from agentmend.infrastructure.llm.retry import RetryPolicy, is_retryable, run_with_retry
-from agentmend.infrastructure.spec import AgentSpec
 
 # Captured at import, before any test's guard patches the socket module.
 _REAL_CONNECT = socket.socket.connect

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from raw_sql import raw_execute
 
-from agentmend.infrastructure.changes.audit import (
+from agentmend.infrastructure.changes.audit.head_events import record_head_event
+from agentmend.infrastructure.changes.audit.log import (
     AUDIT_HMAC_KEY_ENV,
     GENESIS_HASH,
     AuditChainBroken,
@@ -25,10 +26,9 @@ from agentmend.infrastructure.changes.audit import (
     audit_key_from_env,
     verify_audit_chain,
 )
-from agentmend.infrastructure.changes.audit_head_events import record_head_event
 from agentmend.infrastructure.errors import AuditChainError, StoreError
-from agentmend.infrastructure.store import Store
-from agentmend.infrastructure.store_sql import set_next_id
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.sql import set_next_id
 
 KEY = b"kept-off-the-database-server"
 

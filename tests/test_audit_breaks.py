@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from raw_sql import raw_execute, raw_rows
 
-from agentmend.infrastructure.changes.audit import AuditChainBroken, AuditLog
+from agentmend.infrastructure.changes.audit.log import AuditChainBroken, AuditLog
 from agentmend.infrastructure.changes.improvement_manager import (
     ChangeStatus,
     ChangeType,
@@ -34,7 +34,7 @@ from agentmend.infrastructure.changes.improvement_manager import (
 )
 from agentmend.infrastructure.errors import PermissionRequired
 from agentmend.infrastructure.principal import ADMIN, Principal
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 ADMIN_USER = Principal("root-1", "Ada", frozenset({ADMIN}))
 PLAIN_USER = Principal("u-2", "Bob")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from raw_sql import raw_execute
 
-from agentmend.faces.cli import main
-from agentmend.faces.mcp_tools import AgentmendTools
+from agentmend.faces.cli.app import main
+from agentmend.faces.mcp.tools import AgentmendTools
 from agentmend.faces.workspace import Workspace
 from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
 from agentmend.infrastructure.settings import Settings

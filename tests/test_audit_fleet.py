@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from agentmend.infrastructure.changes.audit import AuditChainBroken, AuditEntry, AuditLog
-from agentmend.infrastructure.changes.audit_head import read_head
-from agentmend.infrastructure.files import locked_file
+from agentmend.infrastructure.changes.audit.head import read_head
+from agentmend.infrastructure.changes.audit.log import AuditChainBroken, AuditEntry, AuditLog
+from agentmend.infrastructure.files.atomic import locked_file
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.releases.follower import ReleaseFollower
-from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.releases.rollout import Rollouts
 from agentmend.infrastructure.simulation import copy_team
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 KEY = "kept-off-the-database-server"
 Host = Callable[..., AuditLog]

@@ -20,7 +20,7 @@ import pytest
 from log_capture import captured_records
 from tiny_project import PYTEST, make_project
 
-from agentmend.faces.mcp_tools import AgentmendTools
+from agentmend.faces.mcp.tools import AgentmendTools
 from agentmend.faces.workspace import Workspace
 from agentmend.infrastructure.errors import ConfigurationError, StoreError
 from agentmend.infrastructure.monitoring.performance_monitor import (
@@ -28,7 +28,7 @@ from agentmend.infrastructure.monitoring.performance_monitor import (
     PerformanceMonitor,
 )
 from agentmend.infrastructure.settings import InvalidSetting, Settings, load_settings
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 _ROOT = Path(__file__).resolve().parents[1]
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -188,7 +188,7 @@ def test_the_exit_hook_gives_up_at_its_deadline_and_logs_the_runs_lost(tmp_path:
     script = (
         "import time\n"
         "from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor\n"
-        "from agentmend.infrastructure.store import Store\n"
+        "from agentmend.infrastructure.store.api import Store\n"
         f"m = PerformanceMonitor(Store({str(db)!r}), max_backlog=10_000_000,"
         " flush_interval_s=3600, flush_max_batch=10_000_000, close_timeout_s=0.3)\n"
         f"for _ in range({runs}):\n"

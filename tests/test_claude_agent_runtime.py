@@ -19,11 +19,11 @@ import pytest
 from fake_messages_api import FakeMessagesAPI, RecordedRequest, Reply
 from pydantic import BaseModel, Field
 
+from agentmend.infrastructure.definitions.spec import AgentSpec, PermissionProfile
 from agentmend.infrastructure.errors import ConfigurationError, ErrorKind
 from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec
-from agentmend.infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
-from agentmend.infrastructure.llm.claude_sdk_errors import error_from_result
-from agentmend.infrastructure.spec import AgentSpec, PermissionProfile
+from agentmend.infrastructure.llm.claude.errors import error_from_result
+from agentmend.infrastructure.llm.claude.runtime import ClaudeAgentRuntime
 
 SONNET = "claude-sonnet-4-6"
 BUNDLED_CLI = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"

@@ -30,8 +30,8 @@ from agent_file_fixtures import EXPECTED, VALID, fixture_text
 from claude_agent_sdk import ClaudeAgentOptions, query
 from fake_messages_api import FakeMessagesAPI, Reply
 
+from agentmend.infrastructure.definitions.spec import AgentSpec, SpecWarning
 from agentmend.infrastructure.errors import SpecError
-from agentmend.infrastructure.spec import AgentSpec, SpecWarning
 
 pytestmark = pytest.mark.slow
 

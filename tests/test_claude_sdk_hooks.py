@@ -26,7 +26,7 @@ from claude_agent_sdk import (
 from claude_agent_sdk.types import HookEvent
 from fake_messages_api import FakeMessagesAPI, RecordedRequest, Reply
 
-from agentmend.infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
+from agentmend.infrastructure.llm.claude.hooks import claude_sdk_hooks
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 
 

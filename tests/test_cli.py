@@ -18,14 +18,8 @@ import pytest
 from cli_run import demo_workspace as make_demo
 from cli_run import run_cli
 
-from agentmend.faces.cli import (
-    EXIT_OK,
-    EXIT_PROBLEM,
-    EXIT_UNAVAILABLE,
-    EXIT_USAGE,
-    build_parser,
-    main,
-)
+from agentmend.faces.cli.app import build_parser, main
+from agentmend.faces.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, EXIT_USAGE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +42,7 @@ def workspace(demo_workspace: Path, tmp_path: Path) -> Path:
 
 
 def _leaf_paths() -> list[tuple[str, ...]]:
-    from agentmend.faces.cli import _subcommands
+    from agentmend.faces.cli.app import _subcommands
 
     return [command.path for command in _subcommands()]
 
@@ -313,9 +307,10 @@ def test_the_parser_nests_paths_and_every_leaf_runs_something() -> None:
 def test_a_subcommand_imports_only_what_it_runs(tmp_path: Path, argv: list[str]) -> None:
     # the session's module (most of a second to import) is not loaded to build the parser
     probe = (
-        "import sys\nfrom agentmend.faces.cli import main\n"
+        "import sys\nfrom agentmend.faces.cli.app import main\n"
         "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-        "print('session imported:', 'agentmend.faces.session' in sys.modules, file=sys.stderr)\n"
+        "print('session imported:', 'agentmend.faces.session.app' in sys.modules,"
+        " file=sys.stderr)\n"
     )
     args = [a.replace("{ws}", str(tmp_path / "ws")) for a in argv]
     result = subprocess.run(

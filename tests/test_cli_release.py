@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import structlog
 
-from agentmend.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, main
+from agentmend.faces.cli.app import main
+from agentmend.faces.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 from agentmend.faces.workspace import Workspace
-from agentmend.infrastructure.changes.audit import AuditLog
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.changes.audit.log import AuditLog
+from agentmend.infrastructure.store.api import Store
 
 
 @pytest.fixture(autouse=True)

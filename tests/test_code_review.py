@@ -7,17 +7,17 @@ from pathlib import Path
 import pytest
 from tiny_project import CALC, CALC_EXTENDED, TEST_CALC, make_project
 
-from agentmend.infrastructure.changes.safety import ProposedChange
-from agentmend.infrastructure.code_update.code_plans import (
+from agentmend.infrastructure.changes.proposal import ProposedChange
+from agentmend.infrastructure.code_update.plans import (
     CodeUpdateError,
     PlannedFile,
     proposed_change,
 )
 from agentmend.infrastructure.errors import PathNotAllowed
-from agentmend.infrastructure.files import sha256_bytes
+from agentmend.infrastructure.files.atomic import sha256_bytes
 from agentmend.infrastructure.llm.offline import OfflineRuntime
 from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
-from agentmend.loop.code_review import (
+from agentmend.roles.code_review import (
     CodeAnalyst,
     CodeFinding,
     CodeReviewer,

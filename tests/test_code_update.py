@@ -25,15 +25,15 @@ from tiny_project import (
     snapshot,
 )
 
-from agentmend.infrastructure.changes.change_protocol import FileEntry
-from agentmend.infrastructure.changes.decisions import (
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.protocol.decisions import (
     list_decisions,
     list_plans,
     save_plan,
     update_plan,
 )
-from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.code_update.code_plans import PlanPaths
+from agentmend.infrastructure.changes.protocol.steps import FileEntry
+from agentmend.infrastructure.code_update.plans import PlanPaths
 from agentmend.infrastructure.code_update.unified_diff import (
     DiffError,
     apply_patch,
@@ -55,8 +55,8 @@ from agentmend.infrastructure.models import (
     ImprovementAction,
 )
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.store import Store
-from agentmend.loop.code_review import CodeReviewer
+from agentmend.infrastructure.store.api import Store
+from agentmend.roles.code_review import CodeReviewer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -514,11 +514,11 @@ async def test_an_unexpected_apply_error_fails_the_plan_records_why_and_propagat
 _CRASH_CHILD = """
 import asyncio, json, sys
 from pathlib import Path
-from agentmend.loop.code_review import CodeReviewer
+from agentmend.roles.code_review import CodeReviewer
 from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 args = json.loads(sys.argv[1])
 manager = ImprovementManager(store=Store(args["db"]))

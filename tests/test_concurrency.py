@@ -14,7 +14,7 @@ import pytest
 from crash_child import check_history, child_command, child_env
 
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 WORKERS = 4
 CHANGES = 30

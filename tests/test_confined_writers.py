@@ -22,8 +22,8 @@ WRITE_CALLS = re.compile(
 
 # module -> (calls it may make, why the file it touches is not a team or project file)
 ALLOWED: dict[str, tuple[set[str], str]] = {
-    "infrastructure/confined.py": (set(), "the confined layer itself"),
-    "infrastructure/confined_links.py": (
+    "infrastructure/files/confined.py": (set(), "the confined layer itself"),
+    "infrastructure/files/links.py": (
         {
             "os.symlink(",
             "os.rename(",
@@ -40,15 +40,15 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         {".mkdir("},
         "a worker's own release folder (the root itself; files go through the confined layer)",
     ),
-    "infrastructure/files.py": (
+    "infrastructure/files/atomic.py": (
         {"os.open(", ".mkdir("},
         "lock files and the parent folder of a workspace file (the store, the audit head)",
     ),
-    "infrastructure/store_sqlite.py": ({".mkdir("}, "the folder of the database file"),
-    "infrastructure/changes/audit_head.py": ({"os.pwrite("}, "the audit head file, in place"),
+    "infrastructure/store/sqlite.py": ({".mkdir("}, "the folder of the database file"),
+    "infrastructure/changes/audit/head.py": ({"os.pwrite("}, "the audit head file, in place"),
     "agents/faces/workspace.py": ({".mkdir("}, "the workspace folder"),
-    "agents/faces/cli.py": ({"os.open("}, "/dev/null, for stdout after a broken pipe"),
-    "agents/faces/session_lock.py": (
+    "agents/faces/cli/app.py": ({"os.open("}, "/dev/null, for stdout after a broken pipe"),
+    "agents/faces/session/lock.py": (
         {"os.open(", "os.ftruncate(", "os.write("},
         "the session's lock file in the workspace (its pid), not a team or project file",
     ),
@@ -56,8 +56,8 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         {"os.open("},
         "the lock file of a face's worker folder in the workspace, not a team or project file",
     ),
-    "agents/faces/mcp_stdin.py": ({"os.open("}, "/dev/null, read-only, for fd 0 while serving"),
-    "infrastructure/llm/claude_agent_runtime.py": (
+    "agents/faces/mcp/stdin.py": ({"os.open("}, "/dev/null, read-only, for fd 0 while serving"),
+    "infrastructure/llm/claude/runtime.py": (
         {"shutil.", "tempfile.mkdtemp"},
         "the CLI's temporary HOME",
     ),
@@ -72,7 +72,7 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         },
         "the throwaway copy validation runs in (a temporary folder, never the project tree)",
     ),
-    "agents/faces/otel_receiver.py": ({".mkdir("}, "the workspace folder of its store"),
+    "agents/faces/cli/otel.py": ({".mkdir("}, "the workspace folder of its store"),
     "infrastructure/simulation/team.py": (
         {".mkdir("},
         "the folder a simulated team is copied into (the root itself; files go through "
@@ -98,12 +98,12 @@ def test_nothing_but_the_confined_layer_writes_files() -> None:
         rel = path.relative_to(REPO).as_posix()
         calls = _offending_calls(path)
         allowed, _ = ALLOWED.get(rel, (set(), ""))
-        if rel == "infrastructure/confined.py":
+        if rel == "infrastructure/files/confined.py":
             continue
         extra = calls - allowed
         if extra:
             offenders[rel] = extra
-    assert offenders == {}, f"file writes outside infrastructure/confined.py: {offenders}"
+    assert offenders == {}, f"file writes outside infrastructure/files/confined.py: {offenders}"
 
 
 def test_the_grep_finds_a_write_it_should() -> None:

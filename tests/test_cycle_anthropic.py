@@ -31,13 +31,13 @@ from pathlib import Path
 import pytest
 from fake_messages_api import STRUCTURED_OUTPUT_TOOL, FakeMessagesAPI, RecordedRequest, Reply
 
-from agentmend.infrastructure.changes.safety import ProposedChange
+from agentmend.infrastructure.changes.proposal import ProposedChange
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
 from agentmend.infrastructure.llm.retry import RetryPolicy
 from agentmend.infrastructure.models import ChangeStatus, ChangeType
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime
-from agentmend.infrastructure.spec import AgentSpec
 from agentmend.loop.cycle import CycleResult, replay_cycle
 from agentmend.loop.meta_orchestrator import MetaOrchestrator
 from agentmend.roles.prompt_blocks import extract_block

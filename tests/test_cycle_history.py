@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from cli_run import demo_workspace
 
-from agentmend.infrastructure.changes.decisions import record_decision
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.changes.protocol.decisions import record_decision
+from agentmend.infrastructure.store.api import Store
 from agentmend.loop.cycle import DECISION_PREFIX, cycle_events, list_cycle_ids, replay_cycle
 from agentmend.loop.cycle_history import cycle_of_change, cycle_summaries, latest_cycles
 

@@ -19,7 +19,7 @@ import pytest
 from crash_child import kill_at_marker
 from cycle_watch_child import AGENT, improver_setting
 
-from agentmend.infrastructure.changes.decisions import list_decisions
+from agentmend.infrastructure.changes.protocol.decisions import list_decisions
 from agentmend.infrastructure.changes.watch import ChangeWatcher
 from agentmend.infrastructure.models import ChangeStatus, IssueReport
 from agentmend.infrastructure.monitoring.performance_monitor import VERIFICATION

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentmend.infrastructure.errors import ConfigurationError
-from agentmend.infrastructure.models import IssueReport
-from agentmend.infrastructure.monitoring.cusum import (
+from agentmend.infrastructure.detection.cusum import (
     bernoulli_arl,
     beta_quantile,
     calibrate_bernoulli,
@@ -21,9 +19,11 @@ from agentmend.infrastructure.monitoring.cusum import (
     posterior_arl,
     siegmund_arl,
 )
-from agentmend.infrastructure.monitoring.detection import IssueDetector, RuleThresholds
+from agentmend.infrastructure.detection.detector import IssueDetector, RuleThresholds
+from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.models import IssueReport
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 BASE_N = 200  # a smaller baseline keeps the tests quick; the math is the same
 

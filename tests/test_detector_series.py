@@ -7,17 +7,17 @@ import math
 import random
 from pathlib import Path
 
-from agentmend.infrastructure.monitoring.detection import IssueDetector
-from agentmend.infrastructure.monitoring.detector_series import (
+from agentmend.infrastructure.detection.detector import IssueDetector
+from agentmend.infrastructure.detection.issue_ledger import IssueLedger
+from agentmend.infrastructure.detection.series import (
     POINT_EVERY_RUNS,
     StatisticPoint,
     add_points,
     read_statistic_series,
 )
-from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.monitoring.run_series import ROLLUP_WIDTHS
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 BASE_N = 100
 

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from agentmend.infrastructure.errors import InvalidArgument
-from agentmend.infrastructure.monitoring.cusum import NormalChart, calibrate_normal
-from agentmend.infrastructure.monitoring.detection import IssueDetector
-from agentmend.infrastructure.monitoring.duration_bank import (
+from agentmend.infrastructure.detection.cusum import NormalChart, calibrate_normal
+from agentmend.infrastructure.detection.detector import IssueDetector
+from agentmend.infrastructure.detection.duration_bank import (
     DEFAULT_MEMBERS,
     MEAN_MARGIN,
     calibrate_duration_bank,
 )
-from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
+from agentmend.infrastructure.detection.issue_ledger import IssueLedger
+from agentmend.infrastructure.errors import InvalidArgument
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 ARL = 20_000.0  # the duration chart's default budget: 0.001 * 0.05
 

@@ -10,10 +10,10 @@ import pytest
 
 from agentmend.infrastructure.changes.effectors import InvalidChange, group_entries, plan_change
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.changes.safety import ProposedChange
+from agentmend.infrastructure.changes.proposal import ProposedChange
+from agentmend.infrastructure.definitions.spec import AgentSpec, PermissionProfile, load_agent_specs
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
 from agentmend.infrastructure.simulation import AVAILABLE_MODELS, copy_team
-from agentmend.infrastructure.spec import AgentSpec, PermissionProfile, load_agent_specs
 
 MODELS = ("claude-sonnet-4-6", "claude-haiku-4-5", "claude-opus-4-6")
 

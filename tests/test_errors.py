@@ -17,7 +17,7 @@ import pytest
 from package_modules import all_subclasses
 
 import agentmend
-from agentmend.infrastructure.changes.safety import GateVerdict
+from agentmend.infrastructure.changes.proposal import GateVerdict
 from agentmend.infrastructure.errors import (
     AgentmendError,
     AgentRunError,

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.errors import AgentRunError, ErrorKind, SpecError
 from agentmend.infrastructure.evaluation.evals import (
     EvalCheck,
@@ -18,9 +19,8 @@ from agentmend.infrastructure.evaluation.evals import (
     parse_eval_suite,
     suite_path_for,
 )
-from agentmend.infrastructure.files import sha256_bytes
+from agentmend.infrastructure.files.atomic import sha256_bytes
 from agentmend.infrastructure.llm.base import AgentResult
-from agentmend.infrastructure.spec import AgentSpec
 
 _module_ids = itertools.count()
 

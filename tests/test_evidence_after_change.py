@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentmend.infrastructure.monitoring.detection import IssueDetector
+from agentmend.infrastructure.detection.detector import IssueDetector
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 
 def _fail(m: PerformanceMonitor, error: str, n: int = 3) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from agentmend.infrastructure.changes.decisions import list_decisions
-from agentmend.infrastructure.changes.safety import ProposedChange
+from agentmend.infrastructure.changes.proposal import ProposedChange
+from agentmend.infrastructure.changes.protocol.decisions import list_decisions
+from agentmend.infrastructure.definitions.spec import AgentSpec, load_agent_specs
 from agentmend.infrastructure.llm.base import AgentResult, ToolSpec
 from agentmend.infrastructure.llm.offline import OfflineRuntime
 from agentmend.infrastructure.llm.testing import FunctionRuntime, ScriptedRuntime, Step, TurnInfo
@@ -25,7 +26,6 @@ from agentmend.infrastructure.llm.tool_loop import Message, ToolResultBlock
 from agentmend.infrastructure.models import ChangeStatus, ChangeType
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
-from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
 from agentmend.loop.cycle import CycleResult, replay_cycle
 from agentmend.loop.meta_orchestrator import MetaOrchestrator
 from agentmend.roles.playbooks import offline_policies

@@ -13,7 +13,7 @@ import sqlite3
 from pathlib import Path
 
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 _ERROR_EVERY = 25_000  # rare errors: a scan for the latest ten would walk most of the rows
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentmend.infrastructure.monitoring.detection import IssueDetector
-from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
+from agentmend.infrastructure.detection.detector import IssueDetector
+from agentmend.infrastructure.detection.issue_ledger import IssueLedger
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 
 def test_a_checker_detects_from_the_fleets_runs_and_shares_the_issue(

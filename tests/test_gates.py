@@ -24,13 +24,18 @@ from agentmend.infrastructure.changes.gates import (
     require_passed,
 )
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.changes.safety import FileEdit, GateVerdict, ProposedChange, run_gates
+from agentmend.infrastructure.changes.proposal import (
+    FileEdit,
+    GateVerdict,
+    ProposedChange,
+    run_gates,
+)
+from agentmend.infrastructure.definitions.spec import AgentSpec, load_agent_specs
 from agentmend.infrastructure.errors import ConfigurationError
 from agentmend.infrastructure.frozen import FrozenDict
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
 from agentmend.infrastructure.principal import ADMIN, Principal
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
 
 MODELS = ("claude-sonnet-4-6", "claude-haiku-4-5")
 USER = Principal(user_id="u-1", name="casey")

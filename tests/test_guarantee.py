@@ -12,9 +12,9 @@ import random
 
 import pytest
 
-from agentmend.infrastructure.monitoring.cusum import bernoulli_arl
-from agentmend.infrastructure.monitoring.detection import IssueDetector
-from agentmend.infrastructure.monitoring.guarantee import (
+from agentmend.infrastructure.detection.cusum import bernoulli_arl
+from agentmend.infrastructure.detection.detector import IssueDetector
+from agentmend.infrastructure.detection.guarantee import (
     ESTIMATION_MARGIN,
     binomial_support,
     failure_alarm_rate,

@@ -139,7 +139,7 @@ def test_the_old_name_check_finds_each_form(tmp_path: Path) -> None:
         "from agents import Agent",  # openai-agents' own package
         "agents = team.names",
         "python -m agentmend",
-        "from agentmend.infrastructure.store import Store",
+        "from agentmend.infrastructure.store.api import Store",
         "agents.append(entry)",
         ".claude/agents/writer.md",
     ):

@@ -20,12 +20,12 @@ from cli_run import demo_workspace
 from rich.console import Console
 from test_failure_cycles import BASELINE, Build, build, drive_until_cycle, warm_up
 
-from agentmend.faces.improve_progress import ImproveProgress, eval_line
+from agentmend.faces.cli.improve_progress import ImproveProgress, eval_line
+from agentmend.infrastructure.definitions.spec import load_agent_specs
 from agentmend.infrastructure.evaluation.evals import find_eval_suite
 from agentmend.infrastructure.monitoring.performance_monitor import VERIFICATION
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
-from agentmend.infrastructure.spec import load_agent_specs
 from agentmend.loop.cycle_verification import EvalProgress
 from agentmend.loop.meta_orchestrator import MetaOrchestrator
 

@@ -16,17 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from agentmend.infrastructure.changes.audit import AuditChainBroken, AuditLog, AuditTransaction
-from agentmend.infrastructure.changes.change_log import ChangeLog, StoredFile
-from agentmend.infrastructure.changes.change_protocol import ChangeProtocol
-from agentmend.infrastructure.changes.decisions import (
-    get_plan,
-    list_decisions,
-    list_plans,
-    record_decision,
-    save_plan,
-    update_plan,
-)
+from agentmend.infrastructure.changes.audit.log import AuditChainBroken, AuditLog, AuditTransaction
 from agentmend.infrastructure.changes.improvement_manager import (
     ChangeRecord,
     ChangeStatus,
@@ -35,6 +25,16 @@ from agentmend.infrastructure.changes.improvement_manager import (
     ImprovementManager,
     PartialRollback,
 )
+from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, StoredFile
+from agentmend.infrastructure.changes.protocol.decisions import (
+    get_plan,
+    list_decisions,
+    list_plans,
+    record_decision,
+    save_plan,
+    update_plan,
+)
+from agentmend.infrastructure.changes.protocol.steps import ChangeProtocol
 from agentmend.infrastructure.errors import (
     ChangeNotFound,
     ChangeStateError,
@@ -43,9 +43,9 @@ from agentmend.infrastructure.errors import (
     RollbackConflict,
     StoreError,
 )
-from agentmend.infrastructure.files import locked_file, sha256_bytes
+from agentmend.infrastructure.files.atomic import locked_file, sha256_bytes
 from agentmend.infrastructure.models import utc_now
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 
 def _action(agent: str = "writer", **fields: Any) -> ImprovementAction:

@@ -16,11 +16,11 @@ import pytest
 from mcp import Client
 from tiny_project import make_project
 
-from agentmend.faces.mcp_server import build_server
-from agentmend.faces.mcp_tools import AgentmendTools
-from agentmend.infrastructure import confined
+from agentmend.faces.mcp.server import build_server
+from agentmend.faces.mcp.tools import AgentmendTools
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
 from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
+from agentmend.infrastructure.definitions.spec import AgentSpec, load_agent_specs
 from agentmend.infrastructure.errors import (
     FileOperationError,
     FileTooLarge,
@@ -29,14 +29,14 @@ from agentmend.infrastructure.errors import (
     SpecError,
     StoreError,
 )
-from agentmend.infrastructure.files import resolve_inside
+from agentmend.infrastructure.files import confined
+from agentmend.infrastructure.files.atomic import resolve_inside
 from agentmend.infrastructure.limits import InputLimits
 from agentmend.infrastructure.llm.testing import ScriptedRuntime
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
-from agentmend.infrastructure.store import Store
-from agentmend.loop.code_review import CodeReviewer
+from agentmend.infrastructure.store.api import Store
+from agentmend.roles.code_review import CodeReviewer
 from agentmend.roles.team import AgentTeam
 
 KIB = 1024

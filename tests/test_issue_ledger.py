@@ -6,11 +6,11 @@ import math
 import random
 from pathlib import Path
 
+from agentmend.infrastructure.detection.detector import IssueDetector
+from agentmend.infrastructure.detection.issue_ledger import IssueLedger
 from agentmend.infrastructure.models import IssueReport
-from agentmend.infrastructure.monitoring.detection import IssueDetector
-from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 BASE_N = 100
 
@@ -199,7 +199,7 @@ def test_detector_state_survives_a_restart(tmp_path: Path) -> None:
 
 
 def test_status_reads_open_issues_and_detector_state_from_the_store(tmp_path: Path) -> None:
-    from agentmend.faces.report_data import agent_statuses
+    from agentmend.faces.report.data import agent_statuses
 
     rng = random.Random(7)
     with Store(tmp_path / "s.db") as store, PerformanceMonitor(store, baseline_n=BASE_N) as m:

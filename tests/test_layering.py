@@ -2,7 +2,10 @@
 
 Every import of every module is read with ``ast`` (imports under ``if TYPE_CHECKING:`` and inside
 functions included, since a lazy import is still a dependency), resolved to a module of the
-package, and checked against the layer order. A circle between modules, at any length, fails too.
+package, and checked against the layer order, which ranks the folders inside ``infrastructure``
+and inside ``faces`` too. A circle between modules, at any length, fails too. The tree itself is
+held to one concept per folder: at most ``MAX_MODULES`` modules in a folder, and no module named
+by its package's name and an underscore (a prefix standing in for a folder).
 """
 
 from __future__ import annotations
@@ -16,15 +19,43 @@ ROOT = Path(__file__).resolve().parents[1]
 # the repository's folders and the names they are installed and imported under
 PACKAGES = {"agents": "agentmend", "infrastructure": "agentmend.infrastructure"}
 
-# a lower rank may never import a higher one
+# a lower rank may never import a higher one; the longest matching prefix gives a module's rank
 LAYERS: tuple[tuple[str, int], ...] = (
+    # the ground: errors, models, settings, principal, limits, logging, tracing
     ("agentmend.infrastructure", 0),
-    ("agentmend.roles", 1),
-    ("agentmend.loop", 2),
-    ("agentmend.faces", 3),
+    ("agentmend.infrastructure.files", 1),
+    ("agentmend.infrastructure.store", 2),
+    ("agentmend.infrastructure.definitions", 2),
+    ("agentmend.infrastructure.llm", 3),
+    ("agentmend.infrastructure.monitoring", 3),
+    ("agentmend.infrastructure.evaluation", 4),
+    ("agentmend.infrastructure.simulation", 4),
+    ("agentmend.infrastructure.detection", 4),
+    ("agentmend.infrastructure.changes.audit", 5),
+    ("agentmend.infrastructure.changes.protocol", 6),
+    ("agentmend.infrastructure.changes", 7),
+    ("agentmend.infrastructure.code_update", 8),
+    ("agentmend.infrastructure.releases", 8),
+    ("agentmend.infrastructure.telemetry", 9),
+    # a whole history copied between stores: it knows every component's tables
+    ("agentmend.infrastructure.store.copying", 10),
+    ("agentmend.roles", 20),
+    ("agentmend.loop", 30),
+    ("agentmend.faces", 40),
+    ("agentmend.faces.workspace", 40),
+    ("agentmend.faces.release_serving", 41),
+    ("agentmend.faces.report", 42),
+    ("agentmend.faces.mcp", 43),
+    ("agentmend.faces.session", 43),
+    ("agentmend.faces.pytest_plugin", 43),
+    ("agentmend.faces.cli", 44),
 )
 # the package's own front doors: the lazy public surface and the ``python -m`` shims
-FRONT_DOORS = 4
+FRONT_DOORS = 50
+
+# one concept per folder: a folder past this many modules is split, or listed here with why
+MAX_MODULES = 12
+LARGE_FOLDERS: dict[str, str] = {}
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -155,7 +186,51 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_runs_upward() -> None:
-    assert upward_imports(import_graph(ROOT)) == []
+    graph = import_graph(ROOT)
+    # a rename that left every import unresolved would pass the checks below with no edges
+    assert sum(len(targets) for targets in graph.values()) > 500
+    assert upward_imports(graph) == []
+
+
+def folder_sizes(root: Path) -> dict[str, int]:
+    """Modules per package folder (``__init__`` and ``__main__`` do not count)."""
+    sizes: dict[str, int] = {}
+    for folder in PACKAGES:
+        for directory in [root / folder, *(root / folder).rglob("*")]:
+            if directory.is_dir() and (directory / "__init__.py").exists():
+                modules = [
+                    p for p in directory.glob("*.py") if p.stem not in ("__init__", "__main__")
+                ]
+                sizes[directory.relative_to(root).as_posix()] = len(modules)
+    return sizes
+
+
+def oversized_folders(root: Path) -> list[str]:
+    return sorted(
+        f"{folder} ({count} modules)"
+        for folder, count in folder_sizes(root).items()
+        if count > MAX_MODULES and folder not in LARGE_FOLDERS
+    )
+
+
+def prefixed_modules(root: Path) -> list[str]:
+    """Modules named ``<package>_<x>.py`` inside ``<package>/``: a prefix standing in for a
+    folder."""
+    return sorted(
+        path.relative_to(root).as_posix()
+        for folder in PACKAGES
+        for path in (root / folder).rglob("*.py")
+        if path.stem.startswith(f"{path.parent.name}_")
+    )
+
+
+def test_no_folder_holds_more_than_a_dozen_modules() -> None:
+    assert folder_sizes(ROOT)["infrastructure"] > 0  # the walk found the tree
+    assert oversized_folders(ROOT) == []
+
+
+def test_no_module_repeats_its_package_name_as_a_prefix() -> None:
+    assert prefixed_modules(ROOT) == []
 
 
 def test_no_import_circle() -> None:
@@ -175,9 +250,9 @@ def _copy_package(tmp_path: Path) -> Path:
     ("module", "statement", "expected"),
     [
         (
-            "infrastructure/store.py",
+            "infrastructure/store/api.py",
             "\nif False:\n    from agentmend.roles.team import AgentTeam\n",
-            "agentmend.infrastructure.store -> agentmend.roles.team",
+            "agentmend.infrastructure.store.api -> agentmend.roles.team",
         ),
         (
             "agents/roles/team.py",
@@ -189,6 +264,16 @@ def _copy_package(tmp_path: Path) -> Path:
             "agents/loop/cycle.py",
             "\ndef _late() -> None:\n    from agentmend.faces import workspace\n",
             "agentmend.loop.cycle -> agentmend.faces.workspace",
+        ),
+        (  # inside infrastructure: the store beneath the changes
+            "infrastructure/store/api.py",
+            "\ndef _late() -> None:\n    from agentmend.infrastructure.changes import gates\n",
+            "agentmend.infrastructure.store.api -> agentmend.infrastructure.changes.gates",
+        ),
+        (  # inside faces: the report beneath the command line
+            "agents/faces/report/page.py",
+            "\ndef _late() -> None:\n    from agentmend.faces.cli import common\n",
+            "agentmend.faces.report.page -> agentmend.faces.cli.common",
         ),
     ],
 )
@@ -207,10 +292,10 @@ def test_an_injected_circle_is_caught(tmp_path: Path) -> None:
     with (root / "infrastructure/errors.py").open("a", encoding="utf-8") as handle:
         handle.write(
             "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-            "    from agentmend.infrastructure.store import Store\n"
+            "    from agentmend.infrastructure.store.api import Store\n"
         )
     cycles = import_cycles(import_graph(root))
     assert any(
-        {"agentmend.infrastructure.errors", "agentmend.infrastructure.store"} <= set(c)
+        {"agentmend.infrastructure.errors", "agentmend.infrastructure.store.api"} <= set(c)
         for c in cycles
     )

@@ -24,12 +24,12 @@ from agentmend.infrastructure.changes.improvement_manager import (
     LeaseLost,
     LeaseTerms,
 )
-from agentmend.infrastructure.changes.owners import HostIdentity, ProcessOwner, RecordOwner
+from agentmend.infrastructure.changes.protocol.owners import HostIdentity, ProcessOwner, RecordOwner
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.llm.base import AgentResult
 from agentmend.infrastructure.models import ChangeRecord
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import SimulatedRuntime
-from agentmend.infrastructure.spec import AgentSpec
 from agentmend.loop.cycle import cycle_events
 from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
@@ -331,13 +331,13 @@ def test_opening_a_workspace_settles_a_plan_whose_server_died_while_validating(
 
 class _Approve:
     async def review(self, change: Any) -> Any:
-        from agentmend.infrastructure.changes.safety import GateVerdict
+        from agentmend.infrastructure.changes.proposal import GateVerdict
 
         return GateVerdict(gate="code-supervisor", passed=True, reason="test")
 
 
 def test_a_lease_is_keyed_by_the_team_of_its_changes(root: Path, tmp_path: Path) -> None:
-    from agentmend.infrastructure.changes.team_ids import team_id
+    from agentmend.infrastructure.changes.protocol.team_registry import team_id
 
     with ImprovementManager(tmp_path / "store.db") as manager:
         lease_id, _ = _apply_leased(manager, root)
@@ -353,9 +353,9 @@ def test_a_store_from_before_team_keyed_leases_is_migrated_on_open(
     root: Path, tmp_path: Path
 ) -> None:
     """A store whose leases table is at version 1: its open lease gets its changes' team."""
-    from agentmend.infrastructure.changes.leases import Leases
-    from agentmend.infrastructure.changes.team_ids import team_id
-    from agentmend.infrastructure.store import Store
+    from agentmend.infrastructure.changes.protocol.leases import Leases
+    from agentmend.infrastructure.changes.protocol.team_registry import team_id
+    from agentmend.infrastructure.store.api import Store
 
     db = tmp_path / "store.db"
     with Store(db) as store:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fake_messages_api import FakeMessagesAPI, Reply
 
-from agentmend.infrastructure.spec import AgentSpec
+from agentmend.infrastructure.definitions.spec import AgentSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / "main.py")

@@ -9,7 +9,7 @@ import pytest
 from mcp_wire import McpProcess, deep_request, large_request
 from tiny_project import make_project
 
-from agentmend.faces.mcp_stdin import INVALID_REQUEST, nesting_exceeds, request_id
+from agentmend.faces.mcp.stdin import INVALID_REQUEST, nesting_exceeds, request_id
 
 
 def test_the_depth_check_counts_brackets_outside_strings_only() -> None:

@@ -59,7 +59,7 @@ def test_closing_stdin_with_calls_in_flight_and_stdout_full_ends_the_server(
         [
             sys.executable,
             "-m",
-            "agentmend.faces.mcp_server",
+            "agentmend.faces.mcp.server",
             "--workspace",
             str(tmp_path / "ws"),
             "--root",

@@ -18,8 +18,8 @@ from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult
 from tiny_project import CALC, CALC_BROKEN, CALC_EXTENDED, PYTEST, make_project, snapshot
 
-from agentmend.faces.mcp_server import build_server
-from agentmend.faces.mcp_tools import AgentmendTools, BadRequest
+from agentmend.faces.mcp.server import build_server
+from agentmend.faces.mcp.tools import AgentmendTools, BadRequest
 from agentmend.faces.workspace import Workspace
 from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
 from agentmend.infrastructure.monitoring.performance_monitor import VERIFICATION

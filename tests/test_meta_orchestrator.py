@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from log_capture import captured_records
 
-from agentmend.infrastructure.changes.decisions import list_decisions
+from agentmend.infrastructure.changes.protocol.decisions import list_decisions
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.llm.base import AgentResult
 from agentmend.infrastructure.llm.offline import OfflineRuntime
 from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
@@ -19,7 +20,6 @@ from agentmend.infrastructure.models import ChangeStatus, ChangeType, Improvemen
 from agentmend.infrastructure.monitoring.performance_monitor import VERIFICATION
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime, copy_team
-from agentmend.infrastructure.spec import AgentSpec
 from agentmend.loop.cycle import CycleEvent, cycle_events, list_cycle_ids, replay_cycle
 from agentmend.loop.meta_orchestrator import MetaOrchestrator
 from agentmend.roles.playbooks import offline_policies

@@ -20,13 +20,13 @@ from fake_messages_api import FakeMessagesAPI, Reply
 from opentelemetry.sdk.trace import TracerProvider
 from otel_helpers import Recorder
 
-from agentmend.faces.otel_receiver import OtlpReceiver
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.llm.base import Usage
-from agentmend.infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
-from agentmend.infrastructure.spec import AgentSpec
+from agentmend.infrastructure.llm.claude.runtime import ClaudeAgentRuntime
 from agentmend.infrastructure.telemetry.assembly import TraceAssembler
+from agentmend.infrastructure.telemetry.receiver import OtlpReceiver
 from agentmend.infrastructure.telemetry.span import SpanData
-from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, work_span
+from agentmend.infrastructure.tracing import agentmend_tracer, work_span
 
 pytestmark = pytest.mark.slow
 

@@ -36,7 +36,7 @@ def test_the_span_processor_names_the_extra() -> None:
 
 def test_the_receiver_command_says_so_in_one_line(tmp_path: Path) -> None:
     result = run(
-        "from agentmend.faces.otel_receiver import main\n"
+        "from agentmend.faces.cli.otel import main\n"
         f"sys.exit(main(['--port', '0', '--workspace', {str(tmp_path)!r}]))\n"
     )
     assert result.returncode == 2
@@ -48,7 +48,7 @@ def test_the_receiver_command_says_so_in_one_line(tmp_path: Path) -> None:
 
 def test_the_rest_of_agentmend_works_without_it() -> None:
     result = run(
-        "from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, role_span\n"
+        "from agentmend.infrastructure.tracing import agentmend_tracer, role_span\n"
         "with role_span(agentmend_tracer(), 'supervisor'):\n"
         "    pass\n"
         "from agentmend import MetaOrchestrator, PerformanceMonitor\n"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from otel_helpers import SpanFactory
 
+from agentmend.infrastructure.detection.detector import IssueDetector
 from agentmend.infrastructure.llm.testing import ScriptedRuntime
 from agentmend.infrastructure.models import IssueReport
-from agentmend.infrastructure.monitoring.detection import IssueDetector
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.telemetry.assembly import TraceAssembler
 from agentmend.infrastructure.telemetry.span_processor import span_data

@@ -17,10 +17,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from otel_helpers import Recorder, SpanFactory, post
 
-from agentmend.faces.otel_receiver import OtlpReceiver
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.telemetry.assembly import TraceAssembler
+from agentmend.infrastructure.telemetry.receiver import OtlpReceiver
 
 
 class Clock:

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from agentmend import AgentmendSpanProcessor
 from agentmend.infrastructure.llm.base import Usage
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, role_span
+from agentmend.infrastructure.tracing import agentmend_tracer, role_span
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from agentmend import AgentmendSpanProcessor
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
-from agentmend.infrastructure.telemetry.tracing import EVALUATION_EVENT
+from agentmend.infrastructure.tracing import EVALUATION_EVENT
 from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
 BASELINE = 50

@@ -24,7 +24,7 @@ from agentmend.infrastructure.monitoring.performance_monitor import (
     MonitorClosed,
     PerformanceMonitor,
 )
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 
 @pytest.fixture
@@ -497,7 +497,7 @@ def test_flusher_writes_on_age_without_being_asked(db: Path) -> None:
 def test_runs_are_flushed_at_interpreter_exit(db: Path) -> None:
     script = (
         "from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor\n"
-        "from agentmend.infrastructure.store import Store\n"
+        "from agentmend.infrastructure.store.api import Store\n"
         f"m = PerformanceMonitor(Store({str(db)!r}), flush_interval_s=3600)\n"
         "for i in range(25):\n"
         "    m.record('a', success=True, duration_ms=1.0)\n"
@@ -554,7 +554,7 @@ def test_the_exit_hook_retries_a_failed_close_and_logs_runs_it_loses(
     script = (
         "import sqlite3\n"
         "from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor\n"
-        "from agentmend.infrastructure.store import Store\n"
+        "from agentmend.infrastructure.store.api import Store\n"
         f"db = {str(db)!r}\n"
         "m = PerformanceMonitor(Store(db), flush_interval_s=3600)\n"
         "conn = sqlite3.connect(db)\n"

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentmend.infrastructure.errors import ConfigurationError
-from agentmend.infrastructure.permissions import (
+from agentmend.infrastructure.definitions.permissions import (
     ANY_OTHER_TOOL,
     SHELL_AND_WRITE_TOOLS,
     SUBAGENT_TOOLS,
@@ -17,7 +16,8 @@ from agentmend.infrastructure.permissions import (
     grants_more_than,
     newly_granted,
 )
-from agentmend.infrastructure.spec import PermissionProfile
+from agentmend.infrastructure.definitions.spec import PermissionProfile
+from agentmend.infrastructure.errors import ConfigurationError
 
 OFFERED = ("ask_agent", "history", "Read", "Grep", "Bash", "Write", "Edit")
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from agentmend.infrastructure.definitions.spec import AgentSpec, load_agent_specs
 from agentmend.infrastructure.errors import ErrorKind
 from agentmend.infrastructure.llm.base import ToolError, ToolSpec
 from agentmend.infrastructure.llm.offline import OfflineRuntime
@@ -31,7 +32,6 @@ from agentmend.infrastructure.simulation import (
     SimulatedRuntime,
     copy_team,
 )
-from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
 from agentmend.roles.ask_agent_tool import AskAgentInput, AskAgentTool
 from agentmend.roles.playbooks import offline_policies, plan_for, review_change
 from agentmend.roles.playbooks.mediator import MAX_QUESTIONS, answer_text

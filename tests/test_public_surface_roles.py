@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import agentmend
+from agentmend.infrastructure.definitions.spec import load_agent_specs
 from agentmend.infrastructure.llm.offline import OfflineRuntime
 from agentmend.infrastructure.simulation import SimulatedRuntime, copy_team
-from agentmend.infrastructure.spec import load_agent_specs
 from agentmend.roles.playbooks import IMPROVER_NAME, MEDIATOR_NAME, SUPERVISOR_NAME
 from agentmend.roles.role_names import ROLE_AGENT_NAMES, RoleNameClash
 from agentmend.roles.schemas import MediatorReport

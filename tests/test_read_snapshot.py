@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agentmend.infrastructure.read_snapshot import read_snapshot
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.snapshot import read_snapshot
 
 
 def _write(path: Path) -> None:

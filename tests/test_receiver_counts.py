@@ -17,11 +17,11 @@ from cli_run import run_cli
 from log_capture import captured_records
 from otel_helpers import Recorder, SpanFactory, post
 
-from agentmend.faces.cli import EXIT_OK
-from agentmend.faces.otel_receiver import OtlpReceiver
+from agentmend.faces.cli.common import EXIT_OK
 from agentmend.infrastructure.errors import StoreError
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
+from agentmend.infrastructure.telemetry.receiver import OtlpReceiver
 from agentmend.infrastructure.telemetry.receiver_counts import (
     read_receiver_counts,
     receiver_name,

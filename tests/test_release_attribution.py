@@ -24,20 +24,20 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from otel_helpers import SpanFactory, post
 
-from agentmend.faces.otel_receiver import OtlpReceiver
 from agentmend.faces.workspace import Workspace
-from agentmend.infrastructure.changes.audit import AuditLog
-from agentmend.infrastructure.llm.claude_sdk_hooks import claude_sdk_hooks
+from agentmend.infrastructure.changes.audit.log import AuditLog
+from agentmend.infrastructure.definitions.team_id import team_id_for
+from agentmend.infrastructure.llm.claude.hooks import claude_sdk_hooks
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.releases.attribution import ReleaseAttribution, linked_release_label
 from agentmend.infrastructure.releases.follower import ReleaseFollower
-from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.releases.rollout import Rollouts
 from agentmend.infrastructure.simulation import copy_team
-from agentmend.infrastructure.store import Store
-from agentmend.infrastructure.team_id import team_id_for
+from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.telemetry.assembly import TraceAssembler
+from agentmend.infrastructure.telemetry.receiver import OtlpReceiver
 
 OPS = Principal("ops", "Operator")
 AGENT = "research-agent"

@@ -27,19 +27,19 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult
 
-from agentmend.faces.mcp_server import build_server
-from agentmend.faces.mcp_tools import AgentmendTools
+from agentmend.faces.mcp.server import build_server
+from agentmend.faces.mcp.tools import AgentmendTools
 from agentmend.faces.release_serving import release_status_line
 from agentmend.faces.workspace import Workspace
-from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.changes.audit.log import AuditLog
+from agentmend.infrastructure.definitions.team_id import team_id_for
 from agentmend.infrastructure.errors import WrongArgumentType
 from agentmend.infrastructure.principal import ADMIN, Principal
 from agentmend.infrastructure.releases.follower import FollowerStatus
-from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.releases.rollout import Rollouts
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.store import Store
-from agentmend.infrastructure.team_id import team_id_for
+from agentmend.infrastructure.store.api import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / "main.py")

@@ -29,14 +29,14 @@ from pg_server import PgServer, _alive
 from test_release_faces import Session, _env, until
 
 from agentmend.faces.workspace import Workspace
-from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.changes.audit.log import AuditLog
+from agentmend.infrastructure.definitions.team_id import team_id_for
 from agentmend.infrastructure.models import ChangeStatus, IssueReport
 from agentmend.infrastructure.principal import ADMIN, Principal
-from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime
-from agentmend.infrastructure.store import Store
-from agentmend.infrastructure.team_id import team_id_for
+from agentmend.infrastructure.store.api import Store
 from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
 OPS = Principal("ops", "Operator", frozenset({ADMIN}))

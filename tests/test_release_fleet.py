@@ -25,15 +25,15 @@ from typing import Any
 import pytest
 from pg_server import PgServer, _alive
 
-from agentmend.infrastructure.changes.audit import AuditLog
-from agentmend.infrastructure.files import sha256_bytes
+from agentmend.infrastructure.changes.audit.log import AuditLog
+from agentmend.infrastructure.files.atomic import sha256_bytes
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.releases.follower import ReleaseFollower
+from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.releases.materialize import ReleaseDirectories
-from agentmend.infrastructure.releases.release_log import ReleaseLog
 from agentmend.infrastructure.releases.rollout import Rollouts
 from agentmend.infrastructure.simulation import copy_team
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 WORKER = Path(__file__).with_name("release_worker.py")
 CYCLE = Principal("cycle", "improvement cycle")

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.changes.audit.log import AuditLog
 from agentmend.infrastructure.models import IssueReport
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.releases.follower import ReleaseFollower
-from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.releases.rollout import Rollouts
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime, copy_team
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 from agentmend.loop.meta_orchestrator import MetaOrchestrator
 from agentmend.loop.release_publishing import ReleasePublisher
 from agentmend.roles.team import AgentTeam

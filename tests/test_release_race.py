@@ -23,9 +23,9 @@ from pg_server import PgServer
 
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.principal import Principal
-from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.simulation import copy_team
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 TESTS = Path(__file__).parent
 TEAM = "team-race"

@@ -13,25 +13,25 @@ from pathlib import Path
 
 import pytest
 
-from agentmend.infrastructure import confined
-from agentmend.infrastructure.changes.audit import AuditLog
-from agentmend.infrastructure.confined_links import swap_link
+from agentmend.infrastructure.changes.audit.log import AuditLog
 from agentmend.infrastructure.errors import (
     InvalidArgument,
     NotFound,
     PathNotAllowed,
     WrongArgumentType,
 )
+from agentmend.infrastructure.files import confined
+from agentmend.infrastructure.files.links import swap_link
 from agentmend.infrastructure.principal import ADMIN, Principal
 from agentmend.infrastructure.releases.content import read_team_files
+from agentmend.infrastructure.releases.errors import ReleaseRefused
 from agentmend.infrastructure.releases.follower import ReleaseFollower
+from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.releases.materialize import ReleaseDirectories
-from agentmend.infrastructure.releases.release_errors import ReleaseRefused
-from agentmend.infrastructure.releases.release_log import ReleaseLog
-from agentmend.infrastructure.releases.release_signal import ReleaseWakeup, announce
 from agentmend.infrastructure.releases.routing import check_share, choose_arm
+from agentmend.infrastructure.releases.signals import ReleaseWakeup, announce
 from agentmend.infrastructure.simulation import copy_team
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 CYCLE = Principal("cycle", "improvement cycle")
 ADMIN_USER = Principal("ops", "Operator", frozenset({ADMIN}))

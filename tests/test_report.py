@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 from cli_run import demo_workspace, run_cli
 
-from agentmend.faces.cli import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, EXIT_USAGE, main
-from agentmend.faces.report_data import STATUS_SCHEMA
-from agentmend.faces.report_server import LatestPage
+from agentmend.faces.cli.app import main
+from agentmend.faces.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, EXIT_USAGE
+from agentmend.faces.report.data import STATUS_SCHEMA
+from agentmend.faces.report.server import LatestPage
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.monitoring.run_series import (
     DURATION_BINS,
@@ -32,7 +33,7 @@ from agentmend.infrastructure.monitoring.run_series import (
     duration_quantile,
     read_series,
 )
-from agentmend.infrastructure.store import Store, _split_sql
+from agentmend.infrastructure.store.api import Store, _split_sql
 
 ROOT = Path(__file__).resolve().parents[1]
 

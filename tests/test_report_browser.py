@@ -21,7 +21,7 @@ from cli_run import demo_workspace
 from services import chromium_path, unavailable
 from test_report import start_server, stop_server
 
-from agentmend.faces.cli import main
+from agentmend.faces.cli.app import main
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("AGENTMEND_ARTIFACTS", ROOT / "test-artifacts"))

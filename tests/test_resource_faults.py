@@ -21,15 +21,15 @@ import pytest
 from full_disk import fill, remount_read_only, small_tmpfs
 from tiny_project import make_project
 
-from agentmend.infrastructure import confined
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
 from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
 from agentmend.infrastructure.errors import FileOperationError, StoreError
+from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.store import Store
-from agentmend.loop.code_review import CodeReviewer
+from agentmend.infrastructure.store.api import Store
+from agentmend.roles.code_review import CodeReviewer
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = b"---\nname: writer\n---\n" + b"old prompt\n" * 20_000  # ~220 KB
@@ -180,7 +180,7 @@ def test_a_denied_permission_names_eacces(public_tmp: Path) -> None:
         f"""
         import os, sys
         sys.path.insert(0, {str(ROOT)!r})
-        from agentmend.infrastructure import confined
+        from agentmend.infrastructure.files import confined
         from agentmend.infrastructure.errors import FileOperationError
         if os.getuid() == 0:  # imports first: nobody may not read the interpreter's folders
             os.setgid(65534)
@@ -211,7 +211,7 @@ def test_a_file_size_limit_in_a_child_fails_the_write_by_name_and_keeps_the_old_
         sys.path.insert(0, {str(ROOT)!r})
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
-        from agentmend.infrastructure import confined
+        from agentmend.infrastructure.files import confined
         from agentmend.infrastructure.errors import FileOperationError
         try:
             confined.write({str(root)!r}, "writer.md", b"x" * 200_000)

@@ -18,19 +18,25 @@ from pathlib import Path
 import pytest
 import structlog
 
-from agentmend.faces.cli import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, main
+from agentmend.faces.cli.app import main
+from agentmend.faces.cli.common import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from agentmend.faces.workspace import Workspace
-from agentmend.infrastructure.changes.audit import AuditLog
-from agentmend.infrastructure.changes.change_log import ChangeLog
-from agentmend.infrastructure.changes.decisions import record_decision
+from agentmend.infrastructure.changes.audit.log import AuditLog
+from agentmend.infrastructure.changes.protocol.change_log import ChangeLog
+from agentmend.infrastructure.changes.protocol.decisions import record_decision
+from agentmend.infrastructure.detection.issue_ledger import IssueLedger
 from agentmend.infrastructure.errors import ConfigurationError
 from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
-from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.retention import KEEP_NEWEST, RetentionPolicy, RetentionSweeper, prune
 from agentmend.infrastructure.settings import load_settings
-from agentmend.infrastructure.store import Store
-from agentmend.infrastructure.store_usage import store_usage
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.retention import (
+    KEEP_NEWEST,
+    RetentionPolicy,
+    RetentionSweeper,
+    prune,
+)
+from agentmend.infrastructure.store.usage import store_usage
 
 _DAY = 86_400.0
 _AGE = 100 * _DAY

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 from agentmend.infrastructure.changes.gates import RoleGate, default_gates
-from agentmend.infrastructure.changes.safety import FileEdit, ProposedChange
+from agentmend.infrastructure.changes.proposal import FileEdit, ProposedChange
+from agentmend.infrastructure.definitions.permissions import GATED_TOOLS, tool_class
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.llm.base import ToolSpec
 from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
-from agentmend.infrastructure.permissions import GATED_TOOLS, tool_class
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.spec import AgentSpec
 from agentmend.loop.self_edit_tools import SELF_EDIT_TOOL_NAMES
 
 USER = Principal(user_id="u-1", name="casey")

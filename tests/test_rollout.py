@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.changes.audit.log import AuditLog
 from agentmend.infrastructure.errors import (
     InvalidArgument,
     NotFound,
@@ -22,14 +22,14 @@ from agentmend.infrastructure.errors import (
 )
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.releases.errors import RolloutConflict
 from agentmend.infrastructure.releases.follower import ReleaseFollower
-from agentmend.infrastructure.releases.release_errors import RolloutConflict
-from agentmend.infrastructure.releases.release_log import Release, ReleaseLog
+from agentmend.infrastructure.releases.log import Release, ReleaseLog
 from agentmend.infrastructure.releases.rollout import Rollouts
 from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
 from agentmend.infrastructure.simulation import SimulatedRuntime, copy_team
 from agentmend.infrastructure.simulation.faults import Fault, FaultKind
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 from agentmend.roles.team import AgentTeam
 
 CYCLE = Principal("cycle", "improvement cycle")
@@ -212,10 +212,10 @@ async def test_bad_rollout_input(fleet: Fleet) -> None:
 
 
 async def test_the_rollout_record_owns_its_changes_and_recovery_leaves_them(fleet: Fleet) -> None:
-    from agentmend.infrastructure.changes.change_log import ChangeLog
     from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-    from agentmend.infrastructure.changes.leases import Leases
-    from agentmend.infrastructure.changes.owners import RecordOwner
+    from agentmend.infrastructure.changes.protocol.change_log import ChangeLog
+    from agentmend.infrastructure.changes.protocol.leases import Leases
+    from agentmend.infrastructure.changes.protocol.owners import RecordOwner
 
     # a workspace has its change log (on PostgreSQL the lease lists its changes in their order)
     ChangeLog(fleet.store)

@@ -17,7 +17,7 @@ from agentmend.infrastructure.monitoring.run_series import (
     read_series,
     series_width,
 )
-from agentmend.infrastructure.store import Store, _split_sql
+from agentmend.infrastructure.store.api import Store, _split_sql
 
 DAY = 86_400
 

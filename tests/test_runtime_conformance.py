@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from fake_messages_api import FakeMessagesAPI, RecordedRequest, Reply, text_block, tool_use_block
 
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.errors import AgentRunError, ErrorKind
 from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
 from agentmend.infrastructure.llm.base import AgentRuntime
-from agentmend.infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
+from agentmend.infrastructure.llm.claude.runtime import ClaudeAgentRuntime
 from agentmend.infrastructure.llm.conformance import CheckResult, ConformanceReport, Scenario
 from agentmend.infrastructure.llm.offline import OfflineCall, OfflineRuntime
 from agentmend.infrastructure.llm.retry import RetryPolicy
@@ -44,7 +45,6 @@ from agentmend.infrastructure.simulation import (
     FaultKind,
     SimulatedRuntime,
 )
-from agentmend.infrastructure.spec import AgentSpec
 
 SONNET = "claude-sonnet-4-6"
 SPEC = AgentSpec(

@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agentmend.infrastructure.changes.audit import VALUE_LIMIT
+from agentmend.infrastructure.changes.audit.log import VALUE_LIMIT
 from agentmend.infrastructure.changes.effectors import group_entries, plan_change
 from agentmend.infrastructure.changes.gates import default_gates, require_passed
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.changes.safety import GateVerdict, ProposedChange, run_gates
+from agentmend.infrastructure.changes.proposal import GateVerdict, ProposedChange, run_gates
+from agentmend.infrastructure.definitions.spec import AgentSpec, PermissionProfile, load_agent_specs
 from agentmend.infrastructure.errors import ConfigurationError
 from agentmend.infrastructure.llm.base import ToolError, ToolSpec
 from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
@@ -31,7 +32,6 @@ from agentmend.infrastructure.models import ChangeStatus, ChangeType, Improvemen
 from agentmend.infrastructure.principal import ADMIN, Principal
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import AVAILABLE_MODELS, FaultKind, SimulatedRuntime
-from agentmend.infrastructure.spec import AgentSpec, PermissionProfile, load_agent_specs
 from agentmend.loop.cycle import CycleEvent, CycleResult, list_cycle_ids, replay_cycle
 from agentmend.loop.meta_orchestrator import MetaOrchestrator
 from agentmend.loop.self_edit_tools import (

@@ -12,7 +12,8 @@ import pytest
 from agentmend.infrastructure.changes.effectors import plan_change
 from agentmend.infrastructure.changes.gates import default_gates
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.changes.safety import GateVerdict, ProposedChange
+from agentmend.infrastructure.changes.proposal import GateVerdict, ProposedChange
+from agentmend.infrastructure.definitions.spec import load_agent_specs
 from agentmend.infrastructure.errors import ErrorKind
 from agentmend.infrastructure.llm.base import Usage
 from agentmend.infrastructure.llm.offline import OfflineRuntime
@@ -32,8 +33,7 @@ from agentmend.infrastructure.models import (
 )
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.simulation import AVAILABLE_MODELS, copy_team
-from agentmend.infrastructure.spec import load_agent_specs
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 from agentmend.roles.playbooks import offline_policies
 from agentmend.roles.prompt_blocks import extract_block
 from agentmend.roles.schemas import ImprovementPlan, ProposedAction, SupervisorReview

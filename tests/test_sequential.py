@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.evaluation.evals import EvalCase, EvalCheck, EvalSuite
 from agentmend.infrastructure.evaluation.sequential import PairedTest, TwoSampleTest
 from agentmend.infrastructure.evaluation.sequential_verification import (
@@ -15,7 +16,6 @@ from agentmend.infrastructure.evaluation.sequential_verification import (
     verify_sequentially,
 )
 from agentmend.infrastructure.llm.base import AgentResult, OutputT, ToolSpec
-from agentmend.infrastructure.spec import AgentSpec
 
 
 def _spec(version: str) -> AgentSpec:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
+from agentmend.infrastructure.definitions.spec import AgentSpec, load_agent_specs
 from agentmend.infrastructure.errors import ConfigurationError, ErrorKind
 from agentmend.infrastructure.evaluation.evals import find_eval_suite
 from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime
@@ -27,7 +28,6 @@ from agentmend.infrastructure.simulation import (
     format_instruction_line,
     has_format_instruction,
 )
-from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
 from agentmend.roles.ask_agent_tool import AskAgentTool
 
 PROMPT = "Pythagorean theorem"

@@ -13,15 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentmend.infrastructure.errors import SpecError
-from agentmend.infrastructure.frozen import FrozenDict
-from agentmend.infrastructure.spec import (
+from agentmend.infrastructure.definitions.spec import (
     AGENTMEND_KEYS,
     AgentSpec,
     PermissionProfile,
     SpecWarning,
     load_agent_specs,
 )
+from agentmend.infrastructure.errors import SpecError
+from agentmend.infrastructure.frozen import FrozenDict
 
 REVIEWER = """\
 ---

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentmend.infrastructure.errors import PathNotAllowed, StoreError
-from agentmend.infrastructure.files import (
+from agentmend.infrastructure.files.atomic import (
     atomic_delete,
     atomic_write,
     atomic_write_or_delete,
@@ -20,7 +20,7 @@ from agentmend.infrastructure.files import (
     remove_atomic_write_leftovers,
     resolve_inside,
 )
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 V1 = "CREATE TABLE things (id INTEGER PRIMARY KEY, name TEXT NOT NULL)"
 V2 = "ALTER TABLE things ADD COLUMN colour TEXT; CREATE INDEX things_name ON things(name)"

@@ -15,8 +15,8 @@ import pytest
 from pg_server import PgServer
 
 from agentmend.infrastructure.errors import PostgresExtraMissing, StoreError
-from agentmend.infrastructure.store import Store, is_store_url
-from agentmend.infrastructure.store_sql import has_table, next_id, set_next_id
+from agentmend.infrastructure.store.api import Store, is_store_url
+from agentmend.infrastructure.store.sql import has_table, next_id, set_next_id
 
 _MIGRATIONS = [
     """

@@ -15,22 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from agentmend.faces.cli import main as agentmend
+from agentmend.faces.cli.app import main as agentmend
 from agentmend.faces.workspace import Workspace
-from agentmend.infrastructure.changes.audit import AuditLog
-from agentmend.infrastructure.changes.decisions import (
+from agentmend.infrastructure.changes.audit.log import AuditLog
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.protocol.decisions import (
     list_decisions,
     list_plans,
     record_decision,
     save_plan,
 )
-from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.detection.issue_ledger import IssueLedger
 from agentmend.infrastructure.errors import StoreError
 from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, utc_now
-from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 from agentmend.loop.cycle import cycle_events
 
 MAIN = str(Path(__file__).resolve().parents[1] / "main.py")

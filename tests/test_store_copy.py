@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from agentmend.faces.cli import main as agentmend
-from agentmend.infrastructure import store_copy
-from agentmend.infrastructure.changes.decisions import record_decision, save_plan
+from agentmend.faces.cli.app import main as agentmend
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.changes.protocol.decisions import record_decision, save_plan
 from agentmend.infrastructure.changes.watch import ChangeWatcher
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.principal import Principal
-from agentmend.infrastructure.releases.release_log import ReleaseLog
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.releases.log import ReleaseLog
+from agentmend.infrastructure.store import copying as store_copy
+from agentmend.infrastructure.store.api import Store
 
 _KEY = "copy-test-key-0123456789abcdef"
 _COMPARED = {

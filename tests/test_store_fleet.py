@@ -22,7 +22,7 @@ import pytest
 from crash_child import check_history, child_env, make_content, read_lines
 from pg_server import PgServer
 
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 RECORDERS = 8
 APPLIERS = 2

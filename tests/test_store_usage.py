@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from agentmend.faces.cli import main as agentmend
+from agentmend.faces.cli.app import main as agentmend
 from agentmend.faces.workspace import Workspace
-from agentmend.infrastructure.changes.audit import AuditLog
+from agentmend.infrastructure.changes.audit.log import AuditLog
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.store import Store
-from agentmend.infrastructure.store_usage import store_usage
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.usage import store_usage
 
 
 def test_the_store_command_shows_rows_and_bytes_by_kind(

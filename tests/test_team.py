@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
 from agentmend.infrastructure.llm.base import AgentResult, OutputT, ToolSpec
 from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
@@ -19,7 +20,6 @@ from agentmend.infrastructure.simulation import (
     SimulatedRuntime,
     copy_team,
 )
-from agentmend.infrastructure.spec import AgentSpec
 from agentmend.roles.team import AgentTeam, UnknownAgent, load_role_spec
 
 

@@ -9,10 +9,14 @@ from pathlib import Path
 import pytest
 
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.changes.team_ids import TEAM_ID_FILE, team_id, team_roots
+from agentmend.infrastructure.changes.protocol.team_registry import (
+    TEAM_ID_FILE,
+    team_id,
+    team_roots,
+)
 from agentmend.infrastructure.errors import ConfigurationError
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 
 def test_a_team_keeps_its_id_and_the_store_knows_where_each_host_has_it(

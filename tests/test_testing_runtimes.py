@@ -10,6 +10,7 @@ import pytest
 from fake_messages_api import FakeMessagesAPI, Reply
 from pydantic import BaseModel
 
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.errors import AgentRunError, ErrorKind
 from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
 from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec, Usage
@@ -29,7 +30,6 @@ from agentmend.infrastructure.llm.tool_loop import (
     ToolUseBlock,
     run_tool_calls,
 )
-from agentmend.infrastructure.spec import AgentSpec
 
 
 def make_spec(name: str = "worker", **changes: Any) -> AgentSpec:

@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 from tiny_project import CALC, CALC_BROKEN, PYTEST, make_project, snapshot
 
-from agentmend.faces.mcp_tools import AgentmendTools, FileArg
+from agentmend.faces.mcp.tools import AgentmendTools, FileArg
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
 from agentmend.infrastructure.code_update.sandbox import namespaces_available
 from agentmend.infrastructure.code_update.suite_guard import flagged_test_files
 from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.store import Store
-from agentmend.loop.code_review import CodeReviewer
+from agentmend.infrastructure.store.api import Store
+from agentmend.roles.code_review import CodeReviewer
 
 ROOT = Path(__file__).resolve().parents[1]
 DESELECT_ALL = 'collect_ignore_glob = ["test_*.py"]\n'
@@ -99,7 +99,7 @@ async def test_a_conftest_that_deselects_the_failing_tests_is_refused_over_mcp(
 
 
 def _cli(args: list[str], env: dict[str, str]) -> list[str]:
-    return [sys.executable, "-c", "import sys; from agentmend.faces.cli import main; "
+    return [sys.executable, "-c", "import sys; from agentmend.faces.cli.app import main; "
             "sys.exit(main(sys.argv[1:]))", *args]  # fmt: skip
 
 
@@ -270,9 +270,9 @@ async def test_tests_that_import_the_real_tree_fail_validation(
 def test_the_reviewer_flags_a_skip_added_in_a_new_test_or_the_code_under_test(
     project: Path,
 ) -> None:
-    from agentmend.infrastructure.changes.safety import FileEdit, ProposedChange
+    from agentmend.infrastructure.changes.proposal import FileEdit, ProposedChange
     from agentmend.infrastructure.models import ChangeType, ImprovementAction
-    from agentmend.loop.code_review import review_code_change
+    from agentmend.roles.code_review import review_code_change
 
     for path, old in (("tests/test_new.py", None), ("calc/__init__.py", CALC.encode())):
         skip = b"import pytest\n\ndef f():\n    pytest.skip('later')\n"

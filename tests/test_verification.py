@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.errors import AgentRunError, ErrorKind
 from agentmend.infrastructure.evaluation.evals import EvalCase, EvalCheck, EvalSuite
 from agentmend.infrastructure.evaluation.verification import (
@@ -32,7 +33,6 @@ from agentmend.infrastructure.evaluation.verification import (
     sample_query_check,
 )
 from agentmend.infrastructure.llm.base import AgentResult, OutputT, ToolSpec
-from agentmend.infrastructure.spec import AgentSpec
 
 GOOD = "The answer is OK: a^2 + b^2 = c^2 for the two legs a, b and the hypotenuse c."
 

@@ -17,7 +17,7 @@ from agentmend.infrastructure.changes.improvement_manager import (
     ImprovementAction,
     ImprovementManager,
 )
-from agentmend.infrastructure.changes.owners import RecordOwner
+from agentmend.infrastructure.changes.protocol.owners import RecordOwner
 from agentmend.infrastructure.changes.watch import ChangeWatcher
 from agentmend.infrastructure.errors import InvalidArgument
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
@@ -137,7 +137,7 @@ def test_a_watch_that_cannot_judge_is_refused_before_anything_is_applied(
 
 
 def test_a_watch_on_another_host_is_left_to_that_host(root: Path, tmp_path: Path) -> None:
-    from agentmend.infrastructure.changes.owners import HostIdentity
+    from agentmend.infrastructure.changes.protocol.owners import HostIdentity
 
     with ImprovementManager(tmp_path / "s.db") as manager:
         watch = ChangeWatcher(manager).start(

@@ -146,7 +146,7 @@ class _Approve:
     """A supervisor that approves every plan (the gates are not what these trials test)."""
 
     async def review(self, change: object) -> object:
-        from agentmend.infrastructure.changes.safety import GateVerdict
+        from agentmend.infrastructure.changes.proposal import GateVerdict
 
         return GateVerdict(gate="code-supervisor", passed=True, reason="approved for the trial")
 
@@ -295,9 +295,9 @@ def check_settled(db: Path, root: Path, initial: dict[str, bytes]) -> tuple[list
     no change is APPLIED or PENDING; no plan is executing or reported active; the audit chain
     verifies. Returns the violations and how many changes were settled as interrupted.
     """
-    from agentmend.infrastructure.changes.decisions import list_plans
-    from agentmend.infrastructure.code_update.code_plans import PLAN_KIND
+    from agentmend.infrastructure.changes.protocol.decisions import list_plans
     from agentmend.infrastructure.code_update.plan_recovery import settle_interrupted_plans
+    from agentmend.infrastructure.code_update.plans import PLAN_KIND
 
     violations: list[str] = []
     root = root.resolve()

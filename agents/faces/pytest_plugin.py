@@ -37,7 +37,7 @@ import pytest
 if TYPE_CHECKING:
     from agentmend.infrastructure.settings import Settings
     from agentmend.infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
-    from agentmend.infrastructure.store import Store
+    from agentmend.infrastructure.store.api import Store
     from agentmend.loop.meta_orchestrator import MetaOrchestrator
     from agentmend.roles.team import AgentTeam
 
@@ -116,7 +116,7 @@ def agentmend_runtime(agentmend_seed: int) -> SimulatedRuntime:
 @pytest.fixture
 def agentmend_store(tmp_path: Path) -> Iterator[Store]:
     """The test's own store (executions, changes, audit, decisions)."""
-    from agentmend.infrastructure.store import Store
+    from agentmend.infrastructure.store.api import Store
 
     with Store(tmp_path / "agentmend.db") as store:
         yield store

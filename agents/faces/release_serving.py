@@ -31,16 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentmend.infrastructure import confined
+from agentmend.infrastructure.definitions.team_id import TEAM_ID_FILE, team_id_for
 from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.releases.follower import (
     FollowerStatus,
     ReleaseChoice,
     ReleaseFollower,
 )
-from agentmend.infrastructure.releases.release_log import ReleaseLog
+from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.releases.routing import new_run_key
-from agentmend.infrastructure.team_id import TEAM_ID_FILE, team_id_for
 
 if TYPE_CHECKING:
     from agentmend.faces.workspace import Workspace

@@ -5,13 +5,14 @@ they share one store and one team::
 
     <workspace>/
       agentmend.db                the store: executions, changes, audit, plans, decisions
-      agentmend.db.audit-head     the audit chain's head (agentmend.infrastructure.changes.audit)
-      agents/                     the team's definitions (<name>.md, <name>.evals.yaml)
+      agentmend.db.audit-head     the audit chain's head
+      (agentmend.infrastructure.changes.audit.log) agents/                     the team's
+      definitions (<name>.md, <name>.evals.yaml)
         .agent/                   backups and the lock of changes to the definitions
 
 Opening settles what processes that are gone left unproven: changes being verified (restored,
 FAILED ``interrupted``) and code plans being executed (restored, ``failed``); see
-``agentmend.infrastructure.changes.abandoned`` and
+``agentmend.infrastructure.changes.protocol.abandoned`` and
 ``agentmend.infrastructure.code_update.plan_recovery``. Changes watched on live runs are continued,
 not undone (``agentmend.infrastructure.changes.watch``).
 
@@ -36,17 +37,17 @@ from typing import TYPE_CHECKING, Any
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
 from agentmend.infrastructure.changes.watch import ChangeWatcher
 from agentmend.infrastructure.code_update.plan_recovery import settle_interrupted_plans
+from agentmend.infrastructure.detection.issue_ledger import IssueLedger
 from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
 from agentmend.infrastructure.limits import InputLimits
 from agentmend.infrastructure.llm.base import AgentRuntime, RuntimeBase
-from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
 from agentmend.infrastructure.monitoring.performance_monitor import (
     PerformanceMonitor,
     monitor_options,
 )
-from agentmend.infrastructure.retention import RetentionPolicy, RetentionSweeper
 from agentmend.infrastructure.settings import Provider, Settings, load_settings
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.retention import RetentionPolicy, RetentionSweeper
 
 if TYPE_CHECKING:
     from agentmend.infrastructure.releases.follower import ReleaseFollower
@@ -118,7 +119,7 @@ def build_runtimes(provider: Provider, *, seed: int = 0) -> tuple[AgentRuntime, 
         anthropic_runtime = AnthropicRuntime()  # raises without a key
         return anthropic_runtime, anthropic_runtime
     if provider == "claude-agent-sdk":
-        from agentmend.infrastructure.llm.claude_agent_runtime import ClaudeAgentRuntime
+        from agentmend.infrastructure.llm.claude.runtime import ClaudeAgentRuntime
 
         try:
             cli_runtime = ClaudeAgentRuntime()

@@ -86,18 +86,18 @@ from agentmend.infrastructure.changes.improvement_manager import (
     LeaseLost,
     PartialRollback,
 )
-from agentmend.infrastructure.changes.safety import Gate, GateVerdict, ProposedChange
+from agentmend.infrastructure.changes.proposal import Gate, GateVerdict, ProposedChange
 from agentmend.infrastructure.changes.watch import ChangeWatcher
+from agentmend.infrastructure.definitions.spec import AgentSpec
+from agentmend.infrastructure.detection.detector import IssueDetector
 from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
 from agentmend.infrastructure.evaluation.evals import EvalSuite
 from agentmend.infrastructure.evaluation.verification import VerificationVerdict
 from agentmend.infrastructure.models import ChangeRecord, ImprovementAction
-from agentmend.infrastructure.monitoring.detection import IssueDetector
 from agentmend.infrastructure.monitoring.execution_store import last_run_id, recent_outcomes
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.spec import AgentSpec
 from agentmend.infrastructure.structured_logger import get_logger
-from agentmend.infrastructure.telemetry.tracing import (
+from agentmend.infrastructure.tracing import (
     agentmend_tracer,
     emit_evaluation,
     set_outcome,
@@ -383,7 +383,7 @@ class ChangePipeline:
     ) -> Outcome:
         # the lease makes the group live but not yet proven: if this process stops (killed,
         # stopped past the lease's expiry) the next open anywhere settles it (see
-        # agentmend.infrastructure.changes.abandoned); the keep or the rollback releases it
+        # agentmend.infrastructure.changes.protocol.abandoned); the keep or the rollback releases it
         with self.manager.hold_lease() as keeper:
             try:
                 records = self.improver.apply(changes, applied_by=applied_by, lease=keeper.lease_id)

@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentmend.infrastructure.changes.decisions import list_decisions, record_decision
-from agentmend.infrastructure.changes.safety import GateVerdict
+from agentmend.infrastructure.changes.proposal import GateVerdict
+from agentmend.infrastructure.changes.protocol.decisions import list_decisions, record_decision
 from agentmend.infrastructure.changes.watch import ChangeWatch, WatchVerdict, read_watch
 from agentmend.infrastructure.errors import InvalidArgument, NotFound
 from agentmend.infrastructure.evaluation.verification import VerificationVerdict
@@ -39,8 +39,8 @@ from agentmend.infrastructure.models import (
     RootCauseAnalysis,
     utc_now,
 )
-from agentmend.infrastructure.store import Store
-from agentmend.infrastructure.store_sql import json_text
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.sql import json_text
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.roles.outcomes import ActionOutcome, QuestionAnswer
 

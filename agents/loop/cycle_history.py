@@ -17,11 +17,11 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from agentmend.infrastructure.changes.decisions import migrate_plan_tables
+from agentmend.infrastructure.changes.protocol.decisions import migrate_plan_tables
 from agentmend.infrastructure.changes.watch import read_watch
 from agentmend.infrastructure.models import IssueReport
-from agentmend.infrastructure.store import Store
-from agentmend.infrastructure.store_sql import StoreConnection, json_text
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.sql import StoreConnection, json_text
 from agentmend.loop.cycle import (
     DECISION_PREFIX,
     CycleEvent,

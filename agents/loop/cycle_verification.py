@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.errors import InvalidArgument
 from agentmend.infrastructure.evaluation.evals import EvalSuite, find_eval_suite
 from agentmend.infrastructure.evaluation.sequential_verification import (
@@ -72,7 +73,6 @@ from agentmend.infrastructure.llm.base import (
 )
 from agentmend.infrastructure.models import ChangeRecord, ChangeStatus
 from agentmend.infrastructure.monitoring.performance_monitor import VERIFICATION
-from agentmend.infrastructure.spec import AgentSpec
 from agentmend.roles.team import AgentTeam
 
 __all__ = [

@@ -24,13 +24,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.changes.safety import ChangeReviewer, Gate
+from agentmend.infrastructure.changes.proposal import ChangeReviewer, Gate
+from agentmend.infrastructure.detection.detector import IssueDetector
 from agentmend.infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis
-from agentmend.infrastructure.monitoring.detection import IssueDetector
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.structured_logger import get_logger
-from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, role_span
+from agentmend.infrastructure.tracing import agentmend_tracer, role_span
 from agentmend.loop.change_pipeline import ChangePipeline, Outcome, record_invalid
 from agentmend.loop.cycle import (
     CycleRecorder,

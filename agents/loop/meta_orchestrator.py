@@ -31,12 +31,14 @@ from typing import Any, TypeVar
 
 from opentelemetry.trace import Span, TracerProvider
 
-from agentmend.infrastructure.changes.change_log import ChangeLog, ChangeRow
-from agentmend.infrastructure.changes.decisions import record_decision
 from agentmend.infrastructure.changes.gates import ConfidenceGate, HumanApprovalGate, default_gates
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.changes.safety import ApprovalCallback, ChangeReviewer, Gate
+from agentmend.infrastructure.changes.proposal import ApprovalCallback, ChangeReviewer, Gate
+from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, ChangeRow
+from agentmend.infrastructure.changes.protocol.decisions import record_decision
 from agentmend.infrastructure.changes.watch import ChangeWatch
+from agentmend.infrastructure.detection.detector import IssueDetector
+from agentmend.infrastructure.detection.issue_ledger import IssueLedger
 from agentmend.infrastructure.errors import (
     ChangeNotFound,
     ConfigurationError,
@@ -51,8 +53,6 @@ from agentmend.infrastructure.models import (
     ImprovementAction,
     IssueReport,
 )
-from agentmend.infrastructure.monitoring.detection import IssueDetector
-from agentmend.infrastructure.monitoring.issue_ledger import IssueLedger
 from agentmend.infrastructure.monitoring.performance_monitor import (
     RUN,
     PerformanceMonitor,
@@ -61,9 +61,9 @@ from agentmend.infrastructure.monitoring.performance_monitor import (
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.settings import Settings, load_settings
 from agentmend.infrastructure.simulation import SimulatedRuntime
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.structured_logger import get_logger
-from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, set_outcome, work_span
+from agentmend.infrastructure.tracing import agentmend_tracer, set_outcome, work_span
 from agentmend.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
 from agentmend.loop.cycle_verification import CycleVerifier, baseline_agents
 from agentmend.loop.improvement_cycle import SELF_EDIT, ImprovementCycle

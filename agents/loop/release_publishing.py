@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentmend.infrastructure.principal import Principal
-from agentmend.infrastructure.releases.release_errors import RolloutConflict
-from agentmend.infrastructure.releases.release_log import Release, ReleaseLog
+from agentmend.infrastructure.releases.errors import RolloutConflict
+from agentmend.infrastructure.releases.log import Release, ReleaseLog
 from agentmend.infrastructure.releases.rollout import Rollouts
 from agentmend.infrastructure.releases.rollout_evidence import RolloutLimits
 from agentmend.infrastructure.releases.routing import DEFAULT_SHARE, check_share

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from agentmend.infrastructure.changes.safety import GateVerdict
+from agentmend.infrastructure.changes.proposal import GateVerdict
 from agentmend.infrastructure.models import ImprovementAction
 
 __all__ = ["ActionOutcome", "QuestionAnswer"]

@@ -36,7 +36,8 @@ from opentelemetry.trace import Tracer
 
 from agentmend.infrastructure.changes.effectors import InvalidChange, group_entries, plan_change
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.changes.safety import Gate, GateVerdict, ProposedChange, run_gates
+from agentmend.infrastructure.changes.proposal import Gate, GateVerdict, ProposedChange, run_gates
+from agentmend.infrastructure.definitions.spec import AgentSpec, load_agent_specs
 from agentmend.infrastructure.errors import AgentmendError
 from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime
 from agentmend.infrastructure.models import (
@@ -46,9 +47,8 @@ from agentmend.infrastructure.models import (
     RootCauseAnalysis,
 )
 from agentmend.infrastructure.principal import Principal
-from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
 from agentmend.infrastructure.structured_logger import get_logger
-from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, work_span
+from agentmend.infrastructure.tracing import agentmend_tracer, work_span
 from agentmend.roles.outcomes import ActionOutcome
 from agentmend.roles.prompt_blocks import render_block
 from agentmend.roles.report_parsing import (

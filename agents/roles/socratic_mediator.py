@@ -44,10 +44,10 @@ import inspect
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.errors import AgentmendError, InvalidArgument
 from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime, ToolError, ToolSpec
 from agentmend.infrastructure.models import IssueReport, RootCauseAnalysis
-from agentmend.infrastructure.spec import AgentSpec
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.roles.ask_agent_tool import AskAgentInput, AskAgentTool
 from agentmend.roles.outcomes import QuestionAnswer

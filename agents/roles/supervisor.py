@@ -1,6 +1,6 @@
 """``Supervisor``: a separate review of one concrete change before it is applied.
 
-It implements ``agentmend.infrastructure.changes.safety.ChangeReviewer`` so the ``SupervisorGate``
+It implements ``agentmend.infrastructure.changes.proposal.ChangeReviewer`` so the ``SupervisorGate``
 can call it: the supervisor's definition runs on the roles' runtime with the ``<proposed_change>``
 block (the action, the exact diff, the agent's configuration before and after, the paths) and must
 answer with a ``SupervisorReview``. Anything else (a failed run, no structured verdict, a
@@ -21,12 +21,12 @@ from typing import Any
 
 from opentelemetry.trace import Tracer
 
-from agentmend.infrastructure.changes.safety import GateVerdict, ProposedChange
+from agentmend.infrastructure.changes.proposal import GateVerdict, ProposedChange
+from agentmend.infrastructure.definitions.spec import AgentSpec, PermissionProfile
 from agentmend.infrastructure.errors import AgentmendError
 from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime
-from agentmend.infrastructure.spec import AgentSpec, PermissionProfile
 from agentmend.infrastructure.structured_logger import get_logger
-from agentmend.infrastructure.telemetry.tracing import agentmend_tracer, role_span
+from agentmend.infrastructure.tracing import agentmend_tracer, role_span
 from agentmend.roles.prompt_blocks import render_block
 from agentmend.roles.schemas import SupervisorReview
 from agentmend.roles.team import load_role_spec

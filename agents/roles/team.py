@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from agentmend.infrastructure.definitions.spec import AgentSpec, load_agent_specs
 from agentmend.infrastructure.errors import (
     AgentmendError,
     AgentRunError,
@@ -24,7 +25,6 @@ from agentmend.infrastructure.errors import (
 )
 from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpec
 from agentmend.infrastructure.monitoring.performance_monitor import RUN, PerformanceMonitor
-from agentmend.infrastructure.spec import AgentSpec, load_agent_specs
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.roles.ask_agent_tool import AgentCallable
 

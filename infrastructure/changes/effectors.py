@@ -39,23 +39,23 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentmend.infrastructure import confined
-from agentmend.infrastructure.changes.safety import FileEdit, ProposedChange
+from agentmend.infrastructure.changes.proposal import FileEdit, ProposedChange
+from agentmend.infrastructure.definitions.spec import (
+    CLAUDE_CODE_KEYS,
+    AgentSpec,
+    PermissionProfile,
+    SpecWarning,
+)
 from agentmend.infrastructure.errors import (
     AgentmendError,
     FileOperationError,
     PathNotAllowed,
     SpecError,
 )
-from agentmend.infrastructure.files import resolve_inside
+from agentmend.infrastructure.files import confined
+from agentmend.infrastructure.files.atomic import resolve_inside
 from agentmend.infrastructure.frozen import freeze
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
-from agentmend.infrastructure.spec import (
-    CLAUDE_CODE_KEYS,
-    AgentSpec,
-    PermissionProfile,
-    SpecWarning,
-)
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = [

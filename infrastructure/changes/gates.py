@@ -9,7 +9,7 @@
 6. ``HumanApprovalGate``: a person says yes within the timeout, or ``yolo_mode`` skips it and
    the verdict says so.
 
-``default_gates`` builds them in that order; ``agentmend.infrastructure.changes.safety.run_gates``
+``default_gates`` builds them in that order; ``agentmend.infrastructure.changes.proposal.run_gates``
 runs them and stops at the first refusal. Every gate answers with a ``GateVerdict`` (a refusal is
 data the cycle records), and a gate that cannot decide refuses: a change nobody could judge is not
 made.
@@ -51,17 +51,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agentmend.infrastructure.changes.safety import (
+from agentmend.infrastructure.changes.proposal import (
     ApprovalCallback,
     ChangeReviewer,
     Gate,
     GateVerdict,
     ProposedChange,
 )
-from agentmend.infrastructure.errors import AgentmendError, ConfigurationError, PathNotAllowed
-from agentmend.infrastructure.files import resolve_inside
-from agentmend.infrastructure.models import ChangeType
-from agentmend.infrastructure.permissions import (
+from agentmend.infrastructure.definitions.permissions import (
     ANY_OTHER_TOOL,
     SHELL_AND_WRITE_TOOLS,
     SUBAGENT_TOOLS,
@@ -69,12 +66,15 @@ from agentmend.infrastructure.permissions import (
     describe_profile,
     is_privileged,
 )
+from agentmend.infrastructure.errors import AgentmendError, ConfigurationError, PathNotAllowed
+from agentmend.infrastructure.files.atomic import resolve_inside
+from agentmend.infrastructure.models import ChangeType
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
+    from agentmend.infrastructure.definitions.spec import AgentSpec
     from agentmend.infrastructure.settings import Settings
-    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = [
     "DEFAULT_ALLOWED_SUFFIXES",

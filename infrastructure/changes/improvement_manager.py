@@ -14,7 +14,7 @@ them later (kept or rolled back); FAILED and PENDING changes never count.
 the durable history: instability outlives a process.
 
 Files ----- ``apply``, ``apply_group`` and the rollback of a change with files go through
-:class:`~agentmend.infrastructure.changes.change_protocol.ChangeProtocol`: under the root's lock,
+:class:`~agentmend.infrastructure.changes.protocol.steps.ChangeProtocol`: under the root's lock,
 the intent is recorded and synced before any file is written, so a process killed at any instant
 loses no acknowledged change and leaves no file half-written; the next open settles what it left. A
 change logged with ``log_change`` has no file behind it and rolls back as a status change.
@@ -22,13 +22,13 @@ change logged with ``log_change`` has no file behind it and rolls back as a stat
 Unproven changes
 ----------------
 A change applied in order to verify it (the cycle, a self-edit, a code plan) is held by a lease
-(``hold_lease``, :mod:`agentmend.infrastructure.changes.leases`): its owner's host, pid and pid
-start time, and an expiry the owner renews. It stays APPLIED, and is live but not yet proven, until
-its owner keeps it (``mark_kept``) or undoes it (``rollback_unproven``), each of which releases
-the lease in the same transaction. Opening a manager settles the changes whose owner is gone
-(:mod:`agentmend.infrastructure.changes.abandoned`): restored byte for byte and FAILED with the
-reason ``interrupted``, or FAILED needing attention when their files moved on. Changes applied by
-hand hold no lease and are never undone by recovery.
+(``hold_lease``, :mod:`agentmend.infrastructure.changes.protocol.leases`): its owner's host, pid and
+pid start time, and an expiry the owner renews. It stays APPLIED, and is live but not yet proven,
+until its owner keeps it (``mark_kept``) or undoes it (``rollback_unproven``), each of which
+releases the lease in the same transaction. Opening a manager settles the changes whose owner is
+gone (:mod:`agentmend.infrastructure.changes.protocol.abandoned`): restored byte for byte and FAILED
+with the reason ``interrupted``, or FAILED needing attention when their files moved on. Changes
+applied by hand hold no lease and are never undone by recovery.
 """
 
 from __future__ import annotations
@@ -42,17 +42,17 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from agentmend.infrastructure.changes.audit import AuditEntry, AuditLog, ChainVerification
-from agentmend.infrastructure.changes.change_log import ChangeLog, ChangeRow
-from agentmend.infrastructure.changes.change_protocol import (
+from agentmend.infrastructure.changes.audit.log import AuditEntry, AuditLog, ChainVerification
+from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, ChangeRow
+from agentmend.infrastructure.changes.protocol.leases import LeaseKeeper, LeaseLost, Leases
+from agentmend.infrastructure.changes.protocol.owners import HostIdentity, LeaseTerms
+from agentmend.infrastructure.changes.protocol.steps import (
     LIVE_STATUSES,
     ChangeProtocol,
     Content,
     FileEntry,
     PartialRollback,
 )
-from agentmend.infrastructure.changes.leases import LeaseKeeper, LeaseLost, Leases
-from agentmend.infrastructure.changes.owners import HostIdentity, LeaseTerms
 from agentmend.infrastructure.errors import ChangeNotFound, ChangeStateError, ConfigurationError
 from agentmend.infrastructure.limits import InputLimits
 from agentmend.infrastructure.models import (
@@ -63,7 +63,7 @@ from agentmend.infrastructure.models import (
     utc_now,
 )
 from agentmend.infrastructure.principal import Principal
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 
 __all__ = [
     "DEFAULT_HISTORY_FILE",
@@ -90,7 +90,7 @@ class ImprovementManager:
             ``*.json`` paths). Defaults to ``.agent/agentmend.db``.
         store: an open store to use instead (not closed by :meth:`close`).
         audit_hmac_key: key for HMAC-keyed audit rows (the caller reads
-            ``AGENTMEND_AUDIT_HMAC_KEY``; see ``agentmend.infrastructure.changes.audit``).
+            ``AGENTMEND_AUDIT_HMAC_KEY``; see ``agentmend.infrastructure.changes.audit.log``).
         max_improvements_per_session: the session budget (changes per session); it applies
             when ``improvement_window_s`` is None (the interactive session).
         improvement_window_s: for a process that runs for days (a library user's service,
@@ -304,7 +304,7 @@ class ImprovementManager:
         since keeps its files as they are, its changes become FAILED with ``rollback_info``
         saying why (``needs_attention``, ``left_unchanged``, ``edited_since_apply``,
         ``conflict``) and a ``rollback_blocked`` audit row. All of it under the root's lock;
-        see ``agentmend.infrastructure.changes.change_protocol``. Nothing happens when ``change_id``
+        see ``agentmend.infrastructure.changes.protocol.steps``. Nothing happens when ``change_id``
         is unknown or no longer APPLIED or KEPT (an empty result).
 
         ``lease`` is the verifying owner's lease, released with the rollback's intent.

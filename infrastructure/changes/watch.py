@@ -12,10 +12,10 @@ run, in order). The watch ends at the first of:
   a change that does not help is not kept.
 
 Ownership: the change is held by a lease whose owner is the watch's record
-(``RecordOwner("watch", watch_id)``, :mod:`agentmend.infrastructure.changes.owners`), not by a
-process. Recovery at open leaves such a lease alone
-(:mod:`agentmend.infrastructure.changes.abandoned`), so a crash of the process that started the
-watch does not undo the change: whichever process next calls :meth:`ChangeWatcher.advance` (or
+(``RecordOwner("watch", watch_id)``, :mod:`agentmend.infrastructure.changes.protocol.owners`), not
+by a process. Recovery at open leaves such a lease alone
+(:mod:`agentmend.infrastructure.changes.protocol.abandoned`), so a crash of the process that started
+the watch does not undo the change: whichever process next calls :meth:`ChangeWatcher.advance` (or
 :meth:`ChangeWatcher.continue_all` at open) on the host of the change's files picks the watch up
 where it was. It keeps no test state of its own to lose: the test is replayed from the store (the
 pre-change outcomes in the watch's row, the runs since the change in the executions table), so the
@@ -40,15 +40,15 @@ from pathlib import Path
 from typing import Any, Literal
 from uuid import uuid4
 
-from agentmend.infrastructure.changes.decisions import record_decision
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.changes.leases import LeaseLost
-from agentmend.infrastructure.changes.owners import HostIdentity, RecordOwner
+from agentmend.infrastructure.changes.protocol.decisions import record_decision
+from agentmend.infrastructure.changes.protocol.leases import LeaseLost
+from agentmend.infrastructure.changes.protocol.owners import HostIdentity, RecordOwner
 from agentmend.infrastructure.errors import InvalidArgument
 from agentmend.infrastructure.evaluation.sequential import TwoSampleDecision, TwoSampleTest
 from agentmend.infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction
 from agentmend.infrastructure.monitoring.execution_store import last_run_id, outcomes_after
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["ChangeWatch", "ChangeWatcher", "WatchState", "WatchVerdict", "read_watch"]

@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from agentmend.infrastructure.code_update.code_validation import (
+from agentmend.infrastructure.code_update.sandbox import project_copy, run_in_copy, tracked_files
+from agentmend.infrastructure.code_update.suite_guard import count_drop
+from agentmend.infrastructure.code_update.validation import (
     OUTPUT_TAIL_CHARS,
     ValidationReport,
     compile_error,
 )
-from agentmend.infrastructure.code_update.sandbox import project_copy, run_in_copy, tracked_files
-from agentmend.infrastructure.code_update.suite_guard import count_drop
 
 __all__ = ["validate_in_copy"]
 

@@ -6,9 +6,9 @@ held by it. When that process dies (or stops past the lease's expiry) the plan i
 the next process that opens the store on the plan's host (``Workspace.open``, so the session,
 the MCP server and the ``agentmend`` command alike, and ``CodeUpdater.recover``): its
 change group is restored byte for byte (FAILED ``interrupted``, see
-``agentmend.infrastructure.changes.abandoned``) and the plan becomes ``failed`` with a reason
-starting ``interrupted``. A plan whose owner is gone but whose files live on another host stays
-``executing`` until a process there settles it; it is never reported as the active one
+``agentmend.infrastructure.changes.protocol.abandoned``) and the plan becomes ``failed`` with a
+reason starting ``interrupted``. A plan whose owner is gone but whose files live on another host
+stays ``executing`` until a process there settles it; it is never reported as the active one
 (:func:`plan_is_live`).
 """
 
@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentmend.infrastructure.changes.change_log import ChangeRow
-from agentmend.infrastructure.changes.decisions import get_plan, list_plans, update_plan
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.code_update.code_plans import (
+from agentmend.infrastructure.changes.protocol.change_log import ChangeRow
+from agentmend.infrastructure.changes.protocol.decisions import get_plan, list_plans, update_plan
+from agentmend.infrastructure.code_update.plans import (
     PLAN_KIND,
     CodePlan,
     ExecutionResult,

@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentmend.infrastructure.code_update.code_validation import run_tests
+from agentmend.infrastructure.code_update.validation import run_tests
 
 __all__ = [
     "SandboxRun",

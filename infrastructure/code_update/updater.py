@@ -1,6 +1,6 @@
 """Code-level updates: plan, approve, execute with validation, roll back.
 
-A plan (``agentmend.infrastructure.code_update.code_plans``) is a set of file operations, or a
+A plan (``agentmend.infrastructure.code_update.plans``) is a set of file operations, or a
 unified diff turned
 into them, under a project root, with a description. It lives in the store's ``plans`` table
 and moves through::
@@ -48,24 +48,29 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from agentmend.infrastructure.changes.decisions import (
-    get_plan,
-    list_plans,
-    record_decision,
-    save_plan,
-    update_plan,
-)
 from agentmend.infrastructure.changes.gates import HumanApprovalGate, ScopeGate, SupervisorGate
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager, LeaseLost
-from agentmend.infrastructure.changes.protocol_files import root_lock
-from agentmend.infrastructure.changes.safety import (
+from agentmend.infrastructure.changes.proposal import (
     ChangeReviewer,
     Gate,
     GateVerdict,
     ProposedChange,
     run_gates,
 )
-from agentmend.infrastructure.code_update.code_plans import (
+from agentmend.infrastructure.changes.protocol.decisions import (
+    get_plan,
+    list_plans,
+    record_decision,
+    save_plan,
+    update_plan,
+)
+from agentmend.infrastructure.changes.protocol.files import root_lock
+from agentmend.infrastructure.code_update.copy_validation import validate_in_copy
+from agentmend.infrastructure.code_update.plan_recovery import (
+    plan_is_live,
+    settle_interrupted_plans,
+)
+from agentmend.infrastructure.code_update.plans import (
     CODE_SUFFIXES,
     CODE_TARGET,
     FINISHED_STATUSES,
@@ -85,13 +90,8 @@ from agentmend.infrastructure.code_update.code_plans import (
     stale_reason,
     state_hint,
 )
-from agentmend.infrastructure.code_update.code_validation import ValidationReport, failure_reason
-from agentmend.infrastructure.code_update.copy_validation import validate_in_copy
-from agentmend.infrastructure.code_update.plan_recovery import (
-    plan_is_live,
-    settle_interrupted_plans,
-)
 from agentmend.infrastructure.code_update.suite_guard import flagged_test_files
+from agentmend.infrastructure.code_update.validation import ValidationReport, failure_reason
 from agentmend.infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
 from agentmend.infrastructure.limits import InputLimits
 from agentmend.infrastructure.models import ChangeType, ImprovementAction, utc_now
@@ -123,7 +123,7 @@ class CodeUpdater:
         root: the project root every path is relative to (and where tests run).
         manager: the improvement manager whose store holds the plans and whose change groups
             carry the writes.
-        reviewer: the supervisor (``agentmend.infrastructure.changes.safety.ChangeReviewer``).
+        reviewer: the supervisor (``agentmend.infrastructure.changes.proposal.ChangeReviewer``).
         settings: ``yolo_mode``, ``auto_decision_timeout``, ``test_command``,
             ``test_timeout_s``.
         protected: folders no plan may touch besides ``.agent/`` and ``.git/`` (the agentmend

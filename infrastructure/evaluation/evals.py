@@ -34,12 +34,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentmend.infrastructure.errors import SpecError
-from agentmend.infrastructure.files import sha256_bytes
+from agentmend.infrastructure.files.atomic import sha256_bytes
 from agentmend.infrastructure.frozen import FrozenDict, thaw
 from agentmend.infrastructure.llm.base import AgentResult
 
 if TYPE_CHECKING:
-    from agentmend.infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.definitions.spec import AgentSpec
 
 __all__ = [
     "CheckFunction",

@@ -50,7 +50,7 @@ from agentmend.infrastructure.evaluation.verification import (
 from agentmend.infrastructure.llm.base import AgentRuntime, ToolSpec
 
 if TYPE_CHECKING:
-    from agentmend.infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.definitions.spec import AgentSpec
 
 __all__ = [
     "PairedRuns",

@@ -50,7 +50,7 @@ from agentmend.infrastructure.llm.base import AgentResult, AgentRuntime, ToolSpe
 from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
-    from agentmend.infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.definitions.spec import AgentSpec
 
 __all__ = [
     "SAMPLE_MIN_CHARS",

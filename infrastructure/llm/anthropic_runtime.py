@@ -50,7 +50,7 @@ from agentmend.infrastructure.llm.tool_loop import (
 if TYPE_CHECKING:
     import anthropic
 
-    from agentmend.infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.definitions.spec import AgentSpec
 
 __all__ = [
     "MODEL_ALIASES",

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from agentmend.infrastructure.errors import AgentRunError, ErrorKind, InvalidArgument
 
 if TYPE_CHECKING:
-    from agentmend.infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.definitions.spec import AgentSpec
 
 __all__ = [
     "AgentResult",
@@ -179,7 +179,7 @@ class RuntimeBase(ABC):
 
     read_only_tools: tuple[str, ...] = ()
     """The ``read_only_tools`` setting: tools ``standard`` lets the agent call although they
-    are not known to be read-only (see ``agentmend.infrastructure.permissions``)."""
+    are not known to be read-only (see ``agentmend.infrastructure.definitions.permissions``)."""
 
     @overload
     async def run(

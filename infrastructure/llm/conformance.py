@@ -36,7 +36,7 @@ from agentmend.infrastructure.llm.tool_loop import (
 )
 
 if TYPE_CHECKING:
-    from agentmend.infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.definitions.spec import AgentSpec
 
 __all__ = [
     "CheckResult",
@@ -309,7 +309,7 @@ async def run_runtime_conformance(
     Raises:
         RuntimeConformanceError: a check failed; every failure is listed.
     """
-    from agentmend.infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.definitions.spec import AgentSpec
 
     # "open": the checks' own in-process tools are not on the standard profile's read-only
     # list, and what is checked is the runtime's contract, not the profile's classes

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
+from agentmend.infrastructure.definitions.permissions import allowed_tools, describe_profile
 from agentmend.infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
 from agentmend.infrastructure.llm.base import (
     AgentResult,
@@ -49,10 +50,9 @@ from agentmend.infrastructure.llm.base import (
     ToolSpec,
     Usage,
 )
-from agentmend.infrastructure.permissions import allowed_tools, describe_profile
 
 if TYPE_CHECKING:
-    from agentmend.infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.definitions.spec import AgentSpec
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -264,7 +264,8 @@ async def run_agent_loop(
 ) -> AgentResult[OutputT]:
     """Run one agent to completion over ``call_model``; failures come back in ``error``.
 
-    ``read_only_tools`` is the setting of that name (see ``agentmend.infrastructure.permissions``).
+    ``read_only_tools`` is the setting of that name (see
+    ``agentmend.infrastructure.definitions.permissions``).
 
     Raises:
         ConfigurationError: duplicate tool names, or a tool named like the output tool.

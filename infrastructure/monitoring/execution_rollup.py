@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentmend.infrastructure.monitoring.agent_window import RUN, Row
-from agentmend.infrastructure.store_sql import StoreConnection
+from agentmend.infrastructure.store.sql import StoreConnection
 
 __all__ = ["COMPONENT", "MIGRATIONS", "add_runs", "baseline_runs", "read_totals"]
 

@@ -39,8 +39,8 @@ from agentmend.infrastructure.monitoring.agent_window import (
     Baseline,
     Row,
 )
-from agentmend.infrastructure.store import Store
-from agentmend.infrastructure.store_sql import StoreConnection, append_rows
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.sql import StoreConnection, append_rows
 
 __all__ = ["ExecutionStore", "LoadedState", "last_run_id", "outcomes_after"]
 
@@ -124,7 +124,7 @@ class ExecutionStore:
 
     def insert(self, rows: list[Row]) -> None:
         """One transaction; rows appended by ``COPY`` on PostgreSQL, by multi-row INSERTs on
-        SQLite (:func:`~agentmend.infrastructure.store_sql.append_rows`).
+        SQLite (:func:`~agentmend.infrastructure.store.sql.append_rows`).
 
         Rows sent again after a failed call keep their numbers; those the store already holds
         (the failed call's commit did land) are skipped, runs and series alike.

@@ -74,7 +74,7 @@ from agentmend.infrastructure.monitoring.record_backlog import (
 )
 from agentmend.infrastructure.monitoring.run_feed import EventCursor, RunChunk, RunFeed
 from agentmend.infrastructure.monitoring.run_tracker import Tracker
-from agentmend.infrastructure.store import Store
+from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = [

@@ -22,9 +22,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from agentmend.infrastructure.monitoring.agent_window import RUN, Row
-from agentmend.infrastructure.read_snapshot import read_snapshot
-from agentmend.infrastructure.store import Store
-from agentmend.infrastructure.store_sql import StoreConnection, has_table
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.snapshot import read_snapshot
+from agentmend.infrastructure.store.sql import StoreConnection, has_table
 
 __all__ = [
     "BUCKET_S",

@@ -33,7 +33,7 @@ from agentmend.infrastructure.release_labels import (
     TEAM_ATTRIBUTE,
     unattributed,
 )
-from agentmend.infrastructure.releases.release_log import ReleaseHeads, ReleaseLog
+from agentmend.infrastructure.releases.log import ReleaseHeads, ReleaseLog
 
 __all__ = [
     "MIN_HASH_CHARS",

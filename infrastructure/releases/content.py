@@ -17,12 +17,12 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from agentmend.infrastructure import confined
+from agentmend.infrastructure.definitions.spec import AgentSpec, SpecWarning
 from agentmend.infrastructure.errors import SpecError
 from agentmend.infrastructure.evaluation.evals import SUITE_SUFFIX, parse_eval_suite
-from agentmend.infrastructure.files import sha256_bytes
-from agentmend.infrastructure.releases.release_errors import ReleaseRefused
-from agentmend.infrastructure.spec import AgentSpec, SpecWarning
+from agentmend.infrastructure.files import confined
+from agentmend.infrastructure.files.atomic import sha256_bytes
+from agentmend.infrastructure.releases.errors import ReleaseRefused
 
 __all__ = ["MAX_FILE_BYTES", "check_release", "content_hash", "read_team_files"]
 

@@ -3,7 +3,7 @@
 A background thread polls the team's heads row (one indexed row; ``interval_s`` apart, 0.2 s by
 default, so a publication reaches the worker well within a second). On PostgreSQL it also
 listens (``LISTEN``) on a connection of its own
-(:mod:`~agentmend.infrastructure.releases.release_signal`): a publication or rollout step wakes it
+(:mod:`~agentmend.infrastructure.releases.signals`): a publication or rollout step wakes it
 at once, and the poll stays the fallback. When the heads change it materializes the stable release
 and the canary (if any) and switches the team link to the stable one; each run then asks
 :meth:`ReleaseFollower.choose` which release serves it. On every poll it also carries the team's
@@ -23,11 +23,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agentmend.infrastructure.errors import AgentmendError, NotFound, StoreError
+from agentmend.infrastructure.releases.log import ReleaseHeads, ReleaseLog
 from agentmend.infrastructure.releases.materialize import ReleaseDirectories, ServedRelease
-from agentmend.infrastructure.releases.release_log import ReleaseHeads, ReleaseLog
-from agentmend.infrastructure.releases.release_signal import ReleaseWakeup
 from agentmend.infrastructure.releases.rollout import Rollouts
 from agentmend.infrastructure.releases.routing import Arm, choose_arm, new_run_key
+from agentmend.infrastructure.releases.signals import ReleaseWakeup
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["FollowerStatus", "ReleaseChoice", "ReleaseFollower"]

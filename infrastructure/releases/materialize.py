@@ -24,17 +24,17 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from agentmend.infrastructure import confined
-from agentmend.infrastructure.confined_links import (
+from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.files import confined
+from agentmend.infrastructure.files.atomic import sha256_bytes
+from agentmend.infrastructure.files.links import (
     link_target,
     remove_tree,
     rename_directory,
     swap_link,
     write_new_tree,
 )
-from agentmend.infrastructure.errors import StoreError
-from agentmend.infrastructure.files import sha256_bytes
-from agentmend.infrastructure.releases.release_log import Release, ReleaseLog
+from agentmend.infrastructure.releases.log import Release, ReleaseLog
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["MANIFEST", "ReleaseDirectories", "ServedRelease"]

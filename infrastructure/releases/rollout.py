@@ -8,9 +8,9 @@ step; the next worker continues from there, never undoes it. Settling is a compa
 record's state, so two workers deciding at once settle it once.
 
 The changes the canary carries are owned by the rollout too, through the ownership records of
-:mod:`agentmend.infrastructure.changes.leases`: starting a rollout takes a lease whose owner is the
-record (``RecordOwner("rollout", id)``) and hands the release's changes over to it; recovery at any
-open leaves such a lease to the record, and settling the rollout releases it.
+:mod:`agentmend.infrastructure.changes.protocol.leases`: starting a rollout takes a lease whose
+owner is the record (``RecordOwner("rollout", id)``) and hands the release's changes over to it;
+recovery at any open leaves such a lease to the record, and settling the rollout releases it.
 
 States: ``canary`` (serving its share) -> ``promoted`` | ``rolled_back``; ``canary`` <->
 ``paused`` (share 0, evidence kept). Every step is an audit row with its evidence (runs and
@@ -25,16 +25,16 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from agentmend.infrastructure.changes.leases import Leases
-from agentmend.infrastructure.changes.owners import LeaseTerms, RecordOwner
+from agentmend.infrastructure.changes.protocol.leases import Leases
+from agentmend.infrastructure.changes.protocol.owners import LeaseTerms, RecordOwner
 from agentmend.infrastructure.errors import NotFound, PermissionRequired
 from agentmend.infrastructure.monitoring.agent_window import RUN
 from agentmend.infrastructure.principal import ADMIN, Principal
-from agentmend.infrastructure.releases.release_errors import RolloutConflict
-from agentmend.infrastructure.releases.release_log import RELEASE_AGENT, Release, ReleaseLog
+from agentmend.infrastructure.releases.errors import RolloutConflict
+from agentmend.infrastructure.releases.log import RELEASE_AGENT, Release, ReleaseLog
 from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
 from agentmend.infrastructure.releases.routing import DEFAULT_SHARE, check_share
-from agentmend.infrastructure.store_sql import StoreConnection, has_table
+from agentmend.infrastructure.store.sql import StoreConnection, has_table
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["ACTIVE", "RolloutRecord", "Rollouts"]

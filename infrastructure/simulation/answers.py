@@ -27,8 +27,8 @@ from agentmend.infrastructure.simulation.team import (
 )
 
 if TYPE_CHECKING:
+    from agentmend.infrastructure.definitions.spec import AgentSpec
     from agentmend.infrastructure.simulation.run_record import RunRecord
-    from agentmend.infrastructure.spec import AgentSpec
 
 __all__ = ["RECENT_RUNS", "compose_answer"]
 

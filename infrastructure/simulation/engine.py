@@ -26,7 +26,7 @@ from agentmend.infrastructure.simulation.team import (
 )
 
 if TYPE_CHECKING:
-    from agentmend.infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.definitions.spec import AgentSpec
 
 __all__ = ["Conditions", "Draws", "Outcome", "draw", "simulate"]
 

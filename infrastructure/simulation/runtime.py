@@ -35,7 +35,7 @@ from agentmend.infrastructure.simulation.team import (
 from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
-    from agentmend.infrastructure.spec import AgentSpec
+    from agentmend.infrastructure.definitions.spec import AgentSpec
 
 __all__ = ["AgentAnswerer", "SimulatedRuntime"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from agentmend.infrastructure.errors import ConfigurationError
-from agentmend.infrastructure.files import atomic_write, read_if_exists
+from agentmend.infrastructure.files.atomic import atomic_write, read_if_exists
 
 __all__ = [
     "AVAILABLE_MODELS",

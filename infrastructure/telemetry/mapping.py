@@ -43,7 +43,8 @@ from typing import Any
 
 from agentmend.infrastructure.models import ExecutionRecord
 from agentmend.infrastructure.release_labels import RELEASE_ATTRIBUTE, TEAM_ATTRIBUTE
-from agentmend.infrastructure.telemetry.span import RECORDED_ATTRIBUTE, STATUS_ERROR, SpanData
+from agentmend.infrastructure.telemetry.span import STATUS_ERROR, SpanData
+from agentmend.infrastructure.tracing import RECORDED_ATTRIBUTE
 
 __all__ = [
     "RELEASE_LABEL",

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from agentmend.infrastructure.read_snapshot import read_snapshot
-from agentmend.infrastructure.store import Store
-from agentmend.infrastructure.store_sql import has_table
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.snapshot import read_snapshot
+from agentmend.infrastructure.store.sql import has_table
 from agentmend.infrastructure.telemetry.assembly import TelemetryCounts
 
 __all__ = ["ReceiverCounts", "read_receiver_counts", "receiver_name", "write_receiver_counts"]

@@ -15,7 +15,6 @@ from typing import Any
 from agentmend.infrastructure.errors import ConfigurationError
 
 __all__ = [
-    "RECORDED_ATTRIBUTE",
     "STATUS_ERROR",
     "STATUS_OK",
     "STATUS_UNSET",
@@ -24,9 +23,6 @@ __all__ = [
     "SpanEvent",
 ]
 
-RECORDED_ATTRIBUTE = "agentmend.recorded"
-"""Set to true on every span agentmend emits (and on the resource of the CLIs it starts): such
-runs are recorded by agentmend already, so the span processor and the receiver skip them."""
 
 STATUS_UNSET = 0
 STATUS_OK = 1

@@ -28,10 +28,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agentmend.infrastructure.definitions.permissions import PROFILE_NAMES, SHELL_AND_WRITE_TOOLS
+from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.llm.offline import OfflineCall
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
-from agentmend.infrastructure.permissions import PROFILE_NAMES, SHELL_AND_WRITE_TOOLS
-from agentmend.infrastructure.spec import AgentSpec
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.roles.playbooks.signatures import contains_injection
 from agentmend.roles.prompt_blocks import PromptBlockError, extract_block

@@ -1,0 +1,184 @@
+"""Applying a group of file changes: steps 2 to 6 of the change protocol.
+
+:mod:`agentmend.infrastructure.changes.protocol.steps` holds the root's lock and settles unfinished
+work (step 1) before calling these, and hands any error after the intent is recorded to recovery, so
+an apply is either acknowledged APPLIED or undone; see that module's docstring for the steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+
+from agentmend.infrastructure.changes.audit.log import AuditLog
+from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, StoredFile
+from agentmend.infrastructure.changes.protocol.files import AGENT_DIR, backup, describe, sha
+from agentmend.infrastructure.changes.protocol.team_registry import team_id as team_id_of
+from agentmend.infrastructure.errors import PathNotAllowed
+from agentmend.infrastructure.files import confined
+from agentmend.infrastructure.files.atomic import resolve_inside
+from agentmend.infrastructure.models import (
+    ChangeRecord,
+    ChangeStatus,
+    FileChange,
+    ImprovementAction,
+    utc_now,
+)
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.sql import StoreConnection
+
+__all__ = [
+    "Content",
+    "FileEntry",
+    "PreparedFile",
+    "applied_records",
+    "prepare",
+    "record_intent",
+    "write_and_commit",
+]
+
+Content = bytes | str | None
+"""A file's new content: text is written as UTF-8, None deletes the file."""
+
+FileEntry = tuple[ImprovementAction, str | Path, Content]
+"""One file of an apply: the action it carries out, its path under the root, its new content."""
+
+
+class PreparedFile:
+    """One file of an apply, validated before anything is written; step 2 fills ``old``."""
+
+    def __init__(self, action: ImprovementAction, target: Path, rel: str, new: bytes | None):
+        self.action, self.target, self.rel, self.new = action, target, rel, new
+        self.change_id = ChangeLog.new_id()
+        self.old: bytes | None = None
+        self.seq = 0
+
+    def stored(self) -> StoredFile:
+        return StoredFile(
+            self.change_id, self.seq, str(self.target), self.rel, sha(self.old), sha(self.new),
+            self.old,
+        )  # fmt: skip
+
+
+def prepare(entries: Sequence[FileEntry], root: str | Path) -> list[PreparedFile]:
+    """Check every target before anything is written, so bad input leaves no trace.
+
+    Raises:
+        PathNotAllowed: a path leaves ``root``, is a directory, lies in ``.agent/`` or appears
+            twice, or ``root`` is not an existing directory.
+    """
+    root_path = Path(root).resolve()
+    if not root_path.is_dir():
+        raise PathNotAllowed(root, root_path, "the root is not an existing directory")
+    items: list[PreparedFile] = []
+    seen: set[Path] = set()
+    for action, path, content in entries:
+        target = resolve_inside(root_path, path)
+        rel = target.relative_to(root_path)
+        if target == root_path or target.is_dir():
+            raise PathNotAllowed(path, root_path, "it is a directory")
+        blocked = next((d for d in target.parents if d.exists() and not d.is_dir()), None)
+        if blocked is not None:
+            raise PathNotAllowed(path, root_path, f"{blocked} is a file, not a directory")
+        if rel.parts[0] == AGENT_DIR:
+            raise PathNotAllowed(path, root_path, "'.agent/' is reserved for agentmend")
+        if target in seen:
+            raise PathNotAllowed(path, root_path, "it appears twice in one group")
+        seen.add(target)
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        items.append(PreparedFile(action, target, rel.as_posix(), data))
+    return items
+
+
+def record_intent(
+    store: Store,
+    changes: ChangeLog,
+    items: list[PreparedFile],
+    root: Path,
+    *,
+    group_id: str | None,
+    session_id: str,
+    applied_by: str,
+    link: Callable[[StoreConnection, list[str], str], None] | None = None,
+) -> datetime:
+    """Steps 2 and 3: read the old bytes, record the changes PENDING; returns their time.
+
+    The caller holds the root's lock, so the old bytes read here are what the apply replaces.
+    ``link`` puts the changes under their owner's lease in the same transaction.
+    """
+    for item in items:
+        item.old = confined.read(root, item.target)
+    created = utc_now()
+    team = team_id_of(root, store)
+    with store.transaction(durable=True) as conn:
+        for item in items:
+            item.seq = changes.insert(
+                conn,
+                change_id=item.change_id,
+                action=item.action,
+                status=ChangeStatus.PENDING,
+                applied_by=applied_by,
+                session_id=session_id,
+                created=created,
+                group_id=group_id,
+                root=str(root),
+                team_id=team,
+            )
+            changes.insert_file(conn, item.stored())
+        if link is not None:
+            link(conn, [item.change_id for item in items], team)
+    return created
+
+
+def write_and_commit(
+    changes: ChangeLog,
+    audit: AuditLog,
+    items: list[PreparedFile],
+    root: Path,
+    created: datetime,
+    *,
+    applied_by: str,
+    user_id: str | None,
+    user_name: str | None,
+) -> None:
+    """Steps 4 to 6: backups, the new bytes, then APPLIED with audit rows in one transaction.
+
+    An error leaves the recorded intent unfinished; the caller hands it to recovery.
+    """
+    for item in items:
+        if item.old is not None:
+            backup(root, item.rel, item.change_id, item.old, created)
+    for item in items:
+        confined.write_or_delete(root, item.target, item.new)
+    with audit.transaction() as txn:
+        changes.set_status(txn.conn, [i.change_id for i in items], ChangeStatus.APPLIED)
+        for item in items:
+            txn.append(
+                agent_name=item.action.target_agent,
+                edit_type=item.action.action_type.value,
+                old_value=describe(item.action.old_value, item.old),
+                new_value=describe(item.action.new_value, item.new),
+                user_id=user_id or applied_by,
+                user_name=user_name,
+                change_id=item.change_id,
+            )
+
+
+def applied_records(
+    items: list[PreparedFile], created: datetime, *, applied_by: str, group_id: str | None
+) -> list[ChangeRecord]:
+    """One APPLIED record per file of an acknowledged apply."""
+    return [
+        ChangeRecord(
+            change_id=item.change_id,
+            timestamp=created,
+            action=item.action,
+            status=ChangeStatus.APPLIED,
+            applied_by=applied_by,
+            group_id=group_id,
+            files=(FileChange(path=str(item.target), old_sha256=sha(item.old),
+                              new_sha256=sha(item.new)),),
+        )
+        for item in items
+    ]  # fmt: skip

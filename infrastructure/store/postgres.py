@@ -1,0 +1,403 @@
+"""The fleet backend: a PostgreSQL database shared by many worker processes on many hosts.
+
+Needs the ``[postgres]`` extra (psycopg 3), imported on first use. Components speak the plain
+SQL of :mod:`agentmend.infrastructure.store.sql`; this module maps it: ``?`` parameters to ``%s``,
+SQLite's schema types to PostgreSQL's, booleans to 0/1 and integral ``NUMERIC`` results (a
+``SUM`` of integers) back to ``int``, so rows read the same on both backends.
+
+Write transactions keep SQLite's contract: one writer at a time, taken up front. Each begins
+by taking a store-wide transaction-level advisory lock, so a component's read-then-write inside
+a transaction (the next epoch number, a chain's head) cannot interleave with another's, and
+generated ids grow in commit order as SQLite's do, which is what lets readers catch up by id.
+Reads never wait for it. Commits are durable (``synchronous_commit`` on) and the server, not
+this process, decides when they are on disk, so ``durable`` adds nothing here.
+
+A team's changes are serialized across hosts by :meth:`PostgresBackend.team_lock`: a
+session-level advisory lock held on a connection of its own for as long as the apply,
+verification or rollback takes, never a transaction left open around model calls. If the
+process dies the server ends its session and the lock with it. Those lock-holding connections
+come from a ``psycopg_pool`` pool, so an apply does not pay for a new server session (a
+backend process forked by the server, about 4 ms) each time it takes its team's lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from agentmend.infrastructure.errors import PostgresExtraMissing, StoreError
+from agentmend.infrastructure.structured_logger import get_logger
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["PgConnection", "PostgresBackend", "translate_script", "translate_statement"]
+
+log = get_logger(__name__)
+
+# pg_advisory_xact_lock key every write transaction takes ("agmend" in ASCII)
+_WRITER_LOCK_KEY = 0x61676D656E64
+_CONNECT_TIMEOUT_S = 10
+# BEGIN and the store-wide write lock in one round trip (a simple query may hold two statements)
+_BEGIN_WRITE = f"BEGIN; SELECT pg_advisory_xact_lock({_WRITER_LOCK_KEY})"
+# connections holding team locks at once in one process; one more waits for one to come back
+_LOCK_HOLDERS = 64
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise PostgresExtraMissing("psycopg") from exc
+    return psycopg
+
+
+def _pool_class() -> Any:
+    try:
+        from psycopg_pool import ConnectionPool
+    except ImportError as exc:
+        raise PostgresExtraMissing("psycopg_pool") from exc
+    return ConnectionPool
+
+
+class PgConnection:
+    """A psycopg connection that takes the store's ``?`` SQL (see :mod:`store_sql`).
+
+    A failed statement raises :class:`StoreError` (its SQLSTATE as ``cause``), inside a
+    transaction or not, so callers handle one error on either backend.
+    """
+
+    __slots__ = ("_backend", "raw")
+
+    def __init__(self, raw: psycopg.Connection[Any], backend: PostgresBackend) -> None:
+        self.raw = raw
+        self._backend = backend
+
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self.raw.info.transaction_status != 0)  # 0 is IDLE
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[Any]:
+        try:
+            if not parameters:
+                return self.raw.execute(sql)
+            return self.raw.execute(translate_statement(sql), parameters)
+        except self._backend.driver_error as exc:
+            raise self._backend.error("a statement failed on", exc) from exc
+
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> psycopg.Cursor[Any]:
+        cursor = self.raw.cursor()
+        try:
+            cursor.executemany(translate_statement(sql), parameters)
+        except self._backend.driver_error as exc:
+            raise self._backend.error("a statement failed on", exc) from exc
+        return cursor
+
+    def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """Append ``rows`` to ``table`` with ``COPY ... FROM STDIN`` (names are constants)."""
+        cursor = self.raw.cursor()
+        try:
+            with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        except self._backend.driver_error as exc:
+            raise self._backend.error("a statement failed on", exc) from exc
+
+
+class PostgresBackend:
+    """Per-thread connections to one PostgreSQL database, each in autocommit mode."""
+
+    name = "postgresql"
+
+    def __init__(self, url: str) -> None:
+        self._psycopg = _psycopg()
+        self.driver_error: type[Exception] = self._psycopg.Error
+        self.url = url
+        try:
+            params = self._psycopg.conninfo.conninfo_to_dict(url)
+        except self._psycopg.ProgrammingError as exc:
+            raise StoreError(f"not a PostgreSQL URL: {_redact(url)}: {exc}") from exc
+        self.params = params
+        host = str(params.get("host") or "localhost")
+        self.display = (
+            f"postgresql://{params.get('user') or ''}@{host}:{params.get('port') or 5432}"
+            f"/{params.get('dbname') or ''}"
+        )
+        self._local = threading.local()
+        self._connections: list[PgConnection] = []
+        self._lock = threading.Lock()
+        self._holders: Any = None  # the pool of team-lock connections, made on first use
+
+    @property
+    def local_name(self) -> str:
+        """A file name that tells this database apart on this host."""
+        raw = f"{self.params.get('dbname') or 'postgres'}@{self.params.get('host') or ''}"
+        raw += f"_{self.params.get('port') or 5432}"
+        return re.sub(r"[^A-Za-z0-9_.@-]+", "_", raw).strip("_")
+
+    def _connect(self) -> PgConnection:
+        pg = self._psycopg
+        try:
+            raw = pg.connect(self.url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S)
+        except pg.Error as exc:
+            raise self.error("cannot open store", exc) from exc
+        _adapt(raw)
+        return PgConnection(raw, self)
+
+    def connection(self) -> PgConnection:
+        conn: PgConnection | None = getattr(self._local, "conn", None)
+        if conn is not None and (conn.raw.closed or conn.raw.broken):
+            conn = None  # the server went away (a restart): the next statement reconnects
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+            with self._lock:
+                self._connections = [c for c in self._connections if not c.raw.closed]
+                self._connections.append(conn)
+        return conn
+
+    def check_database(self) -> None:
+        with self.transaction() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_versions ("
+                " component TEXT PRIMARY KEY, version BIGINT NOT NULL)"
+            )
+
+    @contextmanager
+    def transaction(self, *, durable: bool = False) -> Iterator[PgConnection]:
+        pg = self._psycopg
+        conn = self.connection()
+        if conn.in_transaction:
+            if durable:
+                raise StoreError(
+                    "a durable transaction cannot be nested inside an open transaction"
+                )
+            yield conn
+            return
+        try:
+            conn.raw.execute(_BEGIN_WRITE)
+        except pg.Error as exc:
+            self._rollback(conn)
+            raise self.error("cannot begin a transaction on", exc) from exc
+        try:
+            yield conn
+        except pg.Error as exc:  # a statement run on ``conn.raw`` directly
+            self._rollback(conn)
+            raise self.error("a statement failed on", exc) from exc
+        except BaseException:
+            self._rollback(conn)
+            raise
+        try:
+            conn.raw.execute("COMMIT")
+        except pg.Error as exc:
+            self._rollback(conn)
+            raise self.error("cannot commit to", exc) from exc
+
+    @contextmanager
+    def snapshot(self) -> Iterator[PgConnection]:
+        """A read transaction: every statement inside sees one state of the database."""
+        pg = self._psycopg
+        conn = self.connection()
+        if conn.in_transaction:
+            yield conn
+            return
+        try:
+            conn.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        except pg.Error as exc:
+            raise self.error("cannot read from", exc) from exc
+        try:
+            yield conn
+        finally:
+            self._rollback(conn)  # read only: nothing to commit
+
+    @contextmanager
+    def team_lock(self, team_id: str) -> Iterator[None]:
+        """Hold the team's session-level advisory lock on a connection of its own.
+
+        Re-entrant within a thread, as the root's ``flock`` it is taken with is.
+        """
+        pg = self._psycopg
+        key = _lock_key("team:" + team_id)
+        held: dict[int, int] = self._local.__dict__.setdefault("team_locks", {})
+        if held.get(key):
+            held[key] += 1
+            try:
+                yield
+            finally:
+                held[key] -= 1
+            return
+        pool, holder = self._lock_holder(key)
+        held[key] = 1
+        try:
+            yield
+        finally:
+            unlocked = False
+            try:  # a session that cannot unlock is closed, which releases the lock
+                unlocked = bool(
+                    holder.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()[0]
+                )
+            except pg.Error as exc:
+                log.warning("store_team_unlock_failed", store=self.display, error=str(exc))
+            if not unlocked:
+                holder.close()
+            pool.putconn(holder)  # a closed one is dropped, not reused
+            held.pop(key, None)
+
+    def _lock_holder(self, key: int) -> tuple[Any, Any]:
+        """A pooled connection holding the advisory lock ``key`` (waits for the lock), and
+        the pool it goes back to.
+
+        A pooled connection is not checked before use (that would cost a round trip per
+        lock): one the server dropped meanwhile (a restart) fails the lock and is replaced
+        by a fresh one, once.
+        """
+        pg = self._psycopg
+        pool = self._pool()
+        for attempt in (1, 2):
+            try:
+                holder = pool.getconn()
+            except Exception as exc:  # PoolTimeout, or the server cannot be reached
+                raise self.error("cannot get a connection to lock the team on", exc) from exc
+            try:
+                holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+                return pool, holder
+            except pg.Error as exc:
+                stale = holder.broken or holder.closed
+                holder.close()
+                pool.putconn(holder)
+                if not stale or attempt == 2:
+                    raise self.error("cannot lock the team on", exc) from exc
+        raise AssertionError("unreachable")
+
+    def _pool(self) -> Any:
+        with self._lock:
+            if self._holders is None:
+                self._holders = _pool_class()(
+                    self.url,
+                    kwargs={"autocommit": True, "connect_timeout": _CONNECT_TIMEOUT_S},
+                    min_size=0,
+                    max_size=_LOCK_HOLDERS,
+                    max_idle=60.0,
+                    timeout=_CONNECT_TIMEOUT_S,
+                    name=f"agentmend-team-locks-{self.local_name}",
+                    open=True,
+                )
+            return self._holders
+
+    def translate_script(self, script: str) -> str:
+        return translate_script(script)
+
+    def error(self, what: str, exc: Exception) -> StoreError:
+        cause = getattr(exc, "sqlstate", None) or type(exc).__name__
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return StoreError(f"{what} {self.display}: {message} ({cause})", cause=cause)
+
+    def _rollback(self, conn: PgConnection) -> None:
+        if conn.raw.closed or not conn.in_transaction:
+            return
+        try:
+            conn.raw.execute("ROLLBACK")
+        except self._psycopg.Error as exc:
+            log.error("store_rollback_failed", store=self.display, error=str(exc))
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                conn.raw.close()
+            self._connections.clear()
+            holders, self._holders = self._holders, None
+        if holders is not None:
+            holders.close()
+        self._local = threading.local()
+
+    def reinit_after_fork(self) -> list[object]:
+        """In a forked child: forget the parent's connections, returning them to be parked.
+
+        Closing an inherited connection would end the parent's session on the shared socket.
+        """
+        inherited: list[object] = list(self._connections)
+        if self._holders is not None:  # its worker threads did not cross the fork either
+            inherited.append(self._holders)
+        self._holders = None
+        self._connections = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        return inherited
+
+
+def _lock_key(name: str) -> int:
+    """A signed 64-bit advisory lock key for ``name``, the same on every host."""
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
+
+
+def _adapt(raw: psycopg.Connection[Any]) -> None:
+    """Booleans go in as 0/1 and integral NUMERICs come out as ints, as SQLite's do."""
+    from psycopg.adapt import Dumper, Loader
+    from psycopg.postgres import types
+
+    class BoolAsInt(Dumper):
+        oid = types["int8"].oid
+
+        def dump(self, obj: Any) -> bytes:
+            return b"1" if obj else b"0"
+
+    class NumericAsNumber(Loader):
+        def load(self, data: Any) -> Any:
+            text = bytes(data).decode()
+            if "." in text or "e" in text.lower() or "n" in text.lower():
+                return float(text)
+            return int(text)
+
+    raw.adapters.register_dumper(bool, BoolAsInt)
+    raw.adapters.register_loader("numeric", NumericAsNumber)
+
+
+@lru_cache(maxsize=4096)
+def translate_statement(sql: str) -> str:
+    """``?`` parameters to ``%s`` and a literal ``%`` to ``%%``, outside quoted text."""
+    out: list[str] = []
+    quote: str | None = None
+    for ch in sql:
+        if quote is not None:
+            if ch == quote:
+                quote = None
+            out.append("%%" if ch == "%" else ch)
+        elif ch in ("'", '"'):
+            quote = ch
+            out.append(ch)
+        elif ch == "?":
+            out.append("%s")
+        elif ch == "%":
+            out.append("%%")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+_TYPE_MAP = (
+    (
+        re.compile(r"\bINTEGER PRIMARY KEY(?: AUTOINCREMENT)?\b"),
+        "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+    ),
+    (re.compile(r"\bINTEGER\b"), "BIGINT"),
+    (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
+    (re.compile(r"\bBLOB\b"), "BYTEA"),
+    (re.compile(r"\)\s*WITHOUT ROWID"), ")"),
+)
+
+
+def translate_script(script: str) -> str:
+    """A schema script in SQLite's type names, in PostgreSQL's."""
+    for pattern, replacement in _TYPE_MAP:
+        script = pattern.sub(replacement, script)
+    return script

@@ -1,0 +1,328 @@
+"""The OTLP/HTTP receiver: point one more exporter (or a Collector) at agentmend.
+
+``POST /v1/traces`` takes an OTLP trace export as ``application/x-protobuf`` or OTLP/JSON
+(``application/json``, ids as hex strings), gzip-compressed or not, and records the agent runs
+its spans describe (``agentmend.infrastructure.telemetry``) through a ``PerformanceMonitor``'s
+buffered path. ``GET /status`` answers the counts as JSON (spans received, executions recorded,
+duplicates, own spans skipped, unmappable, orphans, rejected), so what was lost is visible; the
+program also writes them to the store every few seconds and when it stops
+(``agentmend.infrastructure.telemetry.receiver_counts``), where ``agentmend status`` shows them.
+
+Answers: 200 with an ``ExportTraceServiceResponse`` (its ``partial_success`` says how many
+spans were rejected and why); 400 with a reason for a body that does not decode (garbage,
+truncated protobuf, bad gzip, a JSON body that is not a trace export); 401 without the bearer
+token when one is set; 411 without a length; 413 for a body over ``max_body_bytes`` or one that
+decompresses to more than ``max_decompressed_bytes`` (a gzip bomb is stopped there, not
+inflated); 415 for another content type. No input stops the server: an unexpected failure is a
+500 for that request alone, logged.
+
+This module is the server alone: it reads no flag and no environment variable. ``agentmend otel
+receive`` (``agentmend.faces.cli.otel``) starts it from the command line; other faces and the
+checker start it in process. Needs the ``[otel]`` extra.
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.server
+import json
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
+from agentmend.infrastructure.telemetry.otlp_decode import (
+    DecodedBatch,
+    OtlpDecodeError,
+    decode_json,
+    decode_protobuf,
+)
+
+__all__ = [
+    "TRACES_PATH",
+    "Answer",
+    "OtlpReceiver",
+]
+
+log = get_logger(__name__)
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+TRACES_PATH = "/v1/traces"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One HTTP answer: status, content type, body."""
+
+    status: int
+    content_type: str
+    body: bytes
+
+    @classmethod
+    def text(cls, status: int, reason: str) -> Answer:
+        return cls(status, "text/plain; charset=utf-8", reason.encode())
+
+
+class OtlpReceiver:
+    """Decodes OTLP trace exports and feeds an assembler; serves HTTP on a thread pool.
+
+    Args:
+        assembler: turns spans into recorded executions.
+        host: the address to listen on (loopback by default).
+        port: 0 picks a free port (see ``address``).
+        token: when set, requests must carry ``Authorization: Bearer <token>``.
+        max_body_bytes: the largest request body read.
+        max_decompressed_bytes: the largest a gzip body may inflate to.
+        expire_every_s: how often idle traces are flushed as orphans.
+        publish: given the counts every ``publish_every_s`` and once more at ``close()`` (the
+            program writes them to the store); a failure is logged, never raised.
+        publish_every_s: how often ``publish`` is called while serving.
+    """
+
+    def __init__(
+        self,
+        assembler: TraceAssembler,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 4318,
+        token: str | None = None,
+        max_body_bytes: int = 16 * 1024 * 1024,
+        max_decompressed_bytes: int = 64 * 1024 * 1024,
+        expire_every_s: float = 1.0,
+        publish: Callable[[TelemetryCounts], None] | None = None,
+        publish_every_s: float = 5.0,
+    ) -> None:
+        self.assembler = assembler
+        self.publish = publish
+        self.publish_every_s = publish_every_s
+        self.max_body_bytes = max_body_bytes
+        self.max_decompressed_bytes = max_decompressed_bytes
+        self._token = token
+        self._stop = threading.Event()
+        self._expire_every_s = expire_every_s
+        self._server = http.server.ThreadingHTTPServer((host, port), _handler_for(self))
+        self._server.daemon_threads = True
+        self._threads: list[threading.Thread] = []
+        self._serving = False
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def endpoint(self) -> str:
+        """The base URL an exporter's ``OTEL_EXPORTER_OTLP_ENDPOINT`` should be."""
+        host, port = self.address
+        return f"http://{host}:{port}"
+
+    # ------------------------------------------------------------------ running
+
+    def start(self) -> OtlpReceiver:
+        """Serve on background threads (tests, embedding); ``close()`` stops them."""
+        self._serving = True
+        for target, name in (
+            (self._server.serve_forever, "agentmend-otlp-server"),
+            (self._expire_loop, "agentmend-otlp-expiry"),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve on this thread until ``close()`` (from another thread) or Ctrl-C."""
+        expiry = threading.Thread(target=self._expire_loop, daemon=True)
+        expiry.start()
+        self._threads.append(expiry)
+        self._serving = True
+        self._server.serve_forever()
+
+    def close(self) -> None:
+        """Stop serving. Idempotent."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._serving:  # shutdown() waits for serve_forever(), which must have started
+            self._server.shutdown()
+        self._server.server_close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self.publish_counts()
+
+    def publish_counts(self) -> None:
+        """Hand the counts to ``publish``; a store that cannot take them never stops serving."""
+        if self.publish is None:
+            return
+        try:
+            self.publish(self.assembler.counts())
+        except AgentmendError as exc:
+            log.error("otlp_counts_not_written", error=str(exc))
+
+    def _expire_loop(self) -> None:
+        published = time.monotonic()
+        while not self._stop.wait(self._expire_every_s):
+            self.assembler.flush_expired()
+            if time.monotonic() - published >= self.publish_every_s:
+                self.publish_counts()
+                published = time.monotonic()
+
+    # ------------------------------------------------------------------ one request
+
+    def authorized(self, header: str | None) -> bool:
+        if self._token is None:
+            return True
+        return header is not None and hmac.compare_digest(
+            header.encode(), f"Bearer {self._token}".encode()
+        )
+
+    def export(self, content_type: str, encoding: str, body: bytes) -> Answer:
+        """Answer one ``POST /v1/traces`` body (its length already checked)."""
+        media = content_type.split(";", 1)[0].strip().lower()
+        if media not in (PROTOBUF, JSON):
+            return Answer.text(
+                415, f"content type {media or 'none'!r} is not supported: send {PROTOBUF} or {JSON}"
+            )
+        encoding = encoding.strip().lower()
+        if encoding == "gzip":
+            inflated = self._gunzip(body)
+            if isinstance(inflated, Answer):
+                return inflated
+            body = inflated
+        elif encoding not in ("", "identity"):
+            return Answer.text(415, f"content encoding {encoding!r} is not supported: use gzip")
+        try:
+            batch = decode_protobuf(body) if media == PROTOBUF else decode_json(body)
+        except OtlpDecodeError as exc:
+            return Answer.text(400, exc.reason)
+        self.assembler.add(batch.spans, rejected=batch.rejected)
+        return _success(media, batch)
+
+    def _gunzip(self, body: bytes) -> bytes | Answer:
+        inflater = zlib.decompressobj(wbits=31)
+        try:
+            inflated = inflater.decompress(body, self.max_decompressed_bytes)
+        except zlib.error as exc:
+            return Answer.text(400, f"the gzip body does not decompress ({exc})")
+        if inflater.unconsumed_tail or (
+            len(inflated) == self.max_decompressed_bytes and not inflater.eof
+        ):
+            return Answer.text(
+                413, f"the body decompresses to more than {self.max_decompressed_bytes} bytes"
+            )
+        if not inflater.eof:
+            return Answer.text(400, "the gzip body is truncated")
+        return inflated
+
+    def status(self) -> Answer:
+        counts = asdict(self.assembler.counts())
+        return Answer(200, JSON, json.dumps(counts).encode())
+
+
+def _success(media: str, batch: DecodedBatch) -> Answer:
+    message = "; ".join(batch.reasons)
+    if media == JSON:
+        partial = (
+            {"partialSuccess": {"rejectedSpans": str(batch.rejected), "errorMessage": message}}
+            if batch.rejected
+            else {}
+        )
+        return Answer(200, JSON, json.dumps(partial).encode())
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTracePartialSuccess,
+        ExportTraceServiceResponse,
+    )
+
+    response = ExportTraceServiceResponse()
+    if batch.rejected:
+        response.partial_success.CopyFrom(
+            ExportTracePartialSuccess(rejected_spans=batch.rejected, error_message=message)
+        )
+    return Answer(200, PROTOBUF, response.SerializeToString())
+
+
+def _handler_for(receiver: OtlpReceiver) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "agentmend-otlp"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None  # the receiver logs through its own logger
+
+        def do_POST(self) -> None:
+            self._guarded(self._post)
+
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] == "/status":
+                self._guarded(lambda: receiver.status())
+            else:
+                self._send(Answer.text(404, f"no such path {self.path!r}: POST {TRACES_PATH}"))
+
+        def _guarded(self, answer: Callable[[], Answer]) -> None:
+            try:
+                result = answer()
+            except Exception:  # one bad request must never take the server down
+                log.exception("otlp_request_failed", path=self.path)
+                result = Answer.text(500, "internal error while recording the spans")
+            self._send(result)
+
+        def _post(self) -> Answer:
+            if self.path.split("?", 1)[0] != TRACES_PATH:
+                self.close_connection = True
+                return Answer.text(404, f"no such path {self.path!r}: POST {TRACES_PATH}")
+            if not receiver.authorized(self.headers.get("Authorization")):
+                self.close_connection = True
+                return Answer.text(401, "a bearer token is required")
+            length_header = self.headers.get("Content-Length")
+            if length_header is None:
+                self.close_connection = True
+                return Answer.text(411, "a Content-Length is required")
+            try:
+                length = int(length_header)
+            except ValueError:
+                self.close_connection = True
+                return Answer.text(400, "the Content-Length is not a number")
+            if length < 0 or length > receiver.max_body_bytes:
+                self.close_connection = True  # the unread body must not be taken for a request
+                if 0 < length <= 4 * receiver.max_body_bytes:
+                    # read and drop a moderately oversized body in small pieces, so a client
+                    # still sending gets the 413 rather than a reset connection
+                    left = length
+                    while left > 0:
+                        piece = self.rfile.read(min(left, 65_536))
+                        if not piece:
+                            break
+                        left -= len(piece)
+                return Answer.text(413, f"the body is larger than {receiver.max_body_bytes} bytes")
+            body = self.rfile.read(length)
+            if len(body) < length:
+                self.close_connection = True
+                return Answer.text(400, "the body ended before its Content-Length")
+            return receiver.export(
+                self.headers.get("Content-Type", ""),
+                self.headers.get("Content-Encoding", ""),
+                body,
+            )
+
+        def _send(self, answer: Answer) -> None:
+            try:
+                self.send_response(answer.status)
+                self.send_header("Content-Type", answer.content_type)
+                self.send_header("Content-Length", str(len(answer.body)))
+                if self.close_connection:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(answer.body)
+            except OSError:  # the client went away: nothing left to tell it
+                self.close_connection = True
+
+    return Handler
+
+
+# -- the program --------------------------------------------------------------------------------
