@@ -11,6 +11,7 @@ by its package's name and an underscore (a prefix standing in for a folder).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,10 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("agentmend.infrastructure.code_update", 8),
     ("agentmend.infrastructure.releases", 8),
     ("agentmend.infrastructure.telemetry", 9),
-    # a whole history copied between stores: it knows every component's tables
+    # whole-store operations: a history copied between stores, retention's prune; they know
+    # every component's tables
     ("agentmend.infrastructure.store.copying", 10),
+    ("agentmend.infrastructure.store.retention", 10),
     ("agentmend.roles", 20),
     ("agentmend.loop", 30),
     ("agentmend.faces", 40),
@@ -299,3 +302,39 @@ def test_an_injected_circle_is_caught(tmp_path: Path) -> None:
         {"agentmend.infrastructure.errors", "agentmend.infrastructure.store.api"} <= set(c)
         for c in cycles
     )
+
+
+# The executions table has one writer (the monitor's ExecutionStore) and one reader for everyone
+# else (monitoring/run_reader.py); the rollup modules' migrations build their tables from it once.
+RUNS_TABLE_OWNERS: dict[str, str] = {
+    "infrastructure/monitoring/execution_store.py": "the writer: inserts, deletes, its own state",
+    "infrastructure/monitoring/run_reader.py": "the one reader",
+    "infrastructure/monitoring/execution_rollup.py": "its migration fills the rollup from the runs",
+    "infrastructure/monitoring/run_series.py": "its migration fills the series from the runs",
+}
+# SQL keywords are written in capitals throughout, so prose ("turned into executions") is not SQL
+_RUNS_TABLE = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+executions\b")
+
+
+def runs_table_users(root: Path) -> list[str]:
+    """Modules that name the executions table in SQL."""
+    return sorted(
+        path.relative_to(root).as_posix()
+        for folder in PACKAGES
+        for path in (root / folder).rglob("*.py")
+        if _RUNS_TABLE.search(path.read_text(encoding="utf-8"))
+    )
+
+
+def test_only_the_run_reader_reads_the_executions_table() -> None:
+    users = runs_table_users(ROOT)
+    assert "infrastructure/monitoring/run_reader.py" not in users  # it names the table once
+    assert "infrastructure/monitoring/execution_store.py" in users  # the search finds SQL
+    assert [u for u in users if u not in RUNS_TABLE_OWNERS] == []
+
+
+def test_an_injected_reader_of_the_executions_table_is_caught(tmp_path: Path) -> None:
+    root = _copy_package(tmp_path)
+    with (root / "agents/faces/report/data.py").open("a", encoding="utf-8") as handle:
+        handle.write('\n_QUERY = "SELECT success FROM executions WHERE agent = ?"\n')
+    assert "agents/faces/report/data.py" in runs_table_users(root)

@@ -94,8 +94,8 @@ from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
 from agentmend.infrastructure.evaluation.evals import EvalSuite
 from agentmend.infrastructure.evaluation.verification import VerificationVerdict
 from agentmend.infrastructure.models import ChangeRecord, ImprovementAction
-from agentmend.infrastructure.monitoring.execution_store import last_run_id, recent_outcomes
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.monitoring.run_reader import last_run_id, recent_outcomes
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.infrastructure.tracing import (
     agentmend_tracer,
@@ -312,14 +312,14 @@ class ChangePipeline:
         if watched not in self.team:
             return None
         self.monitor.flush()  # the runs recorded so far are the "before"
-        before = recent_outcomes(self.manager.store, watched, self.watch_runs)
+        before = recent_outcomes(self.manager.store.connection(), watched, self.watch_runs)
         if len(before) < MIN_WATCH_RUNS:
             return None
         # the test pairs each new run with the next "before" run; drawn in a random order, the
         # before runs' own drift (healthy, then the fault) does not line up with the watch's
         # progress (in time order a fix would first meet only healthy runs and show nothing)
         # (seeded by the agent and the store's newest run: the same store draws the same order)
-        order = random.Random(f"{watched}:{last_run_id(self.manager.store)}")
+        order = random.Random(f"{watched}:{last_run_id(self.manager.store.connection())}")
         return WatchPlan(watched, tuple(order.sample(before, len(before))))
 
     async def _apply_watched(

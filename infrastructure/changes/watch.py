@@ -47,7 +47,7 @@ from agentmend.infrastructure.changes.protocol.owners import HostIdentity, Recor
 from agentmend.infrastructure.errors import InvalidArgument
 from agentmend.infrastructure.evaluation.sequential import TwoSampleDecision, TwoSampleTest
 from agentmend.infrastructure.models import ChangeRecord, ChangeStatus, ImprovementAction
-from agentmend.infrastructure.monitoring.execution_store import last_run_id, outcomes_after
+from agentmend.infrastructure.monitoring.run_reader import last_run_id, outcomes_after
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.structured_logger import get_logger
 
@@ -217,7 +217,7 @@ class ChangeWatcher:
                     self.host.hostname,
                     self.host.machine_id,
                     "".join("1" if ok else "0" for ok in before),
-                    last_run_id(self.store),
+                    last_run_id(conn),
                     budget,
                     margin,
                     alpha,
@@ -240,7 +240,7 @@ class ChangeWatcher:
         with self.store.transaction() as conn:
             conn.execute(
                 "UPDATE change_watches SET after_id = ? WHERE watch_id = ?",
-                (last_run_id(self.store), watch_id),
+                (last_run_id(conn), watch_id),
             )
         log.info("watch_started", watch_id=watch_id, agent=agent, budget=budget)
         watch = self.get(watch_id)
@@ -283,7 +283,7 @@ class ChangeWatcher:
             return watch
         test = TwoSampleTest(watch.budget, watch.margin, watch.alpha)
         decision: TwoSampleDecision = "continue"
-        after = outcomes_after(self.store, watch.agent, watch.after_id, watch.budget)
+        after = outcomes_after(self.store.connection(), watch.agent, watch.after_id, watch.budget)
         for new, old in zip(after, watch.before, strict=False):
             test.add(new, old)
             decision = test.decision()

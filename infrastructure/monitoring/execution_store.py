@@ -42,7 +42,7 @@ from agentmend.infrastructure.monitoring.agent_window import (
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.sql import StoreConnection, append_rows
 
-__all__ = ["ExecutionStore", "LoadedState", "last_run_id", "outcomes_after"]
+__all__ = ["ExecutionStore", "LoadedState", "delete_runs"]
 
 _COMPONENT = "executions"
 _ROWS_PER_INSERT = 100  # 1,000 bound parameters per statement, far below SQLite's limit
@@ -403,33 +403,6 @@ def _close_segment(
     )
 
 
-def last_run_id(store: Store) -> int:
-    """The id of the newest run in the store (0 if none): runs after it are "from now on"."""
-    store.migrate(_COMPONENT, _MIGRATIONS)
-    return _last_id(store.connection())
-
-
-def outcomes_after(store: Store, agent: str, after_id: int, limit: int) -> list[bool]:
-    """Success of ``agent``'s first ``limit`` production runs with an id above ``after_id``,
-    oldest first.
-
-    What a watch on a live change reads: the runs are in the store, so a process that takes
-    over the watch after a crash reads the same ones. Runs recorded apart (verification,
-    a requested reproduction) are not live traffic and do not count.
-    """
-    store.migrate(_COMPONENT, _MIGRATIONS)
-    rows = store.connection().execute(
-        "SELECT success FROM executions WHERE agent = ? AND source = ? AND id > ?"
-        " ORDER BY id LIMIT ?",
-        (agent, RUN, after_id, limit),
-    )
-    return [bool(ok) for (ok,) in rows]
-
-
-def recent_outcomes(store: Store, agent: str, limit: int) -> list[bool]:
-    """Success of ``agent``'s newest ``limit`` production runs, oldest first (what a watched
-    change is compared with: the agent as it ran just before the change)."""
-    store.migrate(_COMPONENT, _MIGRATIONS)
-    query = "SELECT success FROM executions WHERE agent = ? AND source = ? ORDER BY id DESC LIMIT ?"
-    rows = store.connection().execute(query, (agent, RUN, limit)).fetchall()
-    return [bool(ok) for (ok,) in reversed(rows)]
+def delete_runs(conn: StoreConnection, ids: list[int]) -> None:
+    """Delete the runs ``ids`` (retention's prune, inside the caller's transaction)."""
+    conn.execute(f"DELETE FROM executions WHERE id IN ({','.join('?' * len(ids))})", ids)

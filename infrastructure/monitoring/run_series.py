@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from agentmend.infrastructure.monitoring.agent_window import RUN, Row
+from agentmend.infrastructure.monitoring.run_reader import production_runs
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.snapshot import read_snapshot
 from agentmend.infrastructure.store.sql import StoreConnection, has_table
@@ -352,14 +353,10 @@ def series_width(
 def _raw_series(
     conn: StoreConnection, agents: Sequence[str] | None, max_points: int
 ) -> dict[str, list[SeriesPoint]]:
-    rows = conn.execute(
-        "SELECT agent, success, duration_ms, ts FROM executions WHERE source = ? ORDER BY id",
-        (RUN,),
-    ).fetchall()
     by_agent: dict[str, list[tuple[bool, float, float]]] = {}
-    for agent, success, duration_ms, ts in rows:
+    for agent, success, duration_ms, ts in production_runs(conn):
         if agents is None or agent in agents:
-            by_agent.setdefault(agent, []).append((bool(success), float(duration_ms), float(ts)))
+            by_agent.setdefault(agent, []).append((success, duration_ms, ts))
     series: dict[str, list[SeriesPoint]] = {}
     for agent, runs in by_agent.items():
         size = max(1, math.ceil(len(runs) / max_points))

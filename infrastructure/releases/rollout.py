@@ -29,12 +29,12 @@ from agentmend.infrastructure.changes.protocol.leases import Leases
 from agentmend.infrastructure.changes.protocol.owners import LeaseTerms, RecordOwner
 from agentmend.infrastructure.errors import NotFound, PermissionRequired
 from agentmend.infrastructure.monitoring.agent_window import RUN
+from agentmend.infrastructure.monitoring.run_reader import RunRow, last_run_id, runs_after
 from agentmend.infrastructure.principal import ADMIN, Principal
 from agentmend.infrastructure.releases.errors import RolloutConflict
 from agentmend.infrastructure.releases.log import RELEASE_AGENT, Release, ReleaseLog
 from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
 from agentmend.infrastructure.releases.routing import DEFAULT_SHARE, check_share
-from agentmend.infrastructure.store.sql import StoreConnection, has_table
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["ACTIVE", "RolloutRecord", "Rollouts"]
@@ -113,7 +113,7 @@ class Rollouts:
                 raise RolloutConflict(
                     version, f"release {heads.canary} is the canary now ({heads.rollout_id})"
                 )
-            cursor = _last_execution_id(conn)
+            cursor = last_run_id(conn)
             self.leases.hand_over(conn, lease.lease_id, release.change_ids)
             conn.execute(
                 f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -232,11 +232,7 @@ class Rollouts:
         # holds it past its commit, so no id below one a reader has seen can commit later
         # (tests/test_release_race.py checks it with concurrent writers).
         conn = self.releases.store.connection()
-        rows = conn.execute(
-            "SELECT id, source, success, duration_ms, extra FROM executions "
-            "WHERE id > ? ORDER BY id LIMIT ?",
-            (record.cursor, _READ_BATCH),
-        ).fetchall() if _has_executions(conn) else []  # fmt: skip
+        rows = runs_after(conn, record.cursor, _READ_BATCH)
         age_hours = ((now or time.time()) - record.started_at) / 3600.0
         if not rows and age_hours < record.limits.max_hours:
             return record  # nothing new to judge
@@ -247,7 +243,7 @@ class Rollouts:
                 stepped = conn.execute(
                     "UPDATE rollouts SET evidence = ?, cursor = ? "
                     "WHERE rollout_id = ? AND cursor = ? AND state = 'canary'",
-                    (evidence.to_json(), int(rows[-1][0]), rollout_id, record.cursor),
+                    (evidence.to_json(), rows[-1].id, rollout_id, record.cursor),
                 ).rowcount
             if stepped != 1:
                 return self.get(rollout_id)  # another worker took this step
@@ -392,35 +388,20 @@ def _require_admin(by: Principal, action: str) -> None:
         raise PermissionRequired(by.user_id, ADMIN, action)
 
 
-def _has_executions(conn: StoreConnection) -> bool:
-    # no monitor may have written to this store yet (a failed statement would also end a
-    # PostgreSQL transaction, so the catalogue is asked instead)
-    return has_table(conn, "executions")
-
-
-def _last_execution_id(conn: StoreConnection) -> int:
-    if not _has_executions(conn):
-        return 0
-    row = conn.execute("SELECT MAX(id) FROM executions").fetchone()
-    return int(row[0] or 0)
-
-
-def _arm_runs(
-    rows: list[tuple[object, ...]], rollout_id: str, canary: int
-) -> list[tuple[str, bool, float]]:
+def _arm_runs(rows: list[RunRow], rollout_id: str, canary: int) -> list[tuple[str, bool, float]]:
     """(arm, success, duration) of the production runs served under ``rollout_id``."""
     runs: list[tuple[str, bool, float]] = []
-    for _id, source, success, duration_ms, extra in rows:
-        if source != RUN or not extra:
+    for row in rows:
+        if row.source != RUN or not row.extra:
             continue
         try:
-            tags = json.loads(str(extra))
+            tags = json.loads(str(row.extra))
         except ValueError:
             continue
         if not isinstance(tags, dict) or tags.get("rollout") != rollout_id:
             continue
         arm = "canary" if tags.get("release") == canary else "stable"
-        runs.append((arm, bool(success), float(str(duration_ms))))
+        runs.append((arm, row.success, row.duration_ms))
     return runs
 
 

@@ -27,9 +27,12 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.monitoring.agent_window import RUN
+from agentmend.infrastructure.monitoring.execution_store import delete_runs
+from agentmend.infrastructure.monitoring.run_reader import nth_newest_run_id, run_ids, run_times
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.sql import StoreConnection, table_names
 from agentmend.infrastructure.structured_logger import get_logger
@@ -260,16 +263,10 @@ def _baseline_samples(conn: StoreConnection, capacity: int) -> dict[str, list[tu
             for start, end in segments:
                 if room <= 0:
                     break
-                bound = "" if end is None else " AND id <= ?"
-                params: tuple[Any, ...] = (agent, start) if end is None else (agent, start, end)
-                ids = conn.execute(
-                    f"SELECT id FROM executions WHERE agent = ? AND source = 'run' AND id > ?"
-                    f"{bound} ORDER BY id LIMIT ?",
-                    (*params, room),
-                ).fetchall()
+                ids = run_ids(conn, agent, RUN, after=start, through=end, limit=room)
                 room -= len(ids)
                 # a sample not yet full keeps the whole segment: its next runs will join it
-                high = int(ids[-1][0]) if ids and room <= 0 else (end if end is not None else 2**62)
+                high = ids[-1] if ids and room <= 0 else (end if end is not None else 2**62)
                 ranges.setdefault(agent, []).append((int(start), int(high)))
     return ranges
 
@@ -285,12 +282,12 @@ def _prune_runs(
     protected_since: float | None,
 ) -> int:
     conn = store.connection()
-    floor = _nth_newest(conn, agent, source, KEEP_NEWEST)
+    floor = nth_newest_run_id(conn, agent, source, KEEP_NEWEST)
     if floor is None:
         return 0  # no more runs than are always kept
     # a run goes if it is beyond the newest ``runs_per_agent`` or older than ``run_days``
     beyond = (
-        _nth_newest(conn, agent, source, policy.runs_per_agent)
+        nth_newest_run_id(conn, agent, source, policy.runs_per_agent)
         if policy.runs_per_agent is not None
         else None
     )
@@ -298,11 +295,7 @@ def _prune_runs(
     fence = float("inf") if protected_since is None else protected_since
     deleted, after = 0, 0
     while not budget.spent:
-        page = conn.execute(
-            "SELECT id, ts FROM executions WHERE agent = ? AND source = ? AND id > ?"
-            " AND id < ? ORDER BY id LIMIT ?",
-            (agent, source, after, floor, policy.batch),
-        ).fetchall()
+        page = run_times(conn, agent, source, after=after, before=floor, limit=policy.batch)
         if not page:
             break
         doomed: list[int] = []
@@ -316,28 +309,15 @@ def _prune_runs(
             if ts >= fence or any(low < row_id <= high for low, high in samples):
                 continue
             doomed.append(int(row_id))
-        after = int(page[-1][0])
+        after = page[-1][0]
         if doomed:
             with store.transaction() as tx:
-                tx.execute(
-                    f"DELETE FROM executions WHERE id IN ({','.join('?' * len(doomed))})",
-                    doomed,
-                )
+                delete_runs(tx, doomed)
             deleted += len(doomed)
             budget.take()
         if done or len(page) < policy.batch:
             break
     return deleted
-
-
-def _nth_newest(conn: StoreConnection, agent: str, source: str, n: int) -> int | None:
-    """The id of the agent's ``n``-th newest run of ``source`` (None if it has fewer)."""
-    row = conn.execute(
-        "SELECT id FROM executions WHERE agent = ? AND source = ? ORDER BY id DESC"
-        " LIMIT 1 OFFSET ?",
-        (agent, source, n - 1),
-    ).fetchone()
-    return None if row is None else int(row[0])
 
 
 def _prune_decisions(

@@ -25,8 +25,8 @@ from agentmend.infrastructure.detection.issue_ledger import (
 )
 from agentmend.infrastructure.detection.series import StatisticStep, read_statistic_series
 from agentmend.infrastructure.models import ChangeRecord
-from agentmend.infrastructure.monitoring.agent_window import RUN
 from agentmend.infrastructure.monitoring.execution_rollup import baseline_runs
+from agentmend.infrastructure.monitoring.run_reader import recent_runs
 from agentmend.infrastructure.monitoring.run_series import SeriesPoint, read_series
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.snapshot import read_snapshot
@@ -147,11 +147,7 @@ def agent_statuses(store: Store, *, baseline_n: int) -> list[AgentStatus]:
                 }
         statuses = []
         for agent, runs, failures, last_ts in totals:
-            recent = conn.execute(
-                "SELECT success, duration_ms FROM executions WHERE agent = ? AND source = ? "
-                "ORDER BY id DESC LIMIT ?",
-                (agent, RUN, RECENT_RUNS),
-            ).fetchall()
+            recent = recent_runs(conn, agent, RECENT_RUNS)
             oks = [bool(ok) for ok, _ in recent]
             statuses.append(
                 AgentStatus(
