@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 WHEELHOUSE := $(VENV)/wheelhouse
 WHEELHOUSE_PACKAGES := openai-agents==0.24.0
 
-.PHONY: run demo test lint typecheck bench clean
+.PHONY: run demo test test-fast lint typecheck bench clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,13 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(PY) main.py --demo
 
+# every test, on every core (pytest-xdist); what a run builds once is shared by its workers
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist worksteal
+
+# the inner loop: everything but the tests marked slow (crash trials, the real CLI, wheels)
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n auto --dist worksteal -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

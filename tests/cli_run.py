@@ -9,11 +9,13 @@ also uses the ``restore_logging`` fixture of ``conftest.py``.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from session_shared import shared_folder
 
 from agentmend.faces.cli.app import main
 
@@ -32,7 +34,19 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 
 def demo_workspace(target: Path) -> Path:
     """The demo's workspace at ``target``: on the simulated team, a truncation fault fixed and
-    kept, a wrong fix rolled back, and a timeout fixed and kept."""
+    kept, a wrong fix rolled back, and a timeout fixed and kept.
+
+    The demo runs once per test run (``session_shared``); each caller gets a copy of its own,
+    to read and to record into. The copy's change log still names the files of the original, so
+    a test that rolls back (or improves) the demo's changes uses ``fresh_demo_workspace``.
+    """
+    built = shared_folder("demo-workspace", lambda folder: fresh_demo_workspace(folder / "ws"))
+    shutil.copytree(built / "ws", target)
+    return target
+
+
+def fresh_demo_workspace(target: Path) -> Path:
+    """The demo run at ``target`` itself: a workspace whose changes name its own files."""
     result = subprocess.run(
         [sys.executable, "-m", "agentmend.faces.cli", "demo", "--workspace", str(target)],
         cwd=ROOT,

@@ -6,9 +6,12 @@
   unless it is marked ``@pytest.mark.allow_network``. A refusal that the code under test
   swallowed (turned into a connection error) still fails the test at teardown; the
   ``network_guard`` fixture gives a test the guard to inspect.
-- ``pg_server`` is one throwaway PostgreSQL server for the session (``tests/pg_server.py``),
-  stopped by pid at the end; ``pg_url`` is a fresh database on it for one test, and
-  ``store_url`` runs a test once per backend (a SQLite file, then a PostgreSQL database).
+- The run builds what is expensive once for all its pytest-xdist workers, in a folder the
+  controlling process makes and removes (``tests/session_shared.py``).
+- ``pg_server`` is one throwaway PostgreSQL server for the whole run, shared by the workers and
+  stopped by pid at the end (``tests/pg_server.py``); ``pg_url`` is a fresh database on it for
+  one test, and ``store_url`` runs a test once per backend (a SQLite file, then a PostgreSQL
+  database). ``own_pg_server`` is a server of the test's own, for tests that restart it.
   Without the binaries these skip, or fail under ``AGENTMEND_REQUIRE_SERVICES=1``.
 - ``fake_api`` yields a started ``FakeMessagesAPI`` (``tests/fake_messages_api.py``) and closes
   it after the test. Test modules import the helpers with
@@ -22,14 +25,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import structlog
 from fake_messages_api import FakeMessagesAPI
-from pg_server import PgServer, PgUnavailable
+from package_modules import modules_under_folder_names
+from pg_server import PgServer, PgUnavailable, shared_pg_server, stop_shared_pg_server
 from services import unavailable
+from session_shared import make_run_folder
 
 from agentmend.infrastructure.llm.network_guard import (
     TESTING_ENV_VAR,
@@ -37,9 +43,30 @@ from agentmend.infrastructure.llm.network_guard import (
     refuse_non_loopback,
 )
 
+_RUN_FOLDER = pytest.StashKey[Path]()
+
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(TESTING_ENV_VAR, "1")
+    if not hasattr(config, "workerinput"):  # the controlling process (or a run without xdist)
+        config.stash[_RUN_FOLDER] = make_run_folder()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_RUN_FOLDER, None)
+    if folder is not None:
+        stop_shared_pg_server(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_module_under_a_folder_name() -> Iterator[None]:
+    """After every test of this worker: nothing of ours was imported as ``agents.*`` or
+    ``infrastructure.*`` (the folders' own names, importable from a checkout), only as
+    ``agentmend.*``; a leak fails the run at its last test's teardown."""
+    yield
+    leaked = modules_under_folder_names()
+    assert leaked == [], f"imported under a folder's name instead of agentmend: {leaked}"
 
 
 @pytest.fixture(autouse=True)
@@ -64,12 +91,27 @@ def fake_api() -> Iterator[FakeMessagesAPI]:
         api.close()
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PgServer]:
+def _require_psycopg() -> None:
     try:
         import psycopg  # noqa: F401
     except ImportError:
         unavailable("psycopg is not installed (pip install agentmend[postgres])")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> PgServer:
+    """The run's one server (stopped by the controlling process when the run ends)."""
+    _require_psycopg()
+    try:
+        return shared_pg_server()
+    except PgUnavailable as exc:
+        unavailable(str(exc))
+
+
+@pytest.fixture
+def own_pg_server() -> Iterator[PgServer]:
+    """A server of this test's own, which it may restart without disturbing other workers."""
+    _require_psycopg()
     try:
         server = PgServer()
     except PgUnavailable as exc:

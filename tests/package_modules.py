@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
+from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
@@ -15,6 +17,19 @@ import agentmend
 import agentmend.infrastructure
 
 T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def modules_under_folder_names(root: Path = ROOT) -> list[str]:
+    """Modules of this checkout imported as ``agents.*`` or ``infrastructure.*`` (the folders'
+    own names, importable from the checkout) rather than as ``agentmend.*``."""
+    return sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if name.partition(".")[0] in ("agents", "infrastructure")
+        and Path(getattr(module, "__file__", None) or "/").resolve().is_relative_to(root)
+    )
 
 
 def import_all_modules() -> list[ModuleType]:

@@ -5,10 +5,16 @@ cluster lives in a directory under /tmp owned by the ``postgres`` user (pytest's
 directory is closed to other users), made by ``initdb -N`` (no fsync of the new files, about
 0.7 s). The server listens on 127.0.0.1 at a free port and on a Unix socket in that directory;
 as root it runs as ``postgres`` through ``runuser``. :meth:`PgServer.stop` stops it by pid.
+
+A test run shares one server among its pytest-xdist workers (``shared_pg_server``): the first
+worker that needs it starts it under the run's lock and writes where it is; the others attach
+to it; the controlling process stops it when the run ends (``stop_shared_pg_server``). Tests
+that restart a server use one of their own.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -19,8 +25,13 @@ import tempfile
 import time
 from itertools import count
 from pathlib import Path
+from typing import Any
 
-__all__ = ["PgServer", "PgUnavailable", "pg_bindir"]
+from session_shared import shared_lock
+
+__all__ = ["PgServer", "PgUnavailable", "pg_bindir", "shared_pg_server", "stop_shared_pg_server"]
+
+_SHARED = "postgresql"
 
 _counter = count(1)
 
@@ -65,7 +76,7 @@ class PgServer:
             still survives a killed or restarted server (the OS keeps the written pages).
     """
 
-    def __init__(self, *, fsync: bool = False) -> None:
+    def __init__(self, *, fsync: bool = False, _attach: dict[str, Any] | None = None) -> None:
         self.bindir = pg_bindir()
         self._as_postgres: list[str] = []
         owner: pwd.struct_passwd | None = None
@@ -75,13 +86,17 @@ class PgServer:
             except KeyError as exc:
                 raise PgUnavailable("running as root but there is no postgres user") from exc
             self._as_postgres = ["runuser", "-u", "postgres", "--"]
+        self._fsync = fsync
+        if _attach is not None:  # a server another process of this run started
+            self.base, self.port = Path(_attach["base"]), int(_attach["port"])
+            self.data, self.pid = self.base / "data", int(_attach["pid"])
+            return
         self.base = Path(tempfile.mkdtemp(prefix="agentmend-pg-", dir="/tmp"))
         if owner is not None:
             os.chown(self.base, owner.pw_uid, owner.pw_gid)
         self.data = self.base / "data"
         self.port = _free_port()
         self.pid: int | None = None
-        self._fsync = fsync
         self._run(
             "initdb",
             "-N",
@@ -152,13 +167,21 @@ class PgServer:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
+    def describe(self) -> dict[str, Any]:
+        """Where the server is, for another process of the run to attach to."""
+        return {"base": str(self.base), "port": self.port, "pid": self.pid}
+
     def stop(self) -> None:
-        """Stop the server by its pid (fast shutdown, then SIGKILL), and remove the cluster."""
+        """Stop the server by its pid (immediate shutdown, then SIGKILL), remove the cluster.
+
+        The cluster is thrown away, so nothing is checkpointed: an immediate shutdown ends at
+        once however many databases the run made.
+        """
         pid = self.pid
         self.pid = None
         if pid is not None:
             try:
-                os.kill(pid, signal.SIGINT)  # the postmaster's "fast" shutdown
+                os.kill(pid, signal.SIGQUIT)  # the postmaster's "immediate" shutdown
             except ProcessLookupError:
                 pid = None
             deadline = time.monotonic() + 30
@@ -170,3 +193,22 @@ class PgServer:
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def shared_pg_server() -> PgServer:
+    """The run's one server: started by the first caller, attached to by the others."""
+    with shared_lock(_SHARED) as folder:
+        where = folder / f"{_SHARED}.json"
+        if where.exists():
+            return PgServer(_attach=json.loads(where.read_text()))
+        server = PgServer()
+        where.write_text(json.dumps(server.describe()))
+        return server
+
+
+def stop_shared_pg_server(folder: Path) -> None:
+    """Stop the run's server, if any process started one (the controlling process, at the end)."""
+    where = folder / f"{_SHARED}.json"
+    if where.exists():
+        PgServer(_attach=json.loads(where.read_text())).stop()
+        where.unlink()

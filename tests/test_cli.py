@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_run import demo_workspace as make_demo
-from cli_run import run_cli
+from cli_run import fresh_demo_workspace, run_cli
 
 from agentmend.faces.cli.app import build_parser, main
 from agentmend.faces.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, EXIT_USAGE
@@ -178,7 +178,7 @@ def _kept_change(workspace: Path, capsys: pytest.CaptureFixture[str]) -> dict[st
 def test_rollback_restores_the_files_and_a_second_rollback_is_a_problem(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    workspace = make_demo(tmp_path / "ws")
+    workspace = fresh_demo_workspace(tmp_path / "ws")  # rolls back the demo's own change
     team = workspace / "agents"
     before = {p.name: p.read_bytes() for p in team.glob("*.md")}
     change = _kept_change(workspace, capsys)

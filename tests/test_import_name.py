@@ -149,13 +149,18 @@ def test_the_old_name_check_finds_each_form(tmp_path: Path) -> None:
 _IMPORT_EVERYTHING = """
 import sys
 sys.path.insert(0, "tests")
-from package_modules import import_all_modules
+from package_modules import import_all_modules, modules_under_folder_names
 modules = import_all_modules()
-ours = [
-    name for name, module in sys.modules.items()
-    if name.partition(".")[0] in ("agents", "infrastructure")
-]
-print(len(modules), ours)
+print(len(modules), modules_under_folder_names())
+"""
+
+_IMPORT_BY_FOLDER = """
+import sys
+sys.path.insert(0, "tests")
+sys.path.insert(0, ".")
+import infrastructure.principal
+from package_modules import modules_under_folder_names
+print(modules_under_folder_names())
 """
 
 
@@ -172,3 +177,16 @@ def test_importing_every_module_loads_nothing_under_a_folder_name() -> None:
     count, leaked = done.stdout.split(" ", 1)
     assert int(count) > 150
     assert leaked.strip() == "[]"
+
+
+def test_a_module_imported_under_its_folder_name_is_caught() -> None:
+    # what the suite's session check (conftest.py) would report after such an import
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_BY_FOLDER],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['infrastructure', 'infrastructure.principal']"

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_run import demo_workspace
+from cli_run import fresh_demo_workspace
 from rich.console import Console
 from test_failure_cycles import BASELINE, Build, build, drive_until_cycle, warm_up
 
@@ -127,7 +127,7 @@ def _improve(workspace: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return demo_workspace(tmp_path_factory.mktemp("improve") / "ws")
+    return fresh_demo_workspace(tmp_path_factory.mktemp("improve") / "ws")  # it improves it
 
 
 def test_improve_in_a_pipe_prints_the_eval_runs_as_plain_lines(workspace: Path) -> None:

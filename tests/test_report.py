@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from cli_run import demo_workspace, run_cli
+from cli_run import demo_workspace, fresh_demo_workspace, run_cli
 
 from agentmend.faces.cli.app import main
 from agentmend.faces.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, EXIT_USAGE
@@ -234,7 +234,7 @@ def test_improve_shows_each_step_as_plain_lines_off_a_terminal(tmp_path: Path) -
             "improve",
             "research-agent",
             "--workspace",
-            str(demo_workspace(tmp_path / "ws")),
+            str(fresh_demo_workspace(tmp_path / "ws")),
         ],
         cwd=ROOT,
         capture_output=True,

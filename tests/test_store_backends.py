@@ -197,7 +197,8 @@ def test_team_lock_excludes_across_connections(pg_url: str, tmp_path: Path) -> N
         assert overlapped  # the two teams' locks did not exclude each other
 
 
-def test_reconnects_after_a_server_restart(pg_server: PgServer, tmp_path: Path) -> None:
+def test_reconnects_after_a_server_restart(own_pg_server: PgServer, tmp_path: Path) -> None:
+    pg_server = own_pg_server  # restarted below: not the run's shared server
     url = pg_server.create_database()
     with _open(url, tmp_path) as store:
         with store.transaction() as conn:
@@ -215,7 +216,10 @@ def _holder_pid(store: Store) -> int:
     """The server process holding this store's one advisory session lock, seen from outside."""
     rows = (
         store.connection()
-        .execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted")
+        .execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
         .fetchall()
     )
     assert len(rows) == 1
@@ -223,11 +227,12 @@ def _holder_pid(store: Store) -> int:
 
 
 def test_team_locks_reuse_pooled_sessions_and_survive_a_restart(
-    pg_server: PgServer, tmp_path: Path
+    own_pg_server: PgServer, tmp_path: Path
 ) -> None:
     """A team lock is held on a pooled connection (psycopg_pool): the next lock reuses its
     server session instead of starting a new one, and after a server restart the dead pooled
     connection is replaced without an error."""
+    pg_server = own_pg_server  # restarted below: not the run's shared server
     url = pg_server.create_database()
     with Store(url, files_dir=tmp_path) as store:
         pids = []

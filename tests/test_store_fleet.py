@@ -141,7 +141,7 @@ def test_an_applier_killed_mid_run_leaves_nothing_half_done(
 
 @pytest.mark.slow
 def test_a_server_restart_mid_run_loses_no_acknowledged_run(
-    pg_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    own_pg_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    _fleet(pg_server, tmp_path, restart=True)
+    _fleet(own_pg_server, tmp_path, restart=True)  # restarted: not the run's shared server

@@ -1,8 +1,8 @@
 """agentmend as a user installs it: a wheel built from this tree, in a venv of its own.
 
-``user_venv`` (one per test session: building takes seconds) builds a wheel from a copy of the
-tree (``pip wheel --no-deps --no-build-isolation``, so nothing is downloaded), makes a venv
-outside the repository and installs the wheel there with ``--no-deps``. The dependencies are
+``user_venv`` (one per test run, shared by its workers: building takes seconds) builds a wheel from
+a copy of the tree (``pip wheel --no-deps --no-build-isolation``, so nothing is downloaded), makes a
+venv outside the repository and installs the wheel there with ``--no-deps``. The dependencies are
 the running interpreter's, reached through a path file: a directory named there is put on
 ``sys.path`` without its own path files being run, so this checkout's editable install is not
 seen, and ``import agentmend`` finds the installed wheel. ``UserVenv.run`` runs a command of that
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from session_shared import shared_folder
 
 __all__ = [
     "ROOT",
@@ -100,9 +101,15 @@ def _source_copy(target: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def user_venv(tmp_path_factory: pytest.TempPathFactory) -> UserVenv:
-    """One venv per test session with agentmend installed from a wheel of this tree."""
-    base = tmp_path_factory.mktemp("user-install")
+def user_venv() -> UserVenv:
+    """One venv per test run with agentmend installed from a wheel of this tree, built by the
+    first worker that needs it and shared by all (``session_shared``)."""
+    base = shared_folder("user-install", _build_user_venv)
+    (wheel,) = (base / "wheels").glob("agentmend-*.whl")
+    return UserVenv(base / "venv", wheel)
+
+
+def _build_user_venv(base: Path) -> None:
     source, wheels, venv = base / "source", base / "wheels", base / "venv"
     _source_copy(source)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
@@ -121,7 +128,6 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> UserVenv:
         check=True,
         capture_output=True,
     )
-    return UserVenv(venv, wheel)
 
 
 def borrow_dependencies(python: Path) -> None:
