@@ -17,6 +17,8 @@
   it after the test. Test modules import the helpers with
   ``from fake_messages_api import Reply, FakeMessagesAPI`` (tests/ is on sys.path because this
   directory has no ``__init__.py``).
+- ``manager`` is an ``ImprovementManager`` on a store of its own and ``monitor`` an in-memory
+  ``PerformanceMonitor``; a module that needs other settings defines its own.
 - ``restore_logging`` puts structlog's configuration back after a test that ran ``main()``
   (which configures logging onto the captured stderr, closed after the test); modules that
   run the command use it with ``pytestmark = pytest.mark.usefixtures("restore_logging")``.
@@ -37,11 +39,14 @@ from pg_server import PgServer, PgUnavailable, shared_pg_server, stop_shared_pg_
 from services import unavailable
 from session_shared import make_run_folder
 
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
 from agentmend.infrastructure.llm.network_guard import (
     TESTING_ENV_VAR,
     NetworkGuard,
     refuse_non_loopback,
 )
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.store.api import Store
 
 _RUN_FOLDER = pytest.StashKey[Path]()
 
@@ -134,6 +139,24 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "agentmend.db")
     return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def manager(tmp_path: Path) -> Iterator[ImprovementManager]:
+    """An ``ImprovementManager`` on a store of its own (``<tmp>/ws/agentmend.db``)."""
+    with ImprovementManager(store=Store(tmp_path / "ws" / "agentmend.db")) as opened:
+        yield opened
+        opened.store.close()
+
+
+@pytest.fixture
+def monitor() -> Iterator[PerformanceMonitor]:
+    """An in-memory ``PerformanceMonitor`` with the default settings, closed after the test.
+
+    A test module that needs other settings (a small window, a baseline size) defines its own
+    ``monitor``, which takes precedence there."""
+    with PerformanceMonitor() as opened:
+        yield opened
 
 
 @pytest.fixture

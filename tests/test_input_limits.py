@@ -9,7 +9,7 @@ import os
 import pickle
 import socket
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,7 +35,6 @@ from agentmend.infrastructure.limits import InputLimits
 from agentmend.infrastructure.llm.testing import ScriptedRuntime
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.store.api import Store
 from agentmend.roles.code_review import CodeReviewer
 from agentmend.roles.team import AgentTeam
 
@@ -50,13 +49,6 @@ def _action(**fields: object) -> ImprovementAction:
         confidence_score=0.9,
         **fields,
     )
-
-
-@pytest.fixture
-def manager(tmp_path: Path) -> Iterator[ImprovementManager]:
-    with ImprovementManager(store=Store(tmp_path / "ws" / "agentmend.db")) as m:
-        yield m
-        m.store.close()
 
 
 def _rows(manager: ImprovementManager) -> int:

@@ -32,12 +32,6 @@ class Clock:
 
 
 @pytest.fixture
-def monitor() -> Iterator[PerformanceMonitor]:
-    with PerformanceMonitor() as monitor:
-        yield monitor
-
-
-@pytest.fixture
 def recorder(monitor: PerformanceMonitor) -> Recorder:
     return Recorder(monitor.record)
 

@@ -22,12 +22,6 @@ from agentmend.infrastructure.tracing import agentmend_tracer, role_span
 
 
 @pytest.fixture
-def monitor() -> Iterator[PerformanceMonitor]:
-    with PerformanceMonitor() as monitor:
-        yield monitor
-
-
-@pytest.fixture
 def provider() -> Iterator[TracerProvider]:
     provider = TracerProvider(resource=Resource.create({"service.name": "support-bot"}))
     yield provider

@@ -59,13 +59,6 @@ def disk(tmp_path: Path) -> Iterator[Path]:
         yield mount
 
 
-@pytest.fixture
-def manager(tmp_path: Path) -> Iterator[ImprovementManager]:
-    with ImprovementManager(store=Store(tmp_path / "ws" / "agentmend.db")) as m:
-        yield m
-        m.store.close()
-
-
 def test_an_apply_on_a_full_disk_names_enospc_and_the_file_and_writes_nothing(
     disk: Path, manager: ImprovementManager
 ) -> None:

@@ -16,7 +16,7 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +28,6 @@ from agentmend.infrastructure.code_update.sandbox import namespaces_available
 from agentmend.infrastructure.code_update.suite_guard import flagged_test_files
 from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.store.api import Store
 from agentmend.roles.code_review import CodeReviewer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,12 +38,6 @@ SHARED_FIXTURE = "import pytest\n\n\n@pytest.fixture\ndef two():\n    return 2\n
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     return make_project(tmp_path / "proj")
-
-
-@pytest.fixture
-def manager(tmp_path: Path) -> Iterator[ImprovementManager]:
-    with ImprovementManager(store=Store(tmp_path / "ws" / "agentmend.db")) as m:
-        yield m
 
 
 def _updater(project: Path, manager: ImprovementManager, **changes: object) -> CodeUpdater:
