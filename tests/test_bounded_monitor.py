@@ -158,6 +158,7 @@ def test_a_full_backlog_over_a_failing_store_refuses_at_once_and_keeps_what_it_h
     assert _rows(db) == 50
 
 
+@pytest.mark.slow
 def test_close_meets_its_deadline_with_a_huge_backlog_and_says_what_is_left(
     tmp_path: Path,
 ) -> None:

@@ -414,6 +414,7 @@ async def test_private_home_is_removed_on_close(fake_api: FakeMessagesAPI) -> No
         await rt.run(make_spec(), "Go.")
 
 
+@pytest.mark.slow
 async def test_timeout_returns_timeout_and_leaves_no_cli_process(
     runtime: ClaudeAgentRuntime, fake_api: FakeMessagesAPI
 ) -> None:

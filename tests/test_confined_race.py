@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from race_tree import run_race
 
 RACE_SECONDS = 4.0
 
 
+@pytest.mark.slow
 def test_no_write_leaves_the_root_while_the_tree_is_swapped_underneath(tmp_path: Path) -> None:
     result = run_race(tmp_path, RACE_SECONDS)
     assert result.outside_changed == []

@@ -339,6 +339,7 @@ def test_store_backed_detection_uses_the_persisted_baseline(tmp_path: Path) -> N
         assert reports[0].baseline["n"] == BASE_N
 
 
+@pytest.mark.slow
 def test_false_alarm_rate_of_healthy_agents_is_bounded() -> None:
     """200k healthy runs at a 90 % success rate, 20 agents each with its own baseline.
 

@@ -214,6 +214,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_the_library_prints_nothing_unless_logging_is_configured(
     user_venv: UserVenv, tmp_path: Path
 ) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.store.api import Store
 
@@ -77,6 +79,7 @@ def open_steps(db: Path) -> tuple[int, PerformanceMonitor]:
     return steps[0], monitor
 
 
+@pytest.mark.slow
 def test_opening_costs_the_same_at_ten_thousand_and_at_a_million_runs(tmp_path: Path) -> None:
     small, large = tmp_path / "small.db", tmp_path / "large.db"
     build_history(small, 10_000)

@@ -25,6 +25,7 @@ from agentmend.infrastructure.monitoring.performance_monitor import PerformanceM
 BUDGET = 0.001 * 0.95  # the default false_alarm_rate times the default failure_share
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("n", "p"), [(100, 0.03), (30, 0.10)])
 def test_expected_false_alarm_rate_is_within_budget_and_near_it(n: int, p: float) -> None:
     rate = failure_alarm_rate(n, p, BUDGET)

@@ -217,6 +217,7 @@ def _run_own_agent(
     )
 
 
+@pytest.mark.slow
 def test_the_anthropic_provider_runs_your_own_agents_for_real(
     tmp_path: Path, fake_api: FakeMessagesAPI
 ) -> None:

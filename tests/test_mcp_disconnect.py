@@ -50,6 +50,7 @@ def _requests() -> bytes:
     return b"".join(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attempt", range(3))
 def test_closing_stdin_with_calls_in_flight_and_stdout_full_ends_the_server(
     tmp_path: Path, attempt: int

@@ -168,6 +168,7 @@ def until(what: str, check: Callable[[], bool], timeout: float = TIMEOUT_S) -> N
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_the_session_serves_a_canary_share_picks_up_a_promotion_and_says_when_cut_off(
     tmp_path: Path,
 ) -> None:

@@ -111,6 +111,7 @@ def own_server(pg_server: PgServer, tmp_path: Path) -> Any:
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_session_answers_on_its_last_release_while_the_server_is_down(
     own_server: OwnServer, tmp_path: Path
 ) -> None:
@@ -173,6 +174,7 @@ async def _status_until(client: Client, check: Callable[[dict[str, Any]], bool])
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.slow
 async def test_the_mcp_server_runs_on_its_last_release_while_the_server_is_down(
     own_server: OwnServer, tmp_path: Path
 ) -> None:
@@ -232,6 +234,7 @@ async def test_the_mcp_server_runs_on_its_last_release_while_the_server_is_down(
     assert "Traceback" not in (tmp_path / "server.stderr").read_text()
 
 
+@pytest.mark.slow
 async def test_a_run_of_a_watched_agent_stands_while_the_server_is_down_and_the_watch_goes_on(
     pg_server: PgServer, tmp_path: Path
 ) -> None:

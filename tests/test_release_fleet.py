@@ -120,6 +120,7 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> Non
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_publication_reaches_every_worker_within_a_second(fleet: Fleet) -> None:
     fleet.log.publish_directory(fleet.source, by=CYCLE)
     listening = fleet.store.backend == "postgresql"
@@ -214,6 +215,7 @@ def _whole_release(fleet: Fleet, root: Path) -> int:
     return served.version
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_materialization_comes_back_on_a_whole_release(
     fleet: Fleet,
 ) -> None:
@@ -275,6 +277,7 @@ def _cut_off_by_a_detached_volume(fleet: Fleet) -> None:
     wait_for("the worker to reconnect", lambda: fleet.status(k).get("connected") is True)
 
 
+@pytest.mark.slow
 def test_a_worker_cut_off_from_a_stopped_server_keeps_its_release(
     pg_server: PgServer, tmp_path: Path
 ) -> None:

@@ -125,6 +125,7 @@ def _check(seen: dict[str, Any], agents: dict[str, int]) -> None:
     assert seen["summary"]["agents"] == len(agents)
 
 
+@pytest.mark.slow
 def test_the_report_file_in_chromium(browser: Any, workspace: Path, tmp_path: Path) -> None:
     target = tmp_path / "report.html"
     assert main(["report", "--workspace", str(workspace), "-o", str(target)]) == 0
@@ -138,6 +139,7 @@ def test_the_report_file_in_chromium(browser: Any, workspace: Path, tmp_path: Pa
     assert plain["filter_visible"] is False
 
 
+@pytest.mark.slow
 def test_the_served_page_in_chromium(browser: Any, workspace: Path) -> None:
     process, url = start_server(workspace)
     try:

@@ -205,6 +205,7 @@ async def test_the_anthropic_runtime_conforms(fake_api: FakeMessagesAPI) -> None
     assert len(fake_api.message_requests()) >= len(ALL_CHECKS)  # the real client sent them
 
 
+@pytest.mark.slow
 async def test_the_claude_agent_runtime_conforms(fake_api: FakeMessagesAPI) -> None:
     def factory(scenario: Scenario) -> AgentRuntime:
         _play(fake_api, scenario, tool_prefix="mcp__agentmend__")

@@ -173,6 +173,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_beside_openai_agents_and_an_app_with_the_same_folder_names(
     user_venv: UserVenv, tmp_path: Path
 ) -> None:
