@@ -87,6 +87,7 @@ class PgServer:
                 raise PgUnavailable("running as root but there is no postgres user") from exc
             self._as_postgres = ["runuser", "-u", "postgres", "--"]
         self._fsync = fsync
+        self.pid: int | None = None
         if _attach is not None:  # a server another process of this run started
             self.base, self.port = Path(_attach["base"]), int(_attach["port"])
             self.data, self.pid = self.base / "data", int(_attach["pid"])
@@ -96,7 +97,6 @@ class PgServer:
             os.chown(self.base, owner.pw_uid, owner.pw_gid)
         self.data = self.base / "data"
         self.port = _free_port()
-        self.pid: int | None = None
         self._run(
             "initdb",
             "-N",

@@ -50,7 +50,7 @@ def shared_lock(name: str) -> Iterator[Path]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def shared_folder(name: str, build: Callable[[Path], None]) -> Path:
+def shared_folder(name: str, build: Callable[[Path], object]) -> Path:
     """The folder ``name``, built by ``build(folder)`` once per test run, whoever asks first."""
     with shared_lock(name) as root:
         target, done = root / name, root / f"{name}.built"
