@@ -12,16 +12,14 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from crash_child import quiet_logs  # noqa: E402
+from fake_runtimes import RoutedRuntime  # noqa: E402
 
-from agentmend.infrastructure.definitions.spec import AgentSpec  # noqa: E402
-from agentmend.infrastructure.llm.base import AgentResult  # noqa: E402
 from agentmend.infrastructure.llm.offline import OfflineRuntime  # noqa: E402
 from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step  # noqa: E402
 from agentmend.infrastructure.models import ChangeType, IssueReport  # noqa: E402
@@ -32,37 +30,19 @@ from agentmend.roles.schemas import ImprovementPlan, ProposedAction  # noqa: E40
 AGENT = "research-agent"
 
 
-class ScriptedImprover:
-    """The offline roles, except an improver that proposes exactly ``actions``."""
-
-    def __init__(self, actions: list[ProposedAction]) -> None:
-        self.offline = OfflineRuntime(offline_policies())
-        self.improver = ScriptedRuntime([Step.output(ImprovementPlan(actions=actions))])
-
-    async def run(
-        self, spec: AgentSpec, prompt: str, *, tools: Any = (), output_type: Any = None
-    ) -> AgentResult[Any]:
-        runtime: Any = self.improver if spec.name == "self-improver" else self.offline
-        result: AgentResult[Any] = await runtime.run(
-            spec, prompt, tools=tools, output_type=output_type
-        )
-        return result
-
-
-def improver_setting(field: str, value: object) -> ScriptedImprover:
-    """Roles whose improver proposes exactly one change of ``field`` on research-agent."""
-    return ScriptedImprover(
-        [
-            ProposedAction(
-                action_type=ChangeType.PARAMETER_ADJUSTMENT,
-                target_agent=AGENT,
-                target_field=field,
-                new_value=value,
-                rationale="proposed for the test",
-                confidence=0.9,
-            )
-        ]
+def improver_setting(field: str, value: object) -> RoutedRuntime:
+    """The offline roles, except an improver that proposes exactly one change of ``field`` on
+    research-agent."""
+    action = ProposedAction(
+        action_type=ChangeType.PARAMETER_ADJUSTMENT,
+        target_agent=AGENT,
+        target_field=field,
+        new_value=value,
+        rationale="proposed for the test",
+        confidence=0.9,
     )
+    improver = ScriptedRuntime([Step.output(ImprovementPlan(actions=[action]))])
+    return RoutedRuntime({"self-improver": improver}, default=OfflineRuntime(offline_policies()))
 
 
 async def main(folder: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_runtimes import Call, HookedSimulation
 
 from agentmend.faces.workspace import Workspace
 from agentmend.infrastructure.changes.improvement_manager import (
@@ -25,11 +26,8 @@ from agentmend.infrastructure.changes.improvement_manager import (
     LeaseTerms,
 )
 from agentmend.infrastructure.changes.protocol.owners import HostIdentity, ProcessOwner, RecordOwner
-from agentmend.infrastructure.definitions.spec import AgentSpec
-from agentmend.infrastructure.llm.base import AgentResult
 from agentmend.infrastructure.models import ChangeRecord
 from agentmend.infrastructure.settings import Settings
-from agentmend.infrastructure.simulation import SimulatedRuntime
 from agentmend.loop.cycle import cycle_events
 from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
@@ -215,31 +213,10 @@ def _apply_leased_one(manager: ImprovementManager, root: Path, name: str) -> tup
     return keeper.lease_id, record
 
 
-class _LeaseTakenDuringVerification(SimulatedRuntime):
-    """The simulated team, except that once research-agent's definition has changed, another
-    process opens the store and finds the verifier's lease expired (it looked stopped)."""
-
-    def __init__(self, seed: int) -> None:
-        super().__init__(seed)
-        self.original: AgentSpec | None = None
-        self.db: Path | None = None
-        self.taken = False
-
-    async def run(self, spec: AgentSpec, prompt: str, **kwargs: Any) -> AgentResult[Any]:
-        if spec.name == "research-agent" and not self.taken and spec != self.original:
-            self.taken = True
-            assert self.db is not None
-            with ImprovementManager(self.db, recover=False) as other:
-                with other.store.transaction() as conn:
-                    conn.execute("UPDATE leases SET expires = ? WHERE state = 'held'", (0.0,))
-                assert other.recover()
-        return await super().run(spec, prompt, **kwargs)
-
-
 async def test_a_cycle_that_lost_its_lease_stops_without_writing(tmp_path: Path) -> None:
     from test_meta_orchestrator import cooler_research_agent, faulty_issue
 
-    runtime = _LeaseTakenDuringVerification(seed=3)
+    runtime = HookedSimulation(seed=3)
     orchestrator = MetaOrchestrator.offline_simulated(
         tmp_path / "team",
         seed=3,
@@ -248,12 +225,26 @@ async def test_a_cycle_that_lost_its_lease_stops_without_writing(tmp_path: Path)
         settings=Settings(baseline_n=20, detection_mode="rules"),
     )
     try:
-        runtime.original = orchestrator.team.spec("research-agent")
-        runtime.db = orchestrator.store.path
+        original = orchestrator.team.spec("research-agent")
+        db = orchestrator.store.path
+        taken = False
+
+        def take_the_lease(call: Call) -> None:
+            """Once research-agent's definition has changed, another process opens the store
+            and finds the verifier's lease expired (it looked stopped)."""
+            nonlocal taken
+            if call.spec.name == "research-agent" and not taken and call.spec != original:
+                taken = True
+                with ImprovementManager(db, recover=False) as other:
+                    with other.store.transaction() as conn:
+                        conn.execute("UPDATE leases SET expires = ? WHERE state = 'held'", (0.0,))
+                    assert other.recover()
+
+        runtime.before = take_the_lease
         before = {p.name: p.read_bytes() for p in orchestrator.team.directory.glob("*.md")}
         issue = await faulty_issue(orchestrator)
         cycle = await asyncio.wait_for(orchestrator.run_improvement_cycle(issue), timeout=120)
-        assert runtime.taken
+        assert taken
         assert cycle.status == "error"
         after = {p.name: p.read_bytes() for p in orchestrator.team.directory.glob("*.md")}
         assert after == before  # restored by the other process, not touched since

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 
 import pytest
+from fake_runtimes import ScriptedRuns
 
 from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.evaluation.evals import EvalCase, EvalCheck, EvalSuite
@@ -15,7 +15,6 @@ from agentmend.infrastructure.evaluation.sequential_verification import (
     run_reproduction,
     verify_sequentially,
 )
-from agentmend.infrastructure.llm.base import AgentResult, OutputT, ToolSpec
 
 
 def _spec(version: str) -> AgentSpec:
@@ -28,23 +27,11 @@ def _spec(version: str) -> AgentSpec:
     )
 
 
-class _Runtime:
-    """The version "before" answers wrongly, "after" rightly; every call is counted."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def run(
-        self,
-        spec: AgentSpec,
-        prompt: str,
-        *,
-        tools: Sequence[ToolSpec] = (),
-        output_type: type[OutputT] | None = None,
-    ) -> AgentResult[OutputT]:
-        self.calls += 1
-        text = "OK" if spec.system_prompt == "after" else "no idea"
-        return AgentResult(agent_name=spec.name, text=text, duration_ms=10.0)
+def _runtime() -> ScriptedRuns:
+    """The version "before" answers wrongly, "after" rightly; every call is recorded."""
+    return ScriptedRuns(
+        lambda call: "OK" if call.spec.system_prompt == "after" else "no idea", duration_ms=10.0
+    )
 
 
 def _paired_run(rng: random.Random, p_fixed: float, p_broken: float, budget: int) -> str:
@@ -166,48 +153,48 @@ def _suite(cases: int) -> EvalSuite:
 
 async def test_verify_sequentially_runs_pairs_until_clear_and_counts_calls() -> None:
     cases = 12
-    runtime = _Runtime()
+    runtime = _runtime()
     verdict, run = await verify_sequentially(runtime, _spec("before"), _spec("after"), _suite(12))
     assert verdict.accepted
     assert verdict.rule == "sequential"
     assert run.decision == "helps"
     assert run.rounds == 1  # fixed cases of the first round are enough
-    assert run.model_calls == runtime.calls < 2 * cases
-    assert run.fixed == verdict.c == runtime.calls // 2
-    assert sum(row.after_runs for row in verdict.cases) == runtime.calls // 2
+    assert run.model_calls == len(runtime.calls) < 2 * cases
+    assert run.fixed == verdict.c == len(runtime.calls) // 2
+    assert sum(row.after_runs for row in verdict.cases) == len(runtime.calls) // 2
 
 
 async def test_a_suite_too_small_for_the_test_is_judged_by_the_fixed_design() -> None:
-    runtime = _Runtime()
+    runtime = _runtime()
     verdict, run = await verify_sequentially(runtime, _spec("before"), _spec("after"), _suite(1))
     assert run.decision == "fixed_design"
     assert verdict.rule == "all_failures_fixed"  # the fixed design's rule, on all its runs
     assert verdict.accepted
-    assert runtime.calls == run.model_calls == 6
+    assert len(runtime.calls) == run.model_calls == 6
 
 
 async def test_a_change_that_changes_nothing_stops_after_one_round() -> None:
-    runtime = _Runtime()
+    runtime = _runtime()
     verdict, run = await verify_sequentially(runtime, _spec("before"), _spec("before"), _suite(8))
     assert not verdict.accepted
     assert run.decision == "does_not_help"
-    assert runtime.calls == 16  # one round of pairs, then futility
+    assert len(runtime.calls) == 16  # one round of pairs, then futility
     assert verdict.failures == ("no_improvement",)
 
 
 async def test_the_reproduction_rounds_are_the_first_pairs_before_halves() -> None:
-    runtime = _Runtime()
+    runtime = _runtime()
     before = await run_reproduction(runtime, _spec("before"), _suite(12))
     # a round, then the first case again: two failures of three, it fails by majority
-    assert runtime.calls == 13
+    assert len(runtime.calls) == 13
     assert [len(case.runs) for case in before.cases] == [2] + [1] * 11
     assert not any(run.passed for case in before.cases for run in case.runs)
     verdict, run = await verify_sequentially(
         runtime, _spec("before"), _spec("after"), _suite(12), before=before
     )
     assert verdict.accepted
-    assert runtime.calls == run.model_calls  # the reproduction's runs counted once, not rerun
-    passing = _Runtime()
+    assert len(runtime.calls) == run.model_calls  # the reproduction's runs counted once, not rerun
+    passing = _runtime()
     full = await run_reproduction(passing, _spec("after"), _suite(4))
-    assert passing.calls == 12  # every round passed: it does not reproduce
+    assert len(passing.calls) == 12  # every round passed: it does not reproduce
     assert all(case.passes == 3 for case in full.cases)

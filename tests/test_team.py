@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_runtimes import Call, ScriptedRuns
 
 from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
-from agentmend.infrastructure.llm.base import AgentResult, OutputT, ToolSpec
 from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
 from agentmend.infrastructure.monitoring.performance_monitor import VERIFICATION, PerformanceMonitor
 from agentmend.infrastructure.simulation import (
@@ -34,33 +34,16 @@ def team_dir(tmp_path: Path) -> Path:
     return copy_team(tmp_path / "team")
 
 
-class SlowRuntime:
-    """Sleeps per run and remembers how many runs overlapped; fails or hangs on demand."""
+def slow_runtime(delay_s: float = 0.01, *, hang: str = "", raises: str = "") -> ScriptedRuns:
+    """Sleeps per run (its ``peak`` is how many runs overlapped); fails or hangs on demand."""
 
-    def __init__(self, delay_s: float = 0.01, *, hang: str = "", raises: str = "") -> None:
-        self.delay_s = delay_s
-        self.hang = hang
-        self.raises = raises
-        self.active = 0
-        self.peak = 0
+    async def answer(call: Call) -> str:
+        if call.spec.name == raises:
+            raise AgentRunError(ErrorKind.OVERLOADED, "overloaded_error: Overloaded")
+        await asyncio.sleep(60 if call.spec.name == hang else delay_s)
+        return f"{call.spec.name}: {call.prompt}"
 
-    async def run(
-        self,
-        spec: AgentSpec,
-        prompt: str,
-        *,
-        tools: Sequence[ToolSpec] = (),
-        output_type: type[OutputT] | None = None,
-    ) -> AgentResult[OutputT]:
-        self.active += 1
-        self.peak = max(self.peak, self.active)
-        try:
-            if spec.name == self.raises:
-                raise AgentRunError(ErrorKind.OVERLOADED, "overloaded_error: Overloaded")
-            await asyncio.sleep(60 if spec.name == self.hang else self.delay_s)
-            return AgentResult(agent_name=spec.name, text=f"{spec.name}: {prompt}", duration_ms=5)
-        finally:
-            self.active -= 1
+    return ScriptedRuns(answer, duration_ms=5)
 
 
 def test_loads_the_definitions_and_names_unknown_agents(team_dir: Path) -> None:
@@ -111,7 +94,7 @@ async def test_run_records_every_run_in_the_monitor(
 async def test_run_all_is_bounded_and_keeps_name_order(
     team_dir: Path, monitor: PerformanceMonitor
 ) -> None:
-    runtime = SlowRuntime()
+    runtime = slow_runtime()
     team = AgentTeam(team_dir, runtime, monitor=monitor)
     results = await team.run_all("q", concurrency=2)
     assert list(results) == team.names
@@ -123,7 +106,7 @@ async def test_run_all_is_bounded_and_keeps_name_order(
 async def test_a_hung_or_failing_agent_becomes_a_failed_result(
     team_dir: Path, monitor: PerformanceMonitor
 ) -> None:
-    runtime = SlowRuntime(hang="quality-agent", raises="research-agent")
+    runtime = slow_runtime(hang="quality-agent", raises="research-agent")
     team = AgentTeam(team_dir, runtime, monitor=monitor)
     results = await team.run_all("q", timeout_s=0.2)
     hung, raised = results["quality-agent"].error, results["research-agent"].error
@@ -140,7 +123,7 @@ async def test_a_hung_or_failing_agent_becomes_a_failed_result(
 
 
 async def test_run_all_rejects_unknown_names_before_running(team_dir: Path) -> None:
-    runtime = SlowRuntime()
+    runtime = slow_runtime()
     team = AgentTeam(team_dir, runtime)
     with pytest.raises(UnknownAgent):
         await team.run_all("q", names=["research-agent", "ghost"])

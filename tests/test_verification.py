@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from fake_runtimes import Call, ScriptedRuns
 from pydantic import BaseModel, ValidationError
 
 from agentmend.infrastructure.definitions.spec import AgentSpec
@@ -32,7 +32,7 @@ from agentmend.infrastructure.evaluation.verification import (
     run_suite,
     sample_query_check,
 )
-from agentmend.infrastructure.llm.base import AgentResult, OutputT, ToolSpec
+from agentmend.infrastructure.llm.base import AgentResult
 
 GOOD = "The answer is OK: a^2 + b^2 = c^2 for the two legs a, b and the hypotenuse c."
 
@@ -50,47 +50,24 @@ def spec(version: str) -> AgentSpec:
 BEFORE, AFTER = spec("before"), spec("after")
 
 
-class FakeRuntime:
+def plays(
+    patterns: dict[str, dict[str, str]],
+    *,
+    duration_ms: dict[str, float] | None = None,
+    raise_on: str | None = None,
+) -> ScriptedRuns:
     """Plays ``patterns[system_prompt][prompt]`` run by run; records every call."""
+    durations = duration_ms or {}
 
-    def __init__(
-        self,
-        patterns: dict[str, dict[str, str]],
-        *,
-        duration_ms: dict[str, float] | None = None,
-        raise_on: str | None = None,
-    ) -> None:
-        self.patterns = patterns
-        self.duration_ms = duration_ms or {}
-        self.raise_on = raise_on
-        self.calls: list[tuple[str, str]] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self._seen: Counter[tuple[str, str]] = Counter()
-
-    async def run(
-        self,
-        spec: AgentSpec,
-        prompt: str,
-        *,
-        tools: Sequence[ToolSpec] = (),
-        output_type: type[OutputT] | None = None,
-    ) -> AgentResult[OutputT]:
-        self.calls.append((spec.system_prompt, prompt))
-        index = self._seen[(spec.system_prompt, prompt)]
-        self._seen[(spec.system_prompt, prompt)] += 1
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            # later prompts finish first, so completion order differs from suite order
-            for _ in range(10 - int(prompt.removeprefix("q") or 0) % 10):
-                await asyncio.sleep(0)
-        finally:
-            self.in_flight -= 1
-        if prompt == self.raise_on:
+    async def answer(call: Call) -> AgentResult[Any]:
+        spec, prompt = call.spec, call.prompt
+        # later prompts finish first, so completion order differs from suite order
+        for _ in range(10 - int(prompt.removeprefix("q") or 0) % 10):
+            await asyncio.sleep(0)
+        if prompt == raise_on:
             raise AgentRunError(ErrorKind.RATE_LIMIT, "slow down")
-        step = self.patterns[spec.system_prompt][prompt][index]
-        duration = self.duration_ms.get(spec.system_prompt, 100.0)
+        step = patterns[spec.system_prompt][prompt][call.repeat]
+        duration = durations.get(spec.system_prompt, 100.0)
         if step == "P":
             return AgentResult(agent_name=spec.name, text=GOOD, duration_ms=duration)
         if step == "F":
@@ -102,6 +79,13 @@ class FakeRuntime:
         assert step == "E"
         error = AgentRunError(ErrorKind.MODEL_NOT_FOUND, "no such model")
         return AgentResult(agent_name=spec.name, text=GOOD, error=error, duration_ms=1.0)
+
+    return ScriptedRuns(answer)
+
+
+def asked(runtime: ScriptedRuns) -> list[tuple[str, str]]:
+    """The (system prompt, prompt) of every run ``runtime`` was asked for, in order."""
+    return [(call.spec.system_prompt, call.prompt) for call in runtime.calls]
 
 
 def suite_of(count: int, repeats: int = 1) -> EvalSuite:
@@ -119,7 +103,7 @@ async def verify(
 ) -> VerificationVerdict:
     """Run the same suite on both versions (case ``i`` plays ``before[i]``/``after[i]``)."""
     repeats = len(before[0])
-    runtime = FakeRuntime(
+    runtime = plays(
         {
             "before": {f"q{i}": pattern for i, pattern in enumerate(before)},
             "after": {f"q{i}": pattern for i, pattern in enumerate(after)},
@@ -317,7 +301,7 @@ async def test_nothing_failing_before_means_nothing_to_fix() -> None:
 
 
 async def test_comparing_runs_over_different_cases_is_refused() -> None:
-    runtime = FakeRuntime({"before": {"q0": "P", "q1": "P"}, "after": {"q0": "P"}})
+    runtime = plays({"before": {"q0": "P", "q1": "P"}, "after": {"q0": "P"}})
     old = await run_suite(runtime, BEFORE, suite_of(2))
     new = await run_suite(runtime, AFTER, suite_of(1))
     with pytest.raises(SuiteMismatch, match="different cases"):
@@ -325,7 +309,7 @@ async def test_comparing_runs_over_different_cases_is_refused() -> None:
 
 
 async def test_compare_refuses_meaningless_thresholds() -> None:
-    run = await run_suite(FakeRuntime({"before": {"q0": "P"}}), BEFORE, suite_of(1))
+    run = await run_suite(plays({"before": {"q0": "P"}}), BEFORE, suite_of(1))
     with pytest.raises(ValueError, match="alpha"):
         compare(run, run, alpha=1.0)
     with pytest.raises(ValueError, match="max_latency_ratio"):
@@ -343,9 +327,9 @@ async def test_a_verdict_is_frozen() -> None:
 
 async def test_run_suite_runs_every_case_every_repeat_and_keeps_suite_order() -> None:
     patterns = {"before": {f"q{i}": "PFP" for i in range(5)}}
-    runtime = FakeRuntime(patterns)
+    runtime = plays(patterns)
     run = await run_suite(runtime, BEFORE, suite_of(5, repeats=3), concurrency=8)
-    assert sorted(runtime.calls) == sorted(("before", f"q{i}") for i in range(5) for _ in "abc")
+    assert sorted(asked(runtime)) == sorted(("before", f"q{i}") for i in range(5) for _ in "abc")
     assert [case.case_id for case in run.cases] == [f"c{i}" for i in range(5)]
     assert [[r.repeat for r in case.runs] for case in run.cases] == [[0, 1, 2]] * 5
     assert [case.passes for case in run.cases] == [2] * 5
@@ -355,19 +339,19 @@ async def test_run_suite_runs_every_case_every_repeat_and_keeps_suite_order() ->
 
 @pytest.mark.parametrize("limit", [1, 3])
 async def test_run_suite_never_exceeds_its_concurrency(limit: int) -> None:
-    runtime = FakeRuntime({"before": {f"q{i}": "PP" for i in range(6)}})
+    runtime = plays({"before": {f"q{i}": "PP" for i in range(6)}})
     await run_suite(runtime, BEFORE, suite_of(6, repeats=2), concurrency=limit)
-    assert runtime.max_in_flight == limit
+    assert runtime.peak == limit
 
 
 async def test_run_suite_refuses_zero_concurrency() -> None:
     with pytest.raises(ValueError, match="concurrency"):
-        await run_suite(FakeRuntime({}), BEFORE, suite_of(1), concurrency=0)
+        await run_suite(plays({}), BEFORE, suite_of(1), concurrency=0)
 
 
 async def test_every_run_reaches_the_recorder_marked_with_its_case() -> None:
     recorded: list[CaseRun] = []
-    runtime = FakeRuntime({"before": {"q0": "PF", "q1": "EP"}})
+    runtime = plays({"before": {"q0": "PF", "q1": "EP"}})
     await run_suite(runtime, BEFORE, suite_of(2, repeats=2), on_result=recorded.append)
     summary = sorted((r.case_id, r.repeat, r.outcome.passed, r.result.success) for r in recorded)
     assert summary == [
@@ -387,13 +371,13 @@ async def test_an_async_recorder_is_awaited() -> None:
         await asyncio.sleep(0)
         recorded.append(run.case_id)
 
-    runtime = FakeRuntime({"before": {"q0": "PPP"}})
+    runtime = plays({"before": {"q0": "PPP"}})
     await run_suite(runtime, BEFORE, suite_of(1, repeats=3), on_result=record)
     assert recorded == ["c0"] * 3
 
 
 async def test_a_failed_run_fails_its_case_even_with_the_right_text() -> None:
-    runtime = FakeRuntime({"before": {"q0": "E"}})
+    runtime = plays({"before": {"q0": "E"}})
     run = await run_suite(runtime, BEFORE, suite_of(1))
     (only,) = run.cases[0].runs
     assert not only.passed
@@ -404,7 +388,7 @@ async def test_a_failed_run_fails_its_case_even_with_the_right_text() -> None:
 
 
 async def test_a_raised_run_error_is_a_failed_run_not_a_crash() -> None:
-    runtime = FakeRuntime({"before": {"q0": "P", "q1": "P"}}, raise_on="q1")
+    runtime = plays({"before": {"q0": "P", "q1": "P"}}, raise_on="q1")
     run = await run_suite(runtime, BEFORE, suite_of(2))
     assert [case.passes for case in run.cases] == [1, 0]
     assert run.cases[1].runs[0].error == "rate_limit: slow down"
@@ -414,7 +398,7 @@ async def test_a_recorder_that_raises_stops_the_suite() -> None:
     def broken(run: CaseRun) -> None:
         raise RuntimeError("store is gone")
 
-    runtime = FakeRuntime({"before": {f"q{i}": "P" for i in range(4)}})
+    runtime = plays({"before": {f"q{i}": "P" for i in range(4)}})
     with pytest.raises(RuntimeError, match="store is gone"):
         await run_suite(runtime, BEFORE, suite_of(4), on_result=broken)
 
@@ -426,23 +410,10 @@ def test_a_suite_run_without_cases_scores_zero() -> None:
 # --- without a suite ----------------------------------------------------------------------
 
 
-class TwoVersions:
+def two_versions(before: AgentResult[Any], after: AgentResult[Any]) -> ScriptedRuns:
     """Answers the sample query with ``results[system_prompt]``: one result per definition."""
-
-    def __init__(self, before: AgentResult[Any], after: AgentResult[Any]) -> None:
-        self.results = {"before": before, "after": after}
-        self.calls: list[tuple[str, str]] = []
-
-    async def run(
-        self,
-        spec: AgentSpec,
-        prompt: str,
-        *,
-        tools: Sequence[ToolSpec] = (),
-        output_type: type[OutputT] | None = None,
-    ) -> AgentResult[Any]:
-        self.calls.append((spec.system_prompt, prompt))
-        return self.results[spec.system_prompt]
+    results = {"before": before, "after": after}
+    return ScriptedRuns(lambda call: results[call.spec.system_prompt])
 
 
 class Theorem(BaseModel):
@@ -495,11 +466,11 @@ async def test_without_a_suite_the_sample_query_runs_before_and_after_the_change
     ratio: float | None,
     why: str,
 ) -> None:
-    runtime = TwoVersions(before, after)
+    runtime = two_versions(before, after)
     recorded: list[CaseRun] = []
     old = await run_sample_query(runtime, BEFORE, on_result=recorded.append)
     verdict = await sample_query_check(runtime, AFTER, before=old, on_result=recorded.append)
-    assert runtime.calls == [("before", SAMPLE_QUERY), ("after", SAMPLE_QUERY)]
+    assert asked(runtime) == [("before", SAMPLE_QUERY), ("after", SAMPLE_QUERY)]
     assert verdict.weaker
     assert verdict.rule == "sample_query"
     assert verdict.accepted is accepted
