@@ -18,14 +18,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from crash_child import quiet_logs  # noqa: E402
-from fake_runtimes import RoutedRuntime  # noqa: E402
+from fake_runtimes import RoutedRuntime, scripted_improver  # noqa: E402
 
-from agentmend.infrastructure.llm.offline import OfflineRuntime  # noqa: E402
-from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step  # noqa: E402
 from agentmend.infrastructure.models import ChangeType, IssueReport  # noqa: E402
 from agentmend.infrastructure.settings import Settings  # noqa: E402
-from agentmend.roles.playbooks import offline_policies  # noqa: E402
-from agentmend.roles.schemas import ImprovementPlan, ProposedAction  # noqa: E402
+from agentmend.roles.schemas import ProposedAction  # noqa: E402
 
 AGENT = "research-agent"
 
@@ -41,8 +38,7 @@ def improver_setting(field: str, value: object) -> RoutedRuntime:
         rationale="proposed for the test",
         confidence=0.9,
     )
-    improver = ScriptedRuntime([Step.output(ImprovementPlan(actions=[action]))])
-    return RoutedRuntime({"self-improver": improver}, default=OfflineRuntime(offline_policies()))
+    return scripted_improver([action])
 
 
 async def main(folder: Path) -> None:

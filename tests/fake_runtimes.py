@@ -11,7 +11,9 @@ or the offline roles with one role scripted. This module gives those three as on
   call number, repeat); all calls are recorded, with how many ran at once.
 - ``HookedSimulation``: ``SimulatedRuntime`` that calls ``before``/``after`` hooks around each
   run, so a test can act at the moment a given definition is run.
-- ``RoutedRuntime``: runs each agent on the runtime routed to its name, the rest on a default.
+- ``RoutedRuntime``: runs each agent on the runtime routed to its name, the rest on a default;
+  ``offline_roles`` and ``scripted_improver`` build the common ones (the offline playbooks for
+  every role but the scripted ones).
 """
 
 from __future__ import annotations
@@ -29,7 +31,11 @@ from agentmend.infrastructure.llm.base import (
     RuntimeBase,
     ToolSpec,
 )
+from agentmend.infrastructure.llm.offline import OfflineRuntime
+from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
 from agentmend.infrastructure.simulation import SimulatedRuntime
+from agentmend.roles.playbooks import offline_policies
+from agentmend.roles.schemas import ImprovementPlan, ProposedAction
 
 __all__ = [
     "AfterHook",
@@ -40,6 +46,8 @@ __all__ = [
     "RoutedRuntime",
     "RunFunction",
     "ScriptedRuns",
+    "offline_roles",
+    "scripted_improver",
 ]
 
 
@@ -197,3 +205,16 @@ class RoutedRuntime(RuntimeBase):
         if output_type is None:
             return await runtime.run(spec, prompt, tools=tools)
         return await runtime.run(spec, prompt, tools=tools, output_type=output_type)
+
+
+def offline_roles(**scripted: AgentRuntime) -> RoutedRuntime:
+    """The roles' runtime: the offline playbooks, except the roles given (``self_improver=...``
+    scripts the role ``self-improver``)."""
+    routes = {name.replace("_", "-"): runtime for name, runtime in scripted.items()}
+    return RoutedRuntime(routes, default=OfflineRuntime(offline_policies()))
+
+
+def scripted_improver(actions: Sequence[ProposedAction]) -> RoutedRuntime:
+    """The offline roles, except an improver that proposes exactly ``actions``, once."""
+    plan = ImprovementPlan(actions=list(actions))
+    return offline_roles(self_improver=ScriptedRuntime([Step.output(plan)]))

@@ -44,3 +44,25 @@ def snapshot(root: Path, *, skip: tuple[Path, ...] = ()) -> dict[str, bytes]:
             continue
         files[path.relative_to(root).as_posix()] = path.read_bytes()
     return files
+
+
+# A process that executes one plan breaking calc on the project (its arguments as JSON): what
+# the crash tests kill while it validates.
+CODE_UPDATE_CHILD = """
+import asyncio, json, sys
+from pathlib import Path
+from agentmend.roles.code_review import CodeReviewer
+from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
+from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
+from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.store.api import Store
+
+args = json.loads(sys.argv[1])
+manager = ImprovementManager(store=Store(args["db"]))
+settings = Settings(test_command=tuple(args["command"]), test_timeout_s=120)
+updater = CodeUpdater(args["root"], manager=manager, reviewer=CodeReviewer(None), settings=settings)
+plan = updater.create_plan("break it", [FileOperation(path="calc/__init__.py",
+                           operation="modify", content=args["content"])])
+updater.approve(plan.plan_id)
+asyncio.run(updater.execute(plan.plan_id))
+"""

@@ -38,7 +38,8 @@ its long-run alarm rate is ``1 / ARL``. The expected rate over baselines is the 
 Binomial(n, p) baseline failure counts ``x`` of ``P(x) / ARL(chart(x), p)``; the counts left
 out of the sum (total probability below ``tail``) are counted at the worst rate, one alarm per
 run, so the figure is an upper bound, never an underestimate. ``benchmarks/bench_detection.py``
-prints it for a grid of ``n`` and ``p``; ``tests/test_guarantee.py`` checks cells of it.
+prints it for a grid of ``n`` and ``p``; ``tests/infrastructure/detection/test_guarantee.py`` checks
+cells of it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The report and ``status`` (an agent's recent runs), rollouts (every run after a 
 on live changes (an agent's runs before and after a change) and retention (the runs a policy
 may prune) all ask these functions; none of them names the ``executions`` table. So the table's
 layout, its indexes and the cursor a reader keeps can change in one place
-(``tests/test_layering.py`` holds every other module to it).
+(``tests/project/test_layering.py`` holds every other module to it).
 
 Each function takes a connection (a store's, a transaction's or a read-only snapshot's) and
 answers for a store no monitor has written to yet as for one with no runs.

@@ -230,7 +230,7 @@ class Rollouts:
         # backends: SQLite has one writer; on PostgreSQL every insert runs in a store
         # transaction, which takes the store-wide writer lock before its first statement and
         # holds it past its commit, so no id below one a reader has seen can commit later
-        # (tests/test_release_race.py checks it with concurrent writers).
+        # (tests/infrastructure/releases/test_release_race.py checks it with concurrent writers).
         conn = self.releases.store.connection()
         rows = runs_after(conn, record.cursor, _READ_BATCH)
         age_hours = ((now or time.time()) - record.started_at) / 3600.0

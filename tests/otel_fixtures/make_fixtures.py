@@ -12,7 +12,8 @@ not make (the agent span of OpenInference and OpenLLMetry, which come from their
 decorators) are written with their documented attribute names, and each fixture's ``_source``
 says which spans were generated and which written by hand.
 
-Fixtures are OTLP/JSON trace exports (ids as hex), read by ``tests/test_otel_dialects.py``.
+Fixtures are OTLP/JSON trace exports (ids as hex), read by
+``tests/infrastructure/telemetry/test_otel_dialects.py``.
 """
 
 from __future__ import annotations

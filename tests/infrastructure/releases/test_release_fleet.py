@@ -1,0 +1,318 @@
+"""A fleet on one store: several real worker processes following releases, on both backends.
+
+Each worker is ``tests/release_worker.py`` (a ``ReleaseFollower`` polling every 0.1 s, serving
+the simulated research agent through ``AgentTeam``); the test process publishes and starts
+rollouts, and reads what the workers report and record. Workers are stopped by pid. Every test
+runs on a SQLite file and on a PostgreSQL database of the test server (the workers of one test
+share one folder for the store's files, as the processes of one host do); a worker cut off
+from its store is cut off by a detached volume on SQLite and by a stopped server (one of its
+own) on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pg_server import PgServer, _alive
+
+from agentmend.infrastructure.changes.audit.log import AuditLog
+from agentmend.infrastructure.files.atomic import sha256_bytes
+from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.releases.follower import ReleaseFollower
+from agentmend.infrastructure.releases.log import ReleaseLog
+from agentmend.infrastructure.releases.materialize import ReleaseDirectories
+from agentmend.infrastructure.releases.rollout import Rollouts
+from agentmend.infrastructure.simulation import copy_team
+from agentmend.infrastructure.store.api import Store
+
+WORKER = Path(__file__).parents[2].joinpath("release_worker.py")
+CYCLE = Principal("cycle", "improvement cycle")
+AGENT = "research-agent"
+TEAM = "team-fleet"
+
+
+class Fleet:
+    """The store, the team's source files and the worker processes of one test."""
+
+    def __init__(self, tmp_path: Path, url: str | None = None) -> None:
+        self.tmp = tmp_path
+        self.source = copy_team(tmp_path / "team")
+        self.store_path = tmp_path / "store" / "agentmend.db"  # its own folder: a volume
+        self.location = url or str(self.store_path)
+        self.files_dir = tmp_path / "files"  # a PostgreSQL store's files on this host
+        self.store = Store(self.location, files_dir=self.files_dir)
+        self.audit = AuditLog(self.store)
+        self.log = ReleaseLog(self.store, TEAM, audit=self.audit)
+        self.rollouts = Rollouts(self.log)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def publish_edit(self, old: str, new: str, *, stable: bool = False) -> int:
+        path = self.source / f"{AGENT}.md"
+        path.write_text(path.read_text().replace(old, new, 1))
+        return self.log.publish_directory(self.source, by=CYCLE, stable=stable).version
+
+    def start(self, n: int, *extra: str, first: int = 0) -> list[int]:
+        started = []
+        for k in range(first, first + n):
+            args = [sys.executable, str(WORKER), self.location, TEAM]
+            args += [str(self.root(k)), str(self.status_path(k)), "--seed", str(k)]
+            args += ["--files-dir", str(self.files_dir), *extra]
+            proc = subprocess.Popen(args, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            self.procs[k] = proc
+            started.append(k)
+        return started
+
+    def root(self, k: int) -> Path:
+        return self.tmp / f"worker-{k}"
+
+    def status_path(self, k: int) -> Path:
+        return self.tmp / f"worker-{k}.json"
+
+    def status(self, k: int) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self.status_path(k).read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return data
+
+    def kill(self, k: int, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(k)
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for k in list(self.procs):
+            self.kill(k, signal.SIGTERM)
+
+    def runs_by_release(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for (extra,) in self.store.connection().execute("SELECT extra FROM executions"):
+            release = int(json.loads(extra)["release"])
+            counts[release] = counts.get(release, 0) + 1
+        return counts
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, store_url: str) -> Iterator[Fleet]:
+    made = Fleet(tmp_path, store_url if "://" in store_url else None)
+    try:
+        yield made
+    finally:
+        made.stop_all()
+        made.store.close()
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_publication_reaches_every_worker_within_a_second(fleet: Fleet) -> None:
+    fleet.log.publish_directory(fleet.source, by=CYCLE)
+    listening = fleet.store.backend == "postgresql"
+    # on PostgreSQL the workers poll every 5 s: only the NOTIFY can bring them within a second
+    workers = fleet.start(4, *(["--interval", "5"] if listening else []))
+    wait_for(
+        "every worker on 1",
+        lambda: all(
+            fleet.status(k).get("stable") == 1 and fleet.status(k).get("listening") == listening
+            for k in workers
+        ),
+    )
+    published = time.time()
+    v2 = fleet.publish_edit("max_tokens: 2048", "max_tokens: 4096", stable=True)
+    wait_for("every worker on 2", lambda: all(fleet.status(k).get("stable") == v2 for k in workers))
+    delays = [fleet.status(k)["first_served"][str(v2)] - published for k in workers]
+    assert max(delays) < 1.0, delays
+    for k in workers:
+        text = (fleet.root(k) / "agents" / f"{AGENT}.md").read_text()
+        assert "max_tokens: 4096" in text
+
+
+def test_a_harmful_canary_is_rolled_back_while_stable_serves_most_runs(fleet: Fleet) -> None:
+    fleet.log.publish_directory(fleet.source, by=CYCLE)
+    workers = fleet.start(3, "--serve")
+    wait_for("workers serving", lambda: all(fleet.status(k).get("runs", 0) > 0 for k in workers))
+    harmful = fleet.publish_edit("max_tokens: 2048", "max_tokens: 950")
+    record = fleet.rollouts.start(harmful, by=CYCLE)
+    wait_for("canary served", lambda: fleet.runs_by_release().get(harmful, 0) > 20)
+    fleet.kill(workers[0])  # a worker crashes mid-rollout: the others carry it on
+    wait_for(
+        "the rollout to settle",
+        lambda: fleet.rollouts.get(record.rollout_id).state != "canary",
+        timeout=180,
+    )
+    settled = fleet.rollouts.get(record.rollout_id)
+    assert settled.state == "rolled_back"
+    assert settled.reason == "worse"
+    assert fleet.log.heads().stable == 1
+    wait_for(
+        "workers off the canary",
+        lambda: all(fleet.status(k).get("canary") is None for k in workers[1:]),
+    )
+    counts = fleet.runs_by_release()
+    assert counts[1] > 4 * counts[harmful], counts
+    # three workers stepped the rollout at once: every tagged run up to its cursor was
+    # counted exactly once
+    tagged = [
+        json.loads(extra)
+        for (extra,) in fleet.store.connection().execute(
+            "SELECT extra FROM executions WHERE id <= ?", (settled.cursor,)
+        )
+    ]
+    mine = [t for t in tagged if t.get("rollout") == record.rollout_id]
+    assert settled.evidence.canary_runs == sum(t["release"] == harmful for t in mine)
+    assert settled.evidence.stable_runs == sum(t["release"] == 1 for t in mine)
+    assert fleet.audit.entries()[-1].edit_type == "rollout_rolled_back"
+    assert fleet.audit.verify_chain().ok
+
+
+def test_a_good_canary_is_promoted_and_every_worker_follows(fleet: Fleet) -> None:
+    fleet.log.publish_directory(fleet.source, by=CYCLE)
+    workers = fleet.start(3, "--serve", "--fault-tokens", "2.6")
+    wait_for("workers serving", lambda: all(fleet.status(k).get("runs", 0) > 0 for k in workers))
+    fixed = fleet.publish_edit("max_tokens: 2048", "max_tokens: 4096")
+    record = fleet.rollouts.start(fixed, by=CYCLE, claimed_fix=True)
+    wait_for(
+        "the rollout to settle",
+        lambda: fleet.rollouts.get(record.rollout_id).state != "canary",
+        timeout=180,
+    )
+    settled = fleet.rollouts.get(record.rollout_id)
+    assert settled.state == "promoted"
+    assert settled.reason == "better"
+    wait_for(
+        "every worker on the fix", lambda: all(fleet.status(k)["stable"] == fixed for k in workers)
+    )
+
+
+def _whole_release(fleet: Fleet, root: Path) -> int:
+    """The version the team link serves, after checking every file against the store."""
+    served = ReleaseDirectories(root).linked()
+    assert served is not None
+    release = fleet.log.get(served.version)
+    on_disk = {
+        p.relative_to(served.directory).as_posix(): sha256_bytes(p.read_bytes())
+        for p in served.directory.rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+    }
+    assert on_disk == dict(release.files)
+    assert os.readlink(root / "agents") == f".releases/{served.directory.name}"
+    return served.version
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_materialization_comes_back_on_a_whole_release(
+    fleet: Fleet,
+) -> None:
+    current = fleet.log.publish_directory(fleet.source, by=CYCLE).version
+    rng = random.Random(18)
+    k = 100  # one worker folder, the worker killed and restarted in it again and again
+    staging = fleet.root(k) / ".releases"
+    for trial in range(4):
+        fleet.start(1, first=k)
+        wait_for("the worker on the stable", lambda: fleet.status(k).get("stable") == current)  # noqa: B023
+        # a large release (400 docs files): materializing it takes a while to kill into
+        docs = fleet.source / AGENT / "docs"
+        docs.mkdir(parents=True, exist_ok=True)
+        for i in range(400):
+            (docs / f"ref-{i:03}.md").write_text(f"reference {trial}.{i}\n" * 200)
+        version = fleet.log.publish_directory(fleet.source, by=CYCLE, stable=True).version
+        wait_for(
+            "materialization to start",
+            lambda: any(n.name.startswith(".staging") for n in staging.iterdir()),
+            timeout=30,
+        )
+        time.sleep(rng.uniform(0.0, 0.2))
+        fleet.kill(k)
+        before = _whole_release(fleet, fleet.root(k))
+        assert before in (current, version)
+        follower = ReleaseFollower(fleet.log, fleet.root(k))  # the worker comes back
+        assert follower.status().stable == before  # serving its whole last release at once
+        assert not any(n.name.startswith(".staging") for n in staging.iterdir())
+        follower.poll()
+        assert _whole_release(fleet, fleet.root(k)) == version
+        current = version
+
+
+def test_a_worker_cut_off_from_the_store_keeps_its_release(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path)
+    try:
+        _cut_off_by_a_detached_volume(fleet)
+    finally:
+        fleet.stop_all()
+        fleet.store.close()
+
+
+def _cut_off_by_a_detached_volume(fleet: Fleet) -> None:
+    fleet.log.publish_directory(fleet.source, by=CYCLE)
+    (k,) = fleet.start(1, "--serve")
+    wait_for("the worker serving", lambda: fleet.status(k).get("runs", 0) > 0)
+    volume = fleet.store_path.parent
+    away = volume.with_name("detached")
+    volume.rename(away)  # the store's volume is detached under the worker (database, WAL, head)
+    try:
+        wait_for("the worker to notice", lambda: fleet.status(k).get("connected") is False)
+        runs = fleet.status(k)["runs"]
+        wait_for("runs to go on", lambda: fleet.status(k)["runs"] > runs + 50)
+        status = fleet.status(k)
+        assert status["stable"] == 1
+        assert "unreachable" in str(status["problem"]), json.dumps(status)
+    finally:
+        away.rename(volume)
+    wait_for("the worker to reconnect", lambda: fleet.status(k).get("connected") is True)
+
+
+@pytest.mark.slow
+def test_a_worker_cut_off_from_a_stopped_server_keeps_its_release(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    server = PgServer()  # a server of its own, stopped under the worker
+    try:
+        fleet = Fleet(tmp_path, server.create_database())
+        try:
+            _cut_off_by_a_stopped_server(fleet, server)
+        finally:
+            fleet.stop_all()
+            fleet.store.close()
+    finally:
+        server.stop()
+
+
+def _cut_off_by_a_stopped_server(fleet: Fleet, server: PgServer) -> None:
+    fleet.log.publish_directory(fleet.source, by=CYCLE)
+    (k,) = fleet.start(1, "--serve")
+    wait_for("the worker serving", lambda: fleet.status(k).get("runs", 0) > 0)
+    wait_for("the worker listening", lambda: fleet.status(k).get("listening") is True)
+    fleet.store.close()  # the test's own connections would only break
+    pid = server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGINT)  # the postmaster's fast shutdown: every session ends
+    wait_for("the server to stop", lambda: not _alive(pid))
+    wait_for("the worker to notice", lambda: fleet.status(k).get("connected") is False)
+    runs = fleet.status(k)["runs"]
+    wait_for("runs to go on", lambda: fleet.status(k)["runs"] > runs + 50)
+    status = fleet.status(k)
+    assert status["stable"] == 1
+    assert status["listening"] is False
+    assert "unreachable" in str(status["problem"]), json.dumps(status)
+    server.start()
+    wait_for("the worker to reconnect", lambda: fleet.status(k).get("connected") is True)
+    v2 = fleet.publish_edit("max_tokens: 2048", "max_tokens: 4096", stable=True)
+    wait_for("the worker on 2", lambda: fleet.status(k).get("stable") == v2)
+    wait_for("the worker listening again", lambda: fleet.status(k).get("listening") is True)
+    assert fleet.runs_by_release()[1] > 0  # runs served while cut off reached the store later
