@@ -95,7 +95,7 @@ if TYPE_CHECKING:
         MonitorClosed,
         PerformanceMonitor,
     )
-    from agentmend.infrastructure.principal import Principal
+    from agentmend.infrastructure.principal import ChangeAuthor, Principal
     from agentmend.infrastructure.releases.attribution import (
         ReleaseAttribution,
         linked_release_label,
@@ -111,6 +111,7 @@ if TYPE_CHECKING:
     from agentmend.infrastructure.telemetry.otlp_decode import OtlpDecodeError
     from agentmend.infrastructure.telemetry.span import OtelExtraMissing
     from agentmend.infrastructure.telemetry.span_processor import AgentmendSpanProcessor
+    from agentmend.loop.collaborators import LoopCollaborators
     from agentmend.loop.cycle import (
         CycleResult,
         TaskResult,
@@ -160,6 +161,7 @@ __all__ = [
     "AuditChainBroken",
     "AuditChainError",
     "BadRequest",
+    "ChangeAuthor",
     "ChangeNotFound",
     "ChangeRecord",
     "ChangeRefused",
@@ -195,6 +197,7 @@ __all__ = [
     "IssueDetector",
     "IssueReport",
     "LeaseLost",
+    "LoopCollaborators",
     "MediatorReport",
     "MetaOrchestrator",
     "ModelRequired",
@@ -299,6 +302,7 @@ _EXPORTS: dict[str, str] = {
     "InvalidSetting": "agentmend.infrastructure.settings",
     "GateVerdict": "agentmend.infrastructure.changes.proposal",
     "Principal": "agentmend.infrastructure.principal",
+    "ChangeAuthor": "agentmend.infrastructure.principal",
     "ProposedChange": "agentmend.infrastructure.changes.proposal",
     "VerificationVerdict": "agentmend.infrastructure.evaluation.verification",
     "AgentResult": "agentmend.infrastructure.llm.base",
@@ -344,6 +348,7 @@ _EXPORTS: dict[str, str] = {
     "SelfImprover": "agentmend.roles.self_improver",
     "Supervisor": "agentmend.roles.supervisor",
     "MetaOrchestrator": "agentmend.loop.meta_orchestrator",
+    "LoopCollaborators": "agentmend.loop.collaborators",
     "CycleResult": "agentmend.loop.cycle",
     "WatchOutcome": "agentmend.loop.cycle",
     "TaskResult": "agentmend.loop.cycle",

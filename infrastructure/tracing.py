@@ -2,11 +2,11 @@
 
 Needs only ``opentelemetry-api`` (installed with ``anthropic`` and ``mcp``), never the SDK: with
 no TracerProvider registered the API hands out non-recording spans that cost next to nothing,
-and once the user registers one (or passes one to ``MetaOrchestrator(tracer_provider=...)``) the
-cycle, the roles, each gate, verification and rollback appear in their trace viewer. The roles'
-spans are ``invoke_agent`` spans (GenAI semantic conventions); every span carries
-``agentmend.recorded = true`` so agentmend's own span processor and receiver skip them (those
-runs are recorded already, and the roles are never executions of the team). MCP calls are not
+and once the user registers one (or passes one to ``MetaOrchestrator.for_team(...,
+tracer_provider=...)``) the cycle, the roles, each gate, verification and rollback appear in their
+trace viewer. The roles' spans are ``invoke_agent`` spans (GenAI semantic conventions); every span
+carries ``agentmend.recorded = true`` so agentmend's own span processor and receiver skip them
+(those runs are recorded already, and the roles are never executions of the team). MCP calls are not
 wrapped: the MCP SDK emits an ``execute_tool`` span for each already.
 
 Verification verdicts are ``gen_ai.evaluation.result`` events on the verification span of the

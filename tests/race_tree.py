@@ -33,6 +33,7 @@ from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperat
 from agentmend.infrastructure.errors import AgentmendError
 from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
+from agentmend.infrastructure.principal import ChangeAuthor
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.store.api import Store
 from agentmend.roles.code_review import CodeReviewer
@@ -202,7 +203,7 @@ def _interrupted_apply(manager: ImprovementManager, team: Path, n: int) -> None:
     with confined.locked(root, ".agent/agentmend.lock"):
         record_intent(
             manager.store, protocol.changes, items, root,
-            group_id=None, session_id="race", applied_by="race",
+            group_id=None, session_id="race", author=ChangeAuthor(via="race"),
         )  # fmt: skip
         for item in items:
             confined.write_or_delete(root, item.target, item.new)

@@ -153,7 +153,7 @@ def agentmend_orchestrator(
     from agentmend.loop.meta_orchestrator import MetaOrchestrator
     from agentmend.roles.playbooks import offline_policies
 
-    with MetaOrchestrator(
+    with MetaOrchestrator.for_team(
         agentmend_team,
         roles_runtime=OfflineRuntime(offline_policies()),
         store=agentmend_store,

@@ -268,11 +268,12 @@ class Workspace:
     ) -> MetaOrchestrator:
         """A ``MetaOrchestrator`` on this workspace's store, monitor and team folder.
 
-        Runtimes default to the configured provider's (``runtimes``). ``options`` go to the
-        orchestrator (``auto_improve``, ``approval_callback``, ``confirm_cycle``,
-        ``on_progress``, ``principal``, ...). It shares the workspace's store and monitor and
-        does not close them. ``releases``: serve each run from the release its routing key
-        draws (``agentmend.faces.release_serving``); cycles still change the team folder.
+        Runtimes default to the configured provider's (``runtimes``). ``options`` go to
+        ``MetaOrchestrator.for_team`` (``auto_improve``, ``approval_callback``,
+        ``confirm_cycle``, ``on_progress``, ``principal``, ...). It shares the workspace's
+        store and monitor and does not close them. ``releases``: serve each run from the
+        release its routing key draws (``agentmend.faces.release_serving``); cycles still
+        change the team folder.
 
         Raises:
             ConfigurationError: the provider cannot be used, or the team folder is invalid.
@@ -285,7 +286,7 @@ class Workspace:
             team_runtime = team_runtime or default_team
             roles_runtime = roles_runtime or default_roles
         team = AgentTeam(self.team_dir, team_runtime, monitor=self.monitor, releases=releases)
-        orchestrator = MetaOrchestrator(
+        orchestrator = MetaOrchestrator.for_team(
             team,
             roles_runtime=roles_runtime,
             store=self.store,

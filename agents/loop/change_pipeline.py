@@ -81,39 +81,31 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentmend.infrastructure.changes.improvement_manager import (
-    ImprovementManager,
     LeaseKeeper,
     LeaseLost,
     PartialRollback,
 )
-from agentmend.infrastructure.changes.proposal import Gate, GateVerdict, ProposedChange
+from agentmend.infrastructure.changes.proposal import GateVerdict, ProposedChange
 from agentmend.infrastructure.changes.watch import ChangeWatcher
 from agentmend.infrastructure.definitions.spec import AgentSpec
-from agentmend.infrastructure.detection.detector import IssueDetector
 from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
 from agentmend.infrastructure.evaluation.evals import EvalSuite
 from agentmend.infrastructure.evaluation.verification import VerificationVerdict
 from agentmend.infrastructure.models import ChangeRecord, ImprovementAction
-from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.monitoring.run_reader import last_run_id, recent_outcomes
+from agentmend.infrastructure.principal import ChangeAuthor
 from agentmend.infrastructure.structured_logger import get_logger
-from agentmend.infrastructure.tracing import (
-    agentmend_tracer,
-    emit_evaluation,
-    set_outcome,
-    work_span,
-)
+from agentmend.infrastructure.tracing import emit_evaluation, set_outcome, work_span
+from agentmend.loop.collaborators import LoopCollaborators
 from agentmend.loop.cycle import CycleRecorder, CycleStatus, WatchOutcome, describe_failure
 from agentmend.loop.cycle_verification import (
     NEW_BASELINE,
     BeforeRun,
-    CycleVerifier,
     fresh_baselines,
     not_reproduced_reason,
     passes_everything,
 )
-from agentmend.roles.self_improver import GatedAction, InvalidProposal, SelfImprover
-from agentmend.roles.team import AgentTeam
+from agentmend.roles.self_improver import GatedAction, InvalidProposal
 
 __all__ = [
     "MIN_WATCH_RUNS",
@@ -156,22 +148,18 @@ class ChangePipeline:
     turns.
 
     Args:
+        shared: the loop's collaborators (team, monitor, detector, manager, improver,
+            verifier, gates, tracer), the orchestrator's own.
         watcher: starts the watches on changes to agents without an eval suite (default one
-            on ``manager``).
+            on the shared manager).
         watch_runs: pre-change production runs a watch compares with (and its budget).
         watch_margin: the watch test's non-inferiority margin; ``watch_alpha`` its level.
     """
 
     def __init__(
         self,
+        shared: LoopCollaborators,
         *,
-        team: AgentTeam,
-        monitor: PerformanceMonitor,
-        detector: IssueDetector,
-        manager: ImprovementManager,
-        improver: SelfImprover,
-        verifier: CycleVerifier,
-        gates: Sequence[Gate],
         watcher: ChangeWatcher | None = None,
         watch_runs: int = WATCH_RUNS,
         watch_margin: float = 0.05,
@@ -181,18 +169,11 @@ class ChangePipeline:
             raise ConfigurationError(
                 f"watch_runs must be at least {MIN_WATCH_RUNS}, got {watch_runs}"
             )
-        self.team = team
-        self.monitor = monitor
-        self.detector = detector
-        self.manager = manager
-        self.improver = improver
-        self.verifier = verifier
-        self.gates = gates
-        self.watcher = watcher if watcher is not None else ChangeWatcher(manager)
+        self.shared = shared
+        self.watcher = watcher if watcher is not None else ChangeWatcher(shared.manager)
         self.watch_runs = watch_runs
         self.watch_margin = watch_margin
         self.watch_alpha = watch_alpha
-        self.tracer = agentmend_tracer()
         self._lock = asyncio.Lock()
 
     async def run(
@@ -200,10 +181,12 @@ class ChangePipeline:
         rec: CycleRecorder,
         actions: Sequence[ImprovementAction],
         agent: str,
-        *,
-        applied_by: str = "self-improver",
+        author: ChangeAuthor,
     ) -> Outcome:
         """Plan, run before, gate, apply, verify, keep or roll back: one change at a time.
+
+        ``author`` is who the applied change is attributed to (the improver or the agent
+        editing itself, for the orchestrator's principal).
 
         Cycles and self-edits of this orchestrator take turns here, so the budget gate and the
         verification of one never see another's half-made change. A self-edit asked for from
@@ -218,7 +201,7 @@ class ChangePipeline:
         async with self._lock:
             token = _CHANGING.set(True)
             try:
-                return await self._plan_and_gate(rec, actions, agent, applied_by)
+                return await self._plan_and_gate(rec, actions, agent, author)
             finally:
                 _CHANGING.reset(token)
 
@@ -227,15 +210,15 @@ class ChangePipeline:
         rec: CycleRecorder,
         actions: Sequence[ImprovementAction],
         agent: str,
-        applied_by: str,
+        author: ChangeAuthor,
     ) -> Outcome:
         # the exam is fixed before anything can change it
         try:
-            suites = self.verifier.load_suites([a.target_agent for a in actions])
+            suites = self.shared.verifier.load_suites([a.target_agent for a in actions])
         except AgentmendError as exc:
             return "error", f"cannot load an eval suite: {exc}"
         try:
-            planned = self.improver.plan_all(actions)
+            planned = self.shared.improver.plan_all(actions)
         except InvalidProposal as exc:
             return await record_invalid(rec, exc, agent)
         targets = _targets([item.change for item in planned if item.change is not None])
@@ -253,7 +236,7 @@ class ChangePipeline:
                     "helps, so nothing was applied"
                 )
         else:
-            before = await self.verifier.run_before(targets, suites)
+            before = await self.shared.verifier.run_before(targets, suites)
             if (
                 before
                 and len(before) == len(targets)
@@ -263,18 +246,16 @@ class ChangePipeline:
                 # could be shown to help: do not write one only to roll it back (and spend
                 # the budget)
                 return "not_reproduced", not_reproduced_reason(before)
-        gated = await self.improver.gate_all(planned, on_verdict=self._verdict_recorder(rec))
+        gated = await self.shared.improver.gate_all(planned, on_verdict=self._verdict_recorder(rec))
         accepted = [item for item in gated if item.accepted]
         if not accepted:
             return "refused", _refusals(gated)
         changes = [item.change for item in accepted if item.change is not None]
         targets = _targets(changes)
         if watch is not None:
-            return await self._apply_watched(rec, changes, targets, watch, agent, applied_by)
+            return await self._apply_watched(rec, changes, targets, watch, agent, author)
         before = {name: run for name, run in before.items() if name in targets}
-        return await self._apply_and_verify(
-            rec, changes, targets, suites, before, agent, applied_by
-        )
+        return await self._apply_and_verify(rec, changes, targets, suites, before, agent, author)
 
     def watch_open(self, agent: str) -> str | None:
         """Why no change to ``agent`` can be made now (its change is watched), or None.
@@ -302,24 +283,24 @@ class ChangePipeline:
         in the team with at least ``MIN_WATCH_RUNS`` production runs."""
         if not targets or any(suites.get(name) is not None for name in targets):
             return None
-        if self.team.releases is not None:
+        if self.shared.team.releases is not None:
             # served from releases, the agent's runs do not run the team folder's change until
             # a release carries it; a kept change's canary is judged on live runs there
             return None
         if any(old is None for old in targets.values()):
             return None
         watched = agent if agent in targets or len(targets) != 1 else next(iter(targets))
-        if watched not in self.team:
+        if watched not in self.shared.team:
             return None
-        self.monitor.flush()  # the runs recorded so far are the "before"
-        before = recent_outcomes(self.manager.store.connection(), watched, self.watch_runs)
+        self.shared.monitor.flush()  # the runs recorded so far are the "before"
+        before = recent_outcomes(self.shared.manager.store.connection(), watched, self.watch_runs)
         if len(before) < MIN_WATCH_RUNS:
             return None
         # the test pairs each new run with the next "before" run; drawn in a random order, the
         # before runs' own drift (healthy, then the fault) does not line up with the watch's
         # progress (in time order a fix would first meet only healthy runs and show nothing)
         # (seeded by the agent and the store's newest run: the same store draws the same order)
-        order = random.Random(f"{watched}:{last_run_id(self.manager.store.connection())}")
+        order = random.Random(f"{watched}:{last_run_id(self.shared.manager.store.connection())}")
         return WatchPlan(watched, tuple(order.sample(before, len(before))))
 
     async def _apply_watched(
@@ -329,13 +310,13 @@ class ChangePipeline:
         targets: dict[str, AgentSpec | None],
         watch: WatchPlan,
         agent: str,
-        applied_by: str,
+        author: ChangeAuthor,
     ) -> Outcome:
         """Apply the group under a watch on ``watch.agent``'s live runs; the cycle ends here."""
         applied: list[ChangeRecord] = []
 
         def apply(lease: str) -> list[ChangeRecord]:
-            applied.extend(self.improver.apply(changes, applied_by=applied_by, lease=lease))
+            applied.extend(self.shared.improver.apply(changes, author=author, lease=lease))
             return applied
 
         issue_id = rec.issue_id
@@ -355,7 +336,7 @@ class ChangePipeline:
             )
         except AgentmendError as exc:  # the manager wrote nothing (or put it all back)
             return "error", f"could not apply: {exc}"
-        self.team.reload()  # the agent's next runs are the change's
+        self.shared.team.reload()  # the agent's next runs are the change's
         change_ids = [record.change_id for record in applied]
         rec.watch_id = started.watch_id
         await _emit_applied(rec, agent, applied, targets, changes)
@@ -379,16 +360,16 @@ class ChangePipeline:
         suites: dict[str, EvalSuite | None],
         before: dict[str, BeforeRun],
         agent: str,
-        applied_by: str,
+        author: ChangeAuthor,
     ) -> Outcome:
         # the lease makes the group live but not yet proven: if this process stops (killed,
         # stopped past the lease's expiry) the next open anywhere settles it (see
         # agentmend.infrastructure.changes.protocol.abandoned); the keep or the rollback releases it
-        with self.manager.hold_lease() as keeper:
+        with self.shared.manager.hold_lease() as keeper:
             try:
-                records = self.improver.apply(changes, applied_by=applied_by, lease=keeper.lease_id)
+                records = self.shared.improver.apply(changes, author=author, lease=keeper.lease_id)
             except AgentmendError as exc:  # the manager wrote nothing (or put it all back)
-                self.manager.release_lease(keeper.lease_id, "not_applied")
+                self.shared.manager.release_lease(keeper.lease_id, "not_applied")
                 return "error", f"could not apply: {exc}"
             try:
                 return await self._verify_and_settle(
@@ -425,11 +406,11 @@ class ChangePipeline:
             # a keep proven only by the weaker check keeps the old detection baseline (see
             # fresh_baselines): production traffic is then still judged against the agent's
             # behaviour before the fault, which is what catches a fix one query misjudged
-            fresh = fresh_baselines(verdicts, self.team)
+            fresh = fresh_baselines(verdicts, self.shared.team)
             keeper.ensure_held()  # a lease lost while verifying: the verdict is not ours
             if not rejected:
                 summary = {name: v.model_dump(mode="json") for name, v in verdicts.items()}
-                self.manager.mark_kept(
+                self.shared.manager.mark_kept(
                     change_ids[0],
                     {"cycle_id": rec.cycle_id, "verdicts": summary, NEW_BASELINE: fresh},
                     lease=lease,
@@ -449,7 +430,7 @@ class ChangePipeline:
                 )
             else:
                 if undone.blocked:
-                    exc.add_note(_blocked_note(undone, self.team.directory))
+                    exc.add_note(_blocked_note(undone, self.shared.team.directory))
             raise
         if rejected:
             reason = "verification failed: " + "; ".join(
@@ -464,7 +445,7 @@ class ChangePipeline:
         self, rec: CycleRecorder
     ) -> Callable[[int, ProposedChange | None, GateVerdict | None, str | None], Awaitable[None]]:
         counts: dict[int, int] = {}
-        total = len(self.gates)
+        total = len(self.shared.gates)
 
         async def on_verdict(
             index: int,
@@ -502,13 +483,13 @@ class ChangePipeline:
         before: dict[str, BeforeRun],
         rec: CycleRecorder,
     ) -> dict[str, VerificationVerdict]:
-        specs = self.team.reload()
+        specs = self.shared.team.reload()
         verdicts: dict[str, VerificationVerdict] = {}
         for name in targets:
             with work_span(
-                self.tracer, "agentmend.verification", **{"gen_ai.agent.name": name}
+                self.shared.tracer, "agentmend.verification", **{"gen_ai.agent.name": name}
             ) as span:
-                verdict = await self.verifier.verify(
+                verdict = await self.shared.verifier.verify(
                     name, specs.get(name), suites.get(name), before.get(name)
                 )
                 span.set_attributes(
@@ -551,8 +532,8 @@ class ChangePipeline:
     ) -> None:
         label = f"change {', '.join(change_ids)}"
         for name in fresh:
-            self.detector.on_change_kept(name, self.monitor, label=label)
-        kept_old = [name for name in targets if name not in fresh and name in self.team]
+            self.shared.detector.on_change_kept(name, self.shared.monitor, label=label)
+        kept_old = [name for name in targets if name not in fresh and name in self.shared.team]
         note = (
             f" (weaker check only: {', '.join(kept_old)} keep(s) the detection baseline from "
             "before the change)"
@@ -579,13 +560,15 @@ class ChangePipeline:
     ) -> PartialRollback:
         """Undo the unproven group (see "Rolling back an unproven change") and record it."""
         with work_span(
-            self.tracer,
+            self.shared.tracer,
             "agentmend.rollback",
             **{"agentmend.change_ids": change_ids, "agentmend.rollback.reason": reason},
         ) as span:
-            undone = self.manager.rollback_unproven(change_ids[0], reason=reason, lease=lease)
+            undone = self.shared.manager.rollback_unproven(
+                change_ids[0], reason=reason, lease=lease
+            )
             set_outcome(span, not undone.blocked, "rollback blocked" if undone.blocked else None)
-        self.team.reload()
+        self.shared.team.reload()
         scores = {
             name: {"before": v.before_score, "after": v.after_score}
             for name, v in (verdicts or {}).items()
@@ -605,7 +588,7 @@ class ChangePipeline:
             await rec.emit(
                 "change_rollback_blocked",
                 undone.blocked_agents[0],
-                _blocked_note(undone, self.team.directory),
+                _blocked_note(undone, self.shared.team.directory),
                 change_ids=list(undone.blocked),
                 paths=list(undone.left),
                 edited=list(undone.edited),

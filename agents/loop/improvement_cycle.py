@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
-from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.changes.proposal import ChangeReviewer, Gate
-from agentmend.infrastructure.detection.detector import IssueDetector
 from agentmend.infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis
-from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.principal import IMPROVER_VIA, ChangeAuthor
 from agentmend.infrastructure.structured_logger import get_logger
-from agentmend.infrastructure.tracing import agentmend_tracer, role_span
+from agentmend.infrastructure.tracing import role_span
 from agentmend.loop.change_pipeline import ChangePipeline, Outcome, record_invalid
+from agentmend.loop.collaborators import LoopCollaborators
 from agentmend.loop.cycle import (
     CycleRecorder,
     CycleResult,
@@ -40,12 +37,10 @@ from agentmend.loop.cycle import (
     describe_failure,
     fold_events,
 )
-from agentmend.loop.cycle_verification import CycleVerifier
 from agentmend.roles.ask_agent_tool import AskAgentTool
 from agentmend.roles.outcomes import QuestionAnswer
-from agentmend.roles.self_improver import InvalidProposal, SelfImprover
-from agentmend.roles.socratic_mediator import SocraticMediator, is_failed
-from agentmend.roles.team import AgentTeam
+from agentmend.roles.self_improver import InvalidProposal
+from agentmend.roles.socratic_mediator import is_failed
 
 __all__ = ["SELF_EDIT", "ImprovementCycle", "Outcome"]
 
@@ -54,46 +49,23 @@ log = get_logger(__name__)
 SELF_EDIT = "self_edit"
 """The ``error_type`` (and ``detector``) of the issue a self-edit is recorded under."""
 
+SELF_EDIT_VIA = "self-edit:"
+"""How the history records a self-edit (``ChangeAuthor.via``), followed by the agent's name."""
+
 
 class ImprovementCycle:
     """Runs recorded cycles on the orchestrator's team with the orchestrator's roles.
 
-    It holds the same objects the ``MetaOrchestrator`` exposes (team, detector, manager,
-    mediator, improver, verifier, gates); the orchestrator decides when a cycle runs and keeps
-    the open issues, this class carries a cycle (or a self-edit) from start to finish.
+    It works on the collaborators the ``MetaOrchestrator`` was built with (``shared``: team,
+    store, mediator, improver, reviewer, principal, tracer), and hands them to its
+    ``ChangePipeline``; the orchestrator decides when a cycle runs and keeps the open issues,
+    this class carries a cycle (or a self-edit) from start to finish.
     """
 
-    def __init__(
-        self,
-        *,
-        store: Store,
-        team: AgentTeam,
-        monitor: PerformanceMonitor,
-        detector: IssueDetector,
-        manager: ImprovementManager,
-        mediator: SocraticMediator,
-        improver: SelfImprover,
-        verifier: CycleVerifier,
-        reviewer: ChangeReviewer,
-        gates: Sequence[Gate],
-        on_progress: OnProgress | None = None,
-    ) -> None:
-        self.store = store
-        self.team = team
-        self.mediator = mediator
-        self.improver = improver
-        self.reviewer = reviewer
+    def __init__(self, shared: LoopCollaborators, *, on_progress: OnProgress | None = None) -> None:
+        self.shared = shared
         self.on_progress = on_progress
-        self.tracer = agentmend_tracer()
-        self.changes = ChangePipeline(
-            team=team,
-            monitor=monitor,
-            detector=detector,
-            manager=manager,
-            improver=improver,
-            verifier=verifier,
-            gates=gates,
-        )
+        self.changes = ChangePipeline(shared)
 
     # -- the two ways in -----------------------------------------------------------------------
 
@@ -123,7 +95,7 @@ class ImprovementCycle:
         )
 
         async def body(rec: CycleRecorder) -> Outcome:
-            self.team.reload()  # the files are the truth, as in a cycle
+            self.shared.team.reload()  # the files are the truth, as in a cycle
             await rec.emit(
                 "actions_proposed",
                 agent,
@@ -131,7 +103,8 @@ class ImprovementCycle:
                 actions=[action.model_dump(mode="json")],
                 summary=f"self-edit requested by {agent}",
             )
-            return await self.changes.run(rec, [action], agent, applied_by=f"self-edit:{agent}")
+            author = ChangeAuthor.of(self.shared.principal, via=f"{SELF_EDIT_VIA}{agent}")
+            return await self.changes.run(rec, [action], agent, author)
 
         return await self.recorded(issue, body)
 
@@ -139,8 +112,8 @@ class ImprovementCycle:
 
     def role_calls(self) -> int:
         """Model calls made so far by the mediator, the improver and the reviewer."""
-        reviewer_calls = getattr(self.reviewer, "model_calls", 0)
-        calls = self.mediator.model_calls + self.improver.model_calls
+        reviewer_calls = getattr(self.shared.reviewer, "model_calls", 0)
+        calls = self.shared.mediator.model_calls + self.shared.improver.model_calls
         return calls + (reviewer_calls if isinstance(reviewer_calls, int) else 0)
 
     async def recorded(
@@ -151,7 +124,9 @@ class ImprovementCycle:
     ) -> CycleResult:
         """Run ``body`` as one recorded cycle: started, its steps, finished (even on error)."""
         cycle_id = uuid.uuid4().hex[:12]
-        recorder = CycleRecorder(self.store, cycle_id, self.on_progress, issue_id=issue.issue_id)
+        recorder = CycleRecorder(
+            self.shared.store, cycle_id, self.on_progress, issue_id=issue.issue_id
+        )
         started = time.perf_counter()
         calls_before = self.role_calls()
         status: CycleStatus = "error"
@@ -209,9 +184,11 @@ class ImprovementCycle:
             return "analysis_failed", analysis.identified_cause
         try:
             with role_span(
-                self.tracer, "self-improver", **{"agentmend.issue.agent": analysis.agent_name}
+                self.shared.tracer,
+                "self-improver",
+                **{"agentmend.issue.agent": analysis.agent_name},
             ):
-                proposal = await self.improver.propose_plan(analysis)
+                proposal = await self.shared.improver.propose_plan(analysis)
         except InvalidProposal as exc:
             return await record_invalid(rec, exc, analysis.agent_name)
         await rec.emit(
@@ -223,13 +200,18 @@ class ImprovementCycle:
         )
         if not proposal.actions:
             return "no_action", None
-        return await self.changes.run(rec, proposal.actions, analysis.agent_name)
+        return await self.changes.run(
+            rec,
+            proposal.actions,
+            analysis.agent_name,
+            ChangeAuthor.of(self.shared.principal, via=IMPROVER_VIA),
+        )
 
     async def _analyse(self, issue: IssueReport, rec: CycleRecorder) -> RootCauseAnalysis:
         # the files are the truth: read them once per cycle (someone may have edited them), and
         # rebuild the registry, since agents may have been created or deleted since
-        self.team.reload()
-        self.mediator.ask_agent_tool = AskAgentTool(self.team.ask_agent_registry())
+        self.shared.team.reload()
+        self.shared.mediator.ask_agent_tool = AskAgentTool(self.shared.team.ask_agent_registry())
 
         async def asked(exchange: QuestionAnswer) -> None:
             await rec.emit(
@@ -239,14 +221,16 @@ class ImprovementCycle:
                 **exchange.model_dump(mode="json"),
             )
 
-        self.mediator.on_question = asked
+        self.shared.mediator.on_question = asked
         try:
             with role_span(
-                self.tracer, "socratic-mediator", **{"agentmend.issue.agent": issue.agent_name}
+                self.shared.tracer,
+                "socratic-mediator",
+                **{"agentmend.issue.agent": issue.agent_name},
             ):
-                analysis = await self.mediator.analyze_issue(issue)
+                analysis = await self.shared.mediator.analyze_issue(issue)
         finally:
-            self.mediator.on_question = None
+            self.shared.mediator.on_question = None
         await rec.emit(
             "analysis_completed",
             analysis.agent_name,

@@ -4,6 +4,10 @@ The facade users know. ``execute_task`` runs every agent on a query (bounded con
 run recorded), asks the detector whether anything degraded, and for each issue runs the cycle
 (``auto_improve``) or asks ``confirm_cycle`` first (the interactive session's y/n).
 
+The orchestrator, its cycle and the cycle's change pipeline share one set of collaborators
+(team, store, monitor, detector, manager, roles, gates, tracer, publisher), built once as a
+``LoopCollaborators`` (``agentmend.loop.collaborators``) and passed down.
+
 The loop itself, step by step, lives in two modules:
 
 - ``agentmend.loop.improvement_cycle``: ``run_improvement_cycle`` = analyse (the mediator questions
@@ -31,21 +35,19 @@ from typing import Any, TypeVar
 
 from opentelemetry.trace import Span, TracerProvider
 
-from agentmend.infrastructure.changes.gates import ConfidenceGate, HumanApprovalGate, default_gates
+from agentmend.infrastructure.changes.gates import ConfidenceGate, HumanApprovalGate
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
 from agentmend.infrastructure.changes.proposal import ApprovalCallback, ChangeReviewer, Gate
 from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, ChangeRow
 from agentmend.infrastructure.changes.protocol.decisions import record_decision
 from agentmend.infrastructure.changes.watch import ChangeWatch
 from agentmend.infrastructure.detection.detector import IssueDetector
-from agentmend.infrastructure.detection.issue_ledger import IssueLedger
 from agentmend.infrastructure.errors import (
     ChangeNotFound,
     ConfigurationError,
     RollbackConflict,
     StoreError,
 )
-from agentmend.infrastructure.limits import InputLimits
 from agentmend.infrastructure.llm.base import AgentRuntime, ToolSpec
 from agentmend.infrastructure.models import (
     ChangeRecord,
@@ -58,22 +60,18 @@ from agentmend.infrastructure.monitoring.performance_monitor import (
     PerformanceMonitor,
     monitor_options,
 )
-from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.principal import ChangeAuthor, Principal
 from agentmend.infrastructure.settings import Settings, load_settings
 from agentmend.infrastructure.simulation import SimulatedRuntime
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.structured_logger import get_logger
-from agentmend.infrastructure.tracing import agentmend_tracer, set_outcome, work_span
+from agentmend.infrastructure.tracing import set_outcome, work_span
+from agentmend.loop.collaborators import LoopCollaborators
 from agentmend.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
-from agentmend.loop.cycle_verification import CycleVerifier, baseline_agents
+from agentmend.loop.cycle_verification import baseline_agents
 from agentmend.loop.improvement_cycle import SELF_EDIT, ImprovementCycle
 from agentmend.loop.release_publishing import ReleasePublisher
 from agentmend.loop.self_edit_tools import Authorize, self_edit_tools, verified_apply
-from agentmend.roles.ask_agent_tool import AskAgentTool
-from agentmend.roles.role_names import check_team_names
-from agentmend.roles.self_improver import SelfImprover
-from agentmend.roles.socratic_mediator import SocraticMediator
-from agentmend.roles.supervisor import Supervisor
 from agentmend.roles.team import AgentTeam
 
 __all__ = ["SELF_EDIT", "ConfirmCycle", "MetaOrchestrator", "OnProgress"]
@@ -94,51 +92,77 @@ failure fraction, or log2 of the slow-down) after a "no" before it is offered ag
 class MetaOrchestrator:
     """Executes tasks on a team, detects degradation and runs improvement cycles.
 
+    Built on the loop's collaborators (``LoopCollaborators``: team, store, monitor, detector,
+    manager, roles, gates, tracer, publisher, ...), which it shares with its
+    ``ImprovementCycle`` and that cycle's ``ChangePipeline``. ``for_team`` builds them and the
+    orchestrator in one call, the common case; ``offline_simulated`` builds the simulated team
+    with the offline playbooks.
+
     Args:
-        team: the agents (definitions + runtime); its monitor is created on ``store`` if it
-            has none.
-        roles_runtime: what runs the mediator, improver and supervisor (the offline playbooks,
-            a model API, or a fake).
-        store: the database everything is recorded in; default ``<workspace>/agentmend.db``.
-        workspace: where the default store lives; default ``settings.workspace``.
-        settings: thresholds, budget, approval timeout, yolo mode.
-        manager: the change history to apply through; default one on ``store`` (a workspace
-            passes its own, so one process keeps one session budget).
-        approval_callback: the human approval gate's question, a plain or async function of
-            the ``ProposedChange`` returning True to apply it (None: every change is refused
-            unless yolo mode is on, so ``auto_improve`` then needs yolo mode).
-        principal: who the cycle runs for; default ``settings.default_principal`` (standard
-            rights unless ``AGENTMEND_PRINCIPAL_ADMIN`` is set).
+        shared: the loop's collaborators (``LoopCollaborators.build``); what building them
+            opened (``shared.opened``) is closed with this orchestrator.
         auto_improve: run a cycle for each detected issue without asking.
         confirm_cycle: otherwise, ask this whether to run one (no answer within
             ``settings.auto_decision_timeout`` is no). An issue declined is not offered
             again until it is a kind not declined yet for that agent, or ``DECLINED_WORSE_BY``
             more severe, or a cycle is asked for (``run_improvement_cycle``).
+        on_progress: called with every ``CycleEvent`` as it happens.
+        concurrency: agents run at once by ``execute_task``.
+        task_timeout_s: a wall-clock limit per agent run in ``execute_task``.
 
     Raises:
         ConfigurationError: ``auto_improve`` while nobody can approve a change (no
             ``approval_callback`` and yolo mode off): every cycle would be refused.
-        on_progress: called with every ``CycleEvent`` as it happens.
-        detector: default one built from ``settings`` (mode, false-alarm rate, baseline).
-        gates: default ``agentmend.infrastructure.changes.gates.default_gates``.
-        reviewer: the supervisor gate's reviewer; default a ``Supervisor`` on ``roles_runtime``.
-        available_models: the models a model change may choose; default the team runtime's
-            ``available_models`` when it has them, else the simulated team's list.
-        max_questions: the mediator's question budget per analysis.
-        concurrency: agents run at once by ``execute_task``.
-        task_timeout_s: a wall-clock limit per agent run in ``execute_task``.
-        tracer_provider: where the cycle's spans go (the roles, each gate, verification,
-            rollback); default the globally registered provider, if any.
-        publisher: publish each kept change as a release served first to a canary share,
-            and each rollback as a stable release (None: the team directory is all there is).
-
-    Raises:
-        RoleNameClash: a team agent is named like a role (``socratic-mediator``,
-            ``self-improver``, ``supervisor``).
     """
 
     def __init__(
         self,
+        shared: LoopCollaborators,
+        *,
+        auto_improve: bool = False,
+        confirm_cycle: ConfirmCycle | None = None,
+        on_progress: OnProgress | None = None,
+        concurrency: int = 4,
+        task_timeout_s: float | None = None,
+    ) -> None:
+        self.shared = shared
+        self._owned: list[Callable[[], object]] = list(shared.opened)
+        self.settings = shared.settings
+        self.store = shared.store
+        self.team = shared.team
+        self.monitor = shared.monitor
+        self.detector = shared.detector
+        self.manager = shared.manager
+        self.roles_runtime = shared.roles_runtime
+        self.principal = shared.principal
+        self.reviewer = shared.reviewer
+        self.gates = shared.gates
+        self.mediator = shared.mediator
+        self.improver = shared.improver
+        self.verifier = shared.verifier
+        self.tracer = shared.tracer
+        self.available_models = shared.available_models
+        self.publisher = shared.publisher
+        self.confirm_cycle = confirm_cycle
+        self.concurrency = concurrency
+        self.task_timeout_s = task_timeout_s
+        self._auto_improve = False
+        self.auto_improve = auto_improve  # checks that someone can approve
+        # per agent, the issues declined, by kind: a kind already declined is offered again
+        # only when clearly worse
+        self._declined: dict[str, dict[str, IssueReport]] = {}
+        self._pending: dict[str, IssueReport] = {}
+        self.cycle = ImprovementCycle(shared, on_progress=on_progress)
+        self.watcher = self.cycle.changes.watcher
+        # the agents with a change watched here, read again at each task and check (a watch
+        # another process started on this host is picked up there); a run of one advances it
+        self._watched: set[str] = {w.agent for w in self.watcher.open_here()}
+        self.team.add_run_listener(self._on_run)
+        self._owned.insert(0, lambda: self.team.remove_run_listener(self._on_run))
+
+    @classmethod
+    def for_team(
+        cls,
         team: AgentTeam,
         *,
         roles_runtime: AgentRuntime,
@@ -160,106 +184,45 @@ class MetaOrchestrator:
         task_timeout_s: float | None = None,
         tracer_provider: TracerProvider | None = None,
         publisher: ReleasePublisher | None = None,
-    ) -> None:
-        check_team_names(team.names)  # before anything is opened
-        self.settings = settings if settings is not None else load_settings()
-        self._owned: list[Callable[[], object]] = []
-        if store is None:
-            base = Path(workspace) if workspace is not None else self.settings.workspace
-            store = Store(base / "agentmend.db")
-            self._owned.append(store.close)
-        self.store = store
-        self.team = team
-        if team.monitor is None:
-            team.monitor = PerformanceMonitor(store, **monitor_options(self.settings))
-            self._owned.insert(0, team.monitor.close)
-        self.monitor: PerformanceMonitor = team.monitor
-        self.detector = detector or IssueDetector(
-            self.settings.detection_mode,
-            false_alarm_rate=self.settings.false_alarm_rate,
-            baseline_n=min(self.settings.baseline_n, self.monitor.baseline_n),
-            min_baseline_n=self.settings.min_baseline_n,
-            monitor=self.monitor,
-            ledger=IssueLedger(store),
-            backoff_runs=self.settings.issue_backoff_runs,
-            backoff_max_runs=max(
-                self.settings.issue_backoff_runs, self.settings.issue_backoff_max_runs
-            ),
-        )
-        if manager is None:
-            key = self.settings.audit_hmac_key
-            manager = ImprovementManager(
-                store=store,
-                max_improvements_per_session=self.settings.max_improvements_per_session,
-                improvement_window_s=self.settings.improvement_window_s,  # a long-lived process
-                max_improvements_per_window=self.settings.max_improvements_per_window,
-                audit_hmac_key=key.get_secret_value() if key is not None else None,
-                limits=InputLimits.of(self.settings),
-            )
-        self.manager = manager
-        self.roles_runtime = roles_runtime
-        self.principal = principal or self.settings.default_principal
-        self.confirm_cycle = confirm_cycle
-        self.concurrency = concurrency
-        self.task_timeout_s = task_timeout_s
-        self.publisher = publisher
-        self.available_models = tuple(available_models or _default_models(team.runtime))
-        self.reviewer: ChangeReviewer = reviewer or Supervisor(roles_runtime)
-        if gates is None:
-            gates = default_gates(
-                manager=self.manager,
-                principal=self.principal,
-                reviewer=self.reviewer,
-                approval_callback=approval_callback,
-                settings=self.settings,
-            )
-        self.gates = list(gates)
-        self._auto_improve = False
-        self.auto_improve = auto_improve  # checks that someone can approve
-        # per agent, the issues declined, by kind: a kind already declined is offered again
-        # only when clearly worse
-        self._declined: dict[str, dict[str, IssueReport]] = {}
-        self.mediator = SocraticMediator(
-            roles_runtime,
-            AskAgentTool(team.ask_agent_registry()),
-            max_questions=max_questions,
-        )
-        self.improver = SelfImprover(
-            roles_runtime,
-            self.manager,
-            root=team.directory,
-            gates=self.gates,
-            principal=self.principal,
-            available_models=self.available_models,
-            # the cycle reloads the team when the files change; the effector still checks
-            # every definition against the disk, so a stale view is refused, never written
-            specs_provider=lambda: self.team.specs,
-        )
-        self._pending: dict[str, IssueReport] = {}
-        self.verifier = CycleVerifier(team, design=self.settings.verification_design)
-        self.cycle = ImprovementCycle(
+    ) -> MetaOrchestrator:
+        """An orchestrator for ``team``, its collaborators built by ``LoopCollaborators.build``.
+
+        The collaborators' keywords (``store``, ``workspace``, ``settings``, ``manager``,
+        ``approval_callback``, ``principal``, ``detector``, ``gates``, ``reviewer``,
+        ``available_models``, ``max_questions``, ``tracer_provider``, ``publisher``) are
+        documented there, the orchestrator's own (``auto_improve``, ``confirm_cycle``,
+        ``on_progress``, ``concurrency``, ``task_timeout_s``) on the class.
+
+        Raises:
+            RoleNameClash: a team agent is named like a role (``socratic-mediator``,
+                ``self-improver``, ``supervisor``); nothing is opened.
+            ConfigurationError: ``auto_improve`` while nobody can approve a change.
+        """
+        shared = LoopCollaborators.build(
+            team,
+            roles_runtime=roles_runtime,
             store=store,
-            team=team,
-            monitor=self.monitor,
-            detector=self.detector,
-            manager=self.manager,
-            mediator=self.mediator,
-            improver=self.improver,
-            verifier=self.verifier,
-            reviewer=self.reviewer,
-            gates=self.gates,
-            on_progress=on_progress,
+            workspace=workspace,
+            settings=settings,
+            manager=manager,
+            approval_callback=approval_callback,
+            principal=principal,
+            detector=detector,
+            gates=gates,
+            reviewer=reviewer,
+            available_models=available_models,
+            max_questions=max_questions,
+            tracer_provider=tracer_provider,
+            publisher=publisher,
         )
-        self.tracer = agentmend_tracer(tracer_provider)
-        for part in (self.cycle, self.cycle.changes, self.improver, self.reviewer):
-            if hasattr(part, "tracer"):
-                part.tracer = self.tracer
-        self.watcher = self.cycle.changes.watcher
-        # the agents with a change watched here, read again at each task and check (a watch
-        # another process started on this host is picked up there); a run of one advances it
-        self._watched: set[str] = {w.agent for w in self.watcher.open_here()}
-        team.add_run_listener(self._on_run)
-        self._owned.insert(0, lambda: team.remove_run_listener(self._on_run))
+        return cls(
+            shared,
+            auto_improve=auto_improve,
+            confirm_cycle=confirm_cycle,
+            on_progress=on_progress,
+            concurrency=concurrency,
+            task_timeout_s=task_timeout_s,
+        )
 
     @property
     def auto_improve(self) -> bool:
@@ -315,7 +278,7 @@ class MetaOrchestrator:
         mediator, improver and supervisor (or ``roles_runtime``). ``yolo_mode`` (default on)
         skips the human gate, as a demo needs; pass ``yolo_mode=False`` with an
         ``approval_callback`` to be asked. The store defaults to
-        ``<directory>/.agent/agentmend.db``; other keyword options go to the constructor.
+        ``<directory>/.agent/agentmend.db``; other keyword options go to ``for_team``.
         """
         from agentmend.infrastructure.llm.offline import OfflineRuntime
         from agentmend.infrastructure.simulation import copy_team
@@ -332,7 +295,7 @@ class MetaOrchestrator:
         store = store if store is not None else Store(folder / ".agent" / "agentmend.db")
         monitor = PerformanceMonitor(store, **monitor_options(settings))
         team = AgentTeam(folder, runtime, monitor=monitor)
-        orchestrator = cls(
+        orchestrator = cls.for_team(
             team,
             roles_runtime=roles_runtime or OfflineRuntime(offline_policies()),
             store=store,
@@ -647,8 +610,7 @@ class MetaOrchestrator:
                 reason=reason,
                 force=force,
                 cascade=cascade,
-                user_id=self.principal.user_id,
-                user_name=self.principal.name,
+                author=ChangeAuthor.of(self.principal),
             )
         if not done:
             return None
@@ -876,12 +838,3 @@ def _groups_newest_first(members: Sequence[ChangeRow]) -> list[list[ChangeRow]]:
     for member in members:
         groups.setdefault(member.record.group_id or member.change_id, []).append(member)
     return sorted(groups.values(), key=lambda group: max(m.seq for m in group), reverse=True)
-
-
-def _default_models(runtime: AgentRuntime) -> Collection[str]:
-    served = getattr(runtime, "available_models", None)
-    if isinstance(served, tuple | list | frozenset | set) and served:
-        return tuple(str(name) for name in served)
-    from agentmend.infrastructure.simulation import AVAILABLE_MODELS
-
-    return tuple(AVAILABLE_MODELS)

@@ -46,7 +46,7 @@ from agentmend.infrastructure.models import (
     ImprovementAction,
     RootCauseAnalysis,
 )
-from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.principal import IMPROVER_VIA, ChangeAuthor, Principal
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.infrastructure.tracing import agentmend_tracer, work_span
 from agentmend.roles.outcomes import ActionOutcome
@@ -182,10 +182,9 @@ class SelfImprover:
         spec: the improver's definition (default: the shipped one).
         specs_provider: the team's current definitions (default: read ``root`` each time, so
             a plan is never made on a stale view).
+        tracer: where its spans go (default agentmend's tracer on the global provider); the
+            orchestrator passes the one of its ``tracer_provider``.
     """
-
-    tracer: Tracer = agentmend_tracer()
-    """Where its spans go; the orchestrator sets its own (``tracer_provider``)."""
 
     def __init__(
         self,
@@ -198,6 +197,7 @@ class SelfImprover:
         available_models: Collection[str],
         spec: AgentSpec | None = None,
         specs_provider: Callable[[], Mapping[str, AgentSpec]] | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.runtime = runtime
         self.manager = manager
@@ -207,6 +207,7 @@ class SelfImprover:
         self.available_models = tuple(available_models)
         self.spec = spec if spec is not None else load_role_spec("self-improver")
         self._specs_provider = specs_provider or (lambda: load_agent_specs(self.root))
+        self.tracer: Tracer = tracer if tracer is not None else agentmend_tracer()
         self.model_calls = 0
 
     def specs(self) -> Mapping[str, AgentSpec]:
@@ -399,22 +400,21 @@ class SelfImprover:
         self,
         changes: Sequence[ProposedChange],
         *,
-        applied_by: str = "self-improver",
+        author: ChangeAuthor | None = None,
         lease: str | None = None,
     ) -> list[ChangeRecord]:
         """Write ``changes`` as one group (all or nothing); returns their change records.
 
-        ``applied_by`` is who the history attributes them to (a self-edit names the agent);
-        ``lease``, the verifying owner's, makes the group live but not yet proven
-        (``ImprovementManager.apply``).
+        ``author`` is who the history and the audit rows attribute them to: default the
+        improver, for this improver's principal (the one the gates judged them for); a
+        self-edit names the agent. ``lease``, the verifying owner's, makes the group live but
+        not yet proven (``ImprovementManager.apply``).
         """
         entries = [entry for change in changes for entry in group_entries(change)]
         records = self.manager.apply_group(
             entries,
             root=self.root,
-            applied_by=applied_by,
-            user_id=self.principal.user_id,
-            user_name=self.principal.name,
+            author=author or ChangeAuthor.of(self.principal, via=IMPROVER_VIA),
             lease=lease,
         )
         log.debug(

@@ -13,6 +13,14 @@ them later (kept or rolled back); FAILED and PENDING changes never count.
 ``can_make_improvement`` also refuses after 3 or more rollbacks among the 5 newest changes of
 the durable history: instability outlives a process.
 
+Who made a change
+-----------------
+``log_change``, ``apply``, ``apply_group`` and the rollbacks take an ``author``
+(:class:`~agentmend.infrastructure.principal.ChangeAuthor`): how the change was made, recorded as
+its ``applied_by`` (the manager's ``applied_by`` when the author names none), and the user its
+audit rows name (without one, an apply's rows name its ``applied_by``, a rollback's the
+``applied_by`` of the change it undoes).
+
 Files ----- ``apply``, ``apply_group`` and the rollback of a change with files go through
 :class:`~agentmend.infrastructure.changes.protocol.steps.ChangeProtocol`: under the root's lock,
 the intent is recorded and synced before any file is written, so a process killed at any instant
@@ -62,7 +70,7 @@ from agentmend.infrastructure.models import (
     ImprovementAction,
     utc_now,
 )
-from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.principal import ChangeAuthor, Principal
 from agentmend.infrastructure.store.api import Store
 
 __all__ = [
@@ -97,7 +105,7 @@ class ImprovementManager:
             the MCP server), a rolling budget instead: at most ``max_improvements_per_window``
             changes applied in any such window, so improving resumes as old changes age out.
         max_improvements_per_window: the rolling budget's size.
-        applied_by: who the changes are attributed to by default.
+        applied_by: how a change is recorded as made when its ``author`` names no ``via``.
         recover: settle work that crashed processes left unfinished, on open, and the
             unproven changes whose owner is gone (see "Unproven changes" above).
         lease_terms: how long a verification's lease lasts and how often it is renewed
@@ -199,6 +207,11 @@ class ImprovementManager:
             oldest = self._applied_at[max(index, 0)] if self._applied_at else time.time()
         return datetime.fromtimestamp(oldest + self.improvement_window_s, UTC)
 
+    def _author(self, author: ChangeAuthor | None) -> ChangeAuthor:
+        """``author`` (nobody named when None), made by this manager's ``applied_by`` unless
+        it names its own ``via``."""
+        return (author or ChangeAuthor()).via_or(self.applied_by)
+
     # -- the long-standing API ---------------------------------------------------------------
 
     @property
@@ -212,9 +225,7 @@ class ImprovementManager:
         status: ChangeStatus = ChangeStatus.APPLIED,
         verification_result: dict[str, Any] | None = None,
         *,
-        applied_by: str | None = None,
-        user_id: str | None = None,
-        user_name: str | None = None,
+        author: ChangeAuthor | None = None,
     ) -> str:
         """Record a change made elsewhere (no file behind it); returns its id.
 
@@ -223,7 +234,7 @@ class ImprovementManager:
         """
         self.limits.action(action)
         change_id = ChangeLog.new_id()
-        by = applied_by or self.applied_by
+        author = self._author(author)
         # Only a change that counts as applied is refused over a broken audit head.
         with self.audit.transaction(safety=status not in _COUNTS_AS_APPLIED) as txn:
             self.changes.insert(
@@ -231,7 +242,7 @@ class ImprovementManager:
                 change_id=change_id,
                 action=action,
                 status=status,
-                applied_by=by,
+                applied_by=author.applied_by,
                 session_id=self.session_id,
                 created=utc_now(),
                 verification=verification_result,
@@ -242,8 +253,8 @@ class ImprovementManager:
                     edit_type=action.action_type.value,
                     old_value=action.old_value,
                     new_value=action.new_value,
-                    user_id=user_id or by,
-                    user_name=user_name,
+                    user_id=author.audit_user(author.applied_by),
+                    user_name=author.user_name,
                     change_id=change_id,
                 )
         if status in _COUNTS_AS_APPLIED:
@@ -256,15 +267,14 @@ class ImprovementManager:
         reason: str = "manual_rollback",
         force: bool = False,
         cascade: bool = False,
-        user_id: str | None = None,
-        user_name: str | None = None,
+        author: ChangeAuthor | None = None,
     ) -> ChangeRecord | None:
         """Roll back the newest APPLIED change (KEPT ones only by id); None if there is none."""
         for _ in range(10):  # another process may roll the same change back first
             row = self.changes.latest_applied()
             if row is None:
                 return None
-            if self._rollback(row, reason, force, cascade, user_id, user_name):
+            if self._rollback(row, reason, force, cascade, author):
                 return self.get_change(row.change_id)
         return None
 
@@ -275,8 +285,7 @@ class ImprovementManager:
         reason: str = "manual_rollback_by_id",
         force: bool = False,
         cascade: bool = False,
-        user_id: str | None = None,
-        user_name: str | None = None,
+        author: ChangeAuthor | None = None,
     ) -> bool:
         """Roll back one change (and its whole group); False if unknown or not APPLIED/KEPT.
 
@@ -286,15 +295,14 @@ class ImprovementManager:
                 too, newest first).
         """
         row = self.changes.get(change_id)
-        return row is not None and self._rollback(row, reason, force, cascade, user_id, user_name)
+        return row is not None and self._rollback(row, reason, force, cascade, author)
 
     def rollback_unproven(
         self,
         change_id: str,
         *,
         reason: str,
-        user_id: str | None = None,
-        user_name: str | None = None,
+        author: ChangeAuthor | None = None,
         lease: str | None = None,
     ) -> PartialRollback:
         """Undo a group that was not proven, except what someone edited since the apply.
@@ -320,17 +328,16 @@ class ImprovementManager:
         row = self.changes.get(change_id)
         if row is None or row.status not in LIVE_STATUSES:
             return PartialRollback()
+        author = self._author(author)
         if row.root is None:  # logged only: nothing on disk that someone could have edited
-            done = self._rollback_logged(row, reason, user_id, user_name)
+            done = self._rollback_logged(row, reason, author)
             agent = row.record.action.target_agent
             return (
                 PartialRollback((change_id,), rolled_back_agents=(agent,))
                 if done
                 else PartialRollback()
             )
-        return self.protocol.rollback_unproven(
-            row, reason, user_id=user_id, user_name=user_name, lease_id=lease
-        )
+        return self.protocol.rollback_unproven(row, reason, author=author, lease_id=lease)
 
     def rollback_closure(self, change_id: str) -> list[ChangeRow]:
         """The changes a cascade rollback of ``change_id`` would undo now, newest first.
@@ -479,9 +486,7 @@ class ImprovementManager:
         path: str | Path,
         new_content: Content,
         root: str | Path,
-        applied_by: str | None = None,
-        user_id: str | None = None,
-        user_name: str | None = None,
+        author: ChangeAuthor | None = None,
         lease: str | None = None,
     ) -> ChangeRecord:
         """Change one file under ``root`` and log it (``new_content=None`` deletes it).
@@ -497,16 +502,14 @@ class ImprovementManager:
             LeaseLost: ``lease`` is no longer held; nothing is written or recorded.
         """
         entry = (action, path, new_content)
-        return self._apply([entry], root, None, applied_by, user_id, user_name, lease)[0]
+        return self._apply([entry], root, None, author, lease)[0]
 
     def apply_group(
         self,
         actions_and_files: Sequence[FileEntry],
         *,
         root: str | Path,
-        applied_by: str | None = None,
-        user_id: str | None = None,
-        user_name: str | None = None,
+        author: ChangeAuthor | None = None,
         lease: str | None = None,
     ) -> list[ChangeRecord]:
         """Apply several file changes as one group that commits or rolls back whole.
@@ -516,16 +519,14 @@ class ImprovementManager:
         if not actions_and_files:
             raise ConfigurationError("apply_group needs at least one change")
         group_id = "g-" + ChangeLog.new_id()
-        return self._apply(actions_and_files, root, group_id, applied_by, user_id, user_name, lease)
+        return self._apply(actions_and_files, root, group_id, author, lease)
 
     def _apply(
         self,
         entries: Sequence[FileEntry],
         root: str | Path,
         group_id: str | None,
-        applied_by: str | None,
-        user_id: str | None,
-        user_name: str | None,
+        author: ChangeAuthor | None,
         lease: str | None,
     ) -> list[ChangeRecord]:
         self.limits.files("change group", entries)
@@ -537,9 +538,7 @@ class ImprovementManager:
             root,
             group_id=group_id,
             session_id=self.session_id,
-            applied_by=applied_by or self.applied_by,
-            user_id=user_id,
-            user_name=user_name,
+            author=self._author(author),
             lease_id=lease,
         )
         self._count(len(records))
@@ -553,21 +552,17 @@ class ImprovementManager:
         reason: str,
         force: bool,
         cascade: bool,
-        user_id: str | None,
-        user_name: str | None,
+        author: ChangeAuthor | None,
     ) -> bool:
         self.limits.text("reason", reason)
         if row.status not in LIVE_STATUSES:
             return False
+        author = self._author(author)
         if row.root is None:
-            return self._rollback_logged(row, reason, user_id, user_name)
-        return self.protocol.rollback(
-            row, reason, force=force, cascade=cascade, user_id=user_id, user_name=user_name
-        )
+            return self._rollback_logged(row, reason, author)
+        return self.protocol.rollback(row, reason, force=force, cascade=cascade, author=author)
 
-    def _rollback_logged(
-        self, row: ChangeRow, reason: str, user_id: str | None, user_name: str | None
-    ) -> bool:
+    def _rollback_logged(self, row: ChangeRow, reason: str, author: ChangeAuthor) -> bool:
         with self.audit.transaction(safety=True) as txn:
             fresh = self.changes.get(row.change_id)
             if fresh is None or fresh.status not in LIVE_STATUSES:
@@ -587,8 +582,8 @@ class ImprovementManager:
                 edit_type="rollback",
                 old_value=action.new_value,
                 new_value=action.old_value,
-                user_id=user_id or row.record.applied_by,
-                user_name=user_name,
+                user_id=author.audit_user(row.record.applied_by),
+                user_name=author.user_name,
                 change_id=row.change_id,
             )
         return True

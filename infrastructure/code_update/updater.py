@@ -95,6 +95,7 @@ from agentmend.infrastructure.code_update.validation import ValidationReport, fa
 from agentmend.infrastructure.errors import AgentmendError, PathNotAllowed, RollbackConflict
 from agentmend.infrastructure.limits import InputLimits
 from agentmend.infrastructure.models import ChangeType, ImprovementAction, utc_now
+from agentmend.infrastructure.principal import ChangeAuthor
 from agentmend.infrastructure.settings import Settings, load_settings
 from agentmend.infrastructure.structured_logger import get_logger
 
@@ -512,8 +513,9 @@ class CodeUpdater:
             records = self.manager.apply_group(
                 actions,
                 root=self.root,
-                applied_by=f"code_update:{plan.plan_id}",
-                user_id=plan.approved_by or "yolo_mode",
+                author=ChangeAuthor(
+                    via=f"code_update:{plan.plan_id}", user_id=plan.approved_by or "yolo_mode"
+                ),
                 lease=lease,
             )
         except AgentmendError as exc:  # the manager wrote nothing or put it all back
@@ -610,7 +612,9 @@ class CodeUpdater:
                 raise PlanStateError(plan.plan_id, plan.status, "be rolled back", hint)
             try:
                 rolled = self.manager.rollback_by_id(
-                    plan.change_ids[0], reason=f"rollback: {reason.strip()}", user_id=requested_by
+                    plan.change_ids[0],
+                    reason=f"rollback: {reason.strip()}",
+                    author=ChangeAuthor(user_id=requested_by),
                 )
             except RollbackConflict as exc:
                 paths = ", ".join(exc.paths) or "(none named)"

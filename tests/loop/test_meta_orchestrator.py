@@ -373,7 +373,7 @@ async def test_the_responsible_agent_may_differ_from_the_one_that_raised_the_iss
 
 async def test_a_store_is_made_in_the_workspace_and_closed(tmp_path: Path) -> None:
     team = AgentTeam(copy_team(tmp_path / "team"), SimulatedRuntime(1))
-    orchestrator = MetaOrchestrator(
+    orchestrator = MetaOrchestrator.for_team(
         team,
         roles_runtime=OfflineRuntime(offline_policies()),
         workspace=tmp_path / "ws",

@@ -100,7 +100,7 @@ async def test_execute_task_serves_one_release_per_routing_key(
     follower = ReleaseFollower(releases, tmp_path / "worker", advance_rollouts=False)
     follower.poll()
     team = AgentTeam.following(follower, SimulatedRuntime(1))
-    with MetaOrchestrator(
+    with MetaOrchestrator.for_team(
         team,
         roles_runtime=SimulatedRuntime(2),
         store=store,

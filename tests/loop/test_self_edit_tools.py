@@ -29,7 +29,7 @@ from agentmend.infrastructure.errors import ConfigurationError
 from agentmend.infrastructure.llm.base import ToolError, ToolSpec
 from agentmend.infrastructure.llm.testing import ScriptedRuntime, Step
 from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
-from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.principal import ADMIN, ChangeAuthor, Principal
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import AVAILABLE_MODELS, FaultKind, SimulatedRuntime
 from agentmend.loop.cycle import CycleEvent, CycleResult, list_cycle_ids, replay_cycle
@@ -99,8 +99,7 @@ class Harness:
         records = self.manager.apply_group(
             group_entries(change),
             root=self.root,
-            user_id=self.principal.user_id,
-            user_name=self.principal.name,
+            author=ChangeAuthor.of(self.principal),
         )
         self.applied.append(change.action)
         return f"applied change {records[0].change_id} to {change.metadata['field']}"

@@ -42,8 +42,8 @@ def test_a_team_that_reuses_a_role_name_gets_a_clear_error(tmp_path: Path, reuse
     source.rename(team_dir / f"{reused}.md")
     team = agentmend.AgentTeam(team_dir, SimulatedRuntime(0))
     with pytest.raises(RoleNameClash) as refused:
-        agentmend.MetaOrchestrator(team, roles_runtime=agentmend.offline_role_runtime(),
-                                workspace=tmp_path / "ws")  # fmt: skip
+        agentmend.MetaOrchestrator.for_team(team, roles_runtime=agentmend.offline_role_runtime(),
+                                         workspace=tmp_path / "ws")  # fmt: skip
     assert refused.value.names == (reused,)
     assert reused in str(refused.value)
     assert "rename" in str(refused.value)

@@ -25,6 +25,7 @@ from agentmend.infrastructure.models import (
     ImprovementAction,
     utc_now,
 )
+from agentmend.infrastructure.principal import ChangeAuthor
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.sql import StoreConnection
 
@@ -99,13 +100,14 @@ def record_intent(
     *,
     group_id: str | None,
     session_id: str,
-    applied_by: str,
+    author: ChangeAuthor,
     link: Callable[[StoreConnection, list[str], str], None] | None = None,
 ) -> datetime:
     """Steps 2 and 3: read the old bytes, record the changes PENDING; returns their time.
 
     The caller holds the root's lock, so the old bytes read here are what the apply replaces.
-    ``link`` puts the changes under their owner's lease in the same transaction.
+    The changes are recorded as made by ``author.applied_by``. ``link`` puts the changes under
+    their owner's lease in the same transaction.
     """
     for item in items:
         item.old = confined.read(root, item.target)
@@ -118,7 +120,7 @@ def record_intent(
                 change_id=item.change_id,
                 action=item.action,
                 status=ChangeStatus.PENDING,
-                applied_by=applied_by,
+                applied_by=author.applied_by,
                 session_id=session_id,
                 created=created,
                 group_id=group_id,
@@ -138,11 +140,11 @@ def write_and_commit(
     root: Path,
     created: datetime,
     *,
-    applied_by: str,
-    user_id: str | None,
-    user_name: str | None,
+    author: ChangeAuthor,
 ) -> None:
     """Steps 4 to 6: backups, the new bytes, then APPLIED with audit rows in one transaction.
+
+    The audit rows name ``author``'s user, else how the change was made.
 
     An error leaves the recorded intent unfinished; the caller hands it to recovery.
     """
@@ -159,14 +161,14 @@ def write_and_commit(
                 edit_type=item.action.action_type.value,
                 old_value=describe(item.action.old_value, item.old),
                 new_value=describe(item.action.new_value, item.new),
-                user_id=user_id or applied_by,
-                user_name=user_name,
+                user_id=author.audit_user(author.applied_by),
+                user_name=author.user_name,
                 change_id=item.change_id,
             )
 
 
 def applied_records(
-    items: list[PreparedFile], created: datetime, *, applied_by: str, group_id: str | None
+    items: list[PreparedFile], created: datetime, *, author: ChangeAuthor, group_id: str | None
 ) -> list[ChangeRecord]:
     """One APPLIED record per file of an acknowledged apply."""
     return [
@@ -175,7 +177,7 @@ def applied_records(
             timestamp=created,
             action=item.action,
             status=ChangeStatus.APPLIED,
-            applied_by=applied_by,
+            applied_by=author.applied_by,
             group_id=group_id,
             files=(FileChange(path=str(item.target), old_sha256=sha(item.old),
                               new_sha256=sha(item.new)),),

@@ -20,6 +20,7 @@ from agentmend.infrastructure.changes.protocol.files import backup, describe, sh
 from agentmend.infrastructure.errors import RollbackConflict
 from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.models import ChangeStatus, utc_now
+from agentmend.infrastructure.principal import ChangeAuthor
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.sql import StoreConnection
 
@@ -83,8 +84,7 @@ class Rollbacks:
         *,
         force: bool,
         cascade: bool,
-        user_id: str | None,
-        user_name: str | None,
+        author: ChangeAuthor,
     ) -> RollbackPlan:
         """Check a rollback of live ``fresh`` (and its group) and record its intent.
 
@@ -117,8 +117,8 @@ class Rollbacks:
             "reason": reason,
             "requested": change_id,
             "forced": force,
-            "user_id": user_id,
-            "user_name": user_name,
+            "user_id": author.user_id,
+            "user_name": author.user_name,
         }
         with self.store.transaction(durable=True) as conn:
             self.changes.mark_rolling_back(conn, selected, request)
@@ -130,8 +130,7 @@ class Rollbacks:
         fresh: ChangeRow,
         reason: str,
         *,
-        user_id: str | None,
-        user_name: str | None,
+        author: ChangeAuthor,
         settle_as: ChangeStatus = ChangeStatus.ROLLED_BACK,
         release: Callable[[StoreConnection], None] | None = None,
     ) -> tuple[RollbackPlan, PartialRollback]:
@@ -142,6 +141,7 @@ class Rollbacks:
         done once :meth:`finish` restores the plan's members.
 
         Args:
+            author: who the rollback is made for (their user in the request and audit rows).
             settle_as: the status the restored changes end in: ROLLED_BACK when the owner
                 undoes its unproven change, FAILED when recovery settles an owner's
                 interrupted one.
@@ -170,14 +170,14 @@ class Rollbacks:
             "reason": reason,
             "requested": rest[0].change_id if rest else change_id,
             "forced": False,
-            "user_id": user_id,
-            "user_name": user_name,
+            "user_id": author.user_id,
+            "user_name": author.user_name,
             "status": settle_as.value,
         }
         with self.audit.transaction(safety=True) as txn:
             if release is not None:
                 release(txn.conn)
-            self._mark_blocked(txn, blocked, reason, edited, conflict, user_id, user_name)
+            self._mark_blocked(txn, blocked, reason, edited, conflict, author)
             self.changes.mark_rolling_back(txn.conn, [m.change_id for m in rest], request)
         outcome = PartialRollback(
             rolled_back=tuple(m.change_id for m in rest),
@@ -218,8 +218,7 @@ class Rollbacks:
         reason: str,
         edited: set[str],
         conflict: str | None,
-        user_id: str | None,
-        user_name: str | None,
+        author: ChangeAuthor,
     ) -> None:
         """Live ``members`` -> FAILED with the conflict recorded, and an audit row each.
 
@@ -251,8 +250,8 @@ class Rollbacks:
                 edit_type="rollback_blocked",
                 old_value=action.new_value,
                 new_value=f"(left as edited since the change: {', '.join(paths)})",
-                user_id=user_id or member.record.applied_by,
-                user_name=user_name,
+                user_id=author.audit_user(member.record.applied_by),
+                user_name=author.user_name,
                 change_id=member.change_id,
             )
 

@@ -95,6 +95,7 @@ from agentmend.infrastructure.changes.protocol.rollback import (
 )
 from agentmend.infrastructure.changes.protocol.team_registry import team_guard
 from agentmend.infrastructure.models import ChangeRecord, ChangeStatus
+from agentmend.infrastructure.principal import ChangeAuthor
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.sql import StoreConnection
 from agentmend.infrastructure.structured_logger import get_logger
@@ -140,12 +141,13 @@ class ChangeProtocol:
         *,
         group_id: str | None,
         session_id: str,
-        applied_by: str,
-        user_id: str | None,
-        user_name: str | None,
+        author: ChangeAuthor,
         lease_id: str | None = None,
     ) -> list[ChangeRecord]:
         """Steps 1 to 6 for ``entries``, all under ``root``; one APPLIED record per file.
+
+        ``author`` is recorded as who made the changes (``applied_by``) and named by their
+        audit rows.
 
         With ``lease_id`` the changes are recorded, from their intent on, as held by that
         lease: live but not yet proven, settled by recovery if the lease's owner goes.
@@ -170,7 +172,7 @@ class ChangeProtocol:
                 root,
                 group_id=group_id,
                 session_id=session_id,
-                applied_by=applied_by,
+                author=author,
                 link=None if lease_id is None else self._linker(lease_id),
             )
             try:
@@ -180,16 +182,14 @@ class ChangeProtocol:
                     items,
                     root,
                     created,
-                    applied_by=applied_by,
-                    user_id=user_id,
-                    user_name=user_name,
+                    author=author,
                 )
             except Exception as exc:
                 # Not acknowledged: put back what was written and mark it FAILED now rather
                 # than on the next open (if the store itself is failing, reopening does it).
                 self.recovery.settle_after_apply_error(root, exc)
                 raise
-        return applied_records(items, created, applied_by=applied_by, group_id=group_id)
+        return applied_records(items, created, author=author, group_id=group_id)
 
     def rollback(
         self,
@@ -198,10 +198,11 @@ class ChangeProtocol:
         *,
         force: bool,
         cascade: bool,
-        user_id: str | None,
-        user_name: str | None,
+        author: ChangeAuthor,
     ) -> bool:
         """Restore the files of ``row`` (a change with a root); False if it is no longer live.
+
+        The audit rows name ``author``'s user, else who made each change undone.
 
         Raises:
             RollbackConflict: a file changed since (unless ``force``) or later live changes
@@ -220,8 +221,7 @@ class ChangeProtocol:
                 reason,
                 force=force,
                 cascade=cascade,
-                user_id=user_id,
-                user_name=user_name,
+                author=author,
             )
             self._finish(root, plan, row.change_id)
         log.info("rolled_back_change", change_id=row.change_id, cascade=list(plan.dependents))
@@ -232,8 +232,7 @@ class ChangeProtocol:
         row: ChangeRow,
         reason: str,
         *,
-        user_id: str | None,
-        user_name: str | None,
+        author: ChangeAuthor,
         lease_id: str | None = None,
         settle_as: ChangeStatus = ChangeStatus.ROLLED_BACK,
     ) -> PartialRollback:
@@ -242,6 +241,7 @@ class ChangeProtocol:
         An empty result when the change is no longer live (settled meanwhile).
 
         Args:
+            author: who the rollback is made for, as for ``rollback``.
             lease_id: the owner's lease, released with the rollback's intent.
             settle_as: ROLLED_BACK, or FAILED when recovery settles an interrupted change.
 
@@ -267,8 +267,7 @@ class ChangeProtocol:
                 row.change_id,
                 fresh,
                 reason,
-                user_id=user_id,
-                user_name=user_name,
+                author=author,
                 settle_as=settle_as,
                 release=release,
             )
@@ -304,5 +303,5 @@ class ChangeProtocol:
 
     def _settle_interrupted(self, row: ChangeRow) -> PartialRollback:
         return self.rollback_unproven(
-            row, INTERRUPTED, user_id=None, user_name=None, settle_as=ChangeStatus.FAILED
+            row, INTERRUPTED, author=ChangeAuthor(), settle_as=ChangeStatus.FAILED
         )

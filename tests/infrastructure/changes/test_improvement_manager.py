@@ -45,6 +45,7 @@ from agentmend.infrastructure.errors import (
 )
 from agentmend.infrastructure.files.atomic import locked_file, sha256_bytes
 from agentmend.infrastructure.models import utc_now
+from agentmend.infrastructure.principal import ChangeAuthor
 from agentmend.infrastructure.store.api import Store
 
 
@@ -109,7 +110,9 @@ def test_history_reflects_later_state_changes(manager: ImprovementManager) -> No
 
 def test_records_keep_the_action_and_verification(manager: ImprovementManager) -> None:
     action = _action(old_value={"t": 0.7}, new_value=[1, 2], rationale="why", target_field="t")
-    cid = manager.log_change(action, verification_result={"score": 0.8}, applied_by="person")
+    cid = manager.log_change(
+        action, verification_result={"score": 0.8}, author=ChangeAuthor(via="person")
+    )
     record = manager.get_change(cid)
     assert record is not None
     assert record.action == action
@@ -349,10 +352,9 @@ def test_apply_and_rollback_write_audit_rows(manager: ImprovementManager, root: 
         path="agents/writer.md",
         new_content=long_prompt,
         root=root,
-        user_id="42",
-        user_name="Ada",
+        author=ChangeAuthor(user_id="42", user_name="Ada"),
     )
-    manager.rollback_by_id(record.change_id, user_id="7", user_name="Bob")
+    manager.rollback_by_id(record.change_id, author=ChangeAuthor(user_id="7", user_name="Bob"))
     applied, rolled = manager.audit.entries(change_id=record.change_id)
     assert (applied.edit_type, applied.old_value, applied.user_id, applied.user_name) == (
         "prompt_modification",

@@ -55,6 +55,7 @@ from agentmend.infrastructure.models import (
     ChangeType,
     ImprovementAction,
 )
+from agentmend.infrastructure.principal import ChangeAuthor
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.store.api import Store
 from agentmend.roles.code_review import CodeReviewer
@@ -457,7 +458,7 @@ def test_a_plan_left_executing_is_recovered_however_many_plans_came_after(
     manager.apply_group(
         [(_code_action(plan.plan_id), "calc/__init__.py", CALC_BROKEN)],
         root=project,
-        applied_by=f"code_update:{plan.plan_id}",
+        author=ChangeAuthor(via=f"code_update:{plan.plan_id}"),
     )
     update_plan(manager.store, plan.plan_id, status="executing")
     for i in range(250):
@@ -482,9 +483,7 @@ class _BrokenDiskManager(ImprovementManager):
         actions_and_files: Sequence[FileEntry],
         *,
         root: str | Path,
-        applied_by: str | None = None,
-        user_id: str | None = None,
-        user_name: str | None = None,
+        author: ChangeAuthor | None = None,
         lease: str | None = None,
     ) -> list[ChangeRecord]:
         raise OSError(28, "No space left on device")

@@ -29,6 +29,7 @@ from agentmend.infrastructure.detection.issue_ledger import IssueLedger
 from agentmend.infrastructure.errors import StoreError
 from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, utc_now
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.principal import ChangeAuthor
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.store.api import Store
 from agentmend.loop.cycle import cycle_events
@@ -144,7 +145,7 @@ def test_changes_apply_and_roll_back_with_their_audit_rows(store_url: str, tmp_p
     with Store(store_url, files_dir=tmp_path) as store:
         manager = ImprovementManager(store=store)
         try:
-            change_id = manager.log_change(_action(), applied_by="person")
+            change_id = manager.log_change(_action(), author=ChangeAuthor(via="person"))
             manager.mark_kept(change_id)
             other = manager.log_change(_action("critic"))
             history = manager.get_history(limit=10)
@@ -192,7 +193,7 @@ def test_a_workspace_on_a_store_url_keeps_its_files_in_the_folder(
     settings = Settings(store_url=store_url)
     with Workspace.open(tmp_path / "ws", settings=settings) as ws:
         assert ws.store.backend == ("sqlite" if "://" not in store_url else "postgresql")
-        ws.manager.log_change(_action(), applied_by="person")
+        ws.manager.log_change(_action(), author=ChangeAuthor(via="person"))
         head = ws.store.local_file(".audit-head")
         assert head.is_file()
         if ws.store.backend == "postgresql":

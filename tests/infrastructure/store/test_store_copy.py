@@ -15,7 +15,7 @@ from agentmend.infrastructure.changes.protocol.decisions import record_decision,
 from agentmend.infrastructure.changes.watch import ChangeWatcher
 from agentmend.infrastructure.models import ChangeType, ImprovementAction
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.principal import ChangeAuthor, Principal
 from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.store import copying as store_copy
 from agentmend.infrastructure.store.api import Store
@@ -53,7 +53,7 @@ def _history(url: str, files_dir: Path) -> None:
                 rationale="more room",
                 confidence_score=0.8,
             )
-            change_id = manager.log_change(action, applied_by="person")
+            change_id = manager.log_change(action, author=ChangeAuthor(via="person"))
             if n == 1:
                 manager.rollback_by_id(change_id)
             else:
@@ -122,7 +122,7 @@ def test_copy_keeps_every_row_and_the_chain_and_the_target_goes_on(
                 new_value=10,
                 confidence_score=0.8,
             ),
-            applied_by="person",
+            author=ChangeAuthor(via="person"),
         )
         assert manager.verify_audit_chain()
         newest = store.connection().execute("SELECT MAX(id) FROM audit_log").fetchone()[0]
