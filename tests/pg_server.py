@@ -74,9 +74,11 @@ class PgServer:
     Args:
         fsync: keep PostgreSQL's fsync on (the benchmark's setting); tests turn it off, which
             still survives a killed or restarted server (the OS keeps the written pages).
+        running: a server another process of this run started (its ``describe()``), to attach
+            to instead of starting one.
     """
 
-    def __init__(self, *, fsync: bool = False, _attach: dict[str, Any] | None = None) -> None:
+    def __init__(self, *, fsync: bool = False, running: dict[str, Any] | None = None) -> None:
         self.bindir = pg_bindir()
         self._as_postgres: list[str] = []
         owner: pwd.struct_passwd | None = None
@@ -88,9 +90,9 @@ class PgServer:
             self._as_postgres = ["runuser", "-u", "postgres", "--"]
         self._fsync = fsync
         self.pid: int | None = None
-        if _attach is not None:  # a server another process of this run started
-            self.base, self.port = Path(_attach["base"]), int(_attach["port"])
-            self.data, self.pid = self.base / "data", int(_attach["pid"])
+        if running is not None:
+            self.base, self.port = Path(running["base"]), int(running["port"])
+            self.data, self.pid = self.base / "data", int(running["pid"])
             return
         self.base = Path(tempfile.mkdtemp(prefix="agentmend-pg-", dir="/tmp"))
         if owner is not None:
@@ -200,7 +202,7 @@ def shared_pg_server() -> PgServer:
     with shared_lock(_SHARED) as folder:
         where = folder / f"{_SHARED}.json"
         if where.exists():
-            return PgServer(_attach=json.loads(where.read_text()))
+            return PgServer(running=json.loads(where.read_text()))
         server = PgServer()
         where.write_text(json.dumps(server.describe()))
         return server
@@ -210,5 +212,5 @@ def stop_shared_pg_server(folder: Path) -> None:
     """Stop the run's server, if any process started one (the controlling process, at the end)."""
     where = folder / f"{_SHARED}.json"
     if where.exists():
-        PgServer(_attach=json.loads(where.read_text())).stop()
+        PgServer(running=json.loads(where.read_text())).stop()
         where.unlink()

@@ -129,7 +129,7 @@ def test_no_file_names_a_module_by_its_folder() -> None:
     assert offenders == []
 
 
-def test_the_old_name_check_finds_each_form(tmp_path: Path) -> None:
+def test_the_old_name_check_finds_each_form() -> None:
     pattern = _old_names()
     for line in (
         "from agents.loop.cycle import CycleResult",
