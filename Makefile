@@ -22,13 +22,17 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(PY) main.py --demo
 
+# Tests start many interpreters (the CLI, workers, servers): each may keep what it compiled, even
+# where the environment sets PYTHONDONTWRITEBYTECODE, so no child compiles the package again.
+TEST_PY := env -u PYTHONDONTWRITEBYTECODE $(PY)
+
 # every test, on every core (pytest-xdist); what a run builds once is shared by its workers
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --dist worksteal
+	$(TEST_PY) -m pytest -q -n auto --dist worksteal
 
 # the inner loop: everything but the tests marked slow (crash trials, the real CLI, wheels)
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n auto --dist worksteal -m "not slow"
+	$(TEST_PY) -m pytest -q -n auto --dist worksteal -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -64,6 +64,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow run first (stable order otherwise): a worker that draws a long
+    test late holds the whole run while the other workers sit idle; drawn first, the short tests
+    fill in around it."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_module_under_a_folder_name() -> Iterator[None]:
     """After every test of this worker: nothing of ours was imported as ``agents.*`` or

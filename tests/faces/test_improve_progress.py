@@ -40,6 +40,7 @@ def _suite_runs(team: Path, agent: str) -> int:
     return len(suite.cases) * suite.repeats
 
 
+@pytest.mark.slow
 async def test_a_kept_fix_counts_every_run_before_and_after_the_change(build: Build) -> None:
     orchestrator = build(
         settings=Settings(baseline_n=BASELINE, false_alarm_rate=1e-4, verification_design="fixed")

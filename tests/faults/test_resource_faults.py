@@ -107,6 +107,7 @@ def test_a_read_only_file_system_names_erofs(disk: Path, manager: ImprovementMan
     assert (disk / "writer.md").read_bytes() == OLD
 
 
+@pytest.mark.slow
 async def test_a_plan_executed_on_a_full_disk_moves_to_failed_with_the_reason(
     disk: Path, manager: ImprovementManager
 ) -> None:

@@ -42,6 +42,7 @@ def _project(tmp_path: Path) -> Path:
     return project
 
 
+@pytest.mark.slow
 def test_every_python_example_runs_as_printed(
     user_venv: UserVenv, tmp_path: Path, fake_api: FakeMessagesAPI
 ) -> None:
@@ -58,6 +59,7 @@ def test_every_python_example_runs_as_printed(
     assert fake_api.message_requests()  # the whole-loop example ran the agent on the model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
     [[], ["-p", "no:asyncio"]],  # asyncio_mode=auto: tests/faces/test_pytest_plugin.py

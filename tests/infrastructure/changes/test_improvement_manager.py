@@ -1198,6 +1198,7 @@ def _run(manager: ImprovementManager, root: Path, model: _Model, op: tuple[Any, 
         )
 
 
+@pytest.mark.slow
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     # a run of changes first, so later ones build on earlier ones, then anything

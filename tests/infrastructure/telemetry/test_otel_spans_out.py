@@ -37,6 +37,7 @@ def named(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
     return [s for s in spans if s.name == name]
 
 
+@pytest.mark.slow
 async def test_a_cycle_is_traced_under_the_callers_span(
     tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
