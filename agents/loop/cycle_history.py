@@ -21,7 +21,12 @@ from agentmend.infrastructure.changes.protocol.decisions import migrate_plan_tab
 from agentmend.infrastructure.changes.watch import read_watch
 from agentmend.infrastructure.models import IssueReport
 from agentmend.infrastructure.store.api import Store
-from agentmend.infrastructure.store.sql import StoreConnection, json_text
+from agentmend.infrastructure.store.sql import (
+    StoreConnection,
+    json_list_holds,
+    json_text,
+    unindexed,
+)
 from agentmend.loop.cycle import (
     DECISION_PREFIX,
     CycleEvent,
@@ -35,9 +40,6 @@ __all__ = ["CycleSummary", "cycle_of_change", "cycle_summaries", "latest_cycles"
 _STARTED = DECISION_PREFIX + "cycle_started"
 _FINISHED = DECISION_PREFIX + "cycle_finished"
 _APPLIED = DECISION_PREFIX + "change_applied"
-# every cycle event kind sorts in [cycle., cycle/); the unary + keeps SQLite on the id range
-# (the decisions since one start) rather than the kind index (every cycle event ever)
-_KINDS = "+kind >= 'cycle.' AND +kind < 'cycle/'"
 
 
 def latest_cycles(store: Store, *, limit: int = 50) -> list[CycleResult]:
@@ -114,8 +116,7 @@ def cycle_of_change(store: Store, change_id: str) -> CycleResult | None:
     conn = store.connection()
     applied = conn.execute(
         f"SELECT id, {json_text(conn, 'payload', 'cycle_id')} FROM decisions WHERE kind = ? AND "
-        "EXISTS (SELECT 1 FROM json_each(payload, '$.data.change_ids') WHERE value = ?) "
-        "ORDER BY id DESC LIMIT 1",
+        f"{json_list_holds(conn, 'payload', 'data.change_ids')} ORDER BY id DESC LIMIT 1",
         (_APPLIED, change_id),
     ).fetchone()
     if applied is None:
@@ -145,9 +146,12 @@ def _events_from(
 ) -> dict[str, list[CycleEvent]]:
     """The events of ``cycle_ids`` recorded at or after decision ``first_id``, in order."""
     events: dict[str, list[CycleEvent]] = {}
+    # every cycle event kind sorts in [cycle., cycle/); kept off the kind index, so the read is
+    # the id range (the decisions since one start), not every cycle event ever
+    kind = unindexed(conn, "kind")
     rows = conn.execute(
         f"SELECT timestamp, payload, {json_text(conn, 'payload', 'cycle_id')} FROM decisions "
-        f"WHERE id >= ? AND {_KINDS} ORDER BY id",
+        f"WHERE id >= ? AND {kind} >= 'cycle.' AND {kind} < 'cycle/' ORDER BY id",
         (first_id,),
     )
     for stamp, payload, cycle_id in rows:

@@ -130,6 +130,22 @@ def json_text(conn: StoreConnection, column: str, key: str) -> str:
     return f"(CAST({column} AS jsonb) #>> '{{{key.replace('.', ',')}}}')"
 
 
+def json_list_holds(conn: StoreConnection, column: str, key: str) -> str:
+    """SQL that is true when the JSON list at ``key`` (a constant dotted path, never input) in
+    the JSON object held in TEXT ``column`` holds the text bound to the one ``?`` it takes."""
+    if backend_of(conn) == "sqlite":
+        return f"EXISTS (SELECT 1 FROM json_each({column}, '$.{key}') WHERE value = ?)"
+    path = key.replace(".", ",")
+    return f"(CAST({column} AS jsonb) #> '{{{path}}}') @> jsonb_build_array(CAST(? AS text))"
+
+
+def unindexed(conn: StoreConnection, column: str) -> str:
+    """``column`` in a form SQLite's planner will not answer from an index on it (unary ``+``,
+    its documented hint), to keep it on a better range; PostgreSQL plans well without a hint
+    and has no unary ``+`` for text."""
+    return f"+{column}" if backend_of(conn) == "sqlite" else column
+
+
 def data_version(conn: StoreConnection) -> object:
     """A value that changes whenever another connection commits a write (a page's cue to
     redraw): SQLite's ``data_version``, PostgreSQL's current WAL position."""
