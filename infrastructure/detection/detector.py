@@ -326,7 +326,7 @@ class IssueDetector:
             self._save_touched()
         if not alarms:
             return []
-        return self._reports(mon, alarms)
+        return self._reports(mon, _once_per_issue(alarms))
 
     def cycle_finished(
         self, issue: IssueReport, *, kept: bool, outcome: str, change_id: str | None = None
@@ -890,6 +890,19 @@ class IssueDetector:
                 out["mean_log_duration"] = dc.mean
                 out["sd_log_duration"] = dc.sd
         return out
+
+
+def _once_per_issue(alarms: list[_Alarm]) -> list[_Alarm]:
+    """The first alarm of each issue: a long degraded stretch read in one check can cross the
+    threshold again after the issue's hold, and that raises the same issue, not a second one."""
+    seen: set[str] = set()
+    first = []
+    for alarm in alarms:
+        key = alarm.issue_id or f"{alarm.agent}\0{alarm.error_type}"
+        if key not in seen:
+            seen.add(key)
+            first.append(alarm)
+    return first
 
 
 def _rising(st: _AgentState, rule: str, firing: bool) -> bool:

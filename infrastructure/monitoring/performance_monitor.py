@@ -565,6 +565,8 @@ class PerformanceMonitor:
         """
         with self._state_lock:
             self._drain()
+            if self._table is None:  # in memory: nothing to write, so every run counts now
+                self._drain(self._closing)
         table = self._table
         if table is None:
             return
