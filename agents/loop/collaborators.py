@@ -40,7 +40,7 @@ from agentmend.roles.socratic_mediator import SocraticMediator
 from agentmend.roles.supervisor import Supervisor
 from agentmend.roles.team import AgentTeam
 
-__all__ = ["LoopCollaborators"]
+__all__ = ["LoopCollaborators", "default_detector"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +154,7 @@ class LoopCollaborators:
             opened.insert(0, team.monitor.close)
         monitor = team.monitor
         if detector is None:
-            detector = _default_detector(settings, store, monitor)
+            detector = default_detector(settings, store, monitor)
         if manager is None:
             manager = _default_manager(settings, store)
         principal = principal or settings.default_principal
@@ -207,9 +207,10 @@ class LoopCollaborators:
         )
 
 
-def _default_detector(
+def default_detector(
     settings: Settings, store: Store, monitor: PerformanceMonitor
 ) -> IssueDetector:
+    """The detector ``settings`` describe, on ``monitor``, its issues kept in ``store``."""
     return IssueDetector(
         settings.detection_mode,
         false_alarm_rate=settings.false_alarm_rate,

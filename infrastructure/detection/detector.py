@@ -328,6 +328,12 @@ class IssueDetector:
             return []
         return self._reports(mon, _once_per_issue(alarms))
 
+    def judge_from_now(self) -> None:
+        """Leave the runs the monitor already holds unjudged: the next check reads only runs
+        recorded from now on. For a checker taking over from another, whose statistics (saved
+        in the store) already count the runs it judged."""
+        self._cursor = self._bind(None).subscribe(from_now=True)
+
     def cycle_finished(
         self, issue: IssueReport, *, kept: bool, outcome: str, change_id: str | None = None
     ) -> IssueRow | None:

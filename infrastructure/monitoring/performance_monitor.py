@@ -429,11 +429,12 @@ class PerformanceMonitor:
 
     # ----------------------------------------------------------------- detector feed
 
-    def subscribe(self) -> EventCursor:
-        """A cursor at the oldest retained run (up to ``detection_backlog`` runs back)."""
+    def subscribe(self, *, from_now: bool = False) -> EventCursor:
+        """A cursor at the oldest retained run (up to ``detection_backlog`` runs back), or
+        past the newest with ``from_now``."""
         with self._state_lock:
             self._drain()
-            return self._feed.subscribe()
+            return self._feed.subscribe(from_now=from_now)
 
     def read_chunks(self, cursor: EventCursor) -> list[RunChunk]:
         """The runs since ``cursor`` (which is advanced past them). O(new runs)."""

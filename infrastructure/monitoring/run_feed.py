@@ -74,8 +74,10 @@ class RunFeed:
             del chunks[:drop]
             self._base += drop
 
-    def subscribe(self) -> EventCursor:
-        """A cursor at the oldest retained run."""
+    def subscribe(self, *, from_now: bool = False) -> EventCursor:
+        """A cursor at the oldest retained run, or past the newest with ``from_now``."""
+        if from_now:
+            return EventCursor(self._base + len(self._chunks), self._total)
         first = self._chunks[0].first_run if self._chunks else self._total
         return EventCursor(self._base, first)
 

@@ -229,6 +229,13 @@ def _agents(j: Journey) -> dict[str, Any]:
     return {a["agent"]: a for a in j.json("status")["agents"]}
 
 
+def watch(j: Journey) -> None:
+    code, out, err = j.run("watch", "--interval", "0.05", "--term", "5", "--max-checks", "3")
+    assert code == 0, out + err
+    assert "checking team" in out
+    assert j.json("status")["checkers"] == []  # the seat is left on the way out
+
+
 def session(j: Journey) -> None:
     done = subprocess.run(
         j.child("session"),
@@ -320,6 +327,7 @@ STEPS: dict[tuple[str, ...], Step] = {
     ("improve",): improve,
     ("code", "approve-tests"): code_approve_tests,
     ("otel", "receive"): otel_receive,
+    ("watch",): watch,
     ("session",): session,
     ("mcp",): mcp_tools,
     ("store",): store_sizes,

@@ -51,9 +51,10 @@ def _subcommands() -> list[Subcommand]:
         safeguards,
         store,
         store_copy,
+        watch,
     )
 
-    groups = (commands, report, safeguards, otel, release, store, store_copy)
+    groups = (commands, report, safeguards, otel, watch, release, store, store_copy)
     # ``store copy`` comes after ``store``, under which it sits
     return [command for group in groups for command in group.SUBCOMMANDS]
 

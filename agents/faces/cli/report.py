@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,7 @@ from agentmend.faces.cli.common import (
     CommandError,
     Subcommand,
     print_json,
+    terminal_text,
     workspace_path,
 )
 from agentmend.infrastructure.errors import AgentmendError
@@ -106,6 +109,7 @@ def _run_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from agentmend.faces.report.data import agent_statuses
+    from agentmend.infrastructure.detection.checker_seat import read_checkers
     from agentmend.infrastructure.models import ChangeStatus
     from agentmend.infrastructure.telemetry.receiver_counts import read_receiver_counts
 
@@ -117,6 +121,7 @@ def _run_status(args: argparse.Namespace) -> int:
         )
         chain = opened.manager.verify_audit_chain(repair=False)
         receivers = read_receiver_counts(opened.store)
+        checkers = read_checkers(opened.store)
     problems = [{"row_id": p.row_id, "kind": p.kind, "detail": p.detail} for p in chain.problems]
     if args.json:
         print_json(
@@ -124,6 +129,7 @@ def _run_status(args: argparse.Namespace) -> int:
                 **_status_json(statuses, pending),
                 "audit": {"ok": chain.ok, "rows_checked": chain.rows_checked, "problems": problems},
                 "telemetry_receivers": [r.as_json() for r in receivers],
+                "checkers": [c.as_json() for c in checkers],
             }
         )
         return EXIT_OK
@@ -139,6 +145,20 @@ def _run_status(args: argparse.Namespace) -> int:
             f"malformed, {c.dropped_queue_full:,} over the queue); as of "
             f"{r.updated_at:%Y-%m-%d %H:%M:%S} UTC",
             style="red" if r.dropped else None,
+            highlight=False,
+        )
+    now = time.time()
+    for ch in checkers:
+        last = "no check yet"
+        if ch.last_check is not None:
+            last = f"checked {now - ch.last_check:.0f} s ago"
+        console().print(
+            f"fleet checker of team {terminal_text(ch.team_id)}: {terminal_text(ch.principal)} on "
+            f"{terminal_text(ch.host)} pid {ch.pid}, "
+            f"since {datetime.fromtimestamp(ch.since, UTC):%Y-%m-%d %H:%M:%S} UTC, {last}, "
+            f"{ch.issues_opened} issues opened"
+            + ("; silent past its term: a standby takes over" if ch.lapsed(now) else ""),
+            style="red" if ch.lapsed(now) else None,
             highlight=False,
         )
     if not statuses:
