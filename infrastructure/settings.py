@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     # of the agent, doubling at each repeat up to the ceiling, unless it clears first
     issue_backoff_runs: int = Field(default=100, ge=1)
     issue_backoff_max_runs: int = Field(default=6400, ge=1)
+    # a cycle claims its issue (one cycle per issue, fleet-wide); a claim this old is taken to
+    # be a dead claimant's, and the next cycle may take it
+    issue_claim_stale_s: float = Field(default=3600.0, gt=0)
 
     # the runs between record() and the store: bounded, so a caller that outruns the store
     # slows down ("wait") or has its newest runs refused and counted ("drop")

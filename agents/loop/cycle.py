@@ -105,6 +105,8 @@ CycleStatus = Literal[
     "not_proven",
     # nothing applied: a change to this agent is being watched on live runs (one at a time)
     "watch_open",
+    # nothing run: another process claimed the issue and runs its cycle (or it moved on)
+    "claimed_elsewhere",
 ]
 
 

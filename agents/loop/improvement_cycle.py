@@ -2,6 +2,7 @@
 
 ``improve`` is the loop the orchestrator runs for a detected issue::
 
+    another process claimed the issue (its cycle)   done ("claimed_elsewhere"), nothing asked
     the agent's change is watched on live runs       done ("watch_open"), nothing asked
     analysis (mediator questions the agents)        unusable: done ("analysis_failed")
       -> proposal (improver)                         none: done ("no_action")
@@ -19,6 +20,8 @@ so ``replay_cycle(store, cycle_id)`` rebuilds it from the store alone.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -176,6 +179,9 @@ class ImprovementCycle:
     # -- analyse and propose -------------------------------------------------------------------
 
     async def _diagnose_and_fix(self, issue: IssueReport, rec: CycleRecorder) -> Outcome:
+        taken = self._claimed_elsewhere(issue, rec)
+        if taken is not None:  # before any model call: one cycle per issue, fleet-wide
+            return "claimed_elsewhere", taken
         busy = self.changes.watch_open(issue.agent_name)
         if busy is not None:  # before any model call: no change to it could be made now
             return "watch_open", busy
@@ -206,6 +212,20 @@ class ImprovementCycle:
             analysis.agent_name,
             ChangeAuthor.of(self.shared.principal, via=IMPROVER_VIA),
         )
+
+    def _claimed_elsewhere(self, issue: IssueReport, rec: CycleRecorder) -> str | None:
+        """Claim the detector's issue for this cycle; why not, when another process has it."""
+        if issue.issue_id is None:  # a requested analysis: no issue row to share
+            return None
+        claimant = f"{socket.gethostname()}:{os.getpid()}:{rec.cycle_id}"
+        claim = self.shared.detector.ledger.claim(
+            issue.issue_id, claimant, stale_after_s=self.shared.settings.issue_claim_stale_s
+        )
+        if claim is None:
+            return f"issue {issue.issue_id} is no longer open: another cycle dealt with it"
+        if not claim.mine:
+            return f"issue {issue.issue_id} is being handled by {claim.claimed_by}"
+        return None
 
     async def _analyse(self, issue: IssueReport, rec: CycleRecorder) -> RootCauseAnalysis:
         # the files are the truth: read them once per cycle (someone may have edited them), and

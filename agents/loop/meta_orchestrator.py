@@ -683,6 +683,8 @@ class MetaOrchestrator:
                 issue, settle=lambda: self._pending.pop(issue.agent_name, None)
             )
             _end_cycle_span(span, result)
+        if result.status == "claimed_elsewhere":
+            return result  # the issue is another process's: its cycle settles it
         if result.watch is not None:
             self._watched.add(result.watch.agent)
         self.detector.cycle_finished(

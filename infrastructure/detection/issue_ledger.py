@@ -12,6 +12,12 @@ no change: the detector stays quiet on this agent and kind for ``hold_runs`` run
 each repeat up to a ceiling) -> ``open`` again when the alarm recurs after the hold, or
 ``cleared_without_change`` when the statistic stays near zero for a window by itself.
 
+One issue, one cycle, fleet-wide: a cycle first *claims* its open issue (a compare-and-set on a
+row of ``monitoring_issue_claims``), so two processes that both see the issue (a session, the MCP
+server, the fleet checker) never both run a cycle for it. The claim ends with the issue's next
+move (held, resolved, cleared); a claim older than its bound (its claimant died mid-cycle) may
+be taken by the next cycle.
+
 The detector's per-agent state (statistics, run counts, the hold's counters) is saved here too,
 so a restarted process resumes where the last one stopped instead of starting from zero.
 
@@ -34,6 +40,7 @@ from agentmend.infrastructure.store.sql import StoreConnection
 
 __all__ = [
     "ACTIVE",
+    "IssueClaim",
     "IssueLedger",
     "IssueRow",
     "IssueStatus",
@@ -79,7 +86,14 @@ _MIGRATIONS = [
         updated_ts REAL NOT NULL,
         PRIMARY KEY (agent, kind)
     )
+    """,
     """
+    CREATE TABLE monitoring_issue_claims (
+        issue_id TEXT PRIMARY KEY,
+        claimed_by TEXT NOT NULL,
+        claimed_at REAL NOT NULL
+    )
+    """,
 ]
 _ISSUE_COLUMNS = (
     "issue_id, agent, kind, status, detector, context, opened_ts, updated_ts, cycles, hold_runs,"
@@ -107,6 +121,16 @@ class IssueRow:
     hold_runs: int  # the current hold, in runs of the agent
     outcome: str | None  # the last cycle's outcome, or why the issue closed
     change_id: str | None  # the kept change that resolved it
+
+
+@dataclass(frozen=True, slots=True)
+class IssueClaim:
+    """Who runs the cycle for an issue: ``mine`` when the asker's claim holds."""
+
+    issue_id: str
+    claimed_by: str
+    claimed_at: float
+    mine: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +171,7 @@ class IssueLedger:
     def __init__(self, store: Store | None = None) -> None:
         self.store = store
         self._issues: dict[str, IssueRow] = {}
+        self._claims: dict[str, tuple[str, float]] = {}
         self._states: dict[tuple[str, str], SavedState] = {}
         if store is not None:
             store.migrate(_COMPONENT, _MIGRATIONS)
@@ -237,6 +262,43 @@ class IssueLedger:
             replace(current, status="cleared_without_change", outcome="cleared without change")
         )
 
+    def claim(self, issue_id: str, by: str, *, stale_after_s: float) -> IssueClaim | None:
+        """Claim ``issue_id`` for a cycle run ``by`` this claimant.
+
+        Returns the claim as it stands after (``mine`` says whether ``by`` holds it), or None
+        when the issue is not open (held or closed meanwhile: no cycle should run for it). A
+        claim older than ``stale_after_s`` seconds is taken over.
+        """
+        now = time.time()
+        if self.store is None:
+            row = self._issues.get(issue_id)
+            if row is None or row.status != "open":
+                return None
+            held = self._claims.get(issue_id)
+            if held is None or held[0] == by or now - held[1] > stale_after_s:
+                self._claims[issue_id] = (by, now)
+                return IssueClaim(issue_id, by, now, mine=True)
+            return IssueClaim(issue_id, held[0], held[1], mine=False)
+        with self.store.transaction() as conn:
+            status = conn.execute(
+                "SELECT status FROM monitoring_issues WHERE issue_id = ?", (issue_id,)
+            ).fetchone()
+            if status is None or status[0] != "open":
+                return None
+            held = conn.execute(
+                "SELECT claimed_by, claimed_at FROM monitoring_issue_claims WHERE issue_id = ?",
+                (issue_id,),
+            ).fetchone()
+            if held is not None and held[0] != by and now - float(held[1]) <= stale_after_s:
+                return IssueClaim(issue_id, str(held[0]), float(held[1]), mine=False)
+            conn.execute("DELETE FROM monitoring_issue_claims WHERE issue_id = ?", (issue_id,))
+            conn.execute(
+                "INSERT INTO monitoring_issue_claims (issue_id, claimed_by, claimed_at)"
+                " VALUES (?, ?, ?)",
+                (issue_id, by, now),
+            )
+        return IssueClaim(issue_id, by, now, mine=True)
+
     def get(self, issue_id: str) -> IssueRow | None:
         if self.store is None:
             return self._issues.get(issue_id)
@@ -287,8 +349,14 @@ class IssueLedger:
         row = replace(row, updated_ts=time.time())
         if self.store is None:
             self._issues[row.issue_id] = row
+            if row.status != "open":
+                self._claims.pop(row.issue_id, None)
             return row
         with self.store.transaction() as conn:
+            if row.status != "open":  # the issue moved on: the cycle that claimed it is over
+                conn.execute(
+                    "DELETE FROM monitoring_issue_claims WHERE issue_id = ?", (row.issue_id,)
+                )
             conn.execute(
                 "UPDATE monitoring_issues SET status = ?, context = ?, updated_ts = ?, cycles = ?,"
                 " hold_runs = ?, outcome = ?, change_id = ? WHERE issue_id = ?",
