@@ -107,6 +107,7 @@ def _run_status(args: argparse.Namespace) -> int:
 
     from agentmend.faces.report.data import agent_statuses
     from agentmend.infrastructure.models import ChangeStatus
+    from agentmend.infrastructure.store.quarantine import quarantined_counts
     from agentmend.infrastructure.telemetry.receiver_counts import read_receiver_counts
 
     with open_store(args) as opened:
@@ -117,6 +118,7 @@ def _run_status(args: argparse.Namespace) -> int:
         )
         chain = opened.manager.verify_audit_chain(repair=False)
         receivers = read_receiver_counts(opened.store)
+        quarantined = quarantined_counts(opened.store)
     problems = [{"row_id": p.row_id, "kind": p.kind, "detail": p.detail} for p in chain.problems]
     if args.json:
         print_json(
@@ -124,9 +126,17 @@ def _run_status(args: argparse.Namespace) -> int:
                 **_status_json(statuses, pending),
                 "audit": {"ok": chain.ok, "rows_checked": chain.rows_checked, "problems": problems},
                 "telemetry_receivers": [r.as_json() for r in receivers],
+                "quarantined_rows": quarantined,
             }
         )
         return EXIT_OK
+    for component, count in quarantined.items():
+        console().print(
+            f"{count:,} {component} rows the store refused are set apart, with the reason, in"
+            " table quarantined_rows",
+            style="red",
+            highlight=False,
+        )
     for p in problems:  # a break stays on screen until an administrator acknowledges it
         where = f"row {p['row_id']}: " if p["row_id"] is not None else ""
         console().print(f"audit chain: {where}{p['kind']}: {p['detail']}", style="red")
