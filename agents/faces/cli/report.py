@@ -145,7 +145,8 @@ def _run_status(args: argparse.Namespace) -> int:
         console().print(
             f"OpenTelemetry receiver {r.receiver}: {c.spans_received:,} spans received, "
             f"{c.executions_recorded:,} runs recorded from them, {r.dropped:,} dropped "
-            f"({c.unmappable:,} naming no agent, {c.orphans:,} orphaned, {c.rejected:,} "
+            f"({c.unmappable:,} naming no agent, {c.orphans:,} orphaned "
+            f"[{c.orphans_over_bound:,} over the buffer's bound], {c.rejected:,} "
             f"malformed, {c.dropped_queue_full:,} over the queue); as of "
             f"{r.updated_at:%Y-%m-%d %H:%M:%S} UTC",
             style="red" if r.dropped else None,
