@@ -94,6 +94,7 @@ class _Trace:
         "agents",
         "bytes",
         "children",
+        "claimed",
         "dropped",
         "last_seen",
         "new",
@@ -108,6 +109,7 @@ class _Trace:
         self.spans: dict[bytes, SpanData] = {}
         # parent span id -> children, kept as spans arrive; claimed spans are skipped, not removed
         self.children: dict[bytes, list[SpanData]] = {}
+        self.claimed = 0  # spans claimed since the index was last rebuilt (stale entries in it)
         self.agents: list[SpanData] = []
         self.own: set[bytes] = set()
         self.own_new: list[SpanData] = []
@@ -325,12 +327,19 @@ class TraceAssembler:
             self._bytes -= trace.bytes
             trace.bytes = 0
             trace.sizes.clear()
-        if not trace.spans and trace_id in self._traces:
-            del self._traces[trace_id]
+        if not trace.spans:
+            if trace_id in self._traces:
+                del self._traces[trace_id]
+        elif trace.claimed > 2 * len(trace.spans) + 64:
+            # claimed spans linger in their parents' lists: rebuilt from the waiting spans once
+            # they outnumber them, so an open trace never holds what it has recorded
+            trace.children = _children(trace.spans.values())
+            trace.claimed = 0
 
     def _take(self, trace: _Trace, span_id: bytes) -> None:
         """Remove a claimed span from the buffer (and its bytes from the bound)."""
         trace.spans.pop(span_id, None)
+        trace.claimed += 1
         size = trace.sizes.pop(span_id, 0)
         trace.bytes -= size
         self._bytes -= size
@@ -381,6 +390,14 @@ class TraceAssembler:
         trace.agents.clear()
         trace.sizes.clear()
         trace.bytes = 0
+
+
+def _children(spans: Iterable[SpanData]) -> dict[bytes, list[SpanData]]:
+    children: dict[bytes, list[SpanData]] = {}
+    for span in spans:
+        if span.parent_span_id:
+            children.setdefault(span.parent_span_id, []).append(span)
+    return children
 
 
 _SPAN_OVERHEAD = 400  # the SpanData, its dicts and ids, about

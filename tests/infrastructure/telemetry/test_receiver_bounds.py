@@ -152,3 +152,33 @@ def test_a_body_nested_past_any_export_is_answered_400(recorder: Recorder) -> No
         assert post(target, b'{"resourceSpans": []}', content_type=JSON)[0] == 200
     finally:
         receiver.close()
+
+
+def test_an_open_trace_does_not_keep_the_runs_it_recorded() -> None:
+    recorded: list[int] = []  # counted, not kept: only the buffer's memory is measured
+    receiver = _receiver(TraceAssembler(lambda record: recorded.append(1)))
+    target = receiver.endpoint + TRACES_PATH
+    try:
+        # one span that keeps the trace open (its parent never comes)
+        assert post(target, _body([_span(5, 2, _ABSENT, {"payload": "w"})]))[0] == 200
+        gc.collect()
+        tracemalloc.start()
+        try:
+            start = tracemalloc.get_traced_memory()[0]
+            for request in range(30):  # 3,000 complete runs of 10 kB spans: 30 MB posted
+                spans = []
+                for i in range(100):
+                    agent = 1_000 + 200 * request + 2 * i
+                    run = {**_agent("a"), "payload": "c" * 10_000}
+                    spans.append(_span(5, agent + 1, agent.to_bytes(8, "big"), _chat(1)))
+                    spans.append(_span(5, agent, _ABSENT, run))
+                assert post(target, _body(spans))[0] == 200
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0] - start
+        finally:
+            tracemalloc.stop()
+    finally:
+        receiver.close()
+    assert len(recorded) == 3_000
+    assert receiver.assembler.counts().open_traces == 1
+    assert held < 5_000_000, held  # not the 30 MB of spans it recorded
