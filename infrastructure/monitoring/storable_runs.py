@@ -3,9 +3,11 @@
 ``record()`` checks types and signs on the caller's path and nothing more, so a run may still
 hold a value no store takes (a NUL in its agent name, a lone surrogate in its error, ``inf``
 milliseconds, ``10**30`` tokens) or one too large to keep (a megabyte agent name). The
-monitor passes every batch through :func:`storable_rows` when it takes the batch from the
-buffer, before its per-agent state sees it, so what the monitor counts under a name and what
-the store holds under it are the same (see :mod:`agentmend.infrastructure.store.storable`).
+store-backed monitor passes every batch through :func:`storable_rows` when it takes the batch
+from the buffer, before its per-agent state sees it, so what the monitor counts under a name
+and what the store holds under it are the same (see
+:mod:`agentmend.infrastructure.store.storable`). A monitor in memory stores nothing and keeps
+runs as given.
 """
 
 from __future__ import annotations
