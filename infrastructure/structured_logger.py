@@ -27,6 +27,7 @@ from typing import Any, TextIO
 import structlog
 
 from agentmend.infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.terminal_text import terminal_text
 
 __all__ = ["LOGGER_ROOT", "configure_logging", "get_logger"]
 
@@ -88,7 +89,9 @@ def configure_logging(
     if not isinstance(numeric, int):
         raise InvalidArgument("level", level, "is not a log level")
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer()  # ASCII: every control character is \u-escaped
+        if json
+        else _escaped(structlog.dev.ConsoleRenderer(colors=False))
     )
     handler = _OwnHandler(stream or sys.stderr)
     handler.setFormatter(
@@ -107,3 +110,13 @@ def configure_logging(
     logger.addHandler(handler)
     logger.setLevel(numeric)
     logger.propagate = False  # the program chose this output; no second copy via the root
+
+
+def _escaped(renderer: structlog.typing.Processor) -> structlog.typing.Processor:
+    """``renderer``, its lines escaped for a terminal: logged names and texts are anyone's."""
+
+    def render(logger: Any, method: str, event: structlog.typing.EventDict) -> Any:
+        rendered = renderer(logger, method, event)
+        return terminal_text(rendered) if isinstance(rendered, str) else rendered
+
+    return render

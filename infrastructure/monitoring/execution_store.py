@@ -27,7 +27,7 @@ it feed detection and baselines. So a restart and a live refresh see the same ru
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from agentmend.infrastructure.monitoring import execution_rollup, run_series
@@ -39,10 +39,15 @@ from agentmend.infrastructure.monitoring.agent_window import (
     Baseline,
     Row,
 )
+from agentmend.infrastructure.store import quarantine
 from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.quarantine import append_isolating, is_row_error
 from agentmend.infrastructure.store.sql import StoreConnection, append_rows
+from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["ExecutionStore", "LoadedState", "delete_runs"]
+
+log = get_logger(__name__)
 
 _COMPONENT = "executions"
 _ROWS_PER_INSERT = 100  # 1,000 bound parameters per statement, far below SQLite's limit
@@ -114,6 +119,7 @@ class ExecutionStore:
         store.migrate(_COMPONENT, _MIGRATIONS)
         store.migrate(run_series.COMPONENT, run_series.MIGRATIONS)  # after: it reads executions
         store.migrate(execution_rollup.COMPONENT, execution_rollup.MIGRATIONS)
+        store.migrate(quarantine.COMPONENT, quarantine.MIGRATIONS)
         self.store = store
         self.seen_id = 0  # every foreign row with id <= seen_id has been ingested
         self._own: tuple[str, ...] = ()  # every writer id this handle's runs were written as
@@ -131,23 +137,40 @@ class ExecutionStore:
         """
         numbers = [self._number(row) for row in rows]
         sent = {id(row): n for row, n in zip(rows, numbers, strict=True)}
+        numbered = [(*row, self.writer, n) for row, n in zip(rows, numbers, strict=True)]
         try:
-            with self.store.transaction() as conn:
-                if self._numbered:  # a retry: what of it did land?
-                    landed = conn.execute(
-                        "SELECT COALESCE(MAX(writer_seq), 0) FROM executions WHERE writer = ?",
-                        (self.writer,),
-                    ).fetchone()[0]
-                    kept = [i for i, n in enumerate(numbers) if n > int(landed)]
-                    rows, numbers = [rows[i] for i in kept], [numbers[i] for i in kept]
-                numbered = [(*row, self.writer, n) for row, n in zip(rows, numbers, strict=True)]
-                append_rows(conn, "executions", _INSERTED, numbered, per_statement=_ROWS_PER_INSERT)
-                run_series.add_runs(conn, rows)  # same transaction: the series never drifts
-                execution_rollup.add_runs(conn, rows)  # nor the totals opening reads
+            try:
+                with self.store.transaction() as conn:
+                    numbered = self._not_landed(conn, numbered)
+                    _append(conn, numbered)
+            except Exception as exc:
+                if not is_row_error(exc):
+                    raise
+                # a row the store refuses: the others are written, it is set apart
+                with self.store.transaction() as conn:
+                    refused = append_isolating(
+                        conn, _COMPONENT, numbered, lambda part: _append(conn, part)
+                    )
+                log.error(
+                    "runs_quarantined",
+                    runs=len(refused),
+                    reason=f"{type(exc).__name__}: {exc}"[:500],
+                )
         except BaseException:
             self._numbered = sent
             raise
         self._numbered = {}
+
+    def _not_landed(self, conn: StoreConnection, numbered: list[Any]) -> list[Any]:
+        """The rows of a batch sent again that the store does not hold yet (a failed call's
+        commit may have landed); every row of a first sending."""
+        if not self._numbered:
+            return numbered
+        landed = conn.execute(
+            "SELECT COALESCE(MAX(writer_seq), 0) FROM executions WHERE writer = ?",
+            (self.writer,),
+        ).fetchone()[0]
+        return [row for row in numbered if row[-1] > int(landed)]
 
     def _use_writer(self, writer: str) -> None:
         """Write from now on as ``writer`` (hex, safe to inline), numbering rows from 1."""
@@ -337,6 +360,14 @@ class ExecutionStore:
                 (agent, parent, boundary),
             )
         return parent
+
+
+def _append(conn: StoreConnection, numbered: Sequence[Any]) -> None:
+    """Rows (numbered, with their writer) into the table, its series and its totals."""
+    append_rows(conn, "executions", _INSERTED, numbered, per_statement=_ROWS_PER_INSERT)
+    rows = [row[:-2] for row in numbered]
+    run_series.add_runs(conn, rows)  # same transaction: the series never drifts
+    execution_rollup.add_runs(conn, rows)  # nor the totals opening reads
 
 
 def _load_stats(

@@ -9,8 +9,18 @@ is flushed: what is left in it is counted as orphans (its agent span never came)
 
 ``(trace_id, span_id)`` is the idempotency key: the keys of the last ``remember`` spans are kept
 (two generations of sets, so memory is bounded and lookups O(1)), and a span seen again is
-counted as a duplicate and ignored, so a retried batch records nothing twice. The buffer holds at
-most ``max_open_traces`` traces; past that the oldest is flushed as orphans.
+counted as a duplicate and ignored, so a retried batch records nothing twice.
+
+Memory is bounded: the buffer holds at most ``max_open_traces`` traces and about
+``max_open_bytes`` of spans waiting for their agent span or root (their attributes, names and
+events, estimated when a span is left waiting, so spans assembled in the request that brought
+them cost nothing). Past either bound the oldest traces are flushed as orphans and counted
+(``orphans_over_bound``), so a trace that never completes cannot grow without limit.
+
+Assembly is linear in a trace's spans: each trace keeps its parent-to-children index as spans
+arrive, and an agent claims its subtree by walking it once (spans already claimed are skipped,
+never re-indexed), so an export of thousands of agent spans in one trace costs no more per span
+than one of a few.
 
 Thread-safe: one lock around every call (the receiver serves requests on several threads).
 """
@@ -36,7 +46,7 @@ from agentmend.infrastructure.telemetry.mapping import (
 )
 from agentmend.infrastructure.telemetry.span import SpanData
 
-__all__ = ["TelemetryCounts", "TraceAssembler"]
+__all__ = ["DEFAULT_MAX_OPEN_BYTES", "TelemetryCounts", "TraceAssembler", "span_bytes"]
 
 log = get_logger(__name__)
 
@@ -44,6 +54,9 @@ Record = Callable[[ExecutionRecord], None]
 Attribute = Callable[[object, object], Mapping[str, object]]
 """(release label, team or None) -> the tags of the run's record
 (``ReleaseAttribution.tags``)."""
+
+DEFAULT_MAX_OPEN_BYTES = 64 * 1024 * 1024
+"""Spans waiting for their agent span or root, about: thousands of ordinary traces."""
 
 NO_RELEASE_LOG = "no release log to attribute it to (this receiver or processor names no team)"
 
@@ -62,6 +75,11 @@ class TelemetryCounts:
     """Agent or chat spans no rule could name an agent for."""
     orphans: int = 0
     """Spans flushed from a trace that timed out or was evicted before its agent span came."""
+    orphans_over_bound: int = 0
+    """Of ``orphans``, spans flushed early because the buffer held more than its bound of
+    traces or bytes (the oldest traces go first)."""
+    open_bytes: int = 0
+    """About how many bytes of spans the buffer holds now."""
     ignored: int = 0
     """Spans of a finished trace that were neither agent nor chat spans (HTTP, DB, ...)."""
     dropped_queue_full: int = 0
@@ -72,13 +90,33 @@ class TelemetryCounts:
 
 
 class _Trace:
-    __slots__ = ("agents", "last_seen", "own", "own_new", "root_seen", "spans")
+    __slots__ = (
+        "agents",
+        "bytes",
+        "children",
+        "claimed",
+        "dropped",
+        "last_seen",
+        "new",
+        "own",
+        "own_new",
+        "root_seen",
+        "sizes",
+        "spans",
+    )
 
     def __init__(self, now: float) -> None:
         self.spans: dict[bytes, SpanData] = {}
+        # parent span id -> children, kept as spans arrive; claimed spans are skipped, not removed
+        self.children: dict[bytes, list[SpanData]] = {}
+        self.claimed = 0  # spans claimed since the index was last rebuilt (stale entries in it)
         self.agents: list[SpanData] = []
         self.own: set[bytes] = set()
         self.own_new: list[SpanData] = []
+        self.new: list[SpanData] = []  # added by the current call, not sized yet
+        self.sizes: dict[bytes, int] = {}  # estimated bytes of the spans left waiting
+        self.bytes = 0
+        self.dropped = False  # flushed as orphans: no longer in the buffer
         self.root_seen = False
         self.last_seen = now
 
@@ -91,6 +129,8 @@ class TraceAssembler:
         mapping: the mapping rules (agent naming).
         orphan_timeout_s: a trace idle this long is flushed as orphans.
         max_open_traces: traces buffered at most; the oldest is flushed past it.
+        max_open_bytes: about the most bytes of spans buffered; the oldest traces are flushed
+            past it.
         remember: span keys remembered for the idempotency check.
         clock: seconds, monotonic (injectable for tests).
         attribute: resolves a run's release label (``agentmend.release``) to its release,
@@ -106,6 +146,7 @@ class TraceAssembler:
         attribute: Attribute | None = None,
         orphan_timeout_s: float = 60.0,
         max_open_traces: int = 10_000,
+        max_open_bytes: int = DEFAULT_MAX_OPEN_BYTES,
         remember: int = 1_000_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -114,6 +155,8 @@ class TraceAssembler:
         self.mapping = mapping or SpanMapping()
         self.orphan_timeout_s = orphan_timeout_s
         self._max_open = max_open_traces
+        self._max_bytes = max_open_bytes
+        self._bytes = 0
         self._half = max(remember // 2, 1)
         self._clock = clock
         self._lock = threading.Lock()
@@ -121,7 +164,7 @@ class TraceAssembler:
         self._seen: set[bytes] = set()
         self._seen_before: set[bytes] = set()
         self._received = self._recorded = self._duplicates = self._own = 0
-        self._unmappable = self._orphans = self._ignored = 0
+        self._unmappable = self._orphans = self._ignored = self._over_bound = 0
         self.dropped_queue_full = 0
         self.rejected = 0
 
@@ -142,8 +185,10 @@ class TraceAssembler:
                     self._duplicates += 1
                     continue
                 self._remember(key)
-                trace = touched.get(span.trace_id) or self._open(span.trace_id, now)
-                touched[span.trace_id] = trace
+                found = touched.get(span.trace_id)
+                if found is None or found.dropped:
+                    found = touched[span.trace_id] = self._open(span.trace_id, now)
+                trace = found
                 if is_recorded_by_agentmend(span) or span.parent_span_id in trace.own:
                     # agentmend's own work and everything below it (a role's chat spans)
                     self._own += 1
@@ -153,13 +198,28 @@ class TraceAssembler:
                         trace.root_seen = True
                     continue
                 trace.spans[span.span_id] = span
+                trace.new.append(span)
+                parent = span.parent_span_id
+                if parent:
+                    siblings = trace.children.get(parent)
+                    if siblings is None:
+                        trace.children[parent] = [span]
+                    else:
+                        siblings.append(span)
                 if is_agent_span(span):
                     trace.agents.append(span)
-                if not span.parent_span_id or span.parent_is_remote:
+                if not parent or span.parent_is_remote:
                     trace.root_seen = True
             for trace_id, trace in touched.items():
+                if trace.dropped:
+                    continue
                 self._assemble(trace_id, trace, records)
+                if trace.spans:
+                    self._size_new(trace)
+                trace.new.clear()
             self._expire(now)
+            while self._bytes > self._max_bytes and self._traces:
+                self._drop_oldest(over_bound=True)
         for record in records:  # outside the lock: attribution may read the store
             self._record(self._attributed(record))
         return len(records)
@@ -204,6 +264,8 @@ class TraceAssembler:
                 own_spans=self._own,
                 unmappable=self._unmappable,
                 orphans=self._orphans,
+                orphans_over_bound=self._over_bound,
+                open_bytes=self._bytes,
                 ignored=self._ignored,
                 dropped_queue_full=self.dropped_queue_full,
                 rejected=self.rejected,
@@ -224,34 +286,35 @@ class TraceAssembler:
         if trace is None:
             trace = self._traces[trace_id] = _Trace(now)
             if len(self._traces) > self._max_open:
-                self._drop_oldest()
+                self._drop_oldest(over_bound=True)
         else:
             trace.last_seen = now
             self._traces.move_to_end(trace_id)
         return trace
 
     def _assemble(self, trace_id: bytes, trace: _Trace, records: list[ExecutionRecord]) -> None:
+        children = trace.children
         if trace.own_new:
-            children = _children(trace.spans.values())
             for own in trace.own_new:
                 for span in _subtree(own, children, trace.spans, into_agents=True):
-                    trace.spans.pop(span.span_id, None)
+                    self._take(trace, span.span_id)
                     trace.own.add(span.span_id)
                     self._own += 1
             trace.own_new.clear()
             trace.agents = [a for a in trace.agents if a.span_id in trace.spans]
         if trace.agents:
-            children = _children(trace.spans.values())
-            # Innermost first: a nested agent run claims its own subtree before its parent.
+            # Innermost first: a nested agent run claims its own subtree before its parent,
+            # whose walk then stops at the claimed (no longer buffered) spans.
             for agent in sorted(trace.agents, key=lambda s: s.end_ns):
                 subtree = _subtree(agent, children, trace.spans)
                 chats = [s for s in subtree if is_chat_span(s)]
                 record = self.mapping.execution(agent, chats)
                 self._keep(record, records)
                 for span in subtree:
-                    trace.spans.pop(span.span_id, None)
-                trace.spans.pop(agent.span_id, None)
-                children = _children(trace.spans.values())
+                    self._take(trace, span.span_id)
+                    children.pop(span.span_id, None)
+                self._take(trace, agent.span_id)
+                children.pop(agent.span_id, None)
             trace.agents.clear()
         if trace.root_seen:
             for span in trace.spans.values():
@@ -260,8 +323,37 @@ class TraceAssembler:
                 else:
                     self._ignored += 1
             trace.spans.clear()
-        if not trace.spans and trace_id in self._traces:
-            del self._traces[trace_id]
+            trace.children.clear()
+            self._bytes -= trace.bytes
+            trace.bytes = 0
+            trace.sizes.clear()
+        if not trace.spans:
+            if trace_id in self._traces:
+                del self._traces[trace_id]
+        elif trace.claimed > 2 * len(trace.spans) + 64:
+            # claimed spans linger in their parents' lists: rebuilt from the waiting spans once
+            # they outnumber them, so an open trace never holds what it has recorded
+            trace.children = _children(trace.spans.values())
+            trace.claimed = 0
+
+    def _take(self, trace: _Trace, span_id: bytes) -> None:
+        """Remove a claimed span from the buffer (and its bytes from the bound)."""
+        trace.spans.pop(span_id, None)
+        trace.claimed += 1
+        size = trace.sizes.pop(span_id, 0)
+        trace.bytes -= size
+        self._bytes -= size
+
+    def _size_new(self, trace: _Trace) -> None:
+        """Count the bytes of the spans this call left waiting in ``trace``."""
+        spans, sizes = trace.spans, trace.sizes
+        added = 0
+        for span in trace.new:
+            if span.span_id in spans and span.span_id not in sizes:
+                sizes[span.span_id] = size = span_bytes(span)
+                added += size
+        trace.bytes += added
+        self._bytes += added
 
     def _keep(self, record: ExecutionRecord | None, records: list[ExecutionRecord]) -> None:
         if record is None:
@@ -278,11 +370,26 @@ class TraceAssembler:
                 break
             self._drop_oldest()
 
-    def _drop_oldest(self) -> None:
+    def _drop_oldest(self, *, over_bound: bool = False) -> None:
         trace_id, trace = self._traces.popitem(last=False)
+        self._bytes -= trace.bytes
         if trace.spans:
             self._orphans += len(trace.spans)
-            log.info("otel_orphans_flushed", trace_id=trace_id.hex(), spans=len(trace.spans))
+            if over_bound:
+                self._over_bound += len(trace.spans)
+            log.info(
+                "otel_orphans_flushed",
+                trace_id=trace_id.hex(),
+                spans=len(trace.spans),
+                over_bound=over_bound,
+            )
+        # a trace dropped while the current call still holds it must not assemble anything
+        trace.dropped = True
+        trace.spans.clear()
+        trace.children.clear()
+        trace.agents.clear()
+        trace.sizes.clear()
+        trace.bytes = 0
 
 
 def _children(spans: Iterable[SpanData]) -> dict[bytes, list[SpanData]]:
@@ -291,6 +398,36 @@ def _children(spans: Iterable[SpanData]) -> dict[bytes, list[SpanData]]:
         if span.parent_span_id:
             children.setdefault(span.parent_span_id, []).append(span)
     return children
+
+
+_SPAN_OVERHEAD = 400  # the SpanData, its dicts and ids, about
+_ENTRY_OVERHEAD = 80  # one attribute's key and boxed value, about
+
+
+def span_bytes(span: SpanData) -> int:
+    """About how many bytes ``span`` holds in memory (its resource is shared, not counted)."""
+    size = _SPAN_OVERHEAD + len(span.name) + len(span.status_message)
+    size += _mapping_bytes(span.attributes)
+    for event in span.events:
+        size += _SPAN_OVERHEAD // 2 + len(event.name) + _mapping_bytes(event.attributes)
+    return size
+
+
+def _mapping_bytes(attributes: Mapping[str, object]) -> int:
+    size = 0
+    for key, value in attributes.items():
+        size += _ENTRY_OVERHEAD + len(key) + _value_bytes(value)
+    return size
+
+
+def _value_bytes(value: object) -> int:
+    if isinstance(value, str | bytes):
+        return len(value)
+    if isinstance(value, tuple | list):
+        return sum(_ENTRY_OVERHEAD // 2 + _value_bytes(v) for v in value)
+    if isinstance(value, Mapping):
+        return _mapping_bytes(value)
+    return 0
 
 
 def _subtree(

@@ -149,6 +149,8 @@ def decode_json(body: bytes) -> DecodedBatch:
         document = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise OtlpDecodeError(f"not JSON ({exc})") from exc
+    except RecursionError as exc:  # thousands of nested [ or {: no trace export nests so
+        raise OtlpDecodeError("not an OTLP/JSON trace export (nested too deeply)") from exc
     if not isinstance(document, dict) or not isinstance(document.get("resourceSpans", []), list):
         raise OtlpDecodeError("not an OTLP/JSON trace export (no resourceSpans list)")
     batch = DecodedBatch()
@@ -160,6 +162,8 @@ def decode_json(body: bytes) -> DecodedBatch:
                     _json_span(span, resource, batch)
     except (AttributeError, TypeError, KeyError, ValueError) as exc:
         raise OtlpDecodeError(f"not an OTLP/JSON trace export ({exc})") from exc
+    except RecursionError as exc:  # attribute values nested past the interpreter's stack
+        raise OtlpDecodeError("not an OTLP/JSON trace export (nested too deeply)") from exc
     return batch
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from agentmend.faces.cli.common import EXIT_OK, EXIT_USAGE, CommandError, Subcommand
+from agentmend.faces.terminal import terminal_text
 
 __all__ = ["build_parser", "main"]
 
@@ -181,8 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("WARNING", stream=sys.stderr)
     try:
         return command.run(args)
-    except CommandError as exc:
-        sys.stderr.write(f"agentmend: {exc}\n")
+    except CommandError as exc:  # it may quote a stored name: escaped for the terminal
+        sys.stderr.write(f"agentmend: {terminal_text(str(exc))}\n")
         return exc.code
     except KeyboardInterrupt:
         sys.stderr.write("agentmend: interrupted\n")

@@ -31,9 +31,10 @@ def console() -> Console:
     """A console for human output: colour only on a terminal (and never with ``NO_COLOR``)."""
     import sys
 
-    from rich.console import Console
+    from agentmend.faces.terminal import safe_console
 
-    return Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
+    # stored names and texts are shown escaped, never obeyed (a name may hold "\x1b[2J")
+    return safe_console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
 
 
 @contextlib.contextmanager

@@ -66,9 +66,3 @@ def print_json(data: Any) -> None:
     """Print ``data`` as indented JSON on stdout (what ``--json`` promises)."""
     json.dump(data, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
-
-
-def terminal_text(text: str) -> str:
-    """``text`` (a name or host another process wrote) for a terminal: control characters are
-    written as escapes, never sent raw, so no stored value can move the cursor or erase a line."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)

@@ -23,7 +23,6 @@ from agentmend.faces.cli.common import (
     CommandError,
     Subcommand,
     print_json,
-    terminal_text,
     workspace_path,
 )
 from agentmend.infrastructure.errors import AgentmendError
@@ -111,6 +110,7 @@ def _run_status(args: argparse.Namespace) -> int:
     from agentmend.faces.report.data import agent_statuses
     from agentmend.infrastructure.detection.checker_seat import read_checkers
     from agentmend.infrastructure.models import ChangeStatus
+    from agentmend.infrastructure.store.quarantine import quarantined_counts
     from agentmend.infrastructure.telemetry.receiver_counts import read_receiver_counts
 
     with open_store(args) as opened:
@@ -122,6 +122,7 @@ def _run_status(args: argparse.Namespace) -> int:
         chain = opened.manager.verify_audit_chain(repair=False)
         receivers = read_receiver_counts(opened.store)
         checkers = read_checkers(opened.store)
+        quarantined = quarantined_counts(opened.store)
     problems = [{"row_id": p.row_id, "kind": p.kind, "detail": p.detail} for p in chain.problems]
     if args.json:
         print_json(
@@ -130,9 +131,17 @@ def _run_status(args: argparse.Namespace) -> int:
                 "audit": {"ok": chain.ok, "rows_checked": chain.rows_checked, "problems": problems},
                 "telemetry_receivers": [r.as_json() for r in receivers],
                 "checkers": [c.as_json() for c in checkers],
+                "quarantined_rows": quarantined,
             }
         )
         return EXIT_OK
+    for component, count in quarantined.items():
+        console().print(
+            f"{count:,} {component} rows the store refused are set apart, with the reason, in"
+            " table quarantined_rows",
+            style="red",
+            highlight=False,
+        )
     for p in problems:  # a break stays on screen until an administrator acknowledges it
         where = f"row {p['row_id']}: " if p["row_id"] is not None else ""
         console().print(f"audit chain: {where}{p['kind']}: {p['detail']}", style="red")
@@ -141,7 +150,8 @@ def _run_status(args: argparse.Namespace) -> int:
         console().print(
             f"OpenTelemetry receiver {r.receiver}: {c.spans_received:,} spans received, "
             f"{c.executions_recorded:,} runs recorded from them, {r.dropped:,} dropped "
-            f"({c.unmappable:,} naming no agent, {c.orphans:,} orphaned, {c.rejected:,} "
+            f"({c.unmappable:,} naming no agent, {c.orphans:,} orphaned "
+            f"[{c.orphans_over_bound:,} over the buffer's bound], {c.rejected:,} "
             f"malformed, {c.dropped_queue_full:,} over the queue); as of "
             f"{r.updated_at:%Y-%m-%d %H:%M:%S} UTC",
             style="red" if r.dropped else None,
@@ -153,8 +163,7 @@ def _run_status(args: argparse.Namespace) -> int:
         if ch.last_check is not None:
             last = f"checked {now - ch.last_check:.0f} s ago"
         console().print(
-            f"fleet checker of team {terminal_text(ch.team_id)}: {terminal_text(ch.principal)} on "
-            f"{terminal_text(ch.host)} pid {ch.pid}, "
+            f"fleet checker of team {ch.team_id}: {ch.principal} on {ch.host} pid {ch.pid}, "
             f"since {datetime.fromtimestamp(ch.since, UTC):%Y-%m-%d %H:%M:%S} UTC, {last}, "
             f"{ch.issues_opened} issues opened"
             + ("; silent past its term: a standby takes over" if ch.lapsed(now) else ""),

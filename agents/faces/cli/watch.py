@@ -21,7 +21,6 @@ from agentmend.faces.cli.common import (
     EXIT_USAGE,
     CommandError,
     Subcommand,
-    terminal_text,
 )
 
 if TYPE_CHECKING:
@@ -82,7 +81,7 @@ def _run_watch(args: argparse.Namespace) -> int:
 
         def report(issue: IssueReport) -> None:
             out.print(
-                f"issue {issue.issue_id}: {terminal_text(issue.agent_name)} {issue.error_type} "
+                f"issue {issue.issue_id}: {issue.agent_name} {issue.error_type} "
                 f"({issue.detector} {issue.statistic or 0:.2f}/{issue.threshold or 0:.2f}); "
                 f"see agentmend status"
             )
@@ -105,7 +104,7 @@ def _run_watch(args: argparse.Namespace) -> int:
                 f"checking team {team}'s runs every {args.interval:g} s (on an issue: "
                 f"{args.on_issue})"
                 if step.judging
-                else f"standing by: {terminal_text(h.host)} pid {h.pid} checks team {team}"
+                else f"standing by: {h.host} pid {h.pid} checks team {team}"
             )
             sys.stdout.flush()
 

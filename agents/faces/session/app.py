@@ -43,6 +43,7 @@ from agentmend.faces.session.views import (
     status_table,
     task_table,
 )
+from agentmend.faces.terminal import safe_console, terminal_text
 from agentmend.faces.workspace import Workspace
 from agentmend.infrastructure.changes.audit.log import ChainVerification
 from agentmend.infrastructure.changes.gates import HumanApprovalGate
@@ -589,7 +590,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the session (or, with ``--demo``, the demo) for parsed flags; the exit code."""
     configure_logging(logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
     # no markup: text such as "/rollback [ID]" or an agent's answer is shown as it is
-    console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
+    # and escaped: an agent's name or answer is shown, never obeyed by the terminal
+    console = safe_console(
+        highlight=False, markup=False, width=None if sys.stdout.isatty() else 120
+    )
     try:
         settings = load_settings(**settings_overrides(args))
         _check_provider(settings)
@@ -603,7 +607,7 @@ def run(args: argparse.Namespace) -> int:
             )
         return asyncio.run(_session(args, settings, console))
     except (AgentmendError, UnknownAgent) as exc:
-        print(f"agentmend: {exc}", file=sys.stderr)
+        print(f"agentmend: {terminal_text(str(exc))}", file=sys.stderr)
         return 2
 
 
