@@ -24,7 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agentmend.faces.cli.common import EXIT_OK, EXIT_USAGE, CommandError, Subcommand
+from agentmend.faces.cli.common import (
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CommandError,
+    Subcommand,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -170,6 +176,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``agentmend`` with ``argv`` (default ``sys.argv[1:]``); the exit code."""
+    from agentmend.infrastructure.errors import LockTimeout
     from agentmend.infrastructure.structured_logger import configure_logging
 
     given = list(argv) if argv is not None else sys.argv[1:]
@@ -183,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as exc:
         sys.stderr.write(f"agentmend: {exc}\n")
         return exc.code
+    except LockTimeout as exc:  # another process holds a lock (stopped, stuck): one line
+        sys.stderr.write(f"agentmend: {exc}\n")
+        return EXIT_UNAVAILABLE
     except KeyboardInterrupt:
         sys.stderr.write("agentmend: interrupted\n")
         return 130
