@@ -188,7 +188,8 @@ class PostgresBackend:
         """Make the version table if missing; a store that has it is only read (no wait for
         the write lock)."""
         conn = self.connection()
-        if conn.execute("SELECT to_regclass('schema_versions')").fetchone()[0] is not None:
+        found = conn.execute("SELECT to_regclass('schema_versions') IS NOT NULL").fetchone()
+        if found is not None and found[0]:
             return
         with self.transaction() as conn:
             conn.execute(
