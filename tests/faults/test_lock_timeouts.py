@@ -32,7 +32,9 @@ from agentmend.infrastructure.store.timeouts import StoreTimeouts
 
 CHILD = Path(__file__).resolve().parents[1] / "lock_holder_child.py"
 LOCK_S = 1  # AGENTMEND_STORE_LOCK_TIMEOUT_S for the commands
-IDLE_S = 3  # AGENTMEND_STORE_IDLE_TRANSACTION_TIMEOUT_S: the server cuts the holder off
+# AGENTMEND_STORE_IDLE_TRANSACTION_TIMEOUT_S: the server cuts the holder off after it, so it
+# leaves room for a status and a publish (a few seconds on a loaded machine) to meet it first
+IDLE_S = 8
 WAIT_S = 60  # the longest any step may take before the test fails (a wait that never ends)
 
 pytestmark = pytest.mark.slow
@@ -134,20 +136,24 @@ def _holder_row(url: str) -> object:
 def _wait_until_cut_off(url: str) -> None:
     """Until the server has ended every session idle inside a transaction on the database."""
     deadline = time.monotonic() + WAIT_S
-    with Store(url) as store:
-        while time.monotonic() < deadline:
-            (idle,) = (
-                store.connection()
-                .execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND state LIKE 'idle in transaction%'"
-                )
-                .fetchone()
-            )
-            if idle == 0:
-                return
-            time.sleep(0.1)
+    while time.monotonic() < deadline:
+        if _sessions_idle_in_transaction(url) == 0:
+            return
+        time.sleep(0.1)
     pytest.fail(f"the server did not end the stopped session within {WAIT_S} s")
+
+
+def _sessions_idle_in_transaction(url: str) -> int:
+    with Store(url) as store:
+        (idle,) = (
+            store.connection()
+            .execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND state LIKE 'idle in transaction%'"
+            )
+            .fetchone()
+        )
+        return int(idle)
 
 
 def test_a_writer_stopped_on_postgresql_is_cut_off_by_the_server(
@@ -158,6 +164,7 @@ def test_a_writer_stopped_on_postgresql_is_cut_off_by_the_server(
         status = _agentmend(env, workspace, "status")
         assert status.returncode == EXIT_OK, status.stderr  # reads never wait for the writer
         _assert_gave_up_on_write_lock(_agentmend(env, workspace, "release", "publish"))
+        assert _sessions_idle_in_transaction(pg_url) == 1, "cut off too early: raise IDLE_S"
         _wait_until_cut_off(pg_url)
         published = _agentmend(env, workspace, "release", "publish")
         assert published.returncode == EXIT_OK, published.stderr
