@@ -2,7 +2,8 @@
 
 A real child (``tests/lock_holder_child.py``) takes a lock, a write transaction or its team's
 guard, and is stopped with SIGSTOP. ``agentmend status`` still answers; ``agentmend release
-publish`` ends with :class:`LockTimeout`'s one line after the configured wait; a team's guard
+publish`` ends with :class:`LockTimeout`'s one line after the configured wait, while a worker
+following the team's releases still polls them; a team's guard
 gives up the same way. Once the holder is cut off (on PostgreSQL by the server, whose
 idle-in-transaction timeout ends the stopped session; on SQLite by killing it) work proceeds
 and the holder's uncommitted write is gone. Every child is resumed, killed and reaped.
@@ -25,7 +26,10 @@ import pytest
 from agentmend.faces.cli.common import EXIT_OK, EXIT_UNAVAILABLE
 from agentmend.faces.workspace import Workspace
 from agentmend.infrastructure.changes.protocol.team_registry import team_guard, team_id
+from agentmend.infrastructure.definitions.team_id import team_id_for
 from agentmend.infrastructure.errors import LockTimeout
+from agentmend.infrastructure.releases.follower import ReleaseFollower
+from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.settings import load_settings
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.timeouts import StoreTimeouts
@@ -124,6 +128,15 @@ def _assert_gave_up_on_write_lock(done: subprocess.CompletedProcess[str]) -> Non
     assert "AGENTMEND_STORE_LOCK_TIMEOUT_S" in lines[0]
 
 
+def _assert_a_follower_polls(location: str, workspace: Path, worker: Path) -> None:
+    """A worker following the team's releases reads them without waiting for the writer."""
+    with Store(location, files_dir=workspace, timeouts=StoreTimeouts(lock_s=LOCK_S)) as store:
+        releases = ReleaseLog(store, team_id_for(workspace / "agents"))
+        status = ReleaseFollower(releases, worker).poll()
+    assert status.connected, status.problem
+    assert status.stable == 1
+
+
 def _holder_row(url: str) -> object:
     with Store(url) as store:
         return (
@@ -160,30 +173,36 @@ def test_a_writer_stopped_on_postgresql_is_cut_off_by_the_server(
     pg_url: str, tmp_path: Path
 ) -> None:
     workspace, env = _workspace(tmp_path, pg_url), _env(pg_url)
+    assert _agentmend(env, workspace, "release", "publish").returncode == EXIT_OK
     with _stopped_holder("transaction", workspace, env) as holder:
         status = _agentmend(env, workspace, "status")
         assert status.returncode == EXIT_OK, status.stderr  # reads never wait for the writer
+        _assert_a_follower_polls(pg_url, workspace, tmp_path / "worker")
         _assert_gave_up_on_write_lock(_agentmend(env, workspace, "release", "publish"))
         assert _sessions_idle_in_transaction(pg_url) == 1, "cut off too early: raise IDLE_S"
         _wait_until_cut_off(pg_url)
         published = _agentmend(env, workspace, "release", "publish")
         assert published.returncode == EXIT_OK, published.stderr
-        assert "published release 1" in published.stdout
+        assert "published release 2" in published.stdout
         assert _resume(holder).startswith("LOST ")  # its commit is refused, not half done
     assert _holder_row(pg_url) is None
 
 
 def test_a_writer_stopped_on_sqlite_is_waited_for_only_as_configured(tmp_path: Path) -> None:
     workspace, env = _workspace(tmp_path, None), _env(None)
+    db = str(workspace / "agentmend.db")
+    assert _agentmend(env, workspace, "release", "publish").returncode == EXIT_OK
     with _stopped_holder("transaction", workspace, env) as holder:
         status = _agentmend(env, workspace, "status")
         assert status.returncode == EXIT_OK, status.stderr  # WAL readers never wait
+        _assert_a_follower_polls(db, workspace, tmp_path / "worker")
         _assert_gave_up_on_write_lock(_agentmend(env, workspace, "release", "publish"))
         holder.kill()  # no server to cut it off: its death ends the lock
         holder.wait(timeout=WAIT_S)
     published = _agentmend(env, workspace, "release", "publish")
     assert published.returncode == EXIT_OK, published.stderr
-    assert _holder_row(str(workspace / "agentmend.db")) is None
+    assert "published release 2" in published.stdout
+    assert _holder_row(db) is None
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
