@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,20 @@ def test_a_migration_runs_past_the_statement_bound_and_keeps_it_after(pg_url: st
 
 
 _BOUNDS = ("lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout")
+
+
+def test_a_transaction_left_idle_past_its_bound_is_ended_by_the_server(pg_url: str) -> None:
+    def stalled_insert(store: Store) -> None:
+        with store.transaction() as conn:
+            conn.execute("INSERT INTO things (x) VALUES (1)")
+            time.sleep(0.6)  # a process stopped here: the server ends its session
+            conn.execute("INSERT INTO things (x) VALUES (2)")
+
+    with Store(pg_url, timeouts=StoreTimeouts(idle_s=0.2)) as store:
+        store.migrate("things", ["CREATE TABLE things (x INTEGER)"])
+        bound = "AGENTMEND_STORE_IDLE_TRANSACTION_TIMEOUT_S"
+        with pytest.raises(StoreError, match=bound) as caught:
+            stalled_insert(store)
+        assert caught.value.cause == "25P03"
+        # rolled back whole, and the next statement opens a fresh session
+        assert store.connection().execute("SELECT count(*) FROM things").fetchone() == (0,)
