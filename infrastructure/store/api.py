@@ -207,7 +207,7 @@ class Store:
                 if current == len(migrations):
                     break
                 migration = migrations[current]
-                self._backend.lift_timeouts()
+                self.lift_timeouts()
                 text = migration if isinstance(migration, str) else migration[self.backend]
                 script = self._backend.translate_script(text)
                 for statement in _split_sql(script):
@@ -218,6 +218,13 @@ class Store:
                     (component, current + 1),
                 )
         self._migrated.add(component)
+
+    def lift_timeouts(self) -> None:
+        """Lift the statement, idle and lock bounds for the rest of this thread's open
+        transaction or snapshot, for work that is long by design (a migration and its
+        backfill, a whole-store copy). On SQLite nothing: only the lock wait is bounded there,
+        and the lock is held already."""
+        self._backend.lift_timeouts()
 
     def schema_version(self, component: str) -> int:
         row = (

@@ -120,6 +120,7 @@ def copy_store(source: Store, target: Store, *, hmac_key: bytes | str | None = N
     counts: dict[str, int] = {}
     sconn = source.connection()
     with source.snapshot():  # one state of the source for every table
+        source.lift_timeouts()  # held open while the target is written, by design
         for table, id_column in _TABLES:
             if not has_table(sconn, table):
                 continue
@@ -157,6 +158,7 @@ def _copy_table(sconn: Any, target: Store, table: str, order: str | None) -> int
         f"SELECT {names} FROM {table}" + (f" ORDER BY {order}" if order else "")
     ).fetchall()
     with target.transaction() as conn:
+        target.lift_timeouts()  # one table at a time, however large
         for start in range(0, len(rows), _CHUNK):
             conn.executemany(insert, [tuple(r) for r in rows[start : start + _CHUNK]])
     return len(rows)

@@ -124,3 +124,18 @@ def test_a_transaction_left_idle_past_its_bound_is_ended_by_the_server(pg_url: s
         assert caught.value.cause == "25P03"
         # rolled back whole, and the next statement opens a fresh session
         assert store.connection().execute("SELECT count(*) FROM things").fetchone() == (0,)
+
+
+def test_long_work_lifts_the_bounds_for_its_own_transaction_only(pg_url: str) -> None:
+    # what a whole-store copy does on both sides: the source's snapshot stays open while
+    # the target is written, and a table goes in one transaction however large
+    with Store(pg_url, timeouts=StoreTimeouts(statement_s=0.2, idle_s=0.2)) as store:
+        conn = store.connection()
+        with store.snapshot():
+            store.lift_timeouts()
+            time.sleep(0.4)  # idle past the bound, unharmed
+            conn.execute("SELECT pg_sleep(0.3)")  # a statement past the bound, unharmed
+            lifted = [conn.execute(f"SHOW {name}").fetchone()[0] for name in _BOUNDS]
+        assert lifted == ["0", "0", "0"]
+        after = [conn.execute(f"SHOW {name}").fetchone()[0] for name in _BOUNDS]
+        assert after == ["30s", "200ms", "200ms"]
