@@ -7,6 +7,8 @@ MODE names and prints ``HELD``, then waits inside it for a line (or the end) on 
 
 - ``transaction``: a store write transaction that has inserted the row
   ``schema_versions('frozen-holder')``, never committed while the test holds it stopped;
+- ``audit``: an audited write transaction (the audit head's ``flock``, then the store's write
+  lock) that has appended one audit row;
 - ``team``: the team's guard (the team folder's ``flock``, then the store's team lock).
 
 Then (the test resumed it with SIGCONT and wrote the line) it commits and prints ``RELEASED``,
@@ -34,6 +36,17 @@ def main() -> None:
                     conn.execute(
                         "INSERT INTO schema_versions (component, version) VALUES (?, ?)",
                         ("frozen-holder", 1),
+                    )
+                    print("HELD", flush=True)
+                    sys.stdin.readline()
+            elif mode == "audit":
+                with workspace.manager.audit.transaction() as txn:
+                    txn.append(
+                        agent_name="frozen-holder",
+                        edit_type="note",
+                        old_value=None,
+                        new_value="never committed while stopped",
+                        user_id="frozen-holder",
                     )
                     print("HELD", flush=True)
                     sys.stdin.readline()

@@ -11,6 +11,7 @@ and the holder's uncommitted write is gone. Every child is resumed, killed and r
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -186,6 +187,28 @@ def test_a_writer_stopped_on_postgresql_is_cut_off_by_the_server(
         assert "published release 2" in published.stdout
         assert _resume(holder).startswith("LOST ")  # its commit is refused, not half done
     assert _holder_row(pg_url) is None
+
+
+def test_an_audited_writer_stopped_on_postgresql_leaves_the_chain_whole(
+    pg_url: str, tmp_path: Path
+) -> None:
+    workspace, env = _workspace(tmp_path, pg_url), _env(pg_url)
+    with _stopped_holder("audit", workspace, env) as holder:
+        status = _agentmend(env, workspace, "status")
+        assert status.returncode == EXIT_OK, status.stderr
+        # it holds this host's audit head too: status checks the rows without it, and says so
+        assert "was not checked" in status.stdout
+        _wait_until_cut_off(pg_url)
+        assert _resume(holder).startswith("LOST ")  # its row never committed
+    published = _agentmend(env, workspace, "release", "publish")
+    assert published.returncode == EXIT_OK, published.stderr
+    status = _agentmend(env, workspace, "status", "--json")
+    audit = json.loads(status.stdout)["audit"]
+    assert (audit["ok"], audit["head_unchecked"], audit["problems"]) == (True, None, [])
+    with Store(pg_url) as store:
+        kinds = store.connection().execute("SELECT agent_name FROM audit_log").fetchall()
+    assert ("frozen-holder",) not in kinds
+    assert kinds  # the publication's own rows
 
 
 def test_a_writer_stopped_on_sqlite_is_waited_for_only_as_configured(tmp_path: Path) -> None:
