@@ -194,10 +194,12 @@ def test_an_audited_writer_stopped_on_postgresql_leaves_the_chain_whole(
 ) -> None:
     workspace, env = _workspace(tmp_path, pg_url), _env(pg_url)
     with _stopped_holder("audit", workspace, env) as holder:
-        status = _agentmend(env, workspace, "status")
+        status = _agentmend(env, workspace, "status", "--json")
         assert status.returncode == EXIT_OK, status.stderr
         # it holds this host's audit head too: status checks the rows without it, and says so
-        assert "was not checked" in status.stdout
+        audit = json.loads(status.stdout)["audit"]
+        assert audit["ok"], audit["problems"]
+        assert "was not checked: another process held its lock" in audit["head_unchecked"]
         _wait_until_cut_off(pg_url)
         assert _resume(holder).startswith("LOST ")  # its row never committed
     published = _agentmend(env, workspace, "release", "publish")
