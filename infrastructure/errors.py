@@ -19,6 +19,7 @@ __all__ = [
     "ConfigurationError",
     "ErrorKind",
     "InvalidArgument",
+    "LockTimeout",
     "NotFound",
     "PathNotAllowed",
     "PostgresExtraMissing",
@@ -102,13 +103,47 @@ class StoreError(AgentmendError):
     Attributes:
         path: the database file, when known.
         cause: SQLite's error name (``SQLITE_FULL``, ``SQLITE_BUSY``, ``SQLITE_IOERR``,
-            ``SQLITE_CORRUPT``, ...), when known.
+            ``SQLITE_CORRUPT``, ...) or PostgreSQL's SQLSTATE, when known.
     """
 
     def __init__(self, message: str, *, path: str | Path | None = None, cause: str | None = None):
         self.path = str(path) if path is not None else None
         self.cause = cause
         super().__init__(message)
+
+
+class LockTimeout(StoreError):
+    """A lock another process holds was waited for as long as configured, then given up.
+
+    The store's write lock, a team's lock or a file lock of the store's on this host; the
+    holder may be slow, stuck or stopped. Nothing was written by the call that raised it.
+
+    Attributes:
+        lock: what was waited for (``the store's write lock``, ``team t1's lock``, ...).
+        waited_s: how long, in seconds.
+        setting: the ``Settings`` field that sets the wait (``AGENTMEND_`` + its upper case).
+    """
+
+    def __init__(
+        self,
+        lock: str,
+        where: str,
+        waited_s: float,
+        setting: str,
+        *,
+        path: str | Path | None = None,
+        cause: str | None = None,
+    ) -> None:
+        self.lock = lock
+        self.waited_s = waited_s
+        self.setting = setting
+        super().__init__(
+            f"gave up waiting for {lock} on {where} after {waited_s:g} s: another process "
+            f"holds it (slow, stuck or stopped); to wait longer raise Settings.{setting} "
+            f"(AGENTMEND_{setting.upper()})",
+            path=path,
+            cause=cause,
+        )
 
 
 class SpecError(AgentmendError):

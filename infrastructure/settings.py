@@ -51,6 +51,17 @@ class Settings(BaseSettings):
     # fleet (the [postgres] extra); unset, the workspace's own agentmend.db
     store_url: str | None = None
     provider: Provider = "offline"
+    # nothing waits forever on the store: a write waits this long for the store's write lock
+    # (PostgreSQL's lock_timeout, SQLite's busy timeout) or a store file lock on this host,
+    # and an apply or rollback this long for its team's lock, then fails with LockTimeout
+    store_lock_timeout_s: float = Field(default=30.0, gt=0)
+    team_lock_timeout_s: float = Field(default=900.0, gt=0)
+    # PostgreSQL sessions: a statement running longer is cancelled (statement_timeout), and a
+    # session left inside a transaction without a word this long is ended by the server
+    # (idle_in_transaction_session_timeout), which frees the locks of a stopped process;
+    # migrations and ``store copy`` are exempt
+    store_statement_timeout_s: float = Field(default=300.0, gt=0)
+    store_idle_transaction_timeout_s: float = Field(default=60.0, gt=0)
     # the session and the MCP server as workers: follow the team's releases when it has some
     # (auto), insist (on) or serve the team folder (off); serve_release pins one release
     follow_releases: Literal["auto", "on", "off"] = "auto"

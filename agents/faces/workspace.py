@@ -48,6 +48,7 @@ from agentmend.infrastructure.monitoring.performance_monitor import (
 from agentmend.infrastructure.settings import Provider, Settings, load_settings
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.retention import RetentionPolicy, RetentionSweeper
+from agentmend.infrastructure.store.timeouts import StoreTimeouts
 
 if TYPE_CHECKING:
     from agentmend.infrastructure.releases.follower import ReleaseFollower
@@ -209,7 +210,11 @@ class Workspace:
                 copy_team(team)
             if not team.is_dir() or not any(team.glob("*.md")):
                 raise WorkspaceError(folder, f"no agent definitions (*.md) in {team}")
-            store = Store(settings.store_url or folder / DB_NAME, files_dir=folder)
+            store = Store(
+                settings.store_url or folder / DB_NAME,
+                files_dir=folder,
+                timeouts=StoreTimeouts.from_settings(settings),
+            )
             opened.append(store)
             key = settings.audit_hmac_key
             manager = ImprovementManager(

@@ -30,6 +30,7 @@ from agentmend.infrastructure.monitoring.performance_monitor import (
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.settings import Settings, load_settings
 from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.timeouts import StoreTimeouts
 from agentmend.infrastructure.tracing import agentmend_tracer
 from agentmend.loop.cycle_verification import CycleVerifier
 from agentmend.loop.release_publishing import ReleasePublisher
@@ -147,7 +148,7 @@ class LoopCollaborators:
         opened: list[Callable[[], object]] = []
         if store is None:
             base = Path(workspace) if workspace is not None else settings.workspace
-            store = Store(base / "agentmend.db")
+            store = Store(base / "agentmend.db", timeouts=StoreTimeouts.from_settings(settings))
             opened.append(store.close)
         if team.monitor is None:
             team.monitor = PerformanceMonitor(store, **monitor_options(settings))

@@ -398,8 +398,11 @@ class ImprovementManager:
             "session_count": self.session_improvement_count,
         }
 
-    def verify_audit_chain(self, *, repair: bool = True) -> ChainVerification:
-        return self.audit.verify_chain(repair=repair)
+    def verify_audit_chain(
+        self, *, repair: bool = True, head_wait_s: float | None = None
+    ) -> ChainVerification:
+        """See :meth:`AuditLog.verify_chain`."""
+        return self.audit.verify_chain(repair=repair, head_wait_s=head_wait_s)
 
     def acknowledge_audit_breaks(
         self, principal: Principal, *, note: str | None = None

@@ -21,6 +21,7 @@ from pathlib import Path
 from agentmend.infrastructure.errors import FileOperationError, PathNotAllowed
 from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.files.confined import hold_flock
+from agentmend.infrastructure.files.lock_wait import LockWait
 
 __all__ = [
     "atomic_delete",
@@ -103,13 +104,14 @@ def remove_atomic_write_leftovers(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def locked_file(path: Path) -> Iterator[int]:
+def locked_file(path: Path, wait: LockWait | None = None) -> Iterator[int]:
     """Hold an exclusive ``flock`` on ``path`` (created if missing); yields its descriptor.
 
     Re-entrant within a thread, so a rollback that cascades or a recovery inside ``apply`` can
     take the lock it already holds. Locks from different threads or processes exclude each
     other (each acquisition opens its own file description), and the kernel drops the lock
     when its holder dies, which is what lets recovery tell a dead writer from a live one.
+    ``wait`` bounds the wait for another holder (forever without it).
     """
     path = Path(path)
 
@@ -121,7 +123,7 @@ def locked_file(path: Path) -> Iterator[int]:
         except OSError as exc:
             raise FileOperationError(path, "open the lock file", exc) from None
 
-    with hold_flock(os.fspath(path), open_lock) as fd:
+    with hold_flock(os.fspath(path), open_lock, wait) as fd:
         yield fd
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
 from agentmend.infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllowed
+from agentmend.infrastructure.files.lock_wait import LockWait, flock_within
 
 __all__ = [
     "NAME_MAX",
@@ -497,12 +498,13 @@ def link_or_copy(root: str | Path, source: str | Path, target: str | Path, data:
 
 
 @contextlib.contextmanager
-def locked(root: str | Path, path: str | Path) -> Iterator[int]:
+def locked(root: str | Path, path: str | Path, wait: LockWait | None = None) -> Iterator[int]:
     """Hold an exclusive ``flock`` on lock file ``path`` under ``root`` (created if missing).
 
     Re-entrant within a thread (:func:`hold_flock`), shared with
     :func:`agentmend.infrastructure.files.atomic.locked_file` (same key for the same path). The file
-    is reached without symlinks and only flocked, never written.
+    is reached without symlinks and only flocked, never written. ``wait`` bounds the wait for
+    another holder (:class:`~agentmend.infrastructure.files.lock_wait.LockWait`).
     """
     parts = relative_parts(root, path)
     where = _display(root, parts)
@@ -521,7 +523,7 @@ def locked(root: str | Path, path: str | Path) -> Iterator[int]:
                 raise _refuse_kind(mode, root, where)
             return fd
 
-    with hold_flock(os.path.join(os.fspath(root), *parts), open_lock) as fd:
+    with hold_flock(os.path.join(os.fspath(root), *parts), open_lock, wait) as fd:
         yield fd
 
 
@@ -555,8 +557,13 @@ _held = threading.local()  # per thread: lock path -> [descriptor, depth] of the
 
 
 @contextlib.contextmanager
-def hold_flock(key: str, open_lock: Callable[[], int]) -> Iterator[int]:
+def hold_flock(
+    key: str, open_lock: Callable[[], int], wait: LockWait | None = None
+) -> Iterator[int]:
     """Hold an exclusive ``flock`` on the descriptor ``open_lock`` returns, re-entrantly.
+
+    ``wait`` bounds the wait for another holder (forever without it); a thread that holds
+    the lock already never waits.
 
     ``key`` names the lock file; a thread that already holds it gets the same descriptor, so
     a rollback that cascades or a recovery inside ``apply`` can take the lock it holds. Locks
@@ -576,7 +583,7 @@ def hold_flock(key: str, open_lock: Callable[[], int]) -> Iterator[int]:
         return
     fd = open_lock()
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        flock_within(fd, wait, key)
         held[key] = [fd, 1]
         try:
             yield fd

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from agentmend.infrastructure.errors import StoreError
 from agentmend.infrastructure.store.sql import Backend, StoreConnection
 from agentmend.infrastructure.store.sqlite import SqliteBackend
+from agentmend.infrastructure.store.timeouts import StoreTimeouts
 from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
@@ -55,19 +56,30 @@ class Store:
         files_dir: where this host keeps the files that go with a PostgreSQL store (the audit
             head, ...); default the current directory's ``.agentmend``. A SQLite store keeps
             them beside its database file.
+        timeouts: how long a write waits for a lock, and on PostgreSQL how long a statement
+            may run and a session may idle inside a transaction
+            (:class:`~agentmend.infrastructure.store.timeouts.StoreTimeouts`; from the
+            settings with ``StoreTimeouts.from_settings``); the defaults when not given.
 
     Raises:
         StoreError: the location cannot be opened or holds something else than a store.
         PostgresExtraMissing: a PostgreSQL URL without the ``[postgres]`` extra installed.
     """
 
-    def __init__(self, location: str | Path, *, files_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        location: str | Path,
+        *,
+        files_dir: str | Path | None = None,
+        timeouts: StoreTimeouts | None = None,
+    ) -> None:
         text = os.fspath(location)
+        self.timeouts = timeouts if timeouts is not None else StoreTimeouts()
         self._backend: SqliteBackend | PostgresBackend
         if text.startswith(_PG_SCHEMES):
             from agentmend.infrastructure.store.postgres import PostgresBackend
 
-            pg = PostgresBackend(text)
+            pg = PostgresBackend(text, self.timeouts)
             self._backend = pg
             self.url = text
             base = Path(files_dir) if files_dir is not None else Path(".agentmend")
@@ -86,7 +98,7 @@ class Store:
                 raise StoreError("the store URL names no database file")
             self.path = Path(text)
             self.url = f"{_SQLITE_SCHEME}{self.path}"
-            self._backend = SqliteBackend(self.path)
+            self._backend = SqliteBackend(self.path, self.timeouts)
         self._migrated: set[str] = set()
         _live_stores.add(self)
         self._backend.check_database()
@@ -114,6 +126,9 @@ class Store:
         """A write transaction that holds the store's write lock from its first statement.
 
         Inside an open transaction a plain one joins it: the outer one commits or rolls back.
+        The lock is waited for at most ``timeouts.lock_s``. On PostgreSQL a transaction left
+        idle longer than ``timeouts.idle_s`` (its process stopped) is ended by the server,
+        which rolls it back and frees the lock; the next statement there fails.
 
         Args:
             durable: on SQLite, sync the commit to disk (``synchronous=FULL``). The store runs
@@ -124,6 +139,8 @@ class Store:
                 join an open one, whose commit it does not control.
 
         Raises:
+            LockTimeout: another process held the write lock (or, on PostgreSQL, a lock a
+                statement needed) for all of ``timeouts.lock_s``; nothing was written.
             StoreError: ``durable`` inside an open transaction, or BEGIN, a statement inside
                 the block or COMMIT failed (the database is locked past the busy timeout, the
                 disk is full, an I/O error, a corrupt file, the server went away, ...); it
@@ -136,7 +153,7 @@ class Store:
     def snapshot(self) -> AbstractContextManager[StoreConnection]:
         """A read-only transaction: every statement inside sees the same state of the store.
 
-        Inside an open transaction it joins it.
+        Inside an open transaction it joins it. It never waits for the write lock.
         """
         return self._backend.snapshot()
 
@@ -144,9 +161,12 @@ class Store:
         """Serialize apply, verification, rollback and recovery of one team across hosts.
 
         On PostgreSQL a session-level advisory lock on a connection of its own, held for as
-        long as the block runs (never a transaction around model calls). On SQLite nothing:
-        all the workers of a SQLite store share one host, where the team folder's own lock
-        file serializes them.
+        long as the block runs (never a transaction around model calls), waited for at most
+        ``timeouts.team_lock_s``. On SQLite nothing: all the workers of a SQLite store share
+        one host, where the team folder's own lock file serializes them.
+
+        Raises:
+            LockTimeout: another session held the team's lock for all of the wait.
         """
         if isinstance(self._backend, SqliteBackend):
             return nullcontext()
@@ -162,9 +182,15 @@ class Store:
         crash or a failing script leaves the component at the last version that completed.
         The version is read again inside each transaction, so processes migrating the same
         store at once never run a script twice. Called inside an open transaction, the
-        migrations join it and commit or roll back with it.
+        migrations join it and commit or roll back with it. A component already up to date
+        costs one read and never waits for the write lock, so readers (``status``) answer
+        while a writer holds it. A migration and its backfill may run long: once the write
+        lock is held, the statement and idle bounds are lifted for its transaction.
         """
         if component in self._migrated:
+            return
+        if self.schema_version(component) == len(migrations):
+            self._migrated.add(component)
             return
         conn = self.connection()
         while True:
@@ -181,6 +207,7 @@ class Store:
                 if current == len(migrations):
                     break
                 migration = migrations[current]
+                self.lift_timeouts()
                 text = migration if isinstance(migration, str) else migration[self.backend]
                 script = self._backend.translate_script(text)
                 for statement in _split_sql(script):
@@ -191,6 +218,13 @@ class Store:
                     (component, current + 1),
                 )
         self._migrated.add(component)
+
+    def lift_timeouts(self) -> None:
+        """Lift the statement, idle and lock bounds for the rest of this thread's open
+        transaction or snapshot, for work that is long by design (a migration and its
+        backfill, a whole-store copy). On SQLite nothing: only the lock wait is bounded there,
+        and the lock is held already."""
+        self._backend.lift_timeouts()
 
     def schema_version(self, component: str) -> int:
         row = (

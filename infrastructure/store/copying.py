@@ -19,12 +19,13 @@ from agentmend.infrastructure.changes.audit.head import write_head
 from agentmend.infrastructure.changes.audit.log import _MIGRATIONS as AUDIT_MIGRATIONS
 from agentmend.infrastructure.changes.audit.log import AuditLog, ChainVerification
 from agentmend.infrastructure.changes.protocol import change_log, decisions, leases, team_registry
-from agentmend.infrastructure.detection import issue_ledger
+from agentmend.infrastructure.detection import checker_seat, issue_ledger
 from agentmend.infrastructure.detection import series as detector_series
 from agentmend.infrastructure.errors import StoreError
 from agentmend.infrastructure.files.atomic import locked_file
 from agentmend.infrastructure.monitoring import execution_rollup, execution_store, run_series
 from agentmend.infrastructure.releases import tables as release_tables
+from agentmend.infrastructure.store import quarantine
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.sql import Backend, has_table, next_id, set_next_id
 from agentmend.infrastructure.structured_logger import get_logger
@@ -51,6 +52,8 @@ _COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
     ("change_watches", watch._MIGRATIONS),
     (release_tables.COMPONENT, release_tables._MIGRATIONS),
     (receiver_counts.COMPONENT, receiver_counts.MIGRATIONS),
+    (checker_seat.COMPONENT, checker_seat.MIGRATIONS),
+    (quarantine.COMPONENT, quarantine.MIGRATIONS),
 )
 
 # tables in an order that keeps references valid, with their generated id column (if any)
@@ -66,6 +69,7 @@ _TABLES: tuple[tuple[str, str | None], ...] = (
     ("execution_totals", None),
     ("baseline_runs", None),
     ("monitoring_issues", None),
+    ("monitoring_issue_claims", None),
     ("monitoring_detector_state", None),
     ("detector_series", None),
     ("changes", "seq"),
@@ -79,6 +83,8 @@ _TABLES: tuple[tuple[str, str | None], ...] = (
     ("release_heads", None),
     ("rollouts", None),
     ("telemetry_receivers", None),
+    ("fleet_checker", None),
+    ("quarantined_rows", "id"),
     ("plans", None),
     ("decisions", "id"),
     ("audit_log", "id"),
@@ -120,6 +126,7 @@ def copy_store(source: Store, target: Store, *, hmac_key: bytes | str | None = N
     counts: dict[str, int] = {}
     sconn = source.connection()
     with source.snapshot():  # one state of the source for every table
+        source.lift_timeouts()  # held open while the target is written, by design
         for table, id_column in _TABLES:
             if not has_table(sconn, table):
                 continue
@@ -157,6 +164,7 @@ def _copy_table(sconn: Any, target: Store, table: str, order: str | None) -> int
         f"SELECT {names} FROM {table}" + (f" ORDER BY {order}" if order else "")
     ).fetchall()
     with target.transaction() as conn:
+        target.lift_timeouts()  # one table at a time, however large
         for start in range(0, len(rows), _CHUNK):
             conn.executemany(insert, [tuple(r) for r in rows[start : start + _CHUNK]])
     return len(rows)

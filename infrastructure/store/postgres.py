@@ -12,6 +12,11 @@ generated ids grow in commit order as SQLite's do, which is what lets readers ca
 Reads never wait for it. Commits are durable (``synchronous_commit`` on) and the server, not
 this process, decides when they are on disk, so ``durable`` adds nothing here.
 
+Every session starts with the store's bounds (:mod:`agentmend.infrastructure.store.timeouts`):
+a lock waited for past ``lock_timeout`` is a :class:`~agentmend.infrastructure.errors.LockTimeout`,
+and a process stopped inside a transaction loses its session (and its locks) to the server's
+``idle_in_transaction_session_timeout``; its work is then settled as a dead process's is.
+
 A team's changes are serialized across hosts by :meth:`PostgresBackend.team_lock`: a
 session-level advisory lock held on a connection of its own for as long as the apply,
 verification or rollback takes, never a transaction left open around model calls. If the
@@ -30,7 +35,8 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from agentmend.infrastructure.errors import PostgresExtraMissing, StoreError
+from agentmend.infrastructure.errors import LockTimeout, PostgresExtraMissing, StoreError
+from agentmend.infrastructure.store.timeouts import LOCK_SETTING, TEAM_LOCK_SETTING, StoreTimeouts
 from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
@@ -47,6 +53,13 @@ _CONNECT_TIMEOUT_S = 10
 _BEGIN_WRITE = f"BEGIN; SELECT pg_advisory_xact_lock({_WRITER_LOCK_KEY})"
 # connections holding team locks at once in one process; one more waits for one to come back
 _LOCK_HOLDERS = 64
+_LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of a wait past lock_timeout
+# what the server says when it cancels a statement or ends a session on a bound, and the
+# setting that sets the bound
+_BOUND_HINTS = {
+    "57014": "store_statement_timeout_s",
+    "25P03": "store_idle_transaction_timeout_s",
+}
 
 
 def _psycopg() -> Any:
@@ -114,8 +127,9 @@ class PostgresBackend:
 
     name = "postgresql"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeouts: StoreTimeouts) -> None:
         self._psycopg = _psycopg()
+        self.timeouts = timeouts
         self.driver_error: type[Exception] = self._psycopg.Error
         self.url = url
         try:
@@ -123,6 +137,10 @@ class PostgresBackend:
         except self._psycopg.ProgrammingError as exc:
             raise StoreError(f"not a PostgreSQL URL: {_redact(url)}: {exc}") from exc
         self.params = params
+        # the bounds after any options of the URL's own, so they win over its -c settings
+        given = str(params.get("options") or "")
+        self._options = f"{given} {timeouts.pg_options()}".strip()
+        self._team_options = f"{given} {timeouts.pg_team_lock_options()}".strip()
         host = str(params.get("host") or "localhost")
         self.display = (
             f"postgresql://{params.get('user') or ''}@{host}:{params.get('port') or 5432}"
@@ -143,7 +161,12 @@ class PostgresBackend:
     def _connect(self) -> PgConnection:
         pg = self._psycopg
         try:
-            raw = pg.connect(self.url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S)
+            raw = pg.connect(
+                self.url,
+                autocommit=True,
+                connect_timeout=_CONNECT_TIMEOUT_S,
+                options=self._options,
+            )
         except pg.Error as exc:
             raise self.error("cannot open store", exc) from exc
         _adapt(raw)
@@ -162,6 +185,12 @@ class PostgresBackend:
         return conn
 
     def check_database(self) -> None:
+        """Make the version table if missing; a store that has it is only read (no wait for
+        the write lock)."""
+        conn = self.connection()
+        found = conn.execute("SELECT to_regclass('schema_versions') IS NOT NULL").fetchone()
+        if found is not None and found[0]:
+            return
         with self.transaction() as conn:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_versions ("
@@ -183,7 +212,9 @@ class PostgresBackend:
             conn.raw.execute(_BEGIN_WRITE)
         except pg.Error as exc:
             self._rollback(conn)
-            raise self.error("cannot begin a transaction on", exc) from exc
+            raise self.error(
+                "cannot begin a transaction on", exc, "the store's write lock"
+            ) from exc
         try:
             yield conn
         except pg.Error as exc:  # a statement run on ``conn.raw`` directly
@@ -231,7 +262,7 @@ class PostgresBackend:
             finally:
                 held[key] -= 1
             return
-        pool, holder = self._lock_holder(key)
+        pool, holder = self._lock_holder(key, f"team {team_id}'s lock")
         held[key] = 1
         try:
             yield
@@ -248,7 +279,7 @@ class PostgresBackend:
             pool.putconn(holder)  # a closed one is dropped, not reused
             held.pop(key, None)
 
-    def _lock_holder(self, key: int) -> tuple[Any, Any]:
+    def _lock_holder(self, key: int, lock: str) -> tuple[Any, Any]:
         """A pooled connection holding the advisory lock ``key`` (waits for the lock), and
         the pool it goes back to.
 
@@ -271,6 +302,14 @@ class PostgresBackend:
                 holder.close()
                 pool.putconn(holder)
                 if not stale or attempt == 2:
+                    if getattr(exc, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
+                        raise LockTimeout(
+                            lock,
+                            self.display,
+                            self.timeouts.team_lock_s,
+                            TEAM_LOCK_SETTING,
+                            cause=_LOCK_NOT_AVAILABLE,
+                        ) from exc
                     raise self.error("cannot lock the team on", exc) from exc
         raise AssertionError("unreachable")
 
@@ -279,7 +318,11 @@ class PostgresBackend:
             if self._holders is None:
                 self._holders = _pool_class()(
                     self.url,
-                    kwargs={"autocommit": True, "connect_timeout": _CONNECT_TIMEOUT_S},
+                    kwargs={
+                        "autocommit": True,
+                        "connect_timeout": _CONNECT_TIMEOUT_S,
+                        "options": self._team_options,
+                    },
                     min_size=0,
                     max_size=_LOCK_HOLDERS,
                     max_idle=60.0,
@@ -292,9 +335,27 @@ class PostgresBackend:
     def translate_script(self, script: str) -> str:
         return translate_script(script)
 
-    def error(self, what: str, exc: Exception) -> StoreError:
+    def lift_timeouts(self) -> None:
+        """Lift the bounds for the rest of this thread's open transaction (a migration):
+        its statements may run, and wait for table locks, as long as they need."""
+        self.connection().execute(
+            "SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0;"
+            " SET LOCAL idle_in_transaction_session_timeout = 0"
+        )
+
+    def error(
+        self, what: str, exc: Exception, lock: str = "a lock on the store's tables"
+    ) -> StoreError:
+        """``exc`` as a StoreError naming the store and the SQLSTATE; a wait past
+        ``lock_timeout`` as a LockTimeout naming ``lock``, and a bound the server enforced
+        with the setting that sets it."""
         cause = getattr(exc, "sqlstate", None) or type(exc).__name__
+        if cause == _LOCK_NOT_AVAILABLE:
+            return LockTimeout(lock, self.display, self.timeouts.lock_s, LOCK_SETTING, cause=cause)
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = _BOUND_HINTS.get(cause)
+        if hint is not None:
+            message += f"; the bound is Settings.{hint} (AGENTMEND_{hint.upper()})"
         return StoreError(f"{what} {self.display}: {message} ({cause})", cause=cause)
 
     def _rollback(self, conn: PgConnection) -> None:

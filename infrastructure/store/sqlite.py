@@ -1,8 +1,10 @@
 """The embedded backend: one SQLite database file in WAL mode, shared by threads and processes.
 
 Writers take the database lock up front (``BEGIN IMMEDIATE``) so two processes never deadlock on
-a lock upgrade, and wait on each other through SQLite's busy timeout rather than failing with
-``database is locked``. Commits survive a process crash; a ``durable`` transaction's also
+a lock upgrade, and wait on each other through SQLite's busy timeout (the store's lock timeout)
+rather than failing at once with ``database is locked``; a wait that runs out (the holder is
+stuck or stopped) is a :class:`~agentmend.infrastructure.errors.LockTimeout`. Readers never wait
+for a writer (WAL). Commits survive a process crash; a ``durable`` transaction's also
 survive a power cut.
 """
 
@@ -15,14 +17,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.errors import LockTimeout, StoreError
+from agentmend.infrastructure.store.timeouts import LOCK_SETTING, StoreTimeouts
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["SqliteBackend"]
 
 log = get_logger(__name__)
 
-_BUSY_TIMEOUT_MS = 30_000
 _SYNC_NORMAL = 1  # every connection's sync mode; a durable transaction puts it back after
 
 
@@ -31,8 +33,9 @@ class SqliteBackend:
 
     name = "sqlite"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, timeouts: StoreTimeouts) -> None:
         self.path = path
+        self.timeouts = timeouts
         if path.exists() and path.is_dir():
             raise StoreError(f"store path {path} is a directory, expected a database file")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -50,12 +53,12 @@ class SqliteBackend:
             try:
                 conn = sqlite3.connect(
                     self.path,
-                    timeout=_BUSY_TIMEOUT_MS / 1000,
+                    timeout=self.timeouts.lock_s,
                     isolation_level=None,
                     check_same_thread=False,
                 )
-                conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-                _use_wal(conn)
+                conn.execute(f"PRAGMA busy_timeout={round(self.timeouts.lock_s * 1000)}")
+                _use_wal(conn, self.timeouts.lock_s)
                 conn.execute(f"PRAGMA synchronous={_SYNC_NORMAL}")
                 conn.execute("PRAGMA foreign_keys=ON")
             except sqlite3.DatabaseError as exc:
@@ -128,9 +131,22 @@ class SqliteBackend:
     def translate_script(self, script: str) -> str:
         return script  # schema scripts are written in SQLite's dialect
 
+    def lift_timeouts(self) -> None:
+        """Nothing to lift: SQLite bounds only the wait for the lock, taken already."""
+
     def _error(self, what: str, exc: sqlite3.Error) -> StoreError:
-        """``exc`` as a StoreError naming the database and SQLite's error name."""
+        """``exc`` as a StoreError naming the database and SQLite's error name; a busy
+        timeout that ran out as a LockTimeout."""
         cause = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+        if cause.startswith("SQLITE_BUSY"):
+            return LockTimeout(
+                "the store's write lock",
+                str(self.path),
+                self.timeouts.lock_s,
+                LOCK_SETTING,
+                path=self.path,
+                cause=cause,
+            )
         return StoreError(f"{what} {self.path}: {exc} ({cause})", path=self.path, cause=cause)
 
     def _rollback(self, conn: sqlite3.Connection) -> None:
@@ -171,14 +187,14 @@ class SqliteBackend:
         return inherited
 
 
-def _use_wal(conn: sqlite3.Connection) -> None:
+def _use_wal(conn: sqlite3.Connection, wait_s: float) -> None:
     """Switch the database to WAL, waiting out other first openers.
 
     The mode is stored in the file, so only a brand-new database needs the switch; but the
     switch takes an exclusive lock and SQLite does not wait for it through the busy timeout,
     so several processes opening a new store at once would fail with ``database is locked``.
     """
-    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    deadline = time.monotonic() + wait_s
     delay = 0.005
     while True:
         try:

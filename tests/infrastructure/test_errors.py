@@ -42,6 +42,7 @@ _SAMPLES: dict[str, Callable[[str], Any]] = {
     "int": lambda name: 3,
     "int | None": lambda name: 429,
     "float | None": lambda name: 1.5,
+    "float": lambda name: 2.5,
     "object": lambda name: {"nested": [1, 2]},
     "ErrorKind": lambda name: ErrorKind.TIMEOUT,
     "tuple[str, ...]": lambda name: (f"{name}-1", f"{name}-2"),

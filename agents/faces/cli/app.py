@@ -24,7 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agentmend.faces.cli.common import EXIT_OK, EXIT_USAGE, CommandError, Subcommand
+from agentmend.faces.cli.common import (
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CommandError,
+    Subcommand,
+)
 from agentmend.faces.terminal import terminal_text
 
 __all__ = ["build_parser", "main"]
@@ -172,6 +178,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``agentmend`` with ``argv`` (default ``sys.argv[1:]``); the exit code."""
+    from agentmend.infrastructure.errors import LockTimeout
     from agentmend.infrastructure.structured_logger import configure_logging
 
     given = list(argv) if argv is not None else sys.argv[1:]
@@ -185,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as exc:  # it may quote a stored name: escaped for the terminal
         sys.stderr.write(f"agentmend: {terminal_text(str(exc))}\n")
         return exc.code
+    except LockTimeout as exc:  # another process holds a lock (stopped, stuck): one line
+        sys.stderr.write(f"agentmend: {terminal_text(str(exc))}\n")
+        return EXIT_UNAVAILABLE
     except KeyboardInterrupt:
         sys.stderr.write("agentmend: interrupted\n")
         return 130

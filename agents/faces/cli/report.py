@@ -44,6 +44,7 @@ class _OpenStore:
         from agentmend.infrastructure.code_update.plan_recovery import settle_interrupted_plans
         from agentmend.infrastructure.errors import AgentmendError
         from agentmend.infrastructure.store.api import Store
+        from agentmend.infrastructure.store.timeouts import StoreTimeouts
 
         folder = workspace_path(args)
         self.settings = _settings(args)
@@ -62,7 +63,9 @@ class _OpenStore:
                 f"workspace {folder} cannot be opened: no store ({DB_NAME}) in it", EXIT_UNAVAILABLE
             )
         try:
-            self.store: Store = Store(url or db, files_dir=folder)
+            self.store: Store = Store(
+                url or db, files_dir=folder, timeouts=StoreTimeouts.from_settings(self.settings)
+            )
             key = self.settings.audit_hmac_key
             self.manager: ImprovementManager = ImprovementManager(
                 store=self.store,
@@ -90,6 +93,8 @@ def open_store(args: argparse.Namespace) -> _OpenStore:
 
 
 # -- status -------------------------------------------------------------------------------------
+
+_HEAD_WAIT_S = 1.0  # status waits this long for the audit head a writer appends under
 
 
 def _status_json(statuses: list[Any], pending: int) -> dict[str, Any]:
@@ -119,7 +124,8 @@ def _run_status(args: argparse.Namespace) -> int:
         pending = sum(
             1 for s in opened.manager.changes.recent_statuses(200) if s is ChangeStatus.APPLIED
         )
-        chain = opened.manager.verify_audit_chain(repair=False)
+        # a writer stopped while it appends holds the head: the rows are checked without it
+        chain = opened.manager.verify_audit_chain(repair=False, head_wait_s=_HEAD_WAIT_S)
         receivers = read_receiver_counts(opened.store)
         checkers = read_checkers(opened.store)
         quarantined = quarantined_counts(opened.store)
@@ -128,7 +134,12 @@ def _run_status(args: argparse.Namespace) -> int:
         print_json(
             {
                 **_status_json(statuses, pending),
-                "audit": {"ok": chain.ok, "rows_checked": chain.rows_checked, "problems": problems},
+                "audit": {
+                    "ok": chain.ok,
+                    "rows_checked": chain.rows_checked,
+                    "problems": problems,
+                    "head_unchecked": chain.head_unchecked,
+                },
                 "telemetry_receivers": [r.as_json() for r in receivers],
                 "checkers": [c.as_json() for c in checkers],
                 "quarantined_rows": quarantined,
@@ -145,6 +156,8 @@ def _run_status(args: argparse.Namespace) -> int:
     for p in problems:  # a break stays on screen until an administrator acknowledges it
         where = f"row {p['row_id']}: " if p["row_id"] is not None else ""
         console().print(f"audit chain: {where}{p['kind']}: {p['detail']}", style="red")
+    if chain.head_unchecked is not None:
+        console().print(f"audit chain: {chain.head_unchecked}", style="yellow")
     for r in receivers:
         c = r.counts
         console().print(

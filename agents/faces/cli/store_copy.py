@@ -26,14 +26,18 @@ def _run(args: argparse.Namespace) -> int:
     from agentmend.infrastructure.errors import AgentmendError
     from agentmend.infrastructure.store.api import Store
     from agentmend.infrastructure.store.copying import copy_store
+    from agentmend.infrastructure.store.timeouts import StoreTimeouts
 
     settings = _settings()
     key = settings.audit_hmac_key
     folder = workspace_path(args)  # where a PostgreSQL store's per-host files (audit head) go
+    # a whole-store copy runs long statements and transactions by design: only lock waits
+    # stay bounded
+    timeouts = StoreTimeouts.from_settings(settings).for_bulk_work()
     try:
         with (
-            Store(args.source, files_dir=folder) as source,
-            Store(args.target, files_dir=folder) as target,
+            Store(args.source, files_dir=folder, timeouts=timeouts) as source,
+            Store(args.target, files_dir=folder, timeouts=timeouts) as target,
         ):
             report = copy_store(
                 source, target, hmac_key=key.get_secret_value() if key is not None else None

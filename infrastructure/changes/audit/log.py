@@ -66,7 +66,7 @@ import hmac
 import json
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -94,12 +94,19 @@ from agentmend.infrastructure.changes.audit.verification import (
     check_head,
     check_rows,
 )
-from agentmend.infrastructure.errors import AuditChainError, PermissionRequired, StoreError
+from agentmend.infrastructure.errors import (
+    AuditChainError,
+    LockTimeout,
+    PermissionRequired,
+    StoreError,
+)
 from agentmend.infrastructure.files.atomic import locked_file
+from agentmend.infrastructure.files.lock_wait import LockWait
 from agentmend.infrastructure.models import utc_now
 from agentmend.infrastructure.principal import ADMIN, Principal
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.sql import Backend, StoreConnection, next_id, note_id_used
+from agentmend.infrastructure.store.timeouts import LOCK_SETTING
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = [
@@ -331,7 +338,7 @@ class AuditLog:
             AuditChainBroken: the head file and the database disagree and this is not a
                 ``safety`` write; nothing is written.
         """
-        with locked_file(self.head_path) as fd:
+        with locked_file(self.head_path, self._head_wait()) as fd:
             head, unreadable = self._head_or_reason(fd)
             fresh = never_written(fd)
             with self.store.transaction(durable=True) as conn:
@@ -410,7 +417,7 @@ class AuditLog:
             AuditChainBroken: they disagree (see
             :mod:`agentmend.infrastructure.changes.audit.breaks`).
         """
-        with locked_file(self.head_path) as fd:
+        with locked_file(self.head_path, self._head_wait()) as fd:
             head, unreadable = self._head_or_reason(fd)
             # one state of the table: on a fleet other hosts append meanwhile
             with self.store.snapshot() as conn:
@@ -532,7 +539,9 @@ class AuditLog:
         )
         return [_entry(row) for row in reversed(rows)]
 
-    def verify_chain(self, *, repair: bool = True) -> ChainVerification:
+    def verify_chain(
+        self, *, repair: bool = True, head_wait_s: float | None = None
+    ) -> ChainVerification:
         """Check every row, every link, the head file, its history and the chain's breaks.
 
         Returns a result listing each problem with its row id (truthy when there is none).
@@ -544,8 +553,24 @@ class AuditLog:
         versions after being found unreadable are reported until a ``repair`` run whose rows
         all verify has reported them (see
         :mod:`agentmend.infrastructure.changes.audit.head_events`).
+
+        The head's file lock is waited for at most ``head_wait_s`` (default the store's lock
+        timeout). Without ``repair``, a head held all that time (a writer stopped while it
+        appends) leaves the head unchecked, said in ``notes``, and the rows verified alone.
+
+        Raises:
+            LockTimeout: with ``repair``, the head's file lock was held all along.
         """
-        with locked_file(self.head_path) as fd:
+        with ExitStack() as stack:
+            try:
+                fd = stack.enter_context(locked_file(self.head_path, self._head_wait(head_wait_s)))
+            except LockTimeout as exc:
+                if repair:
+                    raise
+                return self._verify_rows_alone(
+                    f"the head file {self.head_path} was not checked: another process held "
+                    f"its lock for {exc.waited_s:g} s (a writer, slow or stopped)"
+                )
             conn = self.store.connection()
             rows = [
                 _entry(r)
@@ -570,6 +595,27 @@ class AuditLog:
             problems.extend(events)
             notes = event_notes + break_notes + notes
         return ChainVerification(len(rows), tuple(problems), tuple(notes), repaired)
+
+    def _verify_rows_alone(self, note: str) -> ChainVerification:
+        """The rows, their links and breaks, without the head (whose lock a writer holds)."""
+        rows = [
+            _entry(r)
+            for r in self.store.connection()
+            .execute(f"SELECT {_COLUMNS} FROM audit_log ORDER BY id")
+            .fetchall()
+        ]
+        problems = check_rows(
+            rows, keyed=self.keyed, expected_hash=lambda row: self._hash(_fields(row))
+        )
+        breaks, break_notes = break_findings(rows, {p.row_id for p in problems if p.row_id})
+        return ChainVerification(
+            len(rows), (*problems, *breaks), (*break_notes, note), head_unchecked=note
+        )
+
+    def _head_wait(self, seconds: float | None = None) -> LockWait:
+        """How long to wait for the head's file lock: the store's lock timeout by default."""
+        wait_s = self.store.timeouts.lock_s if seconds is None else seconds
+        return LockWait(wait_s, "the audit head's file lock", LOCK_SETTING)
 
 
 def _fields(row: AuditEntry) -> tuple[Any, ...]:

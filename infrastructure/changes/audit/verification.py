@@ -49,6 +49,8 @@ class ChainVerification:
     problems: tuple[ChainProblem, ...] = ()
     notes: tuple[str, ...] = ()
     repaired: bool = False
+    head_unchecked: str | None = None
+    """Why the head file was not checked (a writer held its lock past the wait), if it was not."""
 
     @property
     def ok(self) -> bool:

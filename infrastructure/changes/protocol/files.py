@@ -14,6 +14,7 @@ from typing import Any
 
 from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.files.atomic import sha256_bytes
+from agentmend.infrastructure.files.lock_wait import LockWait
 
 __all__ = [
     "AGENT_DIR", "backup", "backups_dir", "describe", "lock_path", "root_busy", "root_lock", "sha"
@@ -39,9 +40,10 @@ def root_busy(root: Path) -> bool:
 
 
 @contextlib.contextmanager
-def root_lock(root: Path) -> Iterator[int]:
-    """Hold the root's lock (:func:`lock_path`), reached from the root without symlinks."""
-    with confined.locked(root, lock_path(root)) as fd:
+def root_lock(root: Path, wait: LockWait | None = None) -> Iterator[int]:
+    """Hold the root's lock (:func:`lock_path`), reached from the root without symlinks;
+    ``wait`` bounds the wait for another holder."""
+    with confined.locked(root, lock_path(root), wait) as fd:
         yield fd
 
 

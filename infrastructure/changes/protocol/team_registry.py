@@ -33,7 +33,9 @@ from pathlib import Path
 from agentmend.infrastructure.changes.protocol.files import root_lock
 from agentmend.infrastructure.definitions.team_id import TEAM_ID_FILE, team_id_for
 from agentmend.infrastructure.errors import FileOperationError
+from agentmend.infrastructure.files.lock_wait import LockWait
 from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.timeouts import TEAM_LOCK_SETTING
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["TEAM_ID_FILE", "team_guard", "team_id", "team_roots"]
@@ -150,6 +152,13 @@ def team_roots(store: Store, team: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def team_guard(store: Store, root: Path) -> Iterator[int]:
-    """Hold the root's ``flock`` and then the store's lock on the team; yields the flock's fd."""
-    with root_lock(root) as fd, store.team_lock(team_id(root, store)):
+    """Hold the root's ``flock`` and then the store's lock on the team; yields the flock's fd.
+
+    Each is waited for at most ``store.timeouts.team_lock_s``.
+
+    Raises:
+        LockTimeout: another process held one of them all along (a stopped one keeps them).
+    """
+    wait = LockWait(store.timeouts.team_lock_s, "the team folder's lock", TEAM_LOCK_SETTING)
+    with root_lock(root, wait) as fd, store.team_lock(team_id(root, store)):
         yield fd

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentmend.infrastructure.errors import PathNotAllowed, StoreError
+from agentmend.infrastructure.errors import LockTimeout, PathNotAllowed, StoreError
 from agentmend.infrastructure.files.atomic import (
     atomic_delete,
     atomic_write,
@@ -21,6 +21,7 @@ from agentmend.infrastructure.files.atomic import (
     resolve_inside,
 )
 from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.timeouts import StoreTimeouts
 
 V1 = "CREATE TABLE things (id INTEGER PRIMARY KEY, name TEXT NOT NULL)"
 V2 = "ALTER TABLE things ADD COLUMN colour TEXT; CREATE INDEX things_name ON things(name)"
@@ -133,21 +134,23 @@ def test_a_failed_commit_is_a_store_error_naming_the_database(tmp_path: Path) ->
         assert conn.execute("SELECT count(*) FROM child").fetchone() == (0,)
 
 
-def test_a_begin_that_cannot_get_the_lock_is_a_store_error_naming_the_database(
+def test_a_begin_that_cannot_get_the_lock_is_a_lock_timeout_naming_the_database(
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "a.db"
-    with Store(db) as store:
+    with Store(db, timeouts=StoreTimeouts(lock_s=0.05)) as store:
         store.migrate("things", [V1])
-        store.connection().execute("PRAGMA busy_timeout=50")
         other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
         try:
             other.execute("BEGIN IMMEDIATE")
             with (
-                pytest.raises(StoreError, match=f"cannot begin a transaction on {db}") as caught,
+                pytest.raises(LockTimeout, match=f"write lock on {db} after 0.05 s") as caught,
                 store.transaction(durable=True),
             ):
                 pass
+            assert isinstance(caught.value, StoreError)  # what callers catch already
+            assert caught.value.setting == "store_lock_timeout_s"
+            assert caught.value.cause == "SQLITE_BUSY"
             assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
             assert _sync_mode(store) == 1  # the durable mode was put back
         finally:
