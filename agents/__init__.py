@@ -35,7 +35,9 @@ if TYPE_CHECKING:
         PermissionProfile,
         load_agent_specs,
     )
+    from agentmend.infrastructure.detection.checker_seat import CheckerSeat
     from agentmend.infrastructure.detection.detector import IssueDetector
+    from agentmend.infrastructure.detection.issue_ledger import IssueLedger
     from agentmend.infrastructure.errors import (
         AgentmendError,
         AgentRunError,
@@ -119,6 +121,7 @@ if TYPE_CHECKING:
         WatchOutcome,
         replay_cycle,
     )
+    from agentmend.loop.fleet_checker import FleetChecker
     from agentmend.loop.meta_orchestrator import MetaOrchestrator
     from agentmend.loop.release_publishing import ReleasePublisher
     from agentmend.loop.self_edit_tools import SelfEditNotKept
@@ -171,6 +174,7 @@ __all__ = [
     "ChangeType",
     "ChangeWatch",
     "ChangeWatcher",
+    "CheckerSeat",
     "ClaudeAgentRuntime",
     "CodeUpdateError",
     "ConfigurationError",
@@ -183,6 +187,7 @@ __all__ = [
     "FaultKind",
     "FileOperationError",
     "FileTooLarge",
+    "FleetChecker",
     "FrontMatterError",
     "FunctionRuntime",
     "GateVerdict",
@@ -196,6 +201,7 @@ __all__ = [
     "InvalidProposal",
     "InvalidSetting",
     "IssueDetector",
+    "IssueLedger",
     "IssueReport",
     "LeaseLost",
     "LockTimeout",
@@ -284,6 +290,9 @@ _EXPORTS: dict[str, str] = {
     "load_agent_specs": "agentmend.infrastructure.definitions.spec",
     "PerformanceMonitor": "agentmend.infrastructure.monitoring.performance_monitor",
     "IssueDetector": "agentmend.infrastructure.detection.detector",
+    "IssueLedger": "agentmend.infrastructure.detection.issue_ledger",
+    "CheckerSeat": "agentmend.infrastructure.detection.checker_seat",
+    "FleetChecker": "agentmend.loop.fleet_checker",
     "ImprovementManager": "agentmend.infrastructure.changes.improvement_manager",
     "verify_audit_chain": "agentmend.infrastructure.changes.audit.log",
     "AuditChainBroken": "agentmend.infrastructure.changes.audit.log",
