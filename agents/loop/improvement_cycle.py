@@ -3,6 +3,7 @@
 ``improve`` is the loop the orchestrator runs for a detected issue::
 
     another process claimed the issue (its cycle)   done ("claimed_elsewhere"), nothing asked
+    the audit chain is broken (no apply could run)  done ("error"), nothing asked
     the agent's change is watched on live runs       done ("watch_open"), nothing asked
     analysis (mediator questions the agents)        unusable: done ("analysis_failed")
       -> proposal (improver)                         none: done ("no_action")
@@ -26,6 +27,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
+from agentmend.infrastructure.changes.audit.breaks import AuditChainBroken
 from agentmend.infrastructure.models import ImprovementAction, IssueReport, RootCauseAnalysis
 from agentmend.infrastructure.principal import IMPROVER_VIA, ChangeAuthor
 from agentmend.infrastructure.structured_logger import get_logger
@@ -182,6 +184,10 @@ class ImprovementCycle:
         taken = self._claimed_elsewhere(issue, rec)
         if taken is not None:  # before any model call: one cycle per issue, fleet-wide
             return "claimed_elsewhere", taken
+        try:  # before any question is asked: a cycle whose change could not be applied ends
+            self.shared.manager.audit.ensure_appendable()
+        except AuditChainBroken as exc:
+            return "error", f"no change can be applied: {exc}"
         busy = self.changes.watch_open(issue.agent_name)
         if busy is not None:  # before any model call: no change to it could be made now
             return "watch_open", busy
