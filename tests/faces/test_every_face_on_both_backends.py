@@ -171,6 +171,20 @@ def improve(j: Journey) -> None:
     assert "cycle" in out
 
 
+def eval_suites(j: Journey) -> None:
+    report = j.json("eval", "research-agent")
+    assert report["passed"] is True
+    assert len(report["agents"][0]["cases"]) == 3
+
+
+def check(j: Journey) -> None:
+    code, out, err = j.run("check", "--json")
+    assert code in (0, 1), out + err
+    result = json.loads(out)
+    assert result["ok"] is (code == 0)
+    assert result["audit"]["ok"] is True
+
+
 def code_approve_tests(j: Journey) -> None:
     # a person at a terminal is the step's precondition: the child gets a pseudo-terminal
     leader, follower = os.openpty()
@@ -325,6 +339,8 @@ STEPS: dict[tuple[str, ...], Step] = {
     ("audit", "verify"): audit_verify,
     ("audit", "acknowledge"): audit_acknowledge,
     ("improve",): improve,
+    ("eval",): eval_suites,
+    ("check",): check,
     ("code", "approve-tests"): code_approve_tests,
     ("otel", "receive"): otel_receive,
     ("watch",): watch,

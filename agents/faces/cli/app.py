@@ -51,6 +51,7 @@ def _formatter(prog: str) -> argparse.HelpFormatter:
 def _subcommands() -> list[Subcommand]:
     """Every subcommand, in the order ``--help`` lists them: the one table of command groups."""
     from agentmend.faces.cli import (
+        ci_gates,
         commands,
         otel,
         release,
@@ -61,7 +62,7 @@ def _subcommands() -> list[Subcommand]:
         watch,
     )
 
-    groups = (commands, report, safeguards, otel, watch, release, store, store_copy)
+    groups = (commands, report, ci_gates, safeguards, otel, watch, release, store, store_copy)
     # ``store copy`` comes after ``store``, under which it sits
     return [command for group in groups for command in group.SUBCOMMANDS]
 
