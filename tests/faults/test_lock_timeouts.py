@@ -1,12 +1,12 @@
 """A process stopped while it holds a store lock never makes another wait forever.
 
 A real child (``tests/lock_holder_child.py``) takes a lock, a write transaction or its team's
-guard, and is stopped with SIGSTOP. ``agentmend status`` still answers; ``agentmend release
-publish`` ends with :class:`LockTimeout`'s one line after the configured wait, while a worker
-following the team's releases still polls them; a team's guard
-gives up the same way. Once the holder is cut off (on PostgreSQL by the server, whose
-idle-in-transaction timeout ends the stopped session; on SQLite by killing it) work proceeds
-and the holder's uncommitted write is gone. Every child is resumed, killed and reaped.
+guard, and is stopped with SIGSTOP. ``agentmend status`` and ``report`` still answer, and a
+worker following the team's releases still polls them; ``agentmend release publish`` ends
+with :class:`LockTimeout`'s one line after the configured wait; a team's guard gives up the
+same way. Once the holder is cut off (on PostgreSQL by the server, whose idle-in-transaction
+timeout ends the stopped session; on SQLite by killing it) work proceeds and the holder's
+uncommitted write is gone. Every child is resumed, killed and reaped.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from agentmend.infrastructure.store.timeouts import StoreTimeouts
 CHILD = Path(__file__).resolve().parents[1] / "lock_holder_child.py"
 LOCK_S = 1  # AGENTMEND_STORE_LOCK_TIMEOUT_S for the commands
 # AGENTMEND_STORE_IDLE_TRANSACTION_TIMEOUT_S: the server cuts the holder off after it, so it
-# leaves room for a status and a publish (a few seconds on a loaded machine) to meet it first
-IDLE_S = 8
+# leaves room for a status, a report and a publish (seconds each on a loaded machine) first
+IDLE_S = 10
 WAIT_S = 60  # the longest any step may take before the test fails (a wait that never ends)
 
 pytestmark = pytest.mark.slow
@@ -178,6 +178,10 @@ def test_a_writer_stopped_on_postgresql_is_cut_off_by_the_server(
     with _stopped_holder("transaction", workspace, env) as holder:
         status = _agentmend(env, workspace, "status")
         assert status.returncode == EXIT_OK, status.stderr  # reads never wait for the writer
+        page = tmp_path / "report.html"
+        report = _agentmend(env, workspace, "report", "--output", str(page))
+        assert report.returncode == EXIT_OK, report.stderr
+        assert page.stat().st_size > 0
         _assert_a_follower_polls(pg_url, workspace, tmp_path / "worker")
         _assert_gave_up_on_write_lock(_agentmend(env, workspace, "release", "publish"))
         assert _sessions_idle_in_transaction(pg_url) == 1, "cut off too early: raise IDLE_S"
