@@ -39,7 +39,7 @@ CHILD = Path(__file__).resolve().parents[1] / "lock_holder_child.py"
 LOCK_S = 1  # AGENTMEND_STORE_LOCK_TIMEOUT_S for the commands
 # AGENTMEND_STORE_IDLE_TRANSACTION_TIMEOUT_S: the server cuts the holder off after it, so it
 # leaves room for a status, a report and a publish (seconds each on a loaded machine) first
-IDLE_S = 10
+IDLE_S = 12
 WAIT_S = 60  # the longest any step may take before the test fails (a wait that never ends)
 
 pytestmark = pytest.mark.slow
