@@ -72,6 +72,14 @@ def test_every_postgresql_session_carries_the_bounds(pg_url: str) -> None:
         assert shown == ["1500ms", "7s", "9s"]
 
 
+def test_the_urls_own_session_options_are_kept_beside_the_bounds(pg_url: str) -> None:
+    url = pg_url + "?options=-c%20application_name%3Dfleet-7"
+    with Store(url, timeouts=StoreTimeouts(lock_s=2)) as store:
+        conn = store.connection()
+        assert conn.execute("SHOW application_name").fetchone()[0] == "fleet-7"
+        assert conn.execute("SHOW lock_timeout").fetchone()[0] == "2s"
+
+
 def test_a_team_lock_held_elsewhere_is_given_up_after_its_own_wait(pg_url: str) -> None:
     # the write lock's bound is far shorter: the team lock waits by its own
     waiting = StoreTimeouts(lock_s=0.01, team_lock_s=0.3)
