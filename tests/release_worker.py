@@ -33,7 +33,6 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from agentmend.infrastructure.changes.audit.log import AuditLog  # noqa: E402
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor  # noqa: E402
 from agentmend.infrastructure.releases.follower import ReleaseFollower  # noqa: E402
 from agentmend.infrastructure.releases.log import ReleaseLog  # noqa: E402
@@ -55,7 +54,7 @@ async def _main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     store = Store(args.store, files_dir=args.files_dir)
-    releases = ReleaseLog(store, args.team, audit=AuditLog(store))  # settling is audited
+    releases = ReleaseLog(store, args.team)  # as the README builds one: audited by default
     follower = ReleaseFollower(releases, args.root, interval_s=args.interval)
     follower.start()
     monitor = PerformanceMonitor(store, flush_interval_s=0.1)

@@ -99,7 +99,8 @@ async def test_a_harmful_canary_is_rolled_back_on_live_runs(fleet: Fleet) -> Non
     assert edits[-1] == "rollout_rolled_back"
     evidence = json.loads(fleet.audit.entries()[-1].new_value or "{}")
     assert evidence["reason"] == "worse"
-    assert evidence["wealth"]["hurts"] >= evidence["boundary"] == 20.0
+    assert evidence["canary"] == harmful  # the version, the evidence beside it
+    assert evidence["evidence"]["wealth"]["hurts"] >= evidence["evidence"]["boundary"] == 20.0
     assert fleet.audit.entries()[-1].user_id == "agentmend"
 
 
