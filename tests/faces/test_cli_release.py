@@ -116,3 +116,34 @@ def test_canary_and_the_administrators_steps(
         "release_published",
     ]
     assert AuditLog(store).verify_chain().ok
+
+
+def test_abort_settles_any_rollout_that_is_not_settled(
+    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentmend.infrastructure.definitions.team_id import team_id_for
+    from agentmend.infrastructure.releases.log import ReleaseLog
+
+    ws = ("--workspace", str(workspace))
+    _run(capsys, "release", "publish", *ws)
+    _edit(workspace, "max_tokens: 2048", "max_tokens: 4096")
+    _run(capsys, "release", "publish", *ws)
+    assert _run(capsys, "release", "canary", "2", *ws)[0] == EXIT_OK
+    # the heads moved on without settling the rollout, as a stable publication once left it
+    store = Store(workspace / "agentmend.db")
+    log = ReleaseLog(store, team_id_for(workspace / "agents"))
+    with log.write() as (conn, _):
+        log.set_heads(conn, stable=1, canary=None, share=0.0, rollout_id=None)
+    monkeypatch.setenv("AGENTMEND_PRINCIPAL_ADMIN", "true")
+    code, out, err = _run(capsys, "release", "abort", "2", *ws)
+    assert code == EXIT_OK, err
+    assert "canary 2 rolled back; stable stays 1" in out
+    entry = AuditLog(store).entries()[-1]
+    assert entry.edit_type == "rollout_rolled_back"
+    row = json.loads(str(entry.new_value))
+    assert (row["canary"], row["stable"], row["reason"]) == (2, 1, "aborted")
+    assert row["evidence"]["pairs"] == 0
+    code, _, err = _run(capsys, "release", "abort", "2", *ws)
+    assert code == EXIT_PROBLEM  # settled now: nothing left to abort
+    assert "neither the canary nor the stable" in err
+    store.close()
