@@ -1,7 +1,7 @@
 """A worker process for the fleet tests: follows a team's releases and serves live runs.
 
     python tests/release_worker.py STORE TEAM_ID ROOT STATUS_FILE [--serve] [--fault-tokens F]
-        [--interval S] [--seed N] [--files-dir DIR]
+        [--interval S] [--seed N] [--files-dir DIR] [--verify-interval S]
 
 STORE is a SQLite path or a PostgreSQL URL (then ``--files-dir`` is the host's folder for the
 store's files, the audit head among them; workers of one host share it).
@@ -55,7 +55,9 @@ async def _main(args: argparse.Namespace) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     store = Store(args.store, files_dir=args.files_dir)
     releases = ReleaseLog(store, args.team)  # as the README builds one: audited by default
-    follower = ReleaseFollower(releases, args.root, interval_s=args.interval)
+    follower = ReleaseFollower(
+        releases, args.root, interval_s=args.interval, verify_interval_s=args.verify_interval
+    )
     follower.start()
     monitor = PerformanceMonitor(store, flush_interval_s=0.1)
     runtime = SimulatedRuntime(args.seed)
@@ -87,6 +89,8 @@ async def _main(args: argparse.Namespace) -> None:
                     "runs": i,
                     "listening": follower.listening,
                     "first_served": first_served,
+                    "mismatch": status.mismatch,
+                    "mismatch_at": status.mismatch_at,
                 },
             )
             last_status = now
@@ -107,6 +111,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--files-dir", default=None)
+    parser.add_argument("--verify-interval", type=float, default=10.0)
     asyncio.run(_main(parser.parse_args()))
 
 

@@ -105,6 +105,7 @@ def _status_json(statuses: list[Any], pending: int) -> dict[str, Any]:
 def _run_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from agentmend.faces.release_serving import check_worker_folders
     from agentmend.faces.report.data import agent_statuses
     from agentmend.infrastructure.models import ChangeStatus
     from agentmend.infrastructure.telemetry.receiver_counts import read_receiver_counts
@@ -117,6 +118,7 @@ def _run_status(args: argparse.Namespace) -> int:
         )
         chain = opened.manager.verify_audit_chain(repair=False)
         receivers = read_receiver_counts(opened.store)
+        workers = check_worker_folders(opened.folder, opened.store)
     problems = [{"row_id": p.row_id, "kind": p.kind, "detail": p.detail} for p in chain.problems]
     if args.json:
         print_json(
@@ -124,12 +126,25 @@ def _run_status(args: argparse.Namespace) -> int:
                 **_status_json(statuses, pending),
                 "audit": {"ok": chain.ok, "rows_checked": chain.rows_checked, "problems": problems},
                 "telemetry_receivers": [r.as_json() for r in receivers],
+                "workers": [
+                    {"worker": w.worker, "release": w.version, "problem": w.problem}
+                    for w in workers
+                ],
             }
         )
         return EXIT_OK
     for p in problems:  # a break stays on screen until an administrator acknowledges it
         where = f"row {p['row_id']}: " if p["row_id"] is not None else ""
         console().print(f"audit chain: {where}{p['kind']}: {p['detail']}", style="red")
+    for w in workers:  # a served release not as published: its worker replaces it
+        if w.problem is not None:
+            console().print(
+                f"worker {w.worker}: release {w.version} on disk is not what was published: "
+                f"{w.problem}",
+                style="red",
+                markup=False,
+                highlight=False,
+            )
     for r in receivers:
         c = r.counts
         console().print(
