@@ -55,9 +55,8 @@ async def _main(args: argparse.Namespace) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     store = Store(args.store, files_dir=args.files_dir)
     releases = ReleaseLog(store, args.team)  # as the README builds one: audited by default
-    follower = ReleaseFollower(
-        releases, args.root, interval_s=args.interval, verify_interval_s=args.verify_interval
-    )
+    checking = {} if args.verify_interval is None else {"verify_interval_s": args.verify_interval}
+    follower = ReleaseFollower(releases, args.root, interval_s=args.interval, **checking)
     follower.start()
     monitor = PerformanceMonitor(store, flush_interval_s=0.1)
     runtime = SimulatedRuntime(args.seed)
@@ -111,7 +110,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--files-dir", default=None)
-    parser.add_argument("--verify-interval", type=float, default=10.0)
+    parser.add_argument("--verify-interval", type=float, default=None)
     asyncio.run(_main(parser.parse_args()))
 
 
