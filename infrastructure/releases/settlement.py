@@ -151,6 +151,8 @@ def settle_in(
     Returns:
         False when the rollout was settled already (by another worker): nothing written.
     """
+    # the heads first, as every writer of them does: one lock order for all
+    serving = releases.rollout_of_heads(conn) == record.rollout_id
     updated = conn.execute(
         "UPDATE rollouts SET state = ?, reason = ?, settled_at = ? "
         "WHERE rollout_id = ? AND state IN (?, ?)",
@@ -162,7 +164,7 @@ def settle_in(
         lease = releases.leases.get(record.lease_id)
         if lease is not None and lease.state == "held":
             releases.leases.release(conn, lease.lease_id, f"rollout {outcome}: {reason}")
-    if releases.rollout_of_heads(conn) == record.rollout_id:
+    if serving:
         stable = record.canary if outcome == "promoted" else record.stable
         releases.set_heads(conn, stable=stable, canary=None, share=0.0, rollout_id=None)
     if txn is not None:
