@@ -163,6 +163,7 @@ class ReleaseFollower:
         except AgentmendError as exc:
             if isinstance(exc, NotFound) and self.pin is not None:
                 raise
+            self._check_while_cut_off()
             return self._cut_off(exc)
         if self.advance_rollouts and heads.rollout_id is not None:
             try:
@@ -181,6 +182,17 @@ class ReleaseFollower:
     def _verification_due(self) -> bool:
         interval = self.verify_interval_s
         return interval is not None and time.monotonic() - self._verified_mono >= interval
+
+    def _check_while_cut_off(self) -> None:
+        """Without the store a damaged release cannot be replaced, but it is reported; the
+        first poll that reaches the store again replaces it."""
+        if not self._verification_due():
+            return
+        self._verified_mono = time.monotonic()
+        with self._lock:
+            served = [r for r in (self._stable, self._canary) if r is not None]
+        for release in served:
+            self._verify(release, full=False)
 
     def _verify(self, served: ServedRelease, *, full: bool) -> bool:
         """Check ``served`` on disk; False (reported, to be replaced) when it is not whole."""

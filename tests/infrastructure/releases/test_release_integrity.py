@@ -185,3 +185,26 @@ def test_a_worker_reports_an_edited_release_and_replaces_it_within_one_interval(
                 }
             )
         )
+
+
+def test_a_worker_cut_off_from_its_store_still_reports_an_edited_release(tmp_path: Path) -> None:
+    volume = tmp_path / "volume"
+    published = Published(tmp_path, str(volume / "agentmend.db"))  # the store on its own volume
+    try:
+        root = tmp_path / "worker"
+        follower = ReleaseFollower(published.log, root, verify_interval_s=0.0)
+        follower.poll()
+        served = ReleaseDirectories(root).linked()
+        assert served is not None
+        _edit_in_place(served.directory / AGENT)
+        volume.rename(tmp_path / "detached")  # the volume is gone under the worker
+        status = follower.poll()
+        assert status.connected is False
+        assert status.mismatch == (
+            f"release 1 on disk is not what was published: {AGENT} does not match its hash"
+        )
+        (tmp_path / "detached").rename(volume)
+        follower.poll()  # back in touch: put back from the store
+        assert published.on_disk(served.directory) == dict(published.log.get(1).files)
+    finally:
+        published.store.close()
