@@ -196,6 +196,12 @@ async def test_promote_abort_pause_need_an_admin_and_the_current_canary(fleet: F
         "release_published",
     ]
     assert {e.user_id for e in fleet.audit.entries()[-4:-1]} == {"ops"}
+    # every rollout step names the rollout and both versions; the evidence sits beside them
+    for entry in fleet.audit.entries()[-5:-1]:
+        row = json.loads(entry.new_value or "{}")
+        assert (row["rollout"], row["canary"], row["stable"]) == (record.rollout_id, v2, 1)
+    promoted_row = json.loads(fleet.audit.entries()[-2].new_value or "{}")
+    assert promoted_row["evidence"] == {"canary": [0, 0], "stable": [0, 0], "pairs": 0}
 
 
 async def test_bad_rollout_input(fleet: Fleet) -> None:
