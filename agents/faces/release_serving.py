@@ -201,7 +201,12 @@ def serve_releases(
         return None
     folder = _WorkerFolder.claim(workspace.path, face)
     try:
-        follower = ServingFollower(log, folder.path, pin=pin)  # NotFound for a missing pin
+        follower = ServingFollower(  # NotFound for a missing pin
+            log,
+            folder.path,
+            pin=pin,
+            verify_interval_s=workspace.settings.release_check_interval_s,
+        )
         follower.start()
     except BaseException:
         folder.close()
