@@ -203,8 +203,9 @@ def canary_change_in(
 
     The canary's change is what it differs in from the stable it was started on: files it adds,
     removes or rewrites. ``new`` carries it when, at such a file, it has the canary's bytes
-    (its added file, its removal, its version of the file), or any line the canary added there
-    that the stable does not have (the canary's edit merged with other edits of the file).
+    (its added file, its removal, its version of the file), any line the canary added there
+    that the stable does not have, or lacks a line only the canary removed (the canary's edit
+    merged with other edits of the file).
     """
     for path in sorted(set(stable) | set(canary)):
         before, after = stable.get(path), canary.get(path)
@@ -215,8 +216,9 @@ def canary_change_in(
         if after is None and path not in new:
             return path  # the canary removed it, and so does the new release
         if after is not None and path in new and before is not None:
-            added = _lines(after) - _lines(before)
-            if added & (_lines(new[path]) - _lines(before)):
+            old, now = _lines(before), _lines(new[path])
+            added, removed = _lines(after) - old, old - _lines(after)
+            if added & (now - old) or (removed and not removed & now):
                 return path
     return None
 
