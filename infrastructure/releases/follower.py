@@ -202,8 +202,9 @@ class ReleaseFollower:
             return True
         self._damaged.add(served.version)
         found = f"release {served.version} on disk is not what was published: {problem}"
-        log.error("release_mismatch", team=self.releases.team_id, version=served.version,
-                  problem=problem)  # fmt: skip
+        log.error(
+            "release_mismatch", team=self.releases.team_id, version=served.version, problem=problem
+        )
         with self._lock:
             self._status = replace(self._status, mismatch=found, mismatch_at=time.time())
         return False
