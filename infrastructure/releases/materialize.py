@@ -235,10 +235,15 @@ class ReleaseDirectories:
         raw = confined.read(str(self.root), f"{self.store_dir}/{name}/{MANIFEST}")
         if raw is None:
             return None
-        manifest = json.loads(raw)
-        return ServedRelease(
-            int(manifest["version"]), str(manifest["hash"]), self.root / self.store_dir / name
-        )
+        directory = self.root / self.store_dir / name
+        try:
+            manifest = json.loads(raw)
+            return ServedRelease(int(manifest["version"]), str(manifest["hash"]), directory)
+        except (ValueError, KeyError, TypeError):
+            # an edited manifest: the release its name says, with no content address, which
+            # every check finds different and the store puts back
+            version = name[1:].split("-", 1)[0]
+            return ServedRelease(int(version), "", directory) if version.isdigit() else None
 
 
 def _check_hashes(release: Release, files: dict[str, bytes]) -> None:

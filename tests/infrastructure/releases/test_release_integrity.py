@@ -208,3 +208,20 @@ def test_a_worker_cut_off_from_its_store_still_reports_an_edited_release(tmp_pat
         assert published.on_disk(served.directory) == dict(published.log.get(1).files)
     finally:
         published.store.close()
+
+
+def test_an_edited_manifest_is_reported_at_start_and_put_back(published: Published) -> None:
+    root = published.tmp / "worker"
+    ReleaseFollower(published.log, root).poll()
+    served = ReleaseDirectories(root).linked()
+    assert served is not None
+    (served.directory / materialize.MANIFEST).write_text("{not json")
+    restarted = ReleaseFollower(published.log, root)  # starts, serving what its link names
+    assert restarted.status().stable == 1
+    assert restarted.status().mismatch == (
+        "release 1 on disk is not what was published: its manifest is missing or unreadable"
+    )
+    restarted.poll()
+    again = ReleaseDirectories(root).linked()
+    assert again == served
+    assert ReleaseDirectories(root).check(again, full=True) is None
