@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     # (auto), insist (on) or serve the team folder (off); serve_release pins one release
     follow_releases: Literal["auto", "on", "off"] = "auto"
     serve_release: int | None = Field(default=None, ge=1)
+    # how often such a worker checks the releases it serves against what was published
+    release_check_interval_s: float = Field(default=10.0, gt=0)
 
     # detection
     detection_mode: Literal["statistical", "rules"] = "statistical"

@@ -30,7 +30,7 @@ AGENT_FILE = "research-agent.md"
 def main() -> None:
     url, files_dir, team, source, go, count, tag = sys.argv[1:8]
     store = Store(url, files_dir=files_dir)
-    log = ReleaseLog(store, team)
+    log = ReleaseLog(store, team, audit=False)  # unaudited: only the store serializes them
     files = read_team_files(source)
     who = Principal(f"publisher-{tag}", tag)
     print("READY", flush=True)

@@ -1,7 +1,7 @@
 """A worker process for the fleet tests: follows a team's releases and serves live runs.
 
     python tests/release_worker.py STORE TEAM_ID ROOT STATUS_FILE [--serve] [--fault-tokens F]
-        [--interval S] [--seed N] [--files-dir DIR]
+        [--interval S] [--seed N] [--files-dir DIR] [--verify-interval S]
 
 STORE is a SQLite path or a PostgreSQL URL (then ``--files-dir`` is the host's folder for the
 store's files, the audit head among them; workers of one host share it).
@@ -33,7 +33,6 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from agentmend.infrastructure.changes.audit.log import AuditLog  # noqa: E402
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor  # noqa: E402
 from agentmend.infrastructure.releases.follower import ReleaseFollower  # noqa: E402
 from agentmend.infrastructure.releases.log import ReleaseLog  # noqa: E402
@@ -55,8 +54,9 @@ async def _main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     store = Store(args.store, files_dir=args.files_dir)
-    releases = ReleaseLog(store, args.team, audit=AuditLog(store))  # settling is audited
-    follower = ReleaseFollower(releases, args.root, interval_s=args.interval)
+    releases = ReleaseLog(store, args.team)  # as the README builds one: audited by default
+    checking = {} if args.verify_interval is None else {"verify_interval_s": args.verify_interval}
+    follower = ReleaseFollower(releases, args.root, interval_s=args.interval, **checking)
     follower.start()
     monitor = PerformanceMonitor(store, flush_interval_s=0.1)
     runtime = SimulatedRuntime(args.seed)
@@ -88,6 +88,8 @@ async def _main(args: argparse.Namespace) -> None:
                     "runs": i,
                     "listening": follower.listening,
                     "first_served": first_served,
+                    "mismatch": status.mismatch,
+                    "mismatch_at": status.mismatch_at,
                 },
             )
             last_status = now
@@ -108,6 +110,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--files-dir", default=None)
+    parser.add_argument("--verify-interval", type=float, default=None)
     asyncio.run(_main(parser.parse_args()))
 
 

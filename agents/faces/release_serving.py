@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentmend.infrastructure.definitions.team_id import TEAM_ID_FILE, team_id_for
-from agentmend.infrastructure.errors import ConfigurationError
+from agentmend.infrastructure.errors import ConfigurationError, NotFound
 from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.releases.follower import (
     FollowerStatus,
@@ -44,6 +44,7 @@ from agentmend.infrastructure.releases.routing import new_run_key
 
 if TYPE_CHECKING:
     from agentmend.faces.workspace import Workspace
+    from agentmend.infrastructure.store.api import Store
     from agentmend.loop.release_publishing import ReleasePublisher
 
 __all__ = [
@@ -52,6 +53,8 @@ __all__ = [
     "NoReleases",
     "ServedReleases",
     "ServingFollower",
+    "WorkerCheck",
+    "check_worker_folders",
     "release_status_data",
     "release_status_line",
     "serve_releases",
@@ -198,12 +201,63 @@ def serve_releases(
         return None
     folder = _WorkerFolder.claim(workspace.path, face)
     try:
-        follower = ServingFollower(log, folder.path, pin=pin)  # NotFound for a missing pin
+        follower = ServingFollower(  # NotFound for a missing pin
+            log,
+            folder.path,
+            pin=pin,
+            verify_interval_s=workspace.settings.release_check_interval_s,
+        )
         follower.start()
     except BaseException:
         folder.close()
         raise
     return ServedReleases(follower, log, folder)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCheck:
+    """One worker folder's served release, checked against the store."""
+
+    worker: str
+    version: int | None
+    problem: str | None  # None: the release on disk is what was published
+
+
+def check_worker_folders(
+    workspace: Path, store: Store, *, team_dir: Path | None = None
+) -> list[WorkerCheck]:
+    """Every worker folder of the workspace (``workers/<face>``): is the release its team link
+    serves what the store published? Reads only; the worker replaces a damaged release itself.
+
+    Args:
+        workspace: the workspace folder. store: its store.
+        team_dir: the team's folder (default ``<workspace>/agents``).
+    """
+    from agentmend.infrastructure.releases.materialize import ReleaseDirectories
+
+    base = workspace / WORKERS_DIR
+    team_id = existing_team_id(team_dir or workspace / "agents")
+    if team_id is None or not base.is_dir():
+        return []
+    log = ReleaseLog(store, team_id, audit=False)  # reads only
+    found: list[WorkerCheck] = []
+    for folder in sorted(p for p in base.iterdir() if p.is_dir() and not p.is_symlink()):
+        if not (folder / "agents").is_symlink():
+            continue
+        served = ReleaseDirectories(folder).linked()
+        if served is None:
+            found.append(WorkerCheck(folder.name, None, "its team link names no whole release"))
+            continue
+        problem = ReleaseDirectories(folder).check(served, full=True)
+        if problem is None:
+            try:
+                published = log.get(served.version).content_hash
+            except NotFound:
+                published = None
+            if published != served.content_hash:
+                problem = f"its content address is not release {served.version}'s in the store"
+        found.append(WorkerCheck(folder.name, served.version, problem))
+    return found
 
 
 def release_status_line(status: FollowerStatus, *, now: float | None = None) -> str:
@@ -227,6 +281,9 @@ def release_status_line(status: FollowerStatus, *, now: float | None = None) -> 
     if status.last_contact is not None:
         ago = max(0.0, (now if now is not None else time.time()) - status.last_contact)
         served += f"; store reached {ago:.1f} s ago"
+    if status.mismatch is not None and status.mismatch_at is not None:
+        at = time.strftime("%H:%M:%S", time.localtime(status.mismatch_at))
+        served += f"; at {at} {status.mismatch} (materialized again from the store)"
     return served
 
 
@@ -242,5 +299,7 @@ def release_status_data(status: FollowerStatus) -> dict[str, Any]:
         "connected": status.connected,
         "problem": status.problem,
         "cutOffSince": status.cut_off_since,
+        "mismatch": status.mismatch,
+        "mismatchAt": status.mismatch_at,
         "text": release_status_line(status),
     }

@@ -596,6 +596,7 @@ class MetaOrchestrator:
         record = self.manager.get_change(change_id)
         if record is None:
             raise ChangeNotFound(change_id)
+        self._withdraw_running_canary(change_id)
         # what a cascade would undo (a rollback without cascade undoes just the group, or is
         # refused when this holds more), oldest first as the history reads
         closure = self.manager.rollback_closure(change_id)[::-1]
@@ -639,6 +640,25 @@ class MetaOrchestrator:
             },
         )
         return self.manager.get_change(change_id)
+
+    def _withdraw_running_canary(self, change_id: str) -> None:
+        """Take the running canary's changes out of the team folder before a rollback on
+        request, newest first, each as a rollback on request of its own.
+
+        The rollback publishes the team folder as the stable release; a folder that still
+        carried a change only the running canary carries would ship it unjudged, and the
+        release log refuses that. Once the canary's changes are out, that publication rolls
+        the rollout back first (reason ``superseded``, audited).
+        """
+        if self.publisher is None:
+            return
+        for carried in reversed(self.publisher.running_change_ids()):
+            now = self.manager.get_change(carried)
+            if carried == change_id or now is None:
+                continue
+            if now.status in (ChangeStatus.APPLIED, ChangeStatus.KEPT):
+                reason = f"its canary gives way to the rollback of {change_id}"
+                self.rollback(carried, reason=reason)
 
     def follow_rollouts(self) -> list[str]:
         """Roll back, in the team folder, the kept changes whose canary release was rolled back.

@@ -16,7 +16,7 @@ from pathlib import Path
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.releases.errors import RolloutConflict
 from agentmend.infrastructure.releases.log import Release, ReleaseLog
-from agentmend.infrastructure.releases.rollout import Rollouts
+from agentmend.infrastructure.releases.rollout import ACTIVE, Rollouts
 from agentmend.infrastructure.releases.rollout_evidence import RolloutLimits
 from agentmend.infrastructure.releases.routing import DEFAULT_SHARE, check_share
 from agentmend.infrastructure.structured_logger import get_logger
@@ -39,24 +39,37 @@ class ReleasePublisher:
 
     def kept(
         self, directory: str | Path, change_ids: Sequence[str], *, by: Principal, reason: str
-    ) -> Release:
+    ) -> Release | None:
         """Publish ``directory`` carrying ``change_ids`` and start its canary.
 
-        The team's first release is stable at once. When another canary is still being judged
-        the release is published but not started (the log says so); start it by hand later.
+        The team's first release is stable at once. While another canary is being judged
+        nothing is published (None; the log names the running canary): a release published
+        beside it would carry that canary's unjudged change. The kept change stays in the
+        team folder and rides with the next publication.
         """
-        release = self.releases.publish_directory(
-            directory, by=by, change_ids=change_ids, reason=reason
-        )
+        try:
+            release = self.releases.publish_directory(
+                directory, by=by, change_ids=change_ids, reason=reason, refuse_during_rollout=True
+            )
+        except RolloutConflict as exc:
+            log.warning("release_not_published", changes=list(change_ids), reason=str(exc))
+            return None
         if release.parent is None:
             return release
         try:
             Rollouts(self.releases).start(
                 release.version, by=by, share=self.share, claimed_fix=True, limits=self.limits
             )
-        except RolloutConflict as exc:
+        except RolloutConflict as exc:  # a canary started by another host in between
             log.warning("release_not_canaried", version=release.version, reason=exc.problem)
         return release
+
+    def running_change_ids(self) -> list[str]:
+        """The changes only the running canary carries (empty: no rollout is running)."""
+        record = Rollouts(self.releases).active()
+        if record is None or record.state not in ACTIVE:
+            return []
+        return list(self.releases.get(record.canary).change_ids)
 
     def undone_change_ids(self) -> list[str]:
         """The changes carried by canaries that were rolled back (newest rollouts first).
@@ -73,7 +86,16 @@ class ReleasePublisher:
     def rolled_back(
         self, directory: str | Path, change_ids: Sequence[str], *, by: Principal, reason: str
     ) -> Release:
-        """Publish ``directory`` after a rollback, straight to stable for the whole fleet."""
+        """Publish ``directory`` after a rollback, straight to stable for the whole fleet.
+
+        A running canary is rolled back first (``superseded``) when the folder no longer
+        carries its change; when it still does, the publication is refused naming it
+        (:meth:`ReleaseLog.publish`): the caller takes the canary's changes out first
+        (:meth:`MetaOrchestrator.rollback` does).
+
+        Raises:
+            RolloutConflict: the folder carries the running canary's change.
+        """
         return self.releases.publish_directory(
             directory, by=by, change_ids=change_ids, reason=reason, stable=True
         )

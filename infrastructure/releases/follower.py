@@ -13,6 +13,11 @@ A worker that cannot reach the store keeps serving the last release it had, and 
 :meth:`status` says so (``connected`` False, the error, since when). A worker restarted after
 being killed, even mid-materialization, starts on the release its link points at (always a
 whole one) before it has reached the store.
+
+What it serves is what was published: the releases it serves are checked against their content
+address at start, at each switch (every file hashed) and every ``verify_interval_s`` (cheaply,
+see :meth:`ReleaseDirectories.check`); a release found different is reported in
+:meth:`status` (``mismatch``, when) and materialized again from the store.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ __all__ = ["FollowerStatus", "ReleaseChoice", "ReleaseFollower"]
 log = get_logger(__name__)
 
 DEFAULT_INTERVAL_S = 0.2
+DEFAULT_VERIFY_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,9 @@ class FollowerStatus:
     last_contact: float | None = None
     pinned: int | None = None
     serving_since: float | None = None  # wall-clock time it began serving these releases
+    mismatch: str | None = None  # the last served release found not as published, and how
+    mismatch_at: float | None = None  # when it was found (then materialized again)
+    verified_at: float | None = None  # the last check that found what it serves whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +91,8 @@ class ReleaseFollower:
             notification can delay a worker).
         pin: serve this release only (no canary, no rollout steps).
         advance_rollouts: carry the team's rollout on at every poll.
+        verify_interval_s: how often the served releases are checked against their content
+            address between switches (None: only at start and at each switch).
 
     Raises:
         NotFound: ``pin`` names a release the team does not have.
@@ -96,6 +107,7 @@ class ReleaseFollower:
         interval_s: float = DEFAULT_INTERVAL_S,
         pin: int | None = None,
         advance_rollouts: bool = True,
+        verify_interval_s: float | None = DEFAULT_VERIFY_INTERVAL_S,
     ) -> None:
         self.releases = releases
         self.rollouts = Rollouts(releases)
@@ -103,6 +115,9 @@ class ReleaseFollower:
         self.interval_s = interval_s
         self.pin = pin
         self.advance_rollouts = advance_rollouts and pin is None
+        self.verify_interval_s = verify_interval_s
+        self._verified_mono = time.monotonic()
+        self._damaged: set[int] = set()  # versions found damaged, not yet replaced
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -116,6 +131,7 @@ class ReleaseFollower:
         if linked is not None:
             self._stable = linked
             self._status = replace(self._status, stable=linked.version)
+            self._verify(linked, full=True)  # replaced at the first poll that reaches the store
         if pin is not None:
             self.releases.get(pin)  # raises NotFound before the worker serves anything
 
@@ -137,11 +153,17 @@ class ReleaseFollower:
             heads = self.releases.heads()
             if self.pin is not None:
                 heads = ReleaseHeads(heads.team_id, self.pin, None, 0.0, None, 0)
-            if heads.generation != self._generation or self._stable is None:
+            if (
+                heads.generation != self._generation
+                or self._stable is None
+                or self._damaged
+                or self._verification_due()
+            ):
                 self._follow(heads)
         except AgentmendError as exc:
             if isinstance(exc, NotFound) and self.pin is not None:
                 raise
+            self._check_while_cut_off()
             return self._cut_off(exc)
         if self.advance_rollouts and heads.rollout_id is not None:
             try:
@@ -157,16 +179,54 @@ class ReleaseFollower:
             )
             return self._status
 
+    def _verification_due(self) -> bool:
+        interval = self.verify_interval_s
+        return interval is not None and time.monotonic() - self._verified_mono >= interval
+
+    def _check_while_cut_off(self) -> None:
+        """Without the store a damaged release cannot be replaced, but it is reported; the
+        first poll that reaches the store again replaces it."""
+        if not self._verification_due():
+            return
+        self._verified_mono = time.monotonic()
+        with self._lock:
+            served = [r for r in (self._stable, self._canary) if r is not None]
+        for release in served:
+            self._verify(release, full=False)
+
+    def _verify(self, served: ServedRelease, *, full: bool) -> bool:
+        """Check ``served`` on disk; False (reported, to be replaced) when it is not whole."""
+        problem = self.directories.check(served, full=full)
+        if problem is None:
+            self._damaged.discard(served.version)
+            return True
+        self._damaged.add(served.version)
+        found = f"release {served.version} on disk is not what was published: {problem}"
+        log.error(
+            "release_mismatch", team=self.releases.team_id, version=served.version, problem=problem
+        )
+        with self._lock:
+            self._status = replace(self._status, mismatch=found, mismatch_at=time.time())
+        return False
+
+    def _served(self, version: int, *, switch: bool) -> ServedRelease:
+        """Release ``version`` materialized and checked (every file at a switch), replaced
+        from the store when it is not what was published."""
+        served = self.directories.materialize(self.releases, version)
+        if not self._verify(served, full=switch):
+            served = self.directories.replace(self.releases, version)
+            if self._verify(served, full=True):
+                log.warning("release_replaced", team=self.releases.team_id, version=version)
+        return served
+
     def _follow(self, heads: ReleaseHeads) -> None:
         if heads.stable is None:
             self._generation = heads.generation
             return
-        stable = self.directories.materialize(self.releases, heads.stable)
-        canary = (
-            self.directories.materialize(self.releases, heads.canary)
-            if heads.canary is not None
-            else None
-        )
+        switch = heads.generation != self._generation
+        stable = self._served(heads.stable, switch=switch)
+        canary = self._served(heads.canary, switch=switch) if heads.canary is not None else None
+        self._verified_mono = time.monotonic()
         linked = self.directories.linked()
         if linked is None or linked.directory != stable.directory:
             self.directories.switch(stable)
@@ -180,8 +240,11 @@ class ReleaseFollower:
                 canary=canary.version if canary else None,
                 share=heads.share if canary else 0.0,
                 rollout_id=heads.rollout_id if canary else None,
-                serving_since=time.time(),
+                serving_since=time.time() if switch else self._status.serving_since,
+                verified_at=time.time() if not self._damaged else self._status.verified_at,
             )
+        if not switch:
+            return
         self.directories.prune(keep)
         log.info("release_followed", team=heads.team_id, stable=stable.version, canary=heads.canary)
 

@@ -26,7 +26,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentmend.infrastructure.changes.audit.log import AuditLog, AuditTransaction
+from agentmend.infrastructure.changes.audit.log import (
+    AuditLog,
+    AuditTransaction,
+    audit_key_from_env,
+)
+from agentmend.infrastructure.changes.protocol.leases import Leases
 from agentmend.infrastructure.errors import NotFound, StoreError
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.releases.content import (
@@ -36,6 +41,13 @@ from agentmend.infrastructure.releases.content import (
     read_team_files,
 )
 from agentmend.infrastructure.releases.errors import RolloutConflict
+from agentmend.infrastructure.releases.settlement import (
+    ACTIVE,
+    RELEASE_AGENT,
+    canary_change_in,
+    read_record,
+    settle_in,
+)
 from agentmend.infrastructure.releases.signals import announce
 from agentmend.infrastructure.releases.tables import ensure_tables
 from agentmend.infrastructure.store.api import Store
@@ -45,9 +57,6 @@ from agentmend.infrastructure.structured_logger import get_logger
 __all__ = ["RELEASE_AGENT", "Release", "ReleaseDiff", "ReleaseHeads", "ReleaseLog"]
 
 log = get_logger(__name__)
-
-RELEASE_AGENT = "(release)"
-"""The ``agent_name`` of audit rows about releases and rollouts (they span the team)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +109,21 @@ class ReleaseLog:
     Args:
         store: the store the fleet shares.
         team_id: the team's id (the same on every host).
-        audit: where publication is audited (None: not audited, for tests of the tables).
+        audit: where publications and rollout steps are audited: True (the default) the
+            store's own audit log, keyed by ``AGENTMEND_AUDIT_HMAC_KEY`` when it is set; an
+            ``AuditLog`` that one; False none (only for tests of the tables' own locking, which
+            the audit's lock would serialize).
     """
 
-    def __init__(self, store: Store, team_id: str, *, audit: AuditLog | None = None) -> None:
+    def __init__(self, store: Store, team_id: str, *, audit: AuditLog | bool = True) -> None:
         ensure_tables(store)
         self.store = store
         self.team_id = team_id
-        self.audit = audit
+        if audit is True:
+            # a worker settling a rollout is audited like the CLI is, however it was built
+            audit = AuditLog(store, hmac_key=audit_key_from_env())
+        self.audit: AuditLog | None = audit if isinstance(audit, AuditLog) else None
+        self.leases = Leases(store)  # settling a rollout releases its changes
         # on SQLite the database file itself tells a detached volume (see :meth:`heads`)
         self._identity = _file_identity(store.path) if store.backend == "sqlite" else None
 
@@ -137,10 +153,16 @@ class ReleaseLog:
         change_ids: Sequence[str] = (),
         reason: str = "published",
         stable: bool = False,
+        refuse_during_rollout: bool = False,
     ) -> Release:
         """Publish the files of a team directory; see :meth:`publish`."""
         return self.publish(
-            read_team_files(directory), by=by, change_ids=change_ids, reason=reason, stable=stable
+            read_team_files(directory),
+            by=by,
+            change_ids=change_ids,
+            reason=reason,
+            stable=stable,
+            refuse_during_rollout=refuse_during_rollout,
         )
 
     def publish(
@@ -151,15 +173,49 @@ class ReleaseLog:
         change_ids: Sequence[str] = (),
         reason: str = "published",
         stable: bool = False,
+        refuse_during_rollout: bool = False,
     ) -> Release:
         """Publish ``files`` as the team's next version, its parent the current stable one.
 
         The team's first release becomes stable at once; later ones are served only when a
         rollout starts them as a canary, or at once with ``stable=True`` (a rollback).
 
+        A stable publication meets a running rollout (a canary serving, or paused) this way:
+        when ``files`` carry none of the canary's change (:func:`canary_change_in`), the rollout
+        is rolled back first, in the same transaction (reason ``superseded``, its changes
+        released to recovery, an audit row naming the new release); when they do, the
+        publication is refused, naming the canary: a stable release never ships a change only
+        a running canary carries. A release that is not stable is served by nobody and meets no
+        rollout, unless ``refuse_during_rollout`` (a release about to be a canary) says so.
+
         Raises:
             ReleaseRefused: a file fails to parse (named); nothing is written.
+            RolloutConflict: a running rollout refuses the publication (see above); nothing
+                is written.
         """
+        return self._publish(
+            files,
+            by=by,
+            change_ids=change_ids,
+            reason=reason,
+            stable=stable,
+            refuse_during_rollout=refuse_during_rollout,
+            judged=False,
+        )
+
+    def _publish(
+        self,
+        files: Mapping[str, bytes],
+        *,
+        by: Principal,
+        change_ids: Sequence[str],
+        reason: str,
+        stable: bool,
+        refuse_during_rollout: bool,
+        judged: bool,
+    ) -> Release:
+        """:meth:`publish`; ``judged``: ``files`` are an earlier release's, which the fleet
+        served before any running canary existed (a fleet-wide rollback)."""
         check_release(files)
         hashes = file_hashes(files)
         address = content_hash(hashes)
@@ -171,6 +227,47 @@ class ReleaseLog:
             ).fetchone()
             version = int(row[0] or 0) + 1
             parent = heads.stable
+            running = (
+                read_record(conn, self.team_id, heads.rollout_id)
+                if heads.rollout_id is not None
+                else None
+            )
+            if running is not None and running.state in ACTIVE:
+                if refuse_during_rollout:
+                    raise RolloutConflict(
+                        running.canary,
+                        f"it is the canary now ({running.rollout_id}): a release to be "
+                        "canaried is published once it is settled",
+                    )
+                if stable and parent is not None:
+                    carried = (
+                        None
+                        if judged
+                        else canary_change_in(
+                            self._files_in(conn, running.stable),
+                            self._files_in(conn, running.canary),
+                            files,
+                        )
+                    )
+                    if carried is not None:
+                        raise RolloutConflict(
+                            running.canary,
+                            f"it is the canary now ({running.rollout_id}) and this stable "
+                            f"release would carry its unjudged change to {carried}: promote "
+                            "or abort it first",
+                        )
+                    settle_in(
+                        self,
+                        conn,
+                        txn,
+                        running,
+                        "rolled_back",
+                        "superseded",
+                        running.evidence.summary(),
+                        by=by,
+                        superseded_by=version,
+                    )
+                    heads = self.heads_in(conn)
             for path, data in files.items():
                 conn.execute(
                     "INSERT INTO release_blobs (sha256, data) VALUES (?, ?) "
@@ -224,18 +321,23 @@ class ReleaseLog:
     def publish_rollback(self, version: int, *, by: Principal, reason: str = "") -> Release:
         """Roll the fleet back from ``version``: its parent's content, published as new & stable.
 
+        A running rollout is rolled back first (reason ``superseded``), in the same
+        transaction: its canary was built on what is being rolled back.
+
         Raises:
             NotFound: no such release. RolloutConflict: it has no parent to go back to.
         """
         release = self.get(version)
         if release.parent is None:
             raise RolloutConflict(version, "the first release has no parent to roll back to")
-        return self.publish(
+        return self._publish(
             self.files(release.parent),
             by=by,
             change_ids=release.change_ids,
             reason=reason or f"rollback of {version} to the content of {release.parent}",
             stable=True,
+            refuse_during_rollout=False,
+            judged=True,
         )
 
     # -- reading -----------------------------------------------------------------------------
@@ -290,6 +392,15 @@ class ReleaseLog:
             )
             .fetchall()
         )
+        return {str(path): bytes(data) for path, data in rows}
+
+    def _files_in(self, conn: StoreConnection, version: int) -> dict[str, bytes]:
+        rows = conn.execute(
+            "SELECT f.path, b.data FROM release_files f "
+            "JOIN release_blobs b ON b.sha256 = f.sha256 "
+            "WHERE f.team_id = ? AND f.version = ?",
+            (self.team_id, version),
+        ).fetchall()
         return {str(path): bytes(data) for path, data in rows}
 
     def diff(self, old: int, new: int) -> ReleaseDiff:
@@ -360,6 +471,10 @@ class ReleaseLog:
         ).fetchone()
         stable, canary, share, rollout_id, generation = row
         return ReleaseHeads(self.team_id, stable, canary, float(share), rollout_id, generation)
+
+    def rollout_of_heads(self, conn: StoreConnection) -> str | None:
+        """The rollout the heads name, locked (inside a write transaction)."""
+        return self.lock_heads(conn).rollout_id
 
     def set_heads(
         self,

@@ -7,24 +7,31 @@ Layout under a worker's own folder (``root``), for the team link ``agents``::
     .releases/v8-9f8e7d6c5b4a/                 the canary, when there is one
     .releases/.staging-v9-...-<token>/         a release being written (never read)
 
-A release is written into a staging directory through the confined layer (files the linked
-release already holds with the same bytes are hard-linked, not written), its manifest last,
+A release is written into a staging directory through the confined layer, its manifest last,
 then the directory is renamed to its final name, and only then is the link switched
 (``rename(2)`` of a new link over the old one). So a reader (a running agent, Claude Code
 reading ``.claude/agents/``) sees one whole release or the next, never a mix; a worker killed at
 any instant leaves the link on a whole release and at most a staging directory, which the next
 start removes. A final directory is complete by construction (the rename comes last), so it is
 reused, never rewritten.
+
+What was published is what is served: every release has files of its own (no file is shared
+between two releases, so an edit of one never reaches another), its bytes are checked against
+the release's content address before they are written, and :meth:`ReleaseDirectories.check`
+compares a served directory with its manifest (cheaply: the size, times and inode of each file
+and folder, hashing only when one of them changed). A directory found different is replaced
+from the store (:meth:`ReleaseDirectories.replace`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.errors import AgentmendError, StoreError
 from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.files.atomic import sha256_bytes
 from agentmend.infrastructure.files.links import (
@@ -34,6 +41,7 @@ from agentmend.infrastructure.files.links import (
     swap_link,
     write_new_tree,
 )
+from agentmend.infrastructure.releases.content import content_hash, file_hashes, read_team_files
 from agentmend.infrastructure.releases.log import Release, ReleaseLog
 from agentmend.infrastructure.structured_logger import get_logger
 
@@ -45,6 +53,8 @@ MANIFEST = ".release.json"
 """The file naming a materialized release (team, version, content hash), written last."""
 
 _STAGING = ".staging-"
+
+_Stamp = tuple[tuple[str, tuple[int, ...] | None], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +81,8 @@ class ReleaseDirectories:
         self.link = link
         self.store_dir = "/".join((*parts[:-1], ".releases"))
         confined.make_dirs(str(self.root), self.store_dir)
+        # what each served directory looked like when its bytes last matched its manifest
+        self._stamps: dict[Path, _Stamp] = {}
 
     @property
     def team_dir(self) -> Path:
@@ -101,44 +113,108 @@ class ReleaseDirectories:
 
         Raises:
             NotFound: the team has no such release. StoreError: its bytes do not match its
-                hashes (a damaged store). FileOperationError: the disk refused.
+                hashes or its content address (a damaged store). FileOperationError: the disk
+                refused.
         """
         release = releases.get(version)
         name = f"v{release.version}-{release.content_hash[:12]}"
         existing = self._served(name)
-        if existing is not None:
+        if existing is not None and existing.content_hash == release.content_hash:
             return existing
-        files = releases.files(version)
-        _check_hashes(release, files)
-        staging = f"{self.store_dir}/{_STAGING}{name}-{secrets.token_hex(4)}"
-        root = str(self.root)
-        hashes = dict(release.files)
-        manifest = {
-            "team": release.team_id,
-            "version": version,
-            "hash": release.content_hash,
-            "files": hashes,
-        }
-        write_new_tree(root, staging, files, same_as=self._unchanged(hashes))
-        confined.write(root, f"{staging}/{MANIFEST}", json.dumps(manifest))
-        rename_directory(root, staging, f"{self.store_dir}/{name}")
-        log.info("release_materialized", version=version, directory=name, files=len(files))
+        if existing is not None:  # a manifest naming other content: not this release
+            return self.replace(releases, version)
+        self._write(release, releases.files(version), name)
         served = self._served(name)
         assert served is not None
         return served
 
-    def _unchanged(self, hashes: dict[str, str]) -> dict[str, str]:
-        """Files of the linked release with the same bytes (hard-linked rather than written).
+    def replace(self, releases: ReleaseLog, version: int) -> ServedRelease:
+        """Put release ``version`` back as published, from the store, over a copy found
+        different: each file that differs is replaced in one ``rename(2)`` (a reader sees the
+        edited bytes or the published ones, never none), a file added is removed, the
+        manifest written again. A copy that cannot be repaired so (a symlink put inside) is
+        removed and materialized anew.
 
-        Releases are immutable, so sharing an inode between two of them is safe.
+        Raises:
+            as :meth:`materialize`.
         """
-        linked = self.linked()
-        if linked is None:
-            return {}
-        raw = confined.read(str(self.root), f"{self.store_dir}/{linked.directory.name}/{MANIFEST}")
-        old = json.loads(raw or b"{}").get("files", {})
-        where = f"{self.store_dir}/{linked.directory.name}"
-        return {path: f"{where}/{path}" for path, sha in hashes.items() if old.get(path) == sha}
+        release = releases.get(version)
+        name = f"v{release.version}-{release.content_hash[:12]}"
+        files = releases.files(version)
+        _check_hashes(release, files)
+        where = f"{self.store_dir}/{name}"
+        root = str(self.root)
+        self._stamps.pop(self.root / where, None)
+        if confined.is_directory(root, where):
+            try:
+                self._repair(release, files, where)
+            except AgentmendError as exc:
+                log.warning("release_not_repaired", version=version, error=str(exc))
+                remove_tree(root, where)
+                self._write(release, files, name)
+        else:
+            self._write(release, files, name)
+        log.warning("release_rematerialized", version=version, directory=name)
+        served = self._served(name)
+        assert served is not None
+        return served
+
+    def _repair(self, release: Release, files: dict[str, bytes], where: str) -> None:
+        root = str(self.root)
+        try:
+            found = file_hashes(read_team_files(self.root / where))
+        except AgentmendError:
+            found = {}  # unreadable as a team (a symlink inside): every file written again
+        expected = dict(release.files)
+        for path, data in files.items():
+            if found.get(path) != expected[path]:
+                confined.write(root, f"{where}/{path}", data)
+        for path in sorted(set(found) - set(files)):
+            confined.delete(root, f"{where}/{path}")
+        confined.write(root, f"{where}/{MANIFEST}", json.dumps(_manifest(release)))
+
+    def _write(self, release: Release, files: dict[str, bytes], name: str) -> None:
+        """Write ``release`` into a new staging directory, then rename it to ``name``."""
+        _check_hashes(release, files)
+        staging = f"{self.store_dir}/{_STAGING}{name}-{secrets.token_hex(4)}"
+        root = str(self.root)
+        # every file written anew: a file shared with another release would carry an edit of
+        # one into the other
+        write_new_tree(root, staging, files)
+        confined.write(root, f"{staging}/{MANIFEST}", json.dumps(_manifest(release)))
+        rename_directory(root, staging, f"{self.store_dir}/{name}")
+        log.info("release_materialized", version=release.version, directory=name, files=len(files))
+
+    def check(self, served: ServedRelease, *, full: bool = False) -> str | None:
+        """What differs between ``served``'s directory and what was published (None: nothing).
+
+        Compares the directory with its manifest, and the manifest with the content address in
+        the directory's name. Cheap when nothing changed since the last check that found it
+        whole (the size, times and inode of each file and folder); ``full``, or any of those
+        changed, reads and hashes every file (a file added, removed or edited is found).
+        """
+        directory = served.directory
+        raw = confined.read(str(self.root), f"{self.store_dir}/{directory.name}/{MANIFEST}")
+        try:
+            listed = json.loads(raw or b"{}")["files"]
+            expected = {str(k): str(v) for k, v in listed.items()}
+        except (ValueError, KeyError, AttributeError, TypeError):
+            return "its manifest is missing or unreadable"
+        address = content_hash(expected)
+        if address != served.content_hash or not directory.name.endswith(address[:12]):
+            return "its manifest does not match its content address"
+        stamp = _stamp(directory, expected)
+        if not full and self._stamps.get(directory) == stamp:
+            return None
+        self._stamps.pop(directory, None)
+        try:
+            found = file_hashes(read_team_files(directory))
+        except AgentmendError as exc:
+            return f"unreadable: {exc}"
+        problem = _difference(expected, found)
+        if problem is None:
+            self._stamps[directory] = stamp
+        return problem
 
     def switch(self, served: ServedRelease) -> None:
         """Point the team link at ``served`` in one ``rename(2)``."""
@@ -159,10 +235,15 @@ class ReleaseDirectories:
         raw = confined.read(str(self.root), f"{self.store_dir}/{name}/{MANIFEST}")
         if raw is None:
             return None
-        manifest = json.loads(raw)
-        return ServedRelease(
-            int(manifest["version"]), str(manifest["hash"]), self.root / self.store_dir / name
-        )
+        directory = self.root / self.store_dir / name
+        try:
+            manifest = json.loads(raw)
+            return ServedRelease(int(manifest["version"]), str(manifest["hash"]), directory)
+        except (ValueError, KeyError, TypeError):
+            # an edited manifest: the release its name says, with no content address, which
+            # every check finds different and the store puts back
+            version = name[1:].split("-", 1)[0]
+            return ServedRelease(int(version), "", directory) if version.isdigit() else None
 
 
 def _check_hashes(release: Release, files: dict[str, bytes]) -> None:
@@ -171,3 +252,46 @@ def _check_hashes(release: Release, files: dict[str, bytes]) -> None:
         sha256_bytes(data) != expected[path] for path, data in files.items()
     ):
         raise StoreError(f"release {release.version}: its files do not match their hashes")
+    # a file row pointed at another blob matches that blob's hash, not the release's address
+    if content_hash(file_hashes(files)) != release.content_hash:
+        raise StoreError(
+            f"release {release.version}: its files do not match its content address "
+            f"{release.content_hash[:12]}"
+        )
+
+
+def _manifest(release: Release) -> dict[str, object]:
+    return {
+        "team": release.team_id,
+        "version": release.version,
+        "hash": release.content_hash,
+        "files": dict(release.files),
+    }
+
+
+def _difference(expected: dict[str, str], found: dict[str, str]) -> str | None:
+    """The first way ``found`` differs from ``expected`` (path -> sha256), or None."""
+    for path in sorted(set(expected) | set(found)):
+        if path not in found:
+            return f"{path} is missing"
+        if path not in expected:
+            return f"{path} was added"
+        if found[path] != expected[path]:
+            return f"{path} does not match its hash"
+    return None
+
+
+def _stamp(directory: Path, files: dict[str, str]) -> _Stamp:
+    """Mode, size, times and inode of each folder and file of a release (None: absent)."""
+    folders = {"."} | {str(parent) for path in files for parent in PurePosixPath(path).parents}
+    found: list[tuple[str, tuple[int, ...] | None]] = []
+    for rel in [*sorted(folders), *sorted(files)]:
+        try:
+            info = os.lstat(directory / rel)
+        except OSError:
+            found.append((rel, None))
+            continue
+        found.append(
+            (rel, (info.st_mode, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino))
+        )
+    return tuple(found)

@@ -23,52 +23,31 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
 
-from agentmend.infrastructure.changes.protocol.leases import Leases
 from agentmend.infrastructure.changes.protocol.owners import LeaseTerms, RecordOwner
 from agentmend.infrastructure.errors import NotFound, PermissionRequired
 from agentmend.infrastructure.monitoring.agent_window import RUN
 from agentmend.infrastructure.monitoring.run_reader import RunRow, last_run_id, runs_after
 from agentmend.infrastructure.principal import ADMIN, Principal
 from agentmend.infrastructure.releases.errors import RolloutConflict
-from agentmend.infrastructure.releases.log import RELEASE_AGENT, Release, ReleaseLog
+from agentmend.infrastructure.releases.log import Release, ReleaseLog
 from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
 from agentmend.infrastructure.releases.routing import DEFAULT_SHARE, check_share
+from agentmend.infrastructure.releases.settlement import (
+    ACTIVE,
+    RELEASE_AGENT,
+    RolloutRecord,
+    settle_in,
+)
+from agentmend.infrastructure.releases.settlement import ROLLOUT_COLUMNS as _COLUMNS
+from agentmend.infrastructure.releases.settlement import record_of as _record
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["ACTIVE", "RolloutRecord", "Rollouts"]
 
 log = get_logger(__name__)
 
-ACTIVE = ("canary", "paused")
-"""States of a rollout that is not settled."""
-
-_COLUMNS = (
-    "rollout_id, team_id, canary, stable, share, claimed_fix, state, reason, limits, evidence, "
-    "cursor, started_at, settled_at, lease_id"
-)
 _READ_BATCH = 5000  # executions read per step: bounded work per poll
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutRecord:
-    """A rollout as stored: the record that owns it."""
-
-    rollout_id: str
-    team_id: str
-    canary: int
-    stable: int
-    share: float
-    claimed_fix: bool
-    state: str
-    reason: str | None
-    limits: RolloutLimits
-    evidence: Evidence
-    cursor: int
-    started_at: float
-    settled_at: float | None
-    lease_id: str | None  # its lease in the ownership records (owner: this record)
 
 
 class Rollouts:
@@ -76,7 +55,7 @@ class Rollouts:
 
     def __init__(self, releases: ReleaseLog) -> None:
         self.releases = releases
-        self.leases = Leases(releases.store)
+        self.leases = releases.leases
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -103,6 +82,27 @@ class Rollouts:
         # The changes the canary carries are owned by this record from now on: recovery at any
         # open leaves them to the rollout, which promotes or rolls them back.
         lease = self.leases.acquire(RecordOwner("rollout", rollout_id), LeaseTerms())
+        try:
+            self._start(release, rollout_id, lease.lease_id, share, claimed_fix, limits, by)
+        except BaseException:
+            # a refused start leaves no lease behind that owns nothing
+            with self.releases.store.transaction() as conn:
+                self.leases.release(conn, lease.lease_id, "rollout not started")
+            raise
+        log.info("rollout_started", rollout=rollout_id, canary=version, share=share)
+        return self.get(rollout_id)
+
+    def _start(
+        self,
+        release: Release,
+        rollout_id: str,
+        lease_id: str,
+        share: float,
+        claimed_fix: bool,
+        limits: RolloutLimits,
+        by: Principal,
+    ) -> None:
+        version = release.version
         with self.releases.write() as (conn, txn):
             heads = self.releases.lock_heads(conn)
             if heads.stable is None:
@@ -114,7 +114,7 @@ class Rollouts:
                     version, f"release {heads.canary} is the canary now ({heads.rollout_id})"
                 )
             cursor = last_run_id(conn)
-            self.leases.hand_over(conn, lease.lease_id, release.change_ids)
+            self.leases.hand_over(conn, lease_id, release.change_ids)
             conn.execute(
                 f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
@@ -131,7 +131,7 @@ class Rollouts:
                     cursor,
                     time.time(),
                     None,
-                    lease.lease_id,
+                    lease_id,
                 ),
             )
             self.releases.set_heads(
@@ -146,6 +146,7 @@ class Rollouts:
                         {
                             "rollout": rollout_id,
                             "canary": version,
+                            "stable": heads.stable,
                             "share": share,
                             "claimed_fix": claimed_fix,
                             "limits": json.loads(limits.to_json()),
@@ -154,8 +155,6 @@ class Rollouts:
                     user_id=by.user_id,
                     user_name=by.name,
                 )
-        log.info("rollout_started", rollout=rollout_id, canary=version, share=share)
-        return self.get(rollout_id)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -273,21 +272,23 @@ class Rollouts:
         """Take ``version`` out of service: a canary is rolled back; the stable release is
         rolled back fleet-wide by publishing its parent's content as a new stable release.
 
+        Any rollout of ``version`` that is not settled is rolled back, including one that no
+        longer serves (left by a stable publication that did not settle it). A fleet-wide
+        rollback of the stable while a canary runs rolls the canary back first, in the same
+        transaction (reason ``superseded``): the canary was built on the release going away.
+
         Raises:
             PermissionRequired: ``by`` is not an administrator.
-            RolloutConflict: ``version`` is neither the canary nor the stable release.
+            RolloutConflict: ``version`` is neither a canary not settled nor the stable release.
         """
         _require_admin(by, "abort a release")
+        self.releases.get(version)
         heads = self.releases.heads()
-        if heads.canary == version:
-            record = self._current_canary(version, by, "abort a release")
-            self._settle(record, "rolled_back", "aborted", record.evidence.summary(), by=by)
-            return self.get(record.rollout_id)
+        unsettled = self.of_release(version)
+        if unsettled is not None and unsettled.state in ACTIVE:
+            self._settle(unsettled, "rolled_back", "aborted", unsettled.evidence.summary(), by=by)
+            return self.get(unsettled.rollout_id)
         if heads.stable == version:
-            if heads.canary is not None:
-                raise RolloutConflict(
-                    version, f"settle the canary {heads.canary} before rolling back the stable"
-                )
             return self.releases.publish_rollback(version, by=by)
         raise RolloutConflict(version, "it is neither the canary nor the stable release")
 
@@ -320,7 +321,13 @@ class Rollouts:
                     edit_type="rollout_resumed" if resume else "rollout_paused",
                     old_value=before,
                     new_value=json.dumps(
-                        {"rollout": record.rollout_id, **record.evidence.summary()}
+                        {
+                            "rollout": record.rollout_id,
+                            "canary": record.canary,
+                            "stable": record.stable,
+                            "evidence": record.evidence.summary(),
+                        },
+                        separators=(",", ":"),
                     ),
                     user_id=by.user_id,
                     user_name=by.name,
@@ -347,40 +354,10 @@ class Rollouts:
         *,
         by: Principal | None,
     ) -> None:
-        """Promote or roll back, once: a compare-and-set on the record's state."""
+        """Promote or roll back, once, audited (see :func:`settle_in`)."""
         # A rollback must go through even over a broken audit head (it is a safety write).
         with self.releases.write(safety=outcome == "rolled_back") as (conn, txn):
-            updated = conn.execute(
-                "UPDATE rollouts SET state = ?, reason = ?, settled_at = ? "
-                "WHERE rollout_id = ? AND state IN (?, ?)",
-                (outcome, reason, time.time(), record.rollout_id, *ACTIVE),
-            ).rowcount
-            if updated != 1:
-                return  # another worker settled it first
-            lease = self.leases.get(record.lease_id) if record.lease_id else None
-            if lease is not None and lease.state == "held":
-                self.leases.release(conn, lease.lease_id, f"rollout {outcome}: {reason}")
-            stable = record.canary if outcome == "promoted" else record.stable
-            self.releases.set_heads(conn, stable=stable, canary=None, share=0.0, rollout_id=None)
-            if txn is not None:
-                txn.append(
-                    agent_name=RELEASE_AGENT,
-                    edit_type=f"rollout_{outcome}",
-                    old_value=record.stable,
-                    new_value=json.dumps(
-                        {
-                            "rollout": record.rollout_id,
-                            "canary": record.canary,
-                            "reason": reason,
-                            **evidence,
-                        }
-                    ),
-                    user_id=by.user_id if by else "agentmend",
-                    user_name=by.name if by else "rollout",
-                )
-        log.info(
-            "rollout_settled", rollout=record.rollout_id, outcome=outcome, reason=reason, **evidence
-        )
+            settle_in(self.releases, conn, txn, record, outcome, reason, evidence, by=by)
 
 
 def _require_admin(by: Principal, action: str) -> None:
@@ -403,24 +380,3 @@ def _arm_runs(rows: list[RunRow], rollout_id: str, canary: int) -> list[tuple[st
         arm = "canary" if tags.get("release") == canary else "stable"
         runs.append((arm, row.success, row.duration_ms))
     return runs
-
-
-def _record(row: tuple[object, ...]) -> RolloutRecord:
-    (rollout_id, team_id, canary, stable, share, claimed_fix, state, reason, limits, evidence,
-     cursor, started_at, settled_at, lease_id) = row  # fmt: skip
-    return RolloutRecord(
-        rollout_id=str(rollout_id),
-        team_id=str(team_id),
-        canary=int(str(canary)),
-        stable=int(str(stable)),
-        share=float(str(share)),
-        claimed_fix=bool(claimed_fix),
-        state=str(state),
-        reason=str(reason) if reason is not None else None,
-        limits=RolloutLimits.from_json(str(limits)),
-        evidence=Evidence.from_json(str(evidence)),
-        cursor=int(str(cursor)),
-        started_at=float(str(started_at)),
-        settled_at=float(str(settled_at)) if settled_at is not None else None,
-        lease_id=str(lease_id) if lease_id is not None else None,
-    )

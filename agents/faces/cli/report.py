@@ -112,6 +112,7 @@ def _status_json(statuses: list[Any], pending: int) -> dict[str, Any]:
 def _run_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from agentmend.faces.release_serving import check_worker_folders
     from agentmend.faces.report.data import agent_statuses
     from agentmend.infrastructure.detection.checker_seat import read_checkers
     from agentmend.infrastructure.models import ChangeStatus
@@ -129,6 +130,7 @@ def _run_status(args: argparse.Namespace) -> int:
         receivers = read_receiver_counts(opened.store)
         checkers = read_checkers(opened.store)
         quarantined = quarantined_counts(opened.store)
+        workers = check_worker_folders(opened.folder, opened.store)
     problems = [{"row_id": p.row_id, "kind": p.kind, "detail": p.detail} for p in chain.problems]
     if args.json:
         print_json(
@@ -143,6 +145,10 @@ def _run_status(args: argparse.Namespace) -> int:
                 "telemetry_receivers": [r.as_json() for r in receivers],
                 "checkers": [c.as_json() for c in checkers],
                 "quarantined_rows": quarantined,
+                "workers": [
+                    {"worker": w.worker, "release": w.version, "problem": w.problem}
+                    for w in workers
+                ],
             }
         )
         return EXIT_OK
@@ -158,6 +164,15 @@ def _run_status(args: argparse.Namespace) -> int:
         console().print(f"audit chain: {where}{p['kind']}: {p['detail']}", style="red")
     if chain.head_unchecked is not None:
         console().print(f"audit chain: {chain.head_unchecked}", style="yellow")
+    for w in workers:  # a served release not as published: its worker replaces it
+        if w.problem is not None:
+            console().print(
+                f"worker {w.worker}: release {w.version} on disk is not what was published: "
+                f"{w.problem}",
+                style="red",
+                markup=False,
+                highlight=False,
+            )
     for r in receivers:
         c = r.counts
         console().print(

@@ -242,7 +242,7 @@ def test_a_routing_key_that_is_not_a_string_is_refused() -> None:
         choose_arm(12345, 0.1, "r")
 
 
-def test_unchanged_files_are_shared_with_the_linked_release(
+def test_unchanged_files_are_copies_never_shared_with_the_linked_release(
     team: Path, log: ReleaseLog, tmp_path: Path
 ) -> None:
     log.publish_directory(team, by=CYCLE)
@@ -252,8 +252,9 @@ def test_unchanged_files_are_shared_with_the_linked_release(
     _edit(team, "research-agent.md", "max_tokens: 2048", "max_tokens: 4096")
     log.publish_directory(team, by=CYCLE, stable=True)
     second = dirs.materialize(log, 2)
+    # a file shared between two releases would carry an edit of one into the other
     same = (first.directory / "quality-agent.md").stat().st_ino
-    assert (second.directory / "quality-agent.md").stat().st_ino == same
+    assert (second.directory / "quality-agent.md").stat().st_ino != same
     changed = second.directory / "research-agent.md"
     assert changed.stat().st_ino != (first.directory / "research-agent.md").stat().st_ino
     assert "max_tokens: 4096" in changed.read_text()

@@ -27,6 +27,7 @@ from agentmend.infrastructure.releases.follower import ReleaseFollower
 from agentmend.infrastructure.releases.log import Release, ReleaseLog
 from agentmend.infrastructure.releases.rollout import Rollouts
 from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
+from agentmend.infrastructure.releases.settlement import canary_change_in
 from agentmend.infrastructure.simulation import SimulatedRuntime, copy_team
 from agentmend.infrastructure.simulation.faults import Fault, FaultKind
 from agentmend.infrastructure.store.api import Store
@@ -99,7 +100,8 @@ async def test_a_harmful_canary_is_rolled_back_on_live_runs(fleet: Fleet) -> Non
     assert edits[-1] == "rollout_rolled_back"
     evidence = json.loads(fleet.audit.entries()[-1].new_value or "{}")
     assert evidence["reason"] == "worse"
-    assert evidence["wealth"]["hurts"] >= evidence["boundary"] == 20.0
+    assert evidence["canary"] == harmful  # the version, the evidence beside it
+    assert evidence["evidence"]["wealth"]["hurts"] >= evidence["evidence"]["boundary"] == 20.0
     assert fleet.audit.entries()[-1].user_id == "agentmend"
 
 
@@ -195,6 +197,12 @@ async def test_promote_abort_pause_need_an_admin_and_the_current_canary(fleet: F
         "release_published",
     ]
     assert {e.user_id for e in fleet.audit.entries()[-4:-1]} == {"ops"}
+    # every rollout step names the rollout and both versions; the evidence sits beside them
+    for entry in fleet.audit.entries()[-5:-1]:
+        row = json.loads(entry.new_value or "{}")
+        assert (row["rollout"], row["canary"], row["stable"]) == (record.rollout_id, v2, 1)
+    promoted_row = json.loads(fleet.audit.entries()[-2].new_value or "{}")
+    assert promoted_row["evidence"] == {"canary": [0, 0], "stable": [0, 0], "pairs": 0}
 
 
 async def test_bad_rollout_input(fleet: Fleet) -> None:
@@ -237,3 +245,23 @@ async def test_the_rollout_record_owns_its_changes_and_recovery_leaves_them(flee
     assert released is not None
     assert released.state == "released"
     assert released.end_reason == "rollout promoted: by_hand"
+
+
+@pytest.mark.parametrize(
+    ("new", "carried"),
+    [
+        ({"a.md": b"x\ny\n", "b.md": b"b\n"}, None),  # the stable as it was
+        ({"a.md": b"x\ny\n", "b.md": b"b2\n"}, None),  # another file changed
+        ({"a.md": b"x\nY\n", "b.md": b"b\n"}, "a.md"),  # the canary's file
+        ({"a.md": b"x0\nY\n", "b.md": b"b\n"}, "a.md"),  # its added line beside another edit
+        ({"a.md": b"x0\n", "b.md": b"b\n"}, "a.md"),  # its removed line gone with another edit
+        ({"a.md": b"x\ny\n", "b.md": b"b\n", "c.md": b"c\n"}, "c.md"),  # the file it added
+        ({"a.md": b"x\ny\n"}, "b.md"),  # the file it removed
+    ],
+)
+def test_what_counts_as_carrying_a_canarys_change(
+    new: dict[str, bytes], carried: str | None
+) -> None:
+    stable = {"a.md": b"x\ny\n", "b.md": b"b\n"}
+    canary = {"a.md": b"x\nY\n", "c.md": b"c\n"}  # y became Y, b.md removed, c.md added
+    assert canary_change_in(stable, canary, new) == carried

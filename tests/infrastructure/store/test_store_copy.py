@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentmend.faces.cli.app import main as agentmend
+from agentmend.infrastructure.changes.audit.log import AuditLog
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
 from agentmend.infrastructure.changes.protocol.decisions import record_decision, save_plan
 from agentmend.infrastructure.changes.watch import ChangeWatcher
@@ -62,7 +63,7 @@ def _history(url: str, files_dir: Path) -> None:
         save_plan(store, description="a plan", payload={"kind": "code", "root": "/r"})
         record_decision(store, "cycle.started", payload={"cycle_id": "c1"})
         # a release of a team's files and a change watched on live runs
-        releases = ReleaseLog(store, "team-1")
+        releases = ReleaseLog(store, "team-1", audit=AuditLog(store, hmac_key=_KEY))
         person = Principal(user_id="p", name="person", permissions=frozenset())
         releases.publish_directory(ROOT / "infrastructure" / "simulated_team", by=person)
         manager = ImprovementManager(store=store, audit_hmac_key=_KEY)
@@ -110,7 +111,8 @@ def test_copy_keeps_every_row_and_the_chain_and_the_target_goes_on(
     out = json.loads(capsys.readouterr().out)
     assert code == 0, out
     assert out["verified"] == {"source": True, "target": True}
-    assert out["rows"]["audit_log"] == 5  # 3 logged, 1 rolled back, the watched change
+    # 3 logged, 1 rolled back, the release's publication, the watched change
+    assert out["rows"]["audit_log"] == 6
     assert _dump(target, tmp_path) == _dump(source, tmp_path)
     with Store(target, files_dir=tmp_path) as store:  # the target goes on from where it was
         manager = ImprovementManager(store=store, audit_hmac_key=_KEY)
@@ -128,7 +130,7 @@ def test_copy_keeps_every_row_and_the_chain_and_the_target_goes_on(
         newest = store.connection().execute("SELECT MAX(id) FROM audit_log").fetchone()[0]
         seq = store.connection().execute("SELECT MAX(seq) FROM changes").fetchone()[0]
         manager.close()
-    assert (newest, seq) == (6, 5)
+    assert (newest, seq) == (7, 5)
 
 
 def test_copy_into_a_store_with_rows_is_refused(
