@@ -201,7 +201,7 @@ def apply_edits_to_mapping(mapping: dict[str, Any], edits: Sequence[Edit]) -> di
             if edit.delete:
                 result.pop(head, None)
             else:
-                result[head] = edit.value
+                result[head] = as_old_type(result.get(head), edit.value)
             continue
         parent = result.get(head)
         if not isinstance(parent, dict):
@@ -213,8 +213,17 @@ def apply_edits_to_mapping(mapping: dict[str, Any], edits: Sequence[Edit]) -> di
             if not parent:
                 del result[head]
         else:
-            parent[rest[0]] = edit.value
+            parent[rest[0]] = as_old_type(parent.get(rest[0]), edit.value)
     return result
+
+
+def as_old_type(old: Any, new: Any) -> Any:
+    """``new`` as a whole number where the author wrote one and the new value is whole
+    (``timeout_s: 24`` raised to 56.0 stays ``56``): a value's YAML type is the author's."""
+    whole_before = isinstance(old, int) and not isinstance(old, bool)
+    if whole_before and isinstance(new, float) and new.is_integer():
+        return int(new)
+    return new
 
 
 def apply_edits(
@@ -316,11 +325,13 @@ def _replace(
         lines[insert_at:insert_at] = writer.dump({key: edit.value}, indent)
         return
     first, last = span
-    kept = _in_authors_style(lines[first:last], key, edit.value, writer)
+    old = parse_either("".join(lines[first:last]))
+    value = as_old_type(old.get(key) if isinstance(old, dict) else None, edit.value)
+    kept = _in_authors_style(lines[first:last], key, value, writer)
     if kept is not None:
         lines[first:last] = kept
         return
-    new = writer.dump({key: edit.value}, indent)
+    new = writer.dump({key: value}, indent)
     if last - first == 1 and len(new) == 1:
         comment = _trailing_comment(lines[first], indent)
         with_comment = [new[0][: -len(writer.newline)] + comment + writer.newline]

@@ -180,3 +180,13 @@ def test_improve_on_a_terminal_draws_the_count_in_a_live_line(workspace: Path) -
     assert b"\x1b[" in output  # a terminal: the live line is drawn and redrawn
     assert f"eval runs on the agent as it is (research-agent): {runs} of {runs}" in text
     assert "questions" in text  # the live line's counts
+
+
+def test_the_live_line_counts_in_words_that_agree_with_the_number() -> None:
+    progress = ImproveProgress(Console(file=io.StringIO(), width=200), live=False)
+    assert progress.status_line().endswith("0 questions · 0 verifications")
+    progress.questions, progress.verifications = 1, 1
+    assert "1 question · " in progress.status_line()
+    assert progress.status_line().endswith("1 verification")
+    progress.questions = 2
+    assert "2 questions · " in progress.status_line()

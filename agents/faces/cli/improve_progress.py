@@ -87,10 +87,10 @@ class ImproveProgress:
 
     def status_line(self) -> str:
         """The live line: the step, questions, eval runs of the phase, verifications."""
-        parts = [self.step.replace("_", " "), f"{self.questions} questions"]
+        parts = [self.step.replace("_", " "), _count(self.questions, "question")]
         if self.eval is not None:
             parts.append(eval_line(self.eval))
-        parts.append(f"{self.verifications} verifications")
+        parts.append(_count(self.verifications, "verification"))
         return " · ".join(parts)
 
     async def on_event(self, event: CycleEvent) -> None:
@@ -116,3 +116,8 @@ class ImproveProgress:
         if self._live is not None and self._spinner is not None:
             self._spinner.update(text=self.status_line())
             self._live.refresh()
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 question``, ``2 questions``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")

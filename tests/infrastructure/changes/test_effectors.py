@@ -189,7 +189,7 @@ def test_prompt_change_on_another_field_is_refused(team: Path) -> None:
         ("max_tokens", 4096, "max_tokens", 4096, 1024, "+  max_tokens: 4096"),
         ("max_tokens", "4096", "max_tokens", 4096, 1024, "+  max_tokens: 4096"),
         ("max_tokens", 4096.0, "max_tokens", 4096, 1024, "+  max_tokens: 4096"),
-        ("timeout_s", 60, "timeout_s", 60.0, 30.0, "+  timeout_s: 60.0"),
+        ("timeout_s", 60, "timeout_s", 60.0, 30.0, "+  timeout_s: 60"),  # whole, as written
         ("max_turns", 9, "max_turns", 9, 5, "+maxTurns: 9"),
         ("maxTurns", 9, "max_turns", 9, 5, "+maxTurns: 9"),
     ],
@@ -595,6 +595,6 @@ def test_the_simulated_team_gets_surgical_diffs(tmp_path: Path) -> None:
             available_models=AVAILABLE_MODELS,
         )
         lines = changed_lines(change)
-        assert lines[-1] == "+  timeout_s: 600.0", name
+        assert lines[-1] == "+  timeout_s: 600", name  # whole, as its author wrote it
         assert len(lines) <= 2, name
         assert reloaded(change).timeout_s == 600.0
