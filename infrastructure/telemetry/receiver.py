@@ -11,10 +11,10 @@ program also writes them to the store every few seconds and when it stops
 Answers: 200 with an ``ExportTraceServiceResponse`` (its ``partial_success`` says how many
 spans were rejected and why); 400 with a reason for a body that does not decode (garbage,
 truncated protobuf, bad gzip, a JSON body that is not a trace export or nests too deeply); 401
-without the bearer token when one is set; 411 without a length; 413 for a body over ``max_body_bytes`` or one that
-decompresses to more than ``max_decompressed_bytes`` (a gzip bomb is stopped there, not
-inflated); 415 for another content type. No input stops the server: an unexpected failure is a
-500 for that request alone, logged.
+without the bearer token when one is set; 411 without a length; 413 for a body over
+``max_body_bytes`` or one that decompresses to more than ``max_decompressed_bytes`` (a gzip
+bomb is stopped there, not inflated); 415 for another content type. No input stops the server:
+an unexpected failure is a 500 for that request alone, logged.
 
 This module is the server alone: it reads no flag and no environment variable. ``agentmend otel
 receive`` (``agentmend.faces.cli.otel``) starts it from the command line; other faces and the
