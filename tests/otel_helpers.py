@@ -144,4 +144,5 @@ def post(
         with urllib.request.urlopen(request, timeout=10) as response:
             return int(response.status), bytes(response.read())
     except urllib.error.HTTPError as exc:
-        return int(exc.code), bytes(exc.read())
+        with exc:  # closes its connection now, not whenever the collector finds it
+            return int(exc.code), bytes(exc.read())
