@@ -31,6 +31,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from agentmend.infrastructure.errors import PostgresExtraMissing, StoreError
+from agentmend.infrastructure.redaction import redact, redact_url, remember_url
 from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
@@ -118,12 +119,20 @@ class PostgresBackend:
         self._psycopg = _psycopg()
         self.driver_error: type[Exception] = self._psycopg.Error
         self.url = url
+        remember_url(url)  # a driver's message quoting a piece of it is masked from now on
         try:
             params = self._psycopg.conninfo.conninfo_to_dict(url)
         except self._psycopg.ProgrammingError as exc:
-            raise StoreError(f"not a PostgreSQL URL: {_redact(url)}: {exc}") from exc
+            raise StoreError(
+                f"not a PostgreSQL URL: {redact_url(url)}: {redact(str(exc))}"
+            ) from exc
         self.params = params
         host = str(params.get("host") or "localhost")
+        if "@" in host:  # libpq took the end of a password holding "@" for the host
+            raise StoreError(
+                f"not a PostgreSQL URL: {redact_url(url)}: the host holds an '@' (a password "
+                "with '@' must be percent-encoded as %40)"
+            )
         self.display = (
             f"postgresql://{params.get('user') or ''}@{host}:{params.get('port') or 5432}"
             f"/{params.get('dbname') or ''}"
@@ -132,6 +141,9 @@ class PostgresBackend:
         self._connections: list[PgConnection] = []
         self._lock = threading.Lock()
         self._holders: Any = None  # the pool of team-lock connections, made on first use
+
+    def __repr__(self) -> str:
+        return f"PostgresBackend({self.display!r})"
 
     @property
     def local_name(self) -> str:
@@ -295,7 +307,7 @@ class PostgresBackend:
     def error(self, what: str, exc: Exception) -> StoreError:
         cause = getattr(exc, "sqlstate", None) or type(exc).__name__
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return StoreError(f"{what} {self.display}: {message} ({cause})", cause=cause)
+        return StoreError(f"{what} {self.display}: {redact(message)} ({cause})", cause=cause)
 
     def _rollback(self, conn: PgConnection) -> None:
         if conn.raw.closed or not conn.in_transaction:
@@ -334,10 +346,6 @@ def _lock_key(name: str) -> int:
     """A signed 64-bit advisory lock key for ``name``, the same on every host."""
     digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
-
-
-def _redact(url: str) -> str:
-    return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
 
 
 def _adapt(raw: psycopg.Connection[Any]) -> None:

@@ -33,7 +33,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse with the usage error in one line and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"agentmend: {message} (see `{self.prog} --help`)\n")
+        from agentmend.infrastructure.redaction import redact
+
+        sys.stderr.write(f"agentmend: {redact(message)} (see `{self.prog} --help`)\n")
         raise SystemExit(EXIT_USAGE)
 
 
@@ -170,6 +172,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``agentmend`` with ``argv`` (default ``sys.argv[1:]``); the exit code."""
+    from agentmend.infrastructure.redaction import redact
     from agentmend.infrastructure.structured_logger import configure_logging
 
     given = list(argv) if argv is not None else sys.argv[1:]
@@ -181,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command.run(args)
     except CommandError as exc:
-        sys.stderr.write(f"agentmend: {exc}\n")
+        sys.stderr.write(f"agentmend: {redact(str(exc))}\n")
         return exc.code
     except KeyboardInterrupt:
         sys.stderr.write("agentmend: interrupted\n")
