@@ -18,6 +18,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -117,8 +118,13 @@ def serve(
     page: Callable[[], str] = lambda: render(opened)  # noqa: E731
     if version is not None:
         page = LatestPage(page, version)
+    # requests come on threads of their own, but the store is read on one: its connection is
+    # per thread, and SQLite's data_version (what ``version`` reads) is per connection
+    reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentmend-serve-reader")
     server = LocalHTTPServer(
-        ("127.0.0.1", port), _handler(page, HostCheck("127.0.0.1")), request_timeout_s=10.0
+        ("127.0.0.1", port),
+        _handler(lambda: reader.submit(page).result(), HostCheck("127.0.0.1")),
+        request_timeout_s=10.0,
     )
     try:
         host, bound = server.server_address[:2]
@@ -129,4 +135,5 @@ def serve(
         return 0
     finally:
         server.server_close()
+        reader.shutdown(wait=False)
     return 0
