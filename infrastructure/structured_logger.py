@@ -50,12 +50,16 @@ def _clear_of_record_fields(_: Any, __: str, event_dict: Any) -> Any:
 _NO_EXC_INFO = "_agentmend_no_exc_info"
 
 
-def _redact_values(_: Any, method: str, event_dict: Any) -> Any:
+def _redact_values(logger: Any, method: str, event_dict: Any) -> Any:
     """Every text of the event through the one redaction: no store password in a log line.
 
     A traceback that would show one is handed on as redacted text (``exception``) instead of
     the exception itself, which a host's handler would format as it is.
     """
+    level = logging.getLevelName("ERROR" if method == "exception" else method.upper())
+    enabled = not isinstance(logger, logging.Logger) or not isinstance(level, int)
+    if not (enabled or logger.isEnabledFor(level)):
+        return event_dict  # dropped by the level anyway: no work for what nobody sees
     for key, value in event_dict.items():
         if isinstance(value, str):
             event_dict[key] = redact(value)

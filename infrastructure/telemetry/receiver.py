@@ -122,7 +122,8 @@ class OtlpReceiver:
         self.publish_every_s = publish_every_s
         self.max_body_bytes = max_body_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
-        if not token and not is_loopback(host):
+        token = (token or "").strip() or None  # blank is no token
+        if token is None and not is_loopback(host):
             raise ConfigurationError(
                 f"the receiver on {host}, not a loopback address, needs a token: any host that "
                 "reaches it could record runs"

@@ -159,7 +159,7 @@ def test_a_client_that_stops_halfway_blocks_nobody_and_is_cut_off(
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7", "otel.example"])
-@pytest.mark.parametrize("token", [None, ""])
+@pytest.mark.parametrize("token", [None, "", "  "])
 def test_off_loopback_there_is_no_receiver_without_a_token(
     recorder: Recorder, host: str, token: str | None
 ) -> None:
