@@ -124,6 +124,7 @@ async def test_no_mcp_tool_answer_shows_the_store_password(
         assert answered == (5 if kind in WORKING else 0), kind
 
 
+@pytest.mark.slow
 def test_the_programs_logs_and_errors_never_show_the_store_password(
     store_urls: dict[str, str], tmp_path: Path
 ) -> None:
@@ -138,6 +139,14 @@ def test_the_programs_logs_and_errors_never_show_the_store_password(
         )  # fmt: skip
         assert receiver.returncode in (2, 3), receiver.stderr
         _assert_secret_free(receiver.stdout + receiver.stderr, f"otel receive ({kind})")
+        # the interactive session's program: one line, exit 2 or 3
+        session = subprocess.run(
+            [sys.executable, str(ROOT / "main.py"), "--demo",
+             "--workspace", str(tmp_path / "session"), "--store", store_urls[kind]],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        assert session.returncode in (2, 3), session.stderr
+        _assert_secret_free(session.stdout + session.stderr, f"main.py ({kind})")
     # the MCP server logs the store it cannot open on stderr (protocol on stdout)
     server = subprocess.Popen(
         [sys.executable, "-m", "agentmend.mcp_server", "--workspace", str(tmp_path / "mcp")],
