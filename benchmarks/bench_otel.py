@@ -197,9 +197,11 @@ def receiver_over_http(bodies: list[bytes]) -> tuple[int, float]:
         try:
             start = time.perf_counter()
             for body in bodies:
-                request = urllib.request.Request(
-                    url, data=body, method="POST", headers={"Content-Type": PROTOBUF}
-                )
+                headers = {
+                    "Content-Type": PROTOBUF,
+                    "Authorization": f"Bearer {receiver.token}",  # the token it made itself
+                }
+                request = urllib.request.Request(url, data=body, method="POST", headers=headers)
                 with urllib.request.urlopen(request, timeout=30) as answer:
                     answer.read()
             monitor.flush()

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from agentmend.infrastructure.errors import ConfigurationError
 from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.redaction import redact_url
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -145,6 +146,20 @@ class Settings(BaseSettings):
     """One JSON-RPC message on the MCP server's stdin."""
     max_request_depth: int = Field(default=DEFAULT_MAX_REQUEST_DEPTH, ge=4)
     """Nesting of arrays and objects in one JSON-RPC message."""
+
+    def __repr_args__(self) -> Any:
+        # repr() and str() of the settings are logged and shown: never the store's password
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name == "store_url" and value else value
+
+    def shown(self) -> dict[str, Any]:
+        """The settings as data to show (a tool's answer): secrets masked, as in ``repr``."""
+        data = self.model_dump(mode="json")
+        if data.get("store_url"):
+            data["store_url"] = redact_url(data["store_url"])
+        if data.get("audit_hmac_key") is not None:
+            data["audit_hmac_key"] = "(set)"
+        return data
 
     @property
     def default_principal(self) -> Principal:

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from typing import Any, TextIO
 
 import structlog
 
 from agentmend.infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.redaction import redact
 from agentmend.infrastructure.terminal_text import terminal_text
 
 __all__ = ["LOGGER_ROOT", "configure_logging", "get_logger"]
@@ -45,9 +47,46 @@ def _clear_of_record_fields(_: Any, __: str, event_dict: Any) -> Any:
     return event_dict
 
 
+# set by ``_redact_values`` when the traceback shows a secret: it goes as redacted text instead
+_NO_EXC_INFO = "_agentmend_no_exc_info"
+
+
+def _redact_values(logger: Any, method: str, event_dict: Any) -> Any:
+    """Every text of the event through the one redaction: no store password in a log line.
+
+    A traceback that would show one is handed on as redacted text (``exception``) instead of
+    the exception itself, which a host's handler would format as it is.
+    """
+    level = logging.getLevelName("ERROR" if method == "exception" else method.upper())
+    enabled = not isinstance(logger, logging.Logger) or not isinstance(level, int)
+    if not (enabled or logger.isEnabledFor(level)):
+        return event_dict  # dropped by the level anyway: no work for what nobody sees
+    for key, value in event_dict.items():
+        if isinstance(value, str):
+            event_dict[key] = redact(value)
+        elif isinstance(value, BaseException):
+            event_dict[key] = redact(str(value))
+    info = event_dict.get("exc_info")
+    if info or method == "exception":
+        if isinstance(info, BaseException):
+            info = (type(info), info, info.__traceback__)
+        elif not isinstance(info, tuple):
+            info = sys.exc_info()
+        if info[0] is not None:
+            shown = "".join(traceback.format_exception(*info))
+            if redact(shown) != shown:
+                event_dict.pop("exc_info", None)
+                event_dict["exception"] = redact(shown)
+                event_dict[_NO_EXC_INFO] = True
+    return event_dict
+
+
 def _to_log_kwargs(logger: Any, method: str, event_dict: Any) -> Any:
     """structlog's ``render_to_log_kwargs``, with the pairs in the message as well."""
+    redacted_traceback = event_dict.pop(_NO_EXC_INFO, False)
     kwargs = structlog.stdlib.render_to_log_kwargs(logger, method, event_dict)
+    if redacted_traceback:
+        kwargs["exc_info"] = False  # logger.exception() would attach the raw one again
     extra, event = kwargs["extra"], kwargs["msg"]
     kwargs["msg"] = " ".join([str(event), *(f"{key}={value!r}" for key, value in extra.items())])
     extra["event"] = event
@@ -66,7 +105,7 @@ def get_logger(name: str) -> Any:
     return structlog.wrap_logger(
         logging.getLogger(name),
         wrapper_class=structlog.stdlib.BoundLogger,
-        processors=[_clear_of_record_fields, _to_log_kwargs],
+        processors=[_redact_values, _clear_of_record_fields, _to_log_kwargs],
     )
 
 
@@ -101,7 +140,13 @@ def configure_logging(
                 structlog.stdlib.ExtraAdder(),  # the pairs, and ``event`` as the bare event
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
             ],
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                # a traceback is text like the rest: rendered here, then redacted
+                structlog.processors.format_exc_info,
+                _redact_values,
+                renderer,
+            ],
         )
     )
     logger = logging.getLogger(LOGGER_ROOT)

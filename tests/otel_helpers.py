@@ -24,10 +24,20 @@ from opentelemetry.trace import Status, StatusCode, Tracer
 from agentmend.infrastructure.models import ExecutionRecord
 
 __all__ = [
+    "TEST_TOKEN",
     "Recorder",
     "SpanFactory",
+    "auth",
     "post",
 ]
+
+TEST_TOKEN = "test-receiver-token"
+"""The bearer token the tests' receivers are given (a receiver always requires one)."""
+
+
+def auth(token: str = TEST_TOKEN) -> dict[str, str]:
+    """The ``Authorization`` header an exporter of the tests sends."""
+    return {"Authorization": f"Bearer {token}"}
 
 
 class Recorder:
@@ -135,10 +145,12 @@ def post(
     *,
     content_type: str = "application/x-protobuf",
     headers: Mapping[str, str] | None = None,
+    token: str | None = TEST_TOKEN,
 ) -> tuple[int, bytes]:
-    """POST ``body``; the status and the answer's body (errors included)."""
+    """POST ``body`` with ``token`` (None: none); the status and the answer's body."""
+    sent = {"Content-Type": content_type, **(auth(token) if token is not None else {})}
     request = urllib.request.Request(
-        url, data=body, method="POST", headers={"Content-Type": content_type, **(headers or {})}
+        url, data=body, method="POST", headers={**sent, **(headers or {})}
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:

@@ -103,6 +103,9 @@ class Store:
         _live_stores.add(self)
         self._backend.check_database()
 
+    def __repr__(self) -> str:
+        return f"Store({self.display!r})"  # never the URL: it may hold a password
+
     @property
     def backend(self) -> Backend:
         """``"sqlite"`` or ``"postgresql"``."""

@@ -36,6 +36,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from agentmend.infrastructure.errors import LockTimeout, PostgresExtraMissing, StoreError
+from agentmend.infrastructure.redaction import redact, redact_url, remember_url
 from agentmend.infrastructure.store.timeouts import LOCK_SETTING, TEAM_LOCK_SETTING, StoreTimeouts
 from agentmend.infrastructure.structured_logger import get_logger
 
@@ -132,16 +133,24 @@ class PostgresBackend:
         self.timeouts = timeouts
         self.driver_error: type[Exception] = self._psycopg.Error
         self.url = url
+        remember_url(url)  # a driver's message quoting a piece of it is masked from now on
         try:
             params = self._psycopg.conninfo.conninfo_to_dict(url)
         except self._psycopg.ProgrammingError as exc:
-            raise StoreError(f"not a PostgreSQL URL: {_redact(url)}: {exc}") from exc
+            raise StoreError(
+                f"not a PostgreSQL URL: {redact_url(url)}: {redact(str(exc))}"
+            ) from exc
         self.params = params
         # the bounds after any options of the URL's own, so they win over its -c settings
         given = str(params.get("options") or "")
         self._options = f"{given} {timeouts.pg_options()}".strip()
         self._team_options = f"{given} {timeouts.pg_team_lock_options()}".strip()
         host = str(params.get("host") or "localhost")
+        if "@" in host:  # libpq took the end of a password holding "@" for the host
+            raise StoreError(
+                f"not a PostgreSQL URL: {redact_url(url)}: the host holds an '@' (a password "
+                "with '@' must be percent-encoded as %40)"
+            )
         self.display = (
             f"postgresql://{params.get('user') or ''}@{host}:{params.get('port') or 5432}"
             f"/{params.get('dbname') or ''}"
@@ -150,6 +159,9 @@ class PostgresBackend:
         self._connections: list[PgConnection] = []
         self._lock = threading.Lock()
         self._holders: Any = None  # the pool of team-lock connections, made on first use
+
+    def __repr__(self) -> str:
+        return f"PostgresBackend({self.display!r})"
 
     @property
     def local_name(self) -> str:
@@ -356,7 +368,7 @@ class PostgresBackend:
         hint = _BOUND_HINTS.get(cause)
         if hint is not None:
             message += f"; the bound is Settings.{hint} (AGENTMEND_{hint.upper()})"
-        return StoreError(f"{what} {self.display}: {message} ({cause})", cause=cause)
+        return StoreError(f"{what} {self.display}: {redact(message)} ({cause})", cause=cause)
 
     def _rollback(self, conn: PgConnection) -> None:
         if conn.raw.closed or not conn.in_transaction:
@@ -395,10 +407,6 @@ def _lock_key(name: str) -> int:
     """A signed 64-bit advisory lock key for ``name``, the same on every host."""
     digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
-
-
-def _redact(url: str) -> str:
-    return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
 
 
 def _adapt(raw: psycopg.Connection[Any]) -> None:

@@ -8,13 +8,22 @@ duplicates, own spans skipped, unmappable, orphans, rejected), so what was lost 
 program also writes them to the store every few seconds and when it stops
 (``agentmend.infrastructure.telemetry.receiver_counts``), where ``agentmend status`` shows them.
 
+Telemetry is an authenticated source: every request, ``/status`` included, carries
+``Authorization: Bearer <token>``. Without a token given, one is generated (``token``); on an
+address other than loopback a token must be given. The ``Host`` header must name the server
+(``agentmend.infrastructure.local_http``: loopback names, the bound address, ``allowed_hosts``),
+so a web page cannot reach it through DNS rebinding.
+
 Answers: 200 with an ``ExportTraceServiceResponse`` (its ``partial_success`` says how many
 spans were rejected and why); 400 with a reason for a body that does not decode (garbage,
 truncated protobuf, bad gzip, a JSON body that is not a trace export or nests too deeply); 401
-without the bearer token when one is set; 411 without a length; 413 for a body over
-``max_body_bytes`` or one that decompresses to more than ``max_decompressed_bytes`` (a gzip
-bomb is stopped there, not inflated); 415 for another content type. No input stops the server:
-an unexpected failure is a 500 for that request alone, logged.
+without the bearer token; 403 for a ``Host`` that is not the server's; 408 for a body that stops
+coming; 411 without a length; 413 for a body over ``max_body_bytes`` or one that decompresses
+to more than ``max_decompressed_bytes`` (a gzip bomb is stopped there, not inflated); 415 for
+another content type; 503 once it is stopping. No input stops the server: an unexpected failure is a
+500 for that request alone, logged. Each connection has its thread and a time limit on reads;
+``close()`` stops taking requests and waits for those being answered (``drain_timeout_s``), so
+every run answered 200 has reached the assembler before the program closes its monitor.
 
 This module is the server alone: it reads no flag and no environment variable. ``agentmend otel
 receive`` (``agentmend.faces.cli.otel``) starts it from the command line; other faces and the
@@ -26,14 +35,16 @@ from __future__ import annotations
 import hmac
 import http.server
 import json
+import secrets
 import threading
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
-from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
+from agentmend.infrastructure.local_http import HostCheck, LocalHTTPServer, is_loopback
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
 from agentmend.infrastructure.telemetry.otlp_decode import (
@@ -76,7 +87,12 @@ class OtlpReceiver:
         assembler: turns spans into recorded executions.
         host: the address to listen on (loopback by default).
         port: 0 picks a free port (see ``address``).
-        token: when set, requests must carry ``Authorization: Bearer <token>``.
+        token: requests must carry ``Authorization: Bearer <token>``; None (or empty) makes
+            one (read it from ``token``), which only a loopback ``host`` may do.
+        allowed_hosts: ``Host`` names answered besides loopback's and the bound address (a
+            load balancer's); ``*`` answers any.
+        request_timeout_s: the longest a read from a client may wait.
+        drain_timeout_s: how long ``close()`` waits for the requests being answered.
         max_body_bytes: the largest request body read.
         max_decompressed_bytes: the largest a gzip body may inflate to.
         expire_every_s: how often idle traces are flushed as orphans.
@@ -92,6 +108,9 @@ class OtlpReceiver:
         host: str = "127.0.0.1",
         port: int = 4318,
         token: str | None = None,
+        allowed_hosts: tuple[str, ...] = (),
+        request_timeout_s: float = 30.0,
+        drain_timeout_s: float = 10.0,
         max_body_bytes: int = 16 * 1024 * 1024,
         max_decompressed_bytes: int = 64 * 1024 * 1024,
         expire_every_s: float = 1.0,
@@ -103,11 +122,20 @@ class OtlpReceiver:
         self.publish_every_s = publish_every_s
         self.max_body_bytes = max_body_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
-        self._token = token
+        token = (token or "").strip() or None  # blank is no token
+        if token is None and not is_loopback(host):
+            raise ConfigurationError(
+                f"the receiver on {host}, not a loopback address, needs a token: any host that "
+                "reaches it could record runs"
+            )
+        self.token = token or secrets.token_urlsafe(32)
+        self.hosts = HostCheck(host, allowed_hosts)
+        self.drain_timeout_s = drain_timeout_s
         self._stop = threading.Event()
         self._expire_every_s = expire_every_s
-        self._server = http.server.ThreadingHTTPServer((host, port), _handler_for(self))
-        self._server.daemon_threads = True
+        self._server = LocalHTTPServer(
+            (host, port), _handler_for(self), request_timeout_s=request_timeout_s
+        )
         self._threads: list[threading.Thread] = []
         self._serving = False
 
@@ -151,13 +179,22 @@ class OtlpReceiver:
     def _serve(self) -> None:
         self._server.serve_forever(poll_interval=self._SHUTDOWN_POLL_S)
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def close(self) -> None:
-        """Stop serving. Idempotent."""
+        """Stop taking requests, wait for those being answered (``drain_timeout_s``), stop.
+
+        Idempotent.
+        """
         if self._stop.is_set():
             return
         self._stop.set()
         if self._serving:  # shutdown() waits for serve_forever(), which must have started
             self._server.shutdown()
+        if not self._server.drain(self.drain_timeout_s):
+            log.error("otlp_requests_cut_off", waited_s=self.drain_timeout_s)
         self._server.server_close()
         for thread in self._threads:
             thread.join(timeout=5)
@@ -183,10 +220,8 @@ class OtlpReceiver:
     # ------------------------------------------------------------------ one request
 
     def authorized(self, header: str | None) -> bool:
-        if self._token is None:
-            return True
         return header is not None and hmac.compare_digest(
-            header.encode(), f"Bearer {self._token}".encode()
+            header.encode(), f"Bearer {self.token}".encode()
         )
 
     def export(self, content_type: str, encoding: str, body: bytes) -> Answer:
@@ -266,26 +301,43 @@ def _handler_for(receiver: OtlpReceiver) -> type[http.server.BaseHTTPRequestHand
             self._guarded(self._post)
 
         def do_GET(self) -> None:
-            if self.path.split("?", 1)[0] == "/status":
-                self._guarded(lambda: receiver.status())
-            else:
-                self._send(Answer.text(404, f"no such path {self.path!r}: POST {TRACES_PATH}"))
+            self._guarded(self._get)
 
         def _guarded(self, answer: Callable[[], Answer]) -> None:
-            try:
-                result = answer()
-            except Exception:  # one bad request must never take the server down
-                log.exception("otlp_request_failed", path=self.path)
-                result = Answer.text(500, "internal error while recording the spans")
-            self._send(result)
+            # counted before stopping is checked, so close() waits for it
+            with cast(LocalHTTPServer, self.server).answering():
+                try:
+                    result = self._refused() or answer()
+                except TimeoutError:
+                    self.close_connection = True
+                    result = Answer.text(408, "the body stopped coming")
+                except Exception:  # one bad request must never take the server down
+                    log.exception("otlp_request_failed", path=self.path)
+                    result = Answer.text(500, "internal error while recording the spans")
+                self._send(result)
+
+        def _refused(self) -> Answer | None:
+            """The answer to a request that is not taken at all (None: it is)."""
+            if receiver.stopping:
+                self.close_connection = True
+                return Answer.text(503, "the receiver is stopping")
+            if not receiver.hosts.allows(self.headers.get("Host")):
+                self.close_connection = True
+                return Answer.text(403, "the Host is not this receiver's (see --allow-host)")
+            if not receiver.authorized(self.headers.get("Authorization")):
+                self.close_connection = True
+                return Answer.text(401, "a bearer token is required")
+            return None
+
+        def _get(self) -> Answer:
+            if self.path.split("?", 1)[0] == "/status":
+                return receiver.status()
+            return Answer.text(404, f"no such path {self.path!r}: POST {TRACES_PATH}")
 
         def _post(self) -> Answer:
             if self.path.split("?", 1)[0] != TRACES_PATH:
                 self.close_connection = True
                 return Answer.text(404, f"no such path {self.path!r}: POST {TRACES_PATH}")
-            if not receiver.authorized(self.headers.get("Authorization")):
-                self.close_connection = True
-                return Answer.text(401, "a bearer token is required")
             length_header = self.headers.get("Content-Length")
             if length_header is None:
                 self.close_connection = True

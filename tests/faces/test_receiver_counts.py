@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from cli_run import run_cli
 from log_capture import captured_records
-from otel_helpers import Recorder, SpanFactory, post
+from otel_helpers import TEST_TOKEN, Recorder, SpanFactory, post
 
 from agentmend.faces.cli.common import EXIT_OK
 from agentmend.infrastructure.errors import StoreError
@@ -49,6 +49,7 @@ def test_the_receiver_writes_its_counts_and_status_shows_them(
 ) -> None:
     workspace, port = tmp_path / "ws", _free_port()
     command = [sys.executable, "-m", "agentmend.otel_receiver", "--port", str(port)]
+    command += ["--token", TEST_TOKEN]
     process = subprocess.Popen(
         [*command, "--workspace", str(workspace)],
         stderr=subprocess.PIPE,
@@ -127,7 +128,12 @@ def test_a_store_that_cannot_take_the_counts_never_stops_the_receiver(
         raise StoreError("the disk is full")
 
     receiver = OtlpReceiver(
-        TraceAssembler(recorder), port=0, publish=refuse, expire_every_s=0.01, publish_every_s=0
+        TraceAssembler(recorder),
+        port=0,
+        token=TEST_TOKEN,
+        publish=refuse,
+        expire_every_s=0.01,
+        publish_every_s=0,
     )
     spans = SpanFactory()
     with captured_records("agentmend", logging.ERROR) as records:

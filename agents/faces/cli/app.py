@@ -40,7 +40,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse with the usage error in one line and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"agentmend: {message} (see `{self.prog} --help`)\n")
+        from agentmend.infrastructure.redaction import redact
+
+        sys.stderr.write(f"agentmend: {redact(message)} (see `{self.prog} --help`)\n")
         raise SystemExit(EXIT_USAGE)
 
 
@@ -180,6 +182,7 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``agentmend`` with ``argv`` (default ``sys.argv[1:]``); the exit code."""
     from agentmend.infrastructure.errors import LockTimeout
+    from agentmend.infrastructure.redaction import redact
     from agentmend.infrastructure.structured_logger import configure_logging
 
     given = list(argv) if argv is not None else sys.argv[1:]
@@ -190,8 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("WARNING", stream=sys.stderr)
     try:
         return command.run(args)
-    except CommandError as exc:  # it may quote a stored name: escaped for the terminal
-        sys.stderr.write(f"agentmend: {terminal_text(str(exc))}\n")
+    except CommandError as exc:  # it may quote a stored name or a URL: escaped and masked
+        sys.stderr.write(f"agentmend: {terminal_text(redact(str(exc)))}\n")
         return exc.code
     except LockTimeout as exc:  # another process holds a lock (stopped, stuck): one line
         sys.stderr.write(f"agentmend: {terminal_text(str(exc))}\n")

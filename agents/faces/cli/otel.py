@@ -2,23 +2,32 @@
 
 The server itself (``agentmend.infrastructure.telemetry.receiver``) reads no flag and no
 environment: this face chooses the store (``--store``, else ``AGENTMEND_STORE_URL``, else the
-workspace's file), the token (``--token``, else ``AGENTMEND_OTLP_TOKEN``) and the team whose
-releases labelled runs are attributed to, then serves until interrupted.
+workspace's file), the token (``--token``, else ``AGENTMEND_OTLP_TOKEN``, else the workspace's
+``otlp-token``, generated on first use: readable by its owner only, printed once), the ``Host``
+names it answers besides its own (``--allow-host``, ``AGENTMEND_OTLP_ALLOWED_HOSTS``) and the
+team whose releases labelled runs are attributed to, then serves until interrupted or
+terminated: SIGTERM, like Ctrl-C, stops taking requests and stores every run already answered.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import secrets
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from agentmend.faces.cli.common import Subcommand
 from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
+from agentmend.infrastructure.local_http import is_loopback
+from agentmend.infrastructure.redaction import redact, redact_url
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.infrastructure.telemetry.assembly import TraceAssembler
 from agentmend.infrastructure.telemetry.otlp_decode import require_proto
@@ -37,7 +46,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--store", metavar="URL", help="the store to record into (instead of the workspace's)"
     )
     parser.add_argument(
-        "--token", help="require this bearer token (default: $AGENTMEND_OTLP_TOKEN, else none)"
+        "--token",
+        help="the bearer token exporters send (default: $AGENTMEND_OTLP_TOKEN, else the "
+        "workspace's otlp-token, generated on first use); required off loopback",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="answer this Host name too (a load balancer's; repeatable; default "
+        "$AGENTMEND_OTLP_ALLOWED_HOSTS, comma-separated); loopback names and the bound address "
+        "are always answered",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, how long to finish the requests being answered (default 10)",
     )
     parser.add_argument(
         "--team",
@@ -68,11 +95,65 @@ def _store_location(args: argparse.Namespace) -> tuple[str | Path, Path]:
         text = str(given)
         if "://" in text and not text.startswith(("sqlite://", "postgresql://", "postgres://")):
             raise ConfigurationError(
-                f"--store {text!r}: use a SQLite path, sqlite://PATH or postgresql://..."
+                f"--store {redact_url(text)!r}: use a SQLite path, sqlite://PATH or "
+                "postgresql://..."
             )
         return text, folder
     folder.mkdir(parents=True, exist_ok=True)
     return folder / DB_NAME, folder
+
+
+TOKEN_FILE = "otlp-token"
+
+
+def _given_token(args: argparse.Namespace) -> str | None:
+    """``--token``, else ``AGENTMEND_OTLP_TOKEN`` (empty is none); None: the workspace's.
+
+    Raises:
+        ConfigurationError: no token given for an address other than loopback.
+    """
+    given = (args.token or os.environ.get("AGENTMEND_OTLP_TOKEN") or "").strip()
+    if not given and not is_loopback(args.host):
+        raise ConfigurationError(
+            f"--host {args.host} is not a loopback address: give the token exporters must "
+            "send (--token or AGENTMEND_OTLP_TOKEN)"
+        )
+    return given or None
+
+
+def _workspace_token(folder: Path) -> tuple[str, str]:
+    """The workspace's token, made on first use readable by its owner only; and what to say
+    (the token itself only when it was just made).
+
+    Raises:
+        ConfigurationError: the token file can be read by others, or is empty.
+        OSError: the token file cannot be made or read.
+    """
+    path = folder / TOKEN_FILE
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            raise ConfigurationError(
+                f"{path} can be read by others: chmod 600 it, or remove it for a new token"
+            ) from None
+        token = path.read_text(encoding="utf-8").strip()
+        if not token:
+            raise ConfigurationError(f"{path} is empty: remove it for a new token") from None
+        return token, f"exporters send the token in {path}"
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(token + "\n")
+    return token, (
+        f"a token was made for this receiver and kept in {path} (readable by you only); "
+        f"exporters send it: OTEL_EXPORTER_OTLP_HEADERS='Authorization=Bearer {token}'"
+    )
+
+
+def _allowed_hosts(args: argparse.Namespace) -> tuple[str, ...]:
+    given = list(args.allow_host) or os.environ.get("AGENTMEND_OTLP_ALLOWED_HOSTS", "").split(",")
+    return tuple(name.strip() for name in given if name.strip())
 
 
 def _release_attribution(
@@ -99,9 +180,10 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
     configure_logging("INFO")
     try:
         require_proto()
+        given_token = _given_token(args)  # refused before anything is made
         location, folder = _store_location(args)
     except ConfigurationError as exc:
-        sys.stderr.write(f"agentmend: {exc}\n")
+        sys.stderr.write(f"agentmend: {redact(str(exc))}\n")
         return 2
     except OSError as exc:  # the workspace path is a file, or cannot be made
         sys.stderr.write(f"agentmend: cannot use the workspace: {exc}\n")
@@ -109,14 +191,19 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
     try:
         store = Store(location, files_dir=folder)
     except AgentmendError as exc:
-        sys.stderr.write(f"agentmend: {exc}\n")
+        sys.stderr.write(f"agentmend: {redact(str(exc))}\n")
         return 3
     monitor = PerformanceMonitor(store)
-    token = args.token or os.environ.get("AGENTMEND_OTLP_TOKEN") or None
     try:
         attribute = _release_attribution(args, store, folder)
+        token, note = (given_token, "") if given_token else _workspace_token(folder)
+    except OSError as exc:  # the token file cannot be made or read
+        sys.stderr.write(f"agentmend: cannot keep the receiver's token: {exc}\n")
+        monitor.close()
+        store.close()
+        return 3
     except AgentmendError as exc:
-        sys.stderr.write(f"agentmend: {exc}\n")
+        sys.stderr.write(f"agentmend: {redact(str(exc))}\n")
         monitor.close()
         store.close()
         return 2
@@ -128,6 +215,8 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
             host=args.host,
             port=args.port,
             token=token,
+            allowed_hosts=_allowed_hosts(args),
+            drain_timeout_s=args.drain_timeout,
             max_body_bytes=args.max_body_bytes,
         )
     except OSError as exc:
@@ -142,22 +231,46 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
 
     name, started = receiver_name(*receiver.address), time.time()
     receiver.publish = lambda counts: write_receiver_counts(store, name, started, counts)
-    receiver.publish_counts()  # the row from the start: status shows a receiver at zero
-    sys.stderr.write(f"agentmend: receiving OTLP traces at {receiver.endpoint}{TRACES_PATH}\n")
-    sys.stderr.flush()
-    if ready is not None:
-        ready(receiver)
     try:
-        receiver.serve_forever()
+        with _terminate_as_interrupt():  # from before the address is told: a signal may follow
+            receiver.publish_counts()  # the row from the start: status shows a receiver at zero
+            sys.stderr.write(
+                f"agentmend: receiving OTLP traces at {receiver.endpoint}{TRACES_PATH}\n"
+            )
+            if note:
+                sys.stderr.write(f"agentmend: {note}\n")
+            sys.stderr.flush()
+            if ready is not None:
+                ready(receiver)
+            receiver.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        receiver.close()
+        receiver.close()  # stops taking requests, waits for those being answered
         counts = receiver.assembler.counts()
         monitor.close()
         store.close()
         log.info("otlp_receiver_stopped", **asdict(counts))
     return 0
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops serving as Ctrl-C does (then the runs answered are stored): the default
+    ends the process at once, losing every run still in the monitor's buffer."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only: whoever runs us there decides
+        return
+
+    def interrupt(*_: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the stopping has a deadline
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,14 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workspace", metavar="DIR", help="workspace folder")
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    import signal
-
-    def stop(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-    return run(args)
+    return run(parser.parse_args(argv))
 
 
 SUBCOMMANDS = (

@@ -45,7 +45,7 @@ import sys
 import threading
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -53,6 +53,7 @@ from agentmend.faces.mcp.results import ToolOutput
 from agentmend.faces.mcp.stdin import serve_stdio
 from agentmend.faces.mcp.tools import AgentmendTools, BadRequest, FileArg
 from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.redaction import redact
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.structured_logger import get_logger
 
@@ -95,14 +96,16 @@ def build_server(tools: AgentmendTools) -> "MCPServer":
     server: MCPServer = MCPServer(SERVER_NAME, instructions=_INSTRUCTIONS, log_level="WARNING")
 
     async def answer(call: Awaitable[ToolOutput]) -> CallToolResult:
+        # everything said to the model passes the one redaction: no store password reaches it
         try:
             out = await call
         except AgentmendError as exc:  # every expected failure, named (BadRequest and the rest)
-            raise ToolError(str(exc)) from exc
+            raise ToolError(redact(str(exc))) from exc
         except ValidationError as exc:
-            raise ToolError(f"invalid arguments: {exc}") from exc
+            raise ToolError(redact(f"invalid arguments: {exc}")) from exc
         return CallToolResult(
-            content=[TextContent(type="text", text=out.text)], structured_content=out.data
+            content=[TextContent(type="text", text=redact(out.text))],
+            structured_content=_redacted(out.data),
         )
 
     @server.tool(
@@ -299,6 +302,17 @@ def _watch_for_hangup(fd: int, on_hangup: threading.Event) -> None:
                 return
     finally:
         os.close(fd)
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` (a tool's data) with every string passed through ``redact``."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redacted(item) for item in value]
+    return value
 
 
 async def _serve(tools: AgentmendTools) -> None:

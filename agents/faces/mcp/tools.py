@@ -52,6 +52,7 @@ from agentmend.infrastructure.definitions.spec import load_agent_specs
 from agentmend.infrastructure.errors import AgentmendError, SpecError, StoreError, WrongArgumentType
 from agentmend.infrastructure.limits import InputLimits
 from agentmend.infrastructure.llm.base import AgentRuntime
+from agentmend.infrastructure.redaction import redact_url
 from agentmend.infrastructure.releases.routing import new_run_key
 from agentmend.infrastructure.settings import Settings, load_settings
 from agentmend.infrastructure.structured_logger import get_logger
@@ -181,7 +182,7 @@ class AgentmendTools:
         elif url is not None and url.startswith(("postgresql://", "postgres://")):
             return  # a server's store: opening it reads what is there, and creates no file
         elif not (Path(url.removeprefix("sqlite://")) if url else path / DB_NAME).is_file():
-            missing = f"it has no store ({url or DB_NAME})"
+            missing = f"it has no store ({redact_url(url) if url else DB_NAME})"
         else:
             return
         raise BadRequest(
@@ -568,9 +569,7 @@ class AgentmendTools:
 def _config(workspace: Workspace, root: Path, agent: str | None) -> dict[str, Any]:
     from agentmend.roles.supervisor import agent_config
 
-    settings = workspace.settings.model_dump(mode="json")
-    if settings.get("audit_hmac_key") is not None:
-        settings["audit_hmac_key"] = "(set)"
+    settings = workspace.settings.shown()
     specs = load_agent_specs(workspace.team_dir)
     if agent is not None:
         if agent not in specs:

@@ -5,15 +5,24 @@ now: it is rendered again when the store changed since the last rendering (``Lat
 database's commits and the audit head file), else the last one is served, so an idle store costs
 nothing however often the page asks. The page fetches ``/main`` every few seconds and swaps it
 in, so new runs show without a reload (with JavaScript off it is the static page of that moment).
+
+Only requests naming the server in ``Host`` (loopback names) are answered, so a web page cannot
+read the report through DNS rebinding; each connection has its thread and a time limit on
+reads, so a client that stops halfway blocks nobody else
+(``agentmend.infrastructure.local_http``).
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from agentmend.infrastructure.local_http import HostCheck, LocalHTTPServer
 
 __all__ = ["LIVE_SCRIPT", "LatestPage", "serve"]
 
@@ -41,20 +50,26 @@ class LatestPage:
         self.renderings = 0
         self._page: str | None = None
         self._key: object = None
+        self._lock = threading.Lock()  # requests come on threads of their own
 
     def __call__(self) -> str:
-        key = self.version()
-        if self._page is None or key != self._key:
-            self._page, self._key = self.render(), key
-            self.renderings += 1
-        return self._page
+        with self._lock:
+            key = self.version()
+            if self._page is None or key != self._key:
+                self._page, self._key = self.render(), key
+                self.renderings += 1
+            return self._page
 
 
-def _handler(render: Callable[[], str]) -> type[BaseHTTPRequestHandler]:
+def _handler(render: Callable[[], str], hosts: HostCheck) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "agentmend"
 
         def do_GET(self) -> None:
+            if not hosts.allows(self.headers.get("Host")):
+                self.close_connection = True
+                self._send(403, "text/plain", b"the Host is not this server's")
+                return
             if self.path not in ("/", "/main", "/index.html"):
                 self._send(404, "text/plain", b"not found")
                 return
@@ -103,7 +118,14 @@ def serve(
     page: Callable[[], str] = lambda: render(opened)  # noqa: E731
     if version is not None:
         page = LatestPage(page, version)
-    server = HTTPServer(("127.0.0.1", port), _handler(page))
+    # requests come on threads of their own, but the store is read on one: its connection is
+    # per thread, and SQLite's data_version (what ``version`` reads) is per connection
+    reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentmend-serve-reader")
+    server = LocalHTTPServer(
+        ("127.0.0.1", port),
+        _handler(lambda: reader.submit(page).result(), HostCheck("127.0.0.1")),
+        request_timeout_s=10.0,
+    )
     try:
         host, bound = server.server_address[:2]
         sys.stdout.write(f"serving the report on http://{host!s}:{bound}/ (Ctrl-C stops)\n")
@@ -113,4 +135,5 @@ def serve(
         return 0
     finally:
         server.server_close()
+        reader.shutdown(wait=False)
     return 0

@@ -51,6 +51,7 @@ from agentmend.infrastructure.changes.proposal import ProposedChange
 from agentmend.infrastructure.errors import AgentmendError, ConfigurationError, StoreError
 from agentmend.infrastructure.models import ChangeStatus, IssueReport
 from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.redaction import redact
 from agentmend.infrastructure.settings import Settings, load_settings
 from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime
 from agentmend.infrastructure.structured_logger import configure_logging, get_logger
@@ -607,7 +608,7 @@ def run(args: argparse.Namespace) -> int:
             )
         return asyncio.run(_session(args, settings, console))
     except (AgentmendError, UnknownAgent) as exc:
-        print(f"agentmend: {terminal_text(str(exc))}", file=sys.stderr)
+        print(f"agentmend: {terminal_text(redact(str(exc)))}", file=sys.stderr)
         return 2
 
 

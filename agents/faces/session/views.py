@@ -15,6 +15,7 @@ from rich.text import Text
 
 from agentmend.infrastructure.errors import AgentmendError
 from agentmend.infrastructure.models import AgentMetrics, ChangeRecord, IssueReport
+from agentmend.infrastructure.redaction import redact
 from agentmend.loop.cycle import CycleEvent, CycleResult, TaskResult
 
 __all__ = [
@@ -216,7 +217,7 @@ def one_line_error(exc: BaseException) -> str:
     else:
         text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     notes = getattr(exc, "__notes__", None) or []
-    return _whole(" ".join([text, *notes]))
+    return _whole(redact(" ".join([text, *notes])))
 
 
 def cycle_summary_line(result: CycleResult) -> Text:

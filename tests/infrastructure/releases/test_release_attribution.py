@@ -22,7 +22,7 @@ from claude_agent_sdk import HookMatcher
 from claude_agent_sdk.types import HookEvent
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from otel_helpers import SpanFactory, post
+from otel_helpers import TEST_TOKEN, SpanFactory, auth, post
 
 from agentmend.faces.workspace import Workspace
 from agentmend.infrastructure.changes.audit.log import AuditLog
@@ -80,7 +80,11 @@ def _export(receiver: OtlpReceiver, release: str | None, runs: int, **span: Any)
     resource = {"agentmend.release": release} if release is not None else {}
     factory = SpanFactory(service="tutor-app", **resource)
     factory.provider.add_span_processor(
-        BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces", timeout=5))
+        BatchSpanProcessor(
+            OTLPSpanExporter(
+                endpoint=f"{receiver.endpoint}/v1/traces", timeout=5, headers=auth(receiver.token)
+            )
+        )
     )
     for _ in range(runs):
         factory.agent_run(AGENT, attributes=span)
@@ -227,7 +231,7 @@ def test_the_receiver_command_attributes_to_its_workspace_team(tmp_path: Path) -
         port = probe.getsockname()[1]
     process = subprocess.Popen(
         [sys.executable, "-m", "agentmend.otel_receiver", "--port", str(port),
-         "--workspace", str(workspace)],
+         "--workspace", str(workspace), "--token", TEST_TOKEN],
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip

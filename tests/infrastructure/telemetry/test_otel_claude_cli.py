@@ -51,7 +51,7 @@ def recorder() -> Recorder:
 
 @pytest.fixture
 def receiver(recorder: Recorder) -> Iterator[OtlpReceiver]:
-    receiver = OtlpReceiver(KeepingAssembler(recorder), port=0).start()
+    receiver = OtlpReceiver(KeepingAssembler(recorder), port=0).start()  # a token of its own
     yield receiver
     receiver.close()
 
@@ -65,6 +65,7 @@ def telemetry_env(receiver: OtlpReceiver) -> dict[str, str]:
         "OTEL_LOGS_EXPORTER": "none",
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer {receiver.token}",
     }
 
 

@@ -15,7 +15,7 @@ from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from otel_helpers import Recorder, SpanFactory, post
+from otel_helpers import TEST_TOKEN, Recorder, SpanFactory, auth, post
 
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.store.api import Store
@@ -45,7 +45,11 @@ def clock() -> Clock:
 def receiver(recorder: Recorder, clock: Clock) -> Iterator[OtlpReceiver]:
     assembler = TraceAssembler(recorder, orphan_timeout_s=30, clock=clock)
     receiver = OtlpReceiver(
-        assembler, port=0, max_body_bytes=1_000_000, max_decompressed_bytes=2_000_000
+        assembler,
+        port=0,
+        token=TEST_TOKEN,
+        max_body_bytes=1_000_000,
+        max_decompressed_bytes=2_000_000,
     ).start()
     yield receiver
     receiver.close()
@@ -70,7 +74,9 @@ def test_the_real_otlp_exporter_records_agent_runs(
     compression: Compression,
 ) -> None:
     factory = SpanFactory(service="checkout")
-    exporter = OTLPSpanExporter(endpoint=url(receiver), compression=compression, timeout=5)
+    exporter = OTLPSpanExporter(
+        endpoint=url(receiver), compression=compression, timeout=5, headers=auth()
+    )
     factory.provider.add_span_processor(BatchSpanProcessor(exporter))
     factory.agent_run("writer", chats=[(100, 20), (30, 7)])
     factory.agent_run("writer", chats=[(5, 1)], fail="the writer ran out of budget")
@@ -302,8 +308,9 @@ def test_bad_bodies_are_answered_and_the_receiver_stays_up(
     host, port = receiver.address
     with socket.create_connection((host, port), timeout=5) as raw:
         raw.sendall(
-            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
-            b"Content-Length: 5000\r\n\r\n" + good[:100]
+            b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer " + TEST_TOKEN.encode() + b"\r\n"
+            b"Content-Type: application/x-protobuf\r\nContent-Length: 5000\r\n\r\n" + good[:100]
         )
     assert recorder.records == []
 
@@ -314,7 +321,8 @@ def test_bad_bodies_are_answered_and_the_receiver_stays_up(
     assert status == 404  # status is a GET
     import urllib.request
 
-    with urllib.request.urlopen(receiver.endpoint + "/status", timeout=5) as answer:
+    status_request = urllib.request.Request(receiver.endpoint + "/status", headers=auth())
+    with urllib.request.urlopen(status_request, timeout=5) as answer:
         assert json.loads(answer.read())["executions_recorded"] == 1
 
 
@@ -323,9 +331,9 @@ def test_a_bearer_token_is_required_when_set(recorder: Recorder, spans: SpanFact
     try:
         spans.agent_run("writer")
         body = spans.body()
-        assert post(url(receiver), body)[0] == 401
-        assert post(url(receiver), body, headers={"Authorization": "Bearer nope"})[0] == 401
-        assert post(url(receiver), body, headers={"Authorization": "Bearer s3cret"})[0] == 200
+        assert post(url(receiver), body, token=None)[0] == 401
+        assert post(url(receiver), body, token="nope")[0] == 401
+        assert post(url(receiver), body, token="s3cret")[0] == 200
         assert len(recorder.records) == 1
     finally:
         receiver.close()
@@ -345,6 +353,8 @@ def test_the_command_serves_into_a_workspace_store(tmp_path: Path, spans: SpanFa
             str(port),
             "--workspace",
             str(workspace),
+            "--token",
+            TEST_TOKEN,
         ],
         stderr=subprocess.PIPE,
         text=True,
