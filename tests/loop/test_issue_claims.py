@@ -83,3 +83,17 @@ def test_a_claim_needs_an_open_issue_and_ends_when_it_moves_on(build: Build) -> 
     again = ledger.claim(row.issue_id, "them", stale_after_s=60)
     assert again is not None
     assert again.mine  # the hold ended the first claim
+
+
+async def test_a_held_issue_asked_for_again_runs_its_cycle(build: Build) -> None:
+    # a person's "no" holds the issue; their later /improve is a request the hold yields to
+    orchestrator = build()
+    await warm_up(orchestrator, 5)
+    issue = _opened(orchestrator, await faulty_issue(orchestrator))
+    ledger = orchestrator.detector.ledger
+    ledger.hold(issue.issue_id or "", outcome="declined", hold_runs=100)
+    cycle = await orchestrator.run_improvement_cycle(issue)
+    assert cycle.status != "claimed_elsewhere"
+    row = ledger.get(issue.issue_id or "")
+    assert row is not None
+    assert row.outcome != "declined"  # the cycle ran and settled it

@@ -72,7 +72,11 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
         },
         "the throwaway copy validation runs in (a temporary folder, never the project tree)",
     ),
-    "agents/faces/cli/otel.py": ({".mkdir("}, "the workspace folder of its store"),
+    "agents/faces/cli/otel.py": (
+        {".mkdir(", "os.open(", 'open(fd, "w"'},
+        "the workspace folder of its store, and the receiver's token file in it (made once, "
+        "exclusively, readable by its owner only), not a team or project file",
+    ),
     "infrastructure/simulation/team.py": (
         {".mkdir("},
         "the folder a simulated team is copied into (the root itself; files go through "

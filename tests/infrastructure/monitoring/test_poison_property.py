@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from otel_helpers import SpanFactory, post
+from otel_helpers import TEST_TOKEN, SpanFactory, post
 
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.store.api import Store
@@ -55,7 +55,7 @@ def _stored(store: Store, agent: str) -> int:
 def test_hostile_values_never_stop_the_writer(store_url: str, tmp_path: Path) -> None:
     store = Store(store_url, files_dir=tmp_path)
     monitor = PerformanceMonitor(store, flush_interval_s=3600)
-    receiver = OtlpReceiver(TraceAssembler(monitor.record), port=0).start()
+    receiver = OtlpReceiver(TraceAssembler(monitor.record), port=0, token=TEST_TOKEN).start()
     spans = SpanFactory()
     processor = AgentmendSpanProcessor(monitor, schedule_delay_s=3600)
     spans.provider.add_span_processor(processor)

@@ -14,7 +14,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from otel_helpers import Recorder, post
+from otel_helpers import TEST_TOKEN, Recorder, post
 
 from agentmend.infrastructure.telemetry.assembly import TraceAssembler
 from agentmend.infrastructure.telemetry.receiver import JSON, TRACES_PATH, OtlpReceiver
@@ -73,7 +73,7 @@ def recorder() -> Recorder:
 
 
 def _receiver(assembler: TraceAssembler) -> OtlpReceiver:
-    return OtlpReceiver(assembler, port=0, max_body_bytes=4_000_000).start()
+    return OtlpReceiver(assembler, port=0, max_body_bytes=4_000_000, token=TEST_TOKEN).start()
 
 
 @pytest.fixture
