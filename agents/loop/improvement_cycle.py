@@ -227,12 +227,15 @@ class ImprovementCycle:
         claimant = f"{socket.gethostname()}:{os.getpid()}:{rec.cycle_id}"
         stale = self.shared.settings.issue_claim_stale_s
         claim = ledger.claim(issue.issue_id, claimant, stale_after_s=stale)
-        held = ledger.get(issue.issue_id) if claim is None else None
-        if held is not None and held.status == "held":
-            # the detector reports open issues only: a held one is asked for again (a person's
-            # /improve after a "no"), and the hold yields to that
-            ledger.reopen(issue.issue_id, context=held.context)
-            claim = ledger.claim(issue.issue_id, claimant, stale_after_s=stale)
+        if claim is None:
+            row = ledger.get(issue.issue_id)
+            if row is None:  # not this ledger's issue: there is no claim to share
+                return None
+            if row.status == "held":
+                # the detector reports open issues only: a held one is asked for again (a
+                # person's /improve after a "no"), and the hold yields to that
+                ledger.reopen(issue.issue_id, context=row.context)
+                claim = ledger.claim(issue.issue_id, claimant, stale_after_s=stale)
         if claim is None:
             return f"issue {issue.issue_id} is no longer open: another cycle dealt with it"
         if not claim.mine:

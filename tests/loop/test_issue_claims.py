@@ -97,3 +97,11 @@ async def test_a_held_issue_asked_for_again_runs_its_cycle(build: Build) -> None
     row = ledger.get(issue.issue_id or "")
     assert row is not None
     assert row.outcome != "declined"  # the cycle ran and settled it
+
+
+async def test_an_issue_its_ledger_does_not_know_runs_without_a_claim(build: Build) -> None:
+    orchestrator = build()
+    await warm_up(orchestrator, 5)
+    issue = (await faulty_issue(orchestrator)).model_copy(update={"issue_id": "not-in-ledger"})
+    cycle = await orchestrator.run_improvement_cycle(issue)
+    assert cycle.status != "claimed_elsewhere"
