@@ -73,6 +73,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "workspace's team, when it has an id)",
     )
     parser.add_argument(
+        "--check",
+        action="store_true",
+        help="also judge the store's runs as the team's fleet checker (see agentmend watch); "
+        "the team is --team, else the workspace's team folder",
+    )
+    parser.add_argument(
+        "--check-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="with --check, seconds between checks (default 5)",
+    )
+    parser.add_argument(
         "--max-body-bytes", type=int, default=16 * 1024 * 1024, help="largest body accepted"
     )
     parser.add_argument(
@@ -229,6 +242,14 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
         write_receiver_counts,
     )
 
+    try:
+        checking = _fleet_checker(args, store, folder, monitor)
+    except AgentmendError as exc:
+        sys.stderr.write(f"agentmend: {redact(str(exc))}\n")
+        receiver.close()
+        monitor.close()
+        store.close()
+        return 2
     name, started = receiver_name(*receiver.address), time.time()
     receiver.publish = lambda counts: write_receiver_counts(store, name, started, counts)
     try:
@@ -247,11 +268,79 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
         pass
     finally:
         receiver.close()  # stops taking requests, waits for those being answered
+        if checking is not None:
+            checking.stop()
         counts = receiver.assembler.counts()
         monitor.close()
         store.close()
         log.info("otlp_receiver_stopped", **asdict(counts))
     return 0
+
+
+class _CheckerThread:
+    """The fleet checker beside the receiver, on the receiver's monitor, in a thread."""
+
+    def __init__(self, checker: Any) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=checker.run, args=(self._stop,), name="agentmend-fleet-checker", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def _fleet_checker(
+    args: argparse.Namespace, store: Any, folder: Path, monitor: Any
+) -> _CheckerThread | None:
+    """With ``--check``: the team's fleet checker, started (None without it).
+
+    Raises:
+        ConfigurationError: no team to check for, or a bad interval.
+    """
+    if not args.check:
+        return None
+    from agentmend.faces.cli.watch import issue_line
+    from agentmend.faces.workspace import TEAM_DIR_NAME
+    from agentmend.infrastructure.changes.protocol.team_registry import team_id
+    from agentmend.infrastructure.detection.checker_seat import CheckerSeat
+    from agentmend.infrastructure.settings import load_settings
+    from agentmend.infrastructure.terminal_text import terminal_text
+    from agentmend.loop.collaborators import default_detector
+    from agentmend.loop.fleet_checker import FleetChecker
+
+    team_dir = folder / TEAM_DIR_NAME
+    team = args.team or (team_id(team_dir, store) if team_dir.is_dir() else None)
+    if team is None:
+        raise ConfigurationError(
+            "--check needs the team whose runs it judges: --team TEAM_ID, or a workspace "
+            "with a team"
+        )
+    if args.check_interval <= 0:
+        raise ConfigurationError(f"--check-interval must be positive, not {args.check_interval}")
+    settings = load_settings()
+    seat = CheckerSeat(
+        store,
+        team,
+        principal=settings.default_principal.user_id,
+        term_s=max(15.0, 3 * args.check_interval),
+    )
+
+    def report(issue: Any) -> None:
+        sys.stderr.write(f"agentmend: {terminal_text(issue_line(issue))}\n")
+        sys.stderr.flush()
+
+    checker = FleetChecker(
+        seat,
+        monitor,
+        lambda bound: default_detector(settings, store, bound),
+        on_issue=report,
+        interval_s=args.check_interval,
+    )
+    sys.stderr.write(f"agentmend: checking team {team}'s runs every {args.check_interval:g} s\n")
+    return _CheckerThread(checker)
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from agentmend.infrastructure.models import IssueReport
     from agentmend.loop.fleet_checker import CheckerStep
 
-__all__ = ["SUBCOMMANDS"]
+__all__ = ["SUBCOMMANDS", "issue_line"]
 
 POLICIES = ("report",)
 
@@ -80,11 +80,7 @@ def _run_watch(args: argparse.Namespace) -> int:
         seat = CheckerSeat(store, team, principal=principal.user_id, term_s=args.term)
 
         def report(issue: IssueReport) -> None:
-            out.print(
-                f"issue {issue.issue_id}: {issue.agent_name} {issue.error_type} "
-                f"({issue.detector} {issue.statistic or 0:.2f}/{issue.threshold or 0:.2f}); "
-                f"see agentmend status"
-            )
+            out.print(issue_line(issue))
 
         checker = FleetChecker(
             seat,
@@ -117,6 +113,15 @@ def _run_watch(args: argparse.Namespace) -> int:
         finally:
             signal.signal(signal.SIGTERM, previous)
     return EXIT_OK
+
+
+def issue_line(issue: IssueReport) -> str:
+    """One line for an issue the checker opened (escaped by the console that prints it)."""
+    return (
+        f"issue {issue.issue_id}: {issue.agent_name} {issue.error_type} "
+        f"({issue.detector} {issue.statistic or 0:.2f}/{issue.threshold or 0:.2f}); "
+        "see agentmend status"
+    )
 
 
 SUBCOMMANDS = (

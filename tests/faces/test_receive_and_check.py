@@ -1,0 +1,115 @@
+"""``agentmend otel receive --check``: runs a fleet exports only through OpenTelemetry are
+judged where they arrive. 80 healthy runs, then 150 at half failures, sent over OTLP/HTTP to a
+real receiver process: the receiver's checker opens the issue and ``status`` shows it."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from cli_run import run_cli
+from otel_helpers import SpanFactory, auth, post
+
+from agentmend.faces.workspace import Workspace
+from agentmend.infrastructure.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "receive-and-check"
+
+pytestmark = pytest.mark.usefixtures("restore_logging")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_runs_received_over_otlp_are_judged_and_the_issue_opened(
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workspace = tmp_path / "ws"
+    Workspace.open(workspace, settings=Settings(store_url=store_url), create=True).close()
+    port = _free_port()
+    command = [sys.executable, "-m", "agentmend.faces.cli", "otel", "receive"]
+    command += ["--workspace", str(workspace), "--store", store_url, "--port", str(port)]
+    command += ["--token", TOKEN, "--check", "--check-interval", "0.2"]
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "AGENTMEND_BASELINE_N": "60", "AGENTMEND_MIN_BASELINE_N": "30"},
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def wait_for(text: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if text in line:
+                return line
+        pytest.fail(f"the receiver said no line with {text!r} in {timeout} s")
+
+    rng = random.Random(5)
+    spans = SpanFactory(service="fleet-app")
+    try:
+        wait_for("checking team")
+        endpoint = f"http://127.0.0.1:{port}/v1/traces"
+        for n, rate in ((80, 0.97), (150, 0.5)):
+            for _ in range(n):
+                fail = None if rng.random() < rate else "the tool returned 503"
+                spans.agent_run("otel-writer", fail=fail)
+            assert post(endpoint, spans.body(), headers=auth(TOKEN))[0] == 200
+        issue = wait_for("issue ")
+        assert "otel-writer low_success_rate" in issue
+    finally:
+        spans.close()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+        reader.join(timeout=10)
+        if process.stderr is not None:
+            process.stderr.close()
+    assert process.returncode == 0
+    code, out, _ = run_cli(
+        capsys, "status", "--json", "--workspace", str(workspace), "--store", store_url
+    )
+    assert code == 0
+    agents = {a["agent"]: a for a in json.loads(out)["agents"]}
+    assert agents["otel-writer"]["runs"] == 230
+    assert agents["otel-writer"]["open_issues"]
+
+
+def test_check_without_a_team_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "agentmend.faces.cli", "otel", "receive", "--port", "0"]
+    done = subprocess.run(
+        [*command, "--workspace", str(tmp_path / "ws"), "--token", TOKEN, "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--check needs the team whose runs it judges" in done.stderr
