@@ -74,10 +74,17 @@ class Answer:
     status: int
     content_type: str
     body: bytes
+    allow: str | None = None  # a 405's ``Allow`` header: the methods the path takes
 
     @classmethod
     def text(cls, status: int, reason: str) -> Answer:
         return cls(status, "text/plain; charset=utf-8", reason.encode())
+
+    @classmethod
+    def wrong_method(cls, path: str, allow: str) -> Answer:
+        return cls(
+            405, "text/plain; charset=utf-8", f"{path} takes {allow} only".encode(), allow=allow
+        )
 
 
 class OtlpReceiver:
@@ -330,11 +337,17 @@ def _handler_for(receiver: OtlpReceiver) -> type[http.server.BaseHTTPRequestHand
             return None
 
         def _get(self) -> Answer:
-            if self.path.split("?", 1)[0] == "/status":
+            path = self.path.split("?", 1)[0]
+            if path == "/status":
                 return receiver.status()
+            if path == TRACES_PATH:  # exporters POST; a GET is the wrong method, not a lost path
+                return Answer.wrong_method(TRACES_PATH, "POST")
             return Answer.text(404, f"no such path {self.path!r}: POST {TRACES_PATH}")
 
         def _post(self) -> Answer:
+            if self.path.split("?", 1)[0] == "/status":
+                self.close_connection = True  # its body is not read
+                return Answer.wrong_method("/status", "GET")
             if self.path.split("?", 1)[0] != TRACES_PATH:
                 self.close_connection = True
                 return Answer.text(404, f"no such path {self.path!r}: POST {TRACES_PATH}")
@@ -374,6 +387,8 @@ def _handler_for(receiver: OtlpReceiver) -> type[http.server.BaseHTTPRequestHand
                 self.send_response(answer.status)
                 self.send_header("Content-Type", answer.content_type)
                 self.send_header("Content-Length", str(len(answer.body)))
+                if answer.allow is not None:
+                    self.send_header("Allow", answer.allow)
                 if self.close_connection:
                     self.send_header("Connection", "close")
                 self.end_headers()

@@ -322,3 +322,18 @@ def test_a_subcommand_imports_only_what_it_runs(tmp_path: Path, argv: list[str])
     )
     assert "session imported: False" in result.stderr, result.stderr
     assert "agentmend" in result.stdout + result.stderr  # it ran: the version, help or error
+
+
+def test_under_json_a_failure_is_json_on_stdout_with_its_exit_code(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(capsys, "show", "nope", "--workspace", str(workspace), "--json")
+    assert code == EXIT_USAGE
+    assert json.loads(out) == {
+        "error": "unknown change id 'nope' (see `agentmend history`)",
+        "exit_code": EXIT_USAGE,
+    }
+    assert err == ""
+    code, out, err = run_cli(capsys, "show", "nope", "--workspace", str(workspace))
+    assert (code, out) == (EXIT_USAGE, "")  # without --json: the one line on stderr
+    assert err == "agentmend: unknown change id 'nope' (see `agentmend history`)\n"

@@ -30,6 +30,7 @@ from agentmend.faces.cli.common import (
     EXIT_USAGE,
     CommandError,
     Subcommand,
+    print_json,
 )
 from agentmend.faces.terminal import terminal_text
 
@@ -194,11 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command.run(args)
     except CommandError as exc:  # it may quote a stored name or a URL: escaped and masked
-        sys.stderr.write(f"agentmend: {terminal_text(redact(str(exc)))}\n")
-        return exc.code
+        return _failed(args, redact(str(exc)), exc.code)
     except LockTimeout as exc:  # another process holds a lock (stopped, stuck): one line
-        sys.stderr.write(f"agentmend: {terminal_text(str(exc))}\n")
-        return EXIT_UNAVAILABLE
+        return _failed(args, redact(str(exc)), EXIT_UNAVAILABLE)
     except KeyboardInterrupt:
         sys.stderr.write("agentmend: interrupted\n")
         return 130
@@ -206,3 +205,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the reader went away (``agentmend history --json | head``): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+
+
+def _failed(args: argparse.Namespace, message: str, code: int) -> int:
+    """A command's failure, said once: as JSON on stdout under ``--json`` (what a program
+    parsing the output reads), else as one escaped line on stderr. Returns ``code``."""
+    if getattr(args, "json", False):
+        print_json({"error": message, "exit_code": code})
+    else:
+        sys.stderr.write(f"agentmend: {terminal_text(message)}\n")
+    return code

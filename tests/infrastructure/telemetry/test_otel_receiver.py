@@ -318,7 +318,7 @@ def test_bad_bodies_are_answered_and_the_receiver_stays_up(
     (run,) = recorder.records
     assert run.input_tokens == 5
     status, _counts = post(receiver.endpoint + "/status", b"")
-    assert status == 404  # status is a GET
+    assert status == 405  # status is a GET: the wrong method, not a lost path
     import urllib.request
 
     status_request = urllib.request.Request(receiver.endpoint + "/status", headers=auth())
@@ -403,3 +403,24 @@ def test_a_workspace_that_is_a_file_exits_3_in_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1
     assert lines[0].startswith("agentmend: cannot use the workspace")
     assert blocker.read_text() == "not a folder"
+
+
+def test_a_wrong_method_is_405_naming_the_one_the_path_takes(receiver: OtlpReceiver) -> None:
+    import urllib.error
+    import urllib.request
+
+    def answer(path: str, method: str) -> tuple[int, str | None, str]:
+        body = b"x" if method == "POST" else None
+        request = urllib.request.Request(url(receiver, path), data=body, method=method)
+        for name, value in auth().items():
+            request.add_header(name, value)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return int(response.status), response.headers.get("Allow"), ""
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.headers.get("Allow"), exc.read().decode()
+
+    assert answer("/v1/traces", "GET") == (405, "POST", "/v1/traces takes POST only")
+    assert answer("/status", "POST") == (405, "GET", "/status takes GET only")
+    assert answer("/nowhere", "GET")[0] == 404
+    assert answer("/status", "GET")[0] == 200
