@@ -181,3 +181,33 @@ def test_status_reports_a_worker_whose_release_is_not_what_was_published(
         "not match its hash" in " ".join(out.split())
     )
     store.close()
+
+
+def test_the_list_is_a_table_that_says_what_each_release_is(
+    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = ("--workspace", str(workspace))
+    code, out, _ = _run(capsys, "release", "list", *ws)
+    assert (code, out) == (EXIT_OK, "no release published yet (agentmend release publish)\n")
+    assert _run(capsys, "release", "publish", *ws)[0] == EXIT_OK
+    _edit(workspace, "max_tokens: 2048", "max_tokens: 4096")
+    assert _run(capsys, "release", "publish", "--change", "chg-7", *ws)[0] == EXIT_OK
+    assert _run(capsys, "release", "canary", "2", *ws)[0] == EXIT_OK
+    code, out, _ = _run(capsys, "release", "list", *ws)
+    header = next(line for line in out.splitlines() if "version" in line)
+    for column in ("version", "hash", "parent", "serving", "reason", "changes"):
+        assert column in header
+    rows = {
+        line.split()[1]: line for line in out.splitlines() if line.split()[1:2] in (["1"], ["2"])
+    }
+    assert "stable" in rows["1"]
+    assert "canary 10%" in rows["2"]
+    assert "chg-7" in rows["2"]
+    monkeypatch.setenv("AGENTMEND_PRINCIPAL_ADMIN", "true")
+    assert _run(capsys, "release", "abort", "2", *ws)[0] == EXIT_OK
+    code, out, _ = _run(capsys, "release", "list", *ws)
+    rows = {
+        line.split()[1]: line for line in out.splitlines() if line.split()[1:2] in (["1"], ["2"])
+    }
+    assert "rolled back (aborted)" in rows["2"]  # not a blank: what became of the canary
+    assert "stable" in rows["1"]

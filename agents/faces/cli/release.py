@@ -77,6 +77,7 @@ def _run_list(args: argparse.Namespace) -> int:
         heads = log.heads()
         releases = log.list(limit=args.limit)
         active = rollouts.active()
+        rolled_back = {r.canary: r for r in rollouts.rolled_back(limit=args.limit)}
     if args.json:
         print_json(
             {
@@ -88,21 +89,32 @@ def _run_list(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     out = console()
-    for release in releases:
-        role = (
-            "stable"
-            if release.version == heads.stable
-            else f"canary {heads.share:.0%}"
-            if release.version == heads.canary
-            else ""
-        )
-        changes = ", ".join(release.change_ids) or "-"
-        out.print(
-            f"{release.version:>4}  {release.content_hash[:12]}  parent {release.parent or '-':>4}"
-            f"  {role:<11} {release.reason}  changes: {changes}"
-        )
     if not releases:
         out.print("no release published yet (agentmend release publish)")
+        return EXIT_OK
+    from rich.table import Table
+
+    table = Table(title=f"Releases of team {log.team_id}")
+    for column in ("version", "hash", "parent", "serving", "reason", "changes"):
+        table.add_column(column, justify="right" if column in ("version", "parent") else "left")
+    for release in releases:
+        if release.version == heads.stable:
+            role = "stable"
+        elif release.version == heads.canary:
+            role = f"canary {heads.share:.0%}"
+        elif release.version in rolled_back:  # a canary that was rolled back: why, in a word
+            role = f"rolled back ({rolled_back[release.version].reason or 'by hand'})"
+        else:
+            role = "-"
+        table.add_row(
+            str(release.version),
+            release.content_hash[:12],
+            str(release.parent or "-"),
+            role,
+            release.reason,
+            ", ".join(release.change_ids) or "-",
+        )
+    out.print(table)
     return EXIT_OK
 
 
