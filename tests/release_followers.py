@@ -12,6 +12,8 @@ serves. Workers are stopped by pid (SIGTERM, then SIGKILL after 30 s).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,9 +35,11 @@ class FollowingWorkers:
         self.files_dir = files_dir
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
-    def start(self, n: int, *extra: str) -> list[int]:
+    def start(self, n: int, *extra: str, first: int | None = None) -> list[int]:
+        """Start ``n`` workers numbered from ``first`` (default: after those running)."""
         started = []
-        for k in range(len(self.procs), len(self.procs) + n):
+        first = len(self.procs) if first is None else first
+        for k in range(first, first + n):
             args = [sys.executable, str(WORKER), self.location, self.team, str(self.root(k))]
             args += [str(self.status_path(k)), "--seed", str(k), "--files-dir", str(self.files_dir)]
             self.procs[k] = subprocess.Popen(
@@ -69,6 +73,12 @@ class FollowingWorkers:
                 json.dumps(self.status(k)) for k in self.procs
             )
             time.sleep(0.05)
+
+    def kill(self, k: int, sig: int = signal.SIGKILL) -> None:
+        """Send worker ``k`` ``sig`` by its pid and reap it."""
+        proc = self.procs.pop(k)
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -15,15 +15,13 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pg_server import PgServer, _alive
+from release_followers import FollowingWorkers
 
 from agentmend.infrastructure.changes.audit.log import AuditLog
 from agentmend.infrastructure.files.atomic import sha256_bytes
@@ -35,64 +33,28 @@ from agentmend.infrastructure.releases.rollout import Rollouts
 from agentmend.infrastructure.simulation import copy_team
 from agentmend.infrastructure.store.api import Store
 
-WORKER = Path(__file__).parents[2].joinpath("release_worker.py")
 CYCLE = Principal("cycle", "improvement cycle")
 AGENT = "research-agent"
 TEAM = "team-fleet"
 
 
-class Fleet:
+class Fleet(FollowingWorkers):
     """The store, the team's source files and the worker processes of one test."""
 
     def __init__(self, tmp_path: Path, url: str | None = None) -> None:
-        self.tmp = tmp_path
         self.source = copy_team(tmp_path / "team")
         self.store_path = tmp_path / "store" / "agentmend.db"  # its own folder: a volume
-        self.location = url or str(self.store_path)
-        self.files_dir = tmp_path / "files"  # a PostgreSQL store's files on this host
+        files_dir = tmp_path / "files"  # a PostgreSQL store's files on this host
+        super().__init__(url or str(self.store_path), TEAM, tmp_path, files_dir)
         self.store = Store(self.location, files_dir=self.files_dir)
         self.audit = AuditLog(self.store)
         self.log = ReleaseLog(self.store, TEAM, audit=self.audit)
         self.rollouts = Rollouts(self.log)
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     def publish_edit(self, old: str, new: str, *, stable: bool = False) -> int:
         path = self.source / f"{AGENT}.md"
         path.write_text(path.read_text().replace(old, new, 1))
         return self.log.publish_directory(self.source, by=CYCLE, stable=stable).version
-
-    def start(self, n: int, *extra: str, first: int = 0) -> list[int]:
-        started = []
-        for k in range(first, first + n):
-            args = [sys.executable, str(WORKER), self.location, TEAM]
-            args += [str(self.root(k)), str(self.status_path(k)), "--seed", str(k)]
-            args += ["--files-dir", str(self.files_dir), *extra]
-            proc = subprocess.Popen(args, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-            self.procs[k] = proc
-            started.append(k)
-        return started
-
-    def root(self, k: int) -> Path:
-        return self.tmp / f"worker-{k}"
-
-    def status_path(self, k: int) -> Path:
-        return self.tmp / f"worker-{k}.json"
-
-    def status(self, k: int) -> dict[str, Any]:
-        try:
-            data: dict[str, Any] = json.loads(self.status_path(k).read_text())
-        except (FileNotFoundError, ValueError):
-            return {}
-        return data
-
-    def kill(self, k: int, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs.pop(k)
-        os.kill(proc.pid, sig)
-        proc.wait(timeout=30)
-
-    def stop_all(self) -> None:
-        for k in list(self.procs):
-            self.kill(k, signal.SIGTERM)
 
     def runs_by_release(self) -> dict[int, int]:
         counts: dict[int, int] = {}
@@ -108,7 +70,7 @@ def fleet(tmp_path: Path, store_url: str) -> Iterator[Fleet]:
     try:
         yield made
     finally:
-        made.stop_all()
+        made.stop()
         made.store.close()
 
 
@@ -254,7 +216,7 @@ def test_a_worker_cut_off_from_the_store_keeps_its_release(tmp_path: Path) -> No
     try:
         _cut_off_by_a_detached_volume(fleet)
     finally:
-        fleet.stop_all()
+        fleet.stop()
         fleet.store.close()
 
 
@@ -287,7 +249,7 @@ def test_a_worker_cut_off_from_a_stopped_server_keeps_its_release(
         try:
             _cut_off_by_a_stopped_server(fleet, server)
         finally:
-            fleet.stop_all()
+            fleet.stop()
             fleet.store.close()
     finally:
         server.stop()
