@@ -292,6 +292,34 @@ def test_agentmend_mcp_serves_the_workspace_over_stdio(tmp_path: Path) -> None:
     assert reply["result"]["serverInfo"]["name"] == "agentmend"
 
 
+def test_agentmend_mcp_takes_every_option_of_agentmend_mcp_and_passes_each_on(
+    tmp_path: Path,
+) -> None:
+    from agentmend.faces.mcp.server import _parse_args
+
+    mcp_leaf = build_parser(argv=["mcp"]).parse_args(
+        ["mcp", "--follow-releases", "on", "--release", "3", "--store", "x.db"]
+    )
+    alone = _parse_args(["--follow-releases", "on", "--release", "3", "--store", "x.db"])
+    assert {k: v for k, v in vars(alone).items()} == {
+        k: v for k, v in vars(mcp_leaf).items() if k in vars(alone)
+    }
+    # --store reaches the server: it names the store it cannot open (and keeps serving, as
+    # documented, so that each call may try again)
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "agentmend.faces.cli", "mcp"),
+            *("--workspace", str(tmp_path / "ws"), "--store", "mysql://nobody@127.0.0.1/db"),
+        ],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert "unsupported store URL mysql://" in result.stderr
+
+
 def test_the_parser_nests_paths_and_every_leaf_runs_something() -> None:
     parser = build_parser()
     args = parser.parse_args(["audit", "verify", "--json"])

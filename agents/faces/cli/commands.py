@@ -94,21 +94,15 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--root",
-        help="the project root for code updates (default: AGENTMEND_PROJECT_ROOT, else the "
-        "current directory)",
-    )
-    parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
+    from agentmend.faces.mcp.options import add_server_arguments
+
+    add_server_arguments(parser, workspace=False)
 
 
 def _run_mcp(args: argparse.Namespace) -> int:
-    from agentmend.faces.mcp.server import main as serve
+    from agentmend.faces.mcp.server import run
 
-    argv = ["--workspace", str(workspace_path(args)), "--log-level", args.log_level]
-    if args.root:
-        argv += ["--root", args.root]
-    return serve(argv)
+    return run(args)
 
 
 # -- history ------------------------------------------------------------------------------------

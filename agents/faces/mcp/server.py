@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
+from agentmend.faces.mcp.options import PROJECT_ROOT_ENV, add_server_arguments
 from agentmend.faces.mcp.results import ToolOutput
 from agentmend.faces.mcp.stdin import serve_stdio
 from agentmend.faces.mcp.tools import AgentmendTools, BadRequest, FileArg
@@ -60,13 +61,19 @@ from agentmend.infrastructure.structured_logger import get_logger
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
 
-__all__ = ["DEFAULT_WORKSPACE", "PROJECT_ROOT_ENV", "build_server", "main"]
+__all__ = [
+    "DEFAULT_WORKSPACE",
+    "PROJECT_ROOT_ENV",
+    "add_server_arguments",
+    "build_server",
+    "main",
+    "run",
+]
 
 log = get_logger(__name__)
 
 SERVER_NAME = "agentmend"
 DEFAULT_WORKSPACE = ".agentmend"
-PROJECT_ROOT_ENV = "AGENTMEND_PROJECT_ROOT"
 
 Action = Literal["plan", "approve", "execute", "status", "rollback"]
 MemoryQuery = Literal["history", "decisions", "audit", "config"]
@@ -253,28 +260,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="agentmend-mcp", description="agentmend's MCP server (stdio)."
     )
-    parser.add_argument(
-        "--workspace",
-        help="the workspace folder (default: AGENTMEND_WORKSPACE, else ./.agentmend)",
-    )
-    parser.add_argument(
-        "--store",
-        help="the store: a SQLite file or postgresql://user@host/db (default: "
-        "AGENTMEND_STORE_URL, else the workspace's agentmend.db)",
-    )
-    parser.add_argument(
-        "--root",
-        help=f"the project root for code updates (default: {PROJECT_ROOT_ENV}, else the "
-        "current directory)",
-    )
-    parser.add_argument(
-        "--follow-releases",
-        choices=["auto", "on", "off"],
-        help="serve the team's releases, canary included (default: AGENTMEND_FOLLOW_RELEASES, "
-        "else auto: when the team has published one)",
-    )
-    parser.add_argument("--release", type=int, help="serve this release only (no canary)")
-    parser.add_argument("--log-level", default="INFO", help="stderr log level (default INFO)")
+    add_server_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -356,10 +342,14 @@ async def _serve(tools: AgentmendTools) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the server over stdio until the client closes it."""
+    return run(_parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the server with the options of :func:`add_server_arguments` (parsed)."""
     from agentmend.infrastructure.settings import InvalidSetting, load_settings
     from agentmend.infrastructure.structured_logger import configure_logging
 
-    args = _parse_args(argv)
     overrides: dict[str, object] = {"store_url": args.store} if args.store else {}
     if args.follow_releases:
         overrides["follow_releases"] = args.follow_releases

@@ -6,6 +6,10 @@ line is read in bounded chunks: past ``Settings.max_request_bytes`` the rest of 
 read and dropped without being kept, and a line nested deeper than
 ``Settings.max_request_depth`` is not parsed. Either gets a JSON-RPC error (``-32600``, with the
 request's id when it can be found cheaply, else ``null``) and the server reads the next line.
+Every other line is checked the way the SDK's reader checks it: the SDK drops a line that is not
+a JSON-RPC message without a word, so here such a line is answered, ``-32700`` when it is not
+JSON at all and ``-32600`` when it is JSON but no JSON-RPC message. That parses each line twice
+(here and in the SDK); lines are bounded and parsing is a small part of any tool call.
 
 The depth check never recurses and never parses: strings are taken out and everything but
 brackets is dropped with bytes methods; a line with fewer brackets than the bound passes at
@@ -34,12 +38,22 @@ from agentmend.infrastructure.structured_logger import get_logger
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
 
-__all__ = ["INVALID_REQUEST", "BoundedLines", "nesting_exceeds", "refusal_reason", "serve_stdio"]
+__all__ = [
+    "INVALID_REQUEST",
+    "PARSE_ERROR",
+    "BoundedLines",
+    "nesting_exceeds",
+    "not_a_message",
+    "refusal_reason",
+    "serve_stdio",
+]
 
 log = get_logger(__name__)
 
 INVALID_REQUEST = -32600
 """JSON-RPC's code for a request the server will not take."""
+PARSE_ERROR = -32700
+"""JSON-RPC's code for a line that is not JSON."""
 
 _CHUNK = 8 << 20
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
@@ -70,10 +84,15 @@ def _nested_at_most(depth: int) -> re.Pattern[bytes]:
 
 
 def nesting_exceeds(line: bytes, max_depth: int) -> bool:
-    """True when ``line``'s arrays and objects nest deeper than ``max_depth`` (or unbalanced)."""
+    """True when ``line``'s arrays and objects may nest deeper than ``max_depth``.
+
+    A line with more brackets than the bound whose brackets do not balance counts too: telling
+    the two apart would take the parse this check exists to avoid. A line with fewer brackets
+    cannot nest too deep, balanced or not; the JSON parser reports it.
+    """
     brackets = outside_strings(line).translate(None, _NOT_BRACKETS)
     if brackets.count(b"[") + brackets.count(b"{") <= max_depth:
-        return len(brackets) % 2 == 1  # too few to nest too deep; odd means unbalanced
+        return False
     return _nested_at_most(max_depth).fullmatch(brackets) is None
 
 
@@ -95,16 +114,37 @@ def request_id(line: bytes) -> int | str | None:
 def refusal_reason(line: bytes, max_depth: int) -> str | None:
     """Why ``line`` (within the size bound) is refused, or None to pass it on."""
     if nesting_exceeds(line, max_depth):
-        return f"request nested deeper than {max_depth} levels (Settings.max_request_depth)"
+        return (
+            f"request nested deeper than {max_depth} levels (Settings.max_request_depth), "
+            "or its brackets do not balance"
+        )
+    return None
+
+
+def not_a_message(line: bytes) -> tuple[int, str] | None:
+    """The JSON-RPC error code and message for a line the SDK's reader would drop, else None."""
+    import mcp_types as types
+    from pydantic import ValidationError
+
+    if not line.strip():
+        return None  # the SDK reads blank lines as nothing, and so do clients
+    try:
+        types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        if any(error["type"] == "json_invalid" for error in errors):
+            return PARSE_ERROR, "Parse error: the line is not JSON"
+        return INVALID_REQUEST, "Invalid Request: the line is JSON but not a JSON-RPC message"
     return None
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """One refused line: the id to answer and why."""
+    """One refused line: the id to answer, why, and JSON-RPC's code for it."""
 
     request_id: int | str | None
     message: str
+    code: int = INVALID_REQUEST
 
 
 class BoundedLines:
@@ -152,6 +192,13 @@ class BoundedLines:
             if reason is not None:
                 log.warning("mcp_request_refused", reason="too_deep", bytes=len(line))
                 await self._answer(Refusal(request_id(line), reason))
+                continue
+            problem = not_a_message(line)
+            if problem is not None:
+                code, message = problem
+                log.warning("mcp_request_refused", reason="not_a_message", code=code)
+                ident = request_id(line) if code == INVALID_REQUEST else None
+                await self._answer(Refusal(ident, message, code))
                 continue
             yield line.decode("utf-8", errors="replace")
 
@@ -202,7 +249,7 @@ async def serve_stdio(server: MCPServer, *, max_bytes: int, max_depth: int) -> N
             error = types.JSONRPCError(
                 jsonrpc="2.0",
                 id=refusal.request_id,
-                error=types.ErrorData(code=INVALID_REQUEST, message=refusal.message),
+                error=types.ErrorData(code=refusal.code, message=refusal.message),
             )
             await ready.wait()
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
