@@ -385,8 +385,11 @@ class PerformanceMonitor:
 
     # ----------------------------------------------------------------- reading
 
-    def get_metrics(self, *, source: str = RUN) -> dict[str, AgentMetrics]:
-        """Metrics for every agent seen, by name (sorted).
+    def get_metrics(self, *agent_names: str, source: str = RUN) -> dict[str, AgentMetrics]:
+        """Metrics for every agent seen, by name (sorted); given names, for those of them seen.
+
+        ``get_metrics("writer")`` is ``{"writer": ...}`` once the writer has a run, ``{}``
+        before; :meth:`get_agent_metrics` gives one agent's metrics alone.
 
         Window fields (over the last ``window`` runs, default 100): ``success_rate``,
         ``error_rate`` (= 1 - success_rate), ``avg_duration_ms``, ``p95_duration_ms``
@@ -398,9 +401,14 @@ class PerformanceMonitor:
         its first run, and for verification runs).
         """
         _check_source(source)
+        for name in agent_names:
+            if not isinstance(name, str):
+                raise InvalidExecution(f"get_metrics(): agent names are strings, got {name!r}")
         with self._state_lock:
             self._drain()
-            return {name: self._metrics(name, source) for name in sorted(self._stats[source])}
+            seen = self._stats[source]
+            names = sorted(seen if not agent_names else set(agent_names) & seen.keys())
+            return {name: self._metrics(name, source) for name in names}
 
     def get_agent_metrics(self, agent_name: str, *, source: str = RUN) -> AgentMetrics | None:
         """One agent's metrics (see :meth:`get_metrics`), or None if it has no runs."""

@@ -613,3 +613,14 @@ def test_rows_of_an_unknown_source_are_skipped_by_refresh_and_load_alike(db: Pat
     assert (refreshed.executions, refreshed.failures) == (2, 0)
     assert (loaded.executions, loaded.failures) == (2, 0)
     assert refreshed.last_error is None
+
+
+def test_get_metrics_takes_agent_names_and_keeps_its_shape(monitor: PerformanceMonitor) -> None:
+    monitor.record("writer", success=True, duration_ms=1.0)
+    monitor.record("critic", success=False, duration_ms=2.0, error="e")
+    assert list(monitor.get_metrics("writer")) == ["writer"]
+    assert monitor.get_metrics("writer")["writer"] == monitor.get_agent_metrics("writer")
+    assert list(monitor.get_metrics("writer", "critic", "nobody")) == ["critic", "writer"]
+    assert monitor.get_metrics("nobody") == {}
+    with pytest.raises(InvalidExecution, match="agent names are strings"):
+        monitor.get_metrics(3)  # type: ignore[arg-type]
