@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -266,3 +267,31 @@ def test_the_claude_agent_sdk_provider_runs_your_agents_through_the_cli(
     requests = fake_api.message_requests()
     assert requests  # the bundled CLI really called the Messages API
     assert any("You add numbers" in str(r.json.get("system")) for r in requests)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_traffic_stops_it_says_how_many_ran_and_a_second_one_quits(
+    tmp_path: Path,
+) -> None:
+    """Stopped between questions or inside one, the session stays up; at the prompt it ends."""
+    with _Interactive(["--workspace", "ws"], tmp_path) as s:
+        s.send("/traffic 1000\n")
+        s.wait_for("Type /help for commands.")
+        for _ in range(3):  # at random moments: inside a question or between two
+            time.sleep(0.3)
+            s.interrupt()
+            s.wait_for("Interrupted: stopped the traffic: ran ")
+            assert "the cycle was aborted" not in s.output
+            s.output = s.output.replace("Interrupted: stopped the traffic", "(seen)")
+            s.send("/traffic 1000\n")
+        s.interrupt()
+        s.wait_for("Interrupted: stopped the traffic: ran ")
+        s.send("/status\n")
+        s.wait_for("research-agent")
+        time.sleep(0.3)
+        s.interrupt()  # nothing running: the session ends
+        assert s.finish() == 130
+    assert "bye" in s.output
+    ran = re.findall(r"ran (\d+) of 1000 question\(s\) through the team", s.output)
+    assert len(ran) == 4
+    assert all(int(n) < 1000 for n in ran)

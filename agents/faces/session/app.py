@@ -9,9 +9,11 @@ has published releases the session is one of its workers: it serves them, the ca
 share (``agentmend.faces.release_serving``), and publishes what its cycles keep as the next release.
 
 Commands are read one line at a time from standard input, so the session can be scripted with a
-pipe. Ctrl-C during a cycle aborts the cycle; whatever it had applied is rolled back. The end of
-input (the end of a script, Ctrl-D) answers no to a pending question, stops generated traffic
-after the question running, and ends the session with exit code 0.
+pipe. Ctrl-C stops what is running (a question, ``/traffic`` with how many questions ran, a
+cycle with whatever it had applied rolled back) and returns to the prompt; Ctrl-C at the prompt
+ends the session. The end of input (the end of a script, Ctrl-D) answers no to a pending
+question, stops generated traffic after the question running, and ends the session with exit
+code 0.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -81,6 +84,22 @@ Type a question to run it through the team. Commands:
 
 _KEY_PROVIDERS = {"anthropic", "claude-agent-sdk"}
 _YES_NO = {"y", "yes", "n", "no"}
+_CYCLE_STOPPED = "the cycle was aborted; anything it applied is rolled back."
+
+
+@dataclass
+class _Traffic:
+    """What ``/traffic`` has run so far, for its summary whether it finished or was stopped."""
+
+    asked: int
+    ran: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    notice: str | None = None  # the last question's, if it went without the store
+
+    def summary(self) -> str:
+        failed = ", ".join(f"{name} {k}" for name, k in sorted(self.failures.items())) or "none"
+        ran = f"{self.ran}" if self.ran == self.asked else f"{self.ran} of {self.asked}"
+        return f"ran {ran} question(s) through the team; failed runs: {failed}"
 
 
 class Session:
@@ -161,7 +180,10 @@ class Session:
 
     # -- work that Ctrl-C can abort ----------------------------------------------------------
 
-    async def _abortable(self, work: Coroutine[Any, Any, T]) -> T | None:
+    async def _abortable(
+        self, work: Coroutine[Any, Any, T], *, stopped: Callable[[], str] = lambda: _CYCLE_STOPPED
+    ) -> T | None:
+        """Run ``work`` so that Ctrl-C stops it; then say what stopped (``stopped()``) and None."""
         task: asyncio.Task[T] = asyncio.ensure_future(work)
         self._work = task
         try:
@@ -170,18 +192,23 @@ class Session:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # the session itself is being cancelled
-            self.console.print(
-                Text("Interrupted: the cycle was aborted; anything it applied is rolled back.")
-            )
+            self.console.print(Text(f"Interrupted: {stopped()}"))
             return None
         finally:
             self._work = None
             self._interrupted = False
 
     def interrupt(self) -> bool:
-        """Abort the running task; False when nothing is running (then Ctrl-C quits)."""
+        """Stop the running work; False when nothing runs (then Ctrl-C ends the session).
+
+        A second Ctrl-C while the first is still being carried out is not passed on: what a
+        cycle applied is being rolled back, and cancelling that would leave it to recovery.
+        """
         if self._work is None or self._work.done():
             return False
+        if self._interrupted:
+            self.console.print(Text("\nstill stopping (undoing what was applied) ...", "yellow"))
+            return True
         self._interrupted = True
         self._work.cancel()
         return True
@@ -252,7 +279,11 @@ class Session:
 
     async def ask(self, question: str) -> None:
         task = await self._abortable(
-            self.orchestrator.execute_task(question, routing_key=self.routing_key)
+            self.orchestrator.execute_task(question, routing_key=self.routing_key),
+            stopped=lambda: (
+                "the question was stopped; a cycle it started is aborted and "
+                "anything it applied rolled back."
+            ),
         )
         if task is None:
             return
@@ -376,26 +407,29 @@ class Session:
         if not 1 <= count <= 1000 or len(args) > 1:
             self.console.print(Text("usage: /traffic [N], N from 1 to 1000", "red"))
             return
-        failures: dict[str, int] = {}
-        notice: str | None = None  # the last question's, if it went without the store
-        for n in range(count):
+        tally = _Traffic(asked=count)
+        finished = await self._abortable(
+            self._run_traffic(tally), stopped=lambda: f"stopped the traffic: {tally.summary()}"
+        )
+        if finished is not None:
+            self.console.print(tally.summary())
+            self._print_store_notice(tally.notice)
+
+    async def _run_traffic(self, tally: _Traffic) -> _Traffic:
+        """Ask the generated questions, one at a time, counting into ``tally`` as they end."""
+        for n in range(tally.asked):
             if self.reader.ended:  # a script that ended stops its traffic, not waits on it
-                self.console.print(f"input ended: stopped after {n} of {count} question(s)")
-                count = n
+                self.console.print(f"input ended: stopped after {n} of {tally.asked} question(s)")
+                tally.asked = n
                 break
-            task = await self._abortable(
-                self.orchestrator.execute_task(f"Simulated learner question {n + 1}")
-            )
-            if task is None:
-                return
+            task = await self.orchestrator.execute_task(f"Simulated learner question {n + 1}")
+            tally.ran += 1
             for name in task.failed:
-                failures[name] = failures.get(name, 0) + 1
-            notice = task.store_notice
+                tally.failures[name] = tally.failures.get(name, 0) + 1
+            tally.notice = task.store_notice
             for cycle in task.cycles:
                 self.console.print(cycle_summary_line(cycle))
-        failed = ", ".join(f"{name} {k}" for name, k in sorted(failures.items())) or "none"
-        self.console.print(f"ran {count} question(s) through the team; failed runs: {failed}")
-        self._print_store_notice(notice)
+        return tally
 
     async def improve(self, args: list[str]) -> None:
         orchestrator = self.orchestrator
