@@ -65,6 +65,8 @@ __all__ = [
 
 DB_NAME = "agentmend.db"
 TEAM_DIR_NAME = "agents"
+FAULTS_NAME = "simulated-faults.json"
+"""The simulated team's injected faults, kept so that every face of the workspace sees them."""
 
 
 class WorkspaceError(ConfigurationError):
@@ -98,10 +100,13 @@ def _check_team_dir(team: Path) -> None:
         raise TeamDirError(team, "it holds no agent definitions (*.md)")
 
 
-def build_runtimes(provider: Provider, *, seed: int = 0) -> tuple[AgentRuntime, AgentRuntime]:
+def build_runtimes(
+    provider: Provider, *, seed: int = 0, faults_file: Path | None = None
+) -> tuple[AgentRuntime, AgentRuntime]:
     """(the team's runtime, the roles' runtime) for ``provider``.
 
-    ``offline``: the simulated team's runtime and the offline playbooks. ``anthropic``: the
+    ``offline``: the simulated team's runtime (its injected faults kept in ``faults_file``)
+    and the offline playbooks. ``anthropic``: the
     Messages API for both (needs ``ANTHROPIC_API_KEY``). ``claude-agent-sdk``: the Claude Code
     CLI for both.
 
@@ -113,7 +118,7 @@ def build_runtimes(provider: Provider, *, seed: int = 0) -> tuple[AgentRuntime, 
         from agentmend.infrastructure.simulation import SimulatedRuntime
         from agentmend.roles.playbooks import offline_policies
 
-        return SimulatedRuntime(seed), OfflineRuntime(offline_policies())
+        return SimulatedRuntime(seed, faults_file=faults_file), OfflineRuntime(offline_policies())
     if provider == "anthropic":
         from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
 
@@ -255,7 +260,9 @@ class Workspace:
         Raises:
             ConfigurationError: the provider cannot be used (no key, ...).
         """
-        team, roles = build_runtimes(self.settings.provider, seed=seed)
+        team, roles = build_runtimes(
+            self.settings.provider, seed=seed, faults_file=self.path / FAULTS_NAME
+        )
         for runtime in (team, roles):  # the setting the role gate judges by, enforced alike
             if isinstance(runtime, RuntimeBase):
                 runtime.read_only_tools = self.settings.read_only_tools

@@ -509,6 +509,33 @@ class MetaOrchestrator:
         issues = self.check_all_issues()
         return issues[0] if issues else None
 
+    def next_issue(self) -> IssueReport | None:
+        """The issue a request for "a cycle, whichever is most urgent" means, or None.
+
+        The most urgent open issue; else one whose cycle was declined here; else an issue the
+        store holds (held by any process, such as a session's "no"): asked for again, its hold
+        yields to the cycle (see the cycle's claim).
+        """
+        urgent = self.check_performance_issues() or next(iter(self.declined_issues()), None)
+        if urgent is not None:
+            return urgent
+        held = self.detector.ledger.issues(active=True)
+        if not held:
+            return None
+        row = held[0]  # the newest
+        metrics = self.monitor.get_agent_metrics(row.agent)
+        dumped = metrics.model_dump() if metrics is not None else {}
+        return IssueReport(
+            agent_name=row.agent,
+            error_type=row.kind,
+            metrics=dumped,
+            error_logs=list(dumped.get("recent_errors", ())),
+            context=row.context,
+            available_agents=self.team.names,
+            detector=row.detector,
+            issue_id=row.issue_id,
+        )
+
     def declined_issues(self) -> list[IssueReport]:
         """The issues whose cycle was declined, most severe first: still open, not offered
         again until they change, but what a person asking for a cycle means."""

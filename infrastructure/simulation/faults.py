@@ -34,12 +34,14 @@ Failure conditions (``need`` is the answer length of one call, which varies by `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 
-from agentmend.infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.errors import ConfigurationError, InvalidArgument
 
-__all__ = ["Fault", "FaultKind"]
+__all__ = ["Fault", "FaultKind", "faults_from_json", "faults_to_json"]
 
 
 class FaultKind(StrEnum):
@@ -87,3 +89,38 @@ class Fault:
             raise InvalidArgument("calls", self.calls, "must be at least 1")
         if self.tool is not None and not self.tool.strip():
             raise InvalidArgument("tool", self.tool, "must be a tool name")
+
+
+def faults_to_json(faults: Mapping[str, Sequence[Fault]]) -> str:
+    """``faults`` (agent -> its faults) as JSON, for a workspace to keep between processes."""
+    kept = [
+        {"agent": agent, **asdict(fault), "kind": fault.kind.value}
+        for agent, agent_faults in sorted(faults.items())
+        for fault in agent_faults
+    ]
+    return json.dumps({"version": 1, "faults": kept}, indent=2) + "\n"
+
+
+def faults_from_json(text: str, *, source: str) -> dict[str, list[Fault]]:
+    """The faults :func:`faults_to_json` wrote; ``source`` names the text in errors.
+
+    Raises:
+        ConfigurationError: the text is not such a document (naming ``source`` and why).
+    """
+    names = {f.name for f in fields(Fault)}
+    try:
+        document = json.loads(text)
+        if not isinstance(document, dict) or document.get("version") != 1:
+            raise ValueError("not a version 1 faults document")
+        out: dict[str, list[Fault]] = {}
+        for entry in document["faults"]:
+            agent = entry.pop("agent")
+            if not isinstance(agent, str) or not set(entry) <= names:
+                raise ValueError(f"unexpected entry {sorted(entry)!r}")
+            entry["kind"] = FaultKind(entry["kind"])
+            out.setdefault(agent, []).append(Fault(**entry))
+    except (ValueError, KeyError, TypeError, AttributeError, InvalidArgument) as exc:
+        raise ConfigurationError(
+            f"{source}: not a file of injected faults ({exc}); delete it to start with none"
+        ) from None
+    return out

@@ -18,10 +18,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentmend.infrastructure.errors import AgentRunError, ConfigurationError, ErrorKind
+from agentmend.infrastructure.files.atomic import atomic_write
 from agentmend.infrastructure.llm.base import AgentResult, OutputT, RuntimeBase, ToolSpec, Usage
 from agentmend.infrastructure.simulation.answers import compose_answer
 from agentmend.infrastructure.simulation.engine import Conditions, Outcome, draw, simulate
-from agentmend.infrastructure.simulation.faults import Fault, FaultKind
+from agentmend.infrastructure.simulation.faults import (
+    Fault,
+    FaultKind,
+    faults_from_json,
+    faults_to_json,
+)
 from agentmend.infrastructure.simulation.outputs import CannotFill, fill_output
 from agentmend.infrastructure.simulation.run_record import RunRecord
 from agentmend.infrastructure.simulation.team import (
@@ -35,6 +41,8 @@ from agentmend.infrastructure.simulation.team import (
 from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from agentmend.infrastructure.definitions.spec import AgentSpec
 
 __all__ = ["AgentAnswerer", "SimulatedRuntime"]
@@ -63,6 +71,12 @@ class SimulatedRuntime(RuntimeBase):
             that advances by each run's simulated duration.
         base_failure_rate: probability of a transient API error on a healthy run.
         memory: how many recent runs each agent remembers.
+        faults_file: where the injected faults are kept (a workspace's), so that every process
+            opening it sees them: read here, rewritten whole at each ``inject`` and ``heal``.
+            None keeps them in this object only.
+
+    Raises:
+        ConfigurationError: a bad argument, or a ``faults_file`` that is not one.
     """
 
     def __init__(
@@ -73,6 +87,7 @@ class SimulatedRuntime(RuntimeBase):
         *,
         base_failure_rate: float = 0.02,
         memory: int = 50,
+        faults_file: Path | None = None,
     ) -> None:
         if not 0.0 <= base_failure_rate < 1.0:
             raise ConfigurationError(
@@ -90,6 +105,17 @@ class SimulatedRuntime(RuntimeBase):
         self._calls: dict[str, int] = {}
         self._log: dict[str, deque[RunRecord]] = {}
         self._last_spec: dict[str, AgentSpec] = {}
+        self._faults_file = faults_file
+        if faults_file is not None and faults_file.exists():
+            for agent, kept in faults_from_json(
+                faults_file.read_text(encoding="utf-8", errors="replace"), source=str(faults_file)
+            ).items():
+                self._faults[agent] = [_ActiveFault(f, f.model, f.calls) for f in kept]
+
+    def _keep_faults(self) -> None:
+        if self._faults_file is not None:
+            current = {agent: self.faults(agent) for agent in self._faults}
+            atomic_write(self._faults_file, faults_to_json(current))
 
     @staticmethod
     def _model_table(models: Iterable[str | ModelProfile] | None) -> dict[str, ModelProfile]:
@@ -139,6 +165,7 @@ class SimulatedRuntime(RuntimeBase):
             fault = Fault(fault)
         active = _ActiveFault(fault, fault.model, fault.calls)
         self._faults.setdefault(agent, []).append(active)
+        self._keep_faults()
         log.debug("injected_fault", agent=agent, fault=fault.kind.value)
         return fault
 
@@ -154,6 +181,7 @@ class SimulatedRuntime(RuntimeBase):
                 self._faults[name] = kept
             else:
                 self._faults.pop(name, None)
+        self._keep_faults()
 
     def faults(self, agent: str) -> tuple[Fault, ...]:
         """The faults active for ``agent`` (the ground truth a test compares a diagnosis with)."""

@@ -275,17 +275,17 @@ def test_ctrl_c_during_traffic_stops_it_says_how_many_ran_and_a_second_one_quits
 ) -> None:
     """Stopped between questions or inside one, the session stays up; at the prompt it ends."""
     with _Interactive(["--workspace", "ws"], tmp_path) as s:
-        s.send("/traffic 1000\n")
-        s.wait_for("Type /help for commands.")
-        for _ in range(3):  # at random moments: inside a question or between two
+        for _ in range(4):  # at random moments: inside a question or between two
+            s.send("/traffic 1000\n")
+            # the command echoed: its traffic runs (it starts before the session reads again)
+            s.wait_for("agentmend> /traffic 1000")
             time.sleep(0.3)
             s.interrupt()
             s.wait_for("Interrupted: stopped the traffic: ran ")
             assert "the cycle was aborted" not in s.output
-            s.output = s.output.replace("Interrupted: stopped the traffic", "(seen)")
-            s.send("/traffic 1000\n")
-        s.interrupt()
-        s.wait_for("Interrupted: stopped the traffic: ran ")
+            s.output = s.output.replace("Interrupted: stopped the traffic", "(seen)").replace(
+                "agentmend> /traffic 1000", "(sent)"
+            )
         s.send("/status\n")
         s.wait_for("research-agent")
         time.sleep(0.3)
@@ -295,3 +295,36 @@ def test_ctrl_c_during_traffic_stops_it_says_how_many_ran_and_a_second_one_quits
     ran = re.findall(r"ran (\d+) of 1000 question\(s\) through the team", s.output)
     assert len(ran) == 4
     assert all(int(n) < 1000 for n in ran)
+
+
+@pytest.mark.slow
+def test_agentmend_improve_sees_the_sessions_fault_and_takes_the_issue_it_held(
+    tmp_path: Path,
+) -> None:
+    """A fault injected in the session stays in the workspace until /heal: `agentmend improve`
+    (no agent named) takes the issue the session declined and proves a fix against that fault."""
+    script = "/traffic 40\n/inject research-agent truncation\n/traffic 60\nn\nn\n/quit\n"
+    session = _run(["--workspace", "ws"], script, tmp_path)
+    assert session.returncode == 0, session.stdout[-3000:] + session.stderr[-3000:]
+    assert "Run self-improvement cycle?" in session.stdout
+
+    def improve() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "agentmend.faces.cli", "improve", "--workspace", "ws"],
+            cwd=tmp_path,
+            env=_env(AGENTMEND_YOLO_MODE="true"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    improved = improve()
+    assert improved.returncode == 0, improved.stdout[-3000:] + improved.stderr[-3000:]
+    assert "no open issue" not in improved.stdout
+    assert re.search(r"cycle \w+ on research-agent: kept", improved.stdout), improved.stdout[-2000:]
+    # a new session says the fault is still there, and /heal ends it for every face
+    again = _run(["--workspace", "ws"], "/heal\n/quit\n", tmp_path)
+    assert "injected faults still active: research-agent truncation" in again.stdout
+    assert "healed every agent" in again.stdout
+    assert "research-agent" not in (tmp_path / "ws" / "simulated-faults.json").read_text()

@@ -334,7 +334,7 @@ def _run_improve(args: argparse.Namespace) -> int:
                 orchestrator.team.spec(args.agent)  # UnknownAgent names the agents there are
                 issue = await orchestrator.issue_for(args.agent, requested_by="agentmend improve")
                 return await orchestrator.run_improvement_cycle(issue)
-            urgent = orchestrator.check_performance_issues()
+            urgent = orchestrator.next_issue()
             if urgent is None:
                 return None
             return await orchestrator.run_improvement_cycle(urgent)

@@ -227,6 +227,7 @@ class Session:
             )
         )
         self._print_releases()
+        self._print_kept_faults()
         while True:
             if self.interactive:
                 self.console.print("agentmend> ", end="")
@@ -298,6 +299,21 @@ class Session:
         """The steps a question skipped because the store was out of reach, on one line."""
         if notice is not None:
             self.console.print(Text(notice, style="yellow"), soft_wrap=True)
+
+    def _print_kept_faults(self) -> None:
+        """The faults an earlier /inject left in this workspace (they last until /heal)."""
+        runtime = self.orchestrator.team.runtime
+        if not isinstance(runtime, SimulatedRuntime):
+            return
+        kept = [
+            f"{agent} {fault.kind.value}"
+            for agent in self.orchestrator.team.names
+            for fault in runtime.faults(agent)
+        ]
+        if kept:
+            self.console.print(
+                Text(f"injected faults still active: {', '.join(kept)} (/heal ends them)", "yellow")
+            )
 
     def _print_releases(self) -> None:
         if self.served is not None:
@@ -437,9 +453,7 @@ class Session:
         if args:
             orchestrator.team.spec(args[0])  # UnknownAgent names the agents there are
         else:
-            issue = orchestrator.check_performance_issues() or next(
-                iter(orchestrator.declined_issues()), None
-            )
+            issue = orchestrator.next_issue()
             if issue is None:
                 self.console.print("no open issue; name an agent: /improve AGENT")
                 return
