@@ -38,6 +38,7 @@ from agentmend.infrastructure.changes.improvement_manager import ImprovementMana
 from agentmend.infrastructure.changes.watch import ChangeWatcher
 from agentmend.infrastructure.code_update.plan_recovery import settle_interrupted_plans
 from agentmend.infrastructure.detection.issue_ledger import IssueLedger
+from agentmend.infrastructure.detection.team_baseline import settle_team_baseline
 from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
 from agentmend.infrastructure.limits import InputLimits
 from agentmend.infrastructure.llm.base import AgentRuntime, RuntimeBase
@@ -175,6 +176,7 @@ class Workspace:
         create: bool = True,
         team_dir: str | Path | None = None,
         interactive: bool = False,
+        baseline_default: int | None = None,
     ) -> Workspace:
         """Open (and with ``create``, make) the workspace at ``path``.
 
@@ -188,6 +190,9 @@ class Workspace:
                 (nothing is copied there).
             interactive: the interactive session's workspace: the improvement budget is per
                 session (``max_improvements_per_session``) rather than a rolling window.
+            baseline_default: the detection baseline to record when the store has none and
+                ``settings`` does not set one (the store's is used otherwise: see
+                :mod:`agentmend.infrastructure.detection.team_baseline`).
 
         Raises:
             TeamDirError: ``team_dir`` is missing, a file, or holds no definitions (checked
@@ -221,6 +226,7 @@ class Workspace:
                 timeouts=StoreTimeouts.from_settings(settings),
             )
             opened.append(store)
+            settings = settle_team_baseline(store, settings, default=baseline_default)
             key = settings.audit_hmac_key
             manager = ImprovementManager(
                 store=store,

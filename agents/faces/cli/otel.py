@@ -306,6 +306,7 @@ def _fleet_checker(
     from agentmend.faces.workspace import TEAM_DIR_NAME
     from agentmend.infrastructure.changes.protocol.team_registry import team_id
     from agentmend.infrastructure.detection.checker_seat import CheckerSeat
+    from agentmend.infrastructure.detection.team_baseline import settle_team_baseline
     from agentmend.infrastructure.settings import load_settings
     from agentmend.infrastructure.terminal_text import terminal_text
     from agentmend.loop.collaborators import default_detector
@@ -320,7 +321,7 @@ def _fleet_checker(
         )
     if args.check_interval <= 0:
         raise ConfigurationError(f"--check-interval must be positive, not {args.check_interval}")
-    settings = load_settings()
+    settings = settle_team_baseline(store, load_settings())
     seat = CheckerSeat(
         store,
         team,

@@ -42,6 +42,7 @@ class _OpenStore:
         from agentmend.faces.workspace import DB_NAME
         from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
         from agentmend.infrastructure.code_update.plan_recovery import settle_interrupted_plans
+        from agentmend.infrastructure.detection.team_baseline import read_team_baseline
         from agentmend.infrastructure.errors import AgentmendError
         from agentmend.infrastructure.store.api import Store
         from agentmend.infrastructure.store.timeouts import StoreTimeouts
@@ -73,6 +74,9 @@ class _OpenStore:
             )
             # like every face's start: settle the code plans of executors that are gone
             settle_interrupted_plans(self.manager)
+            team_baseline = read_team_baseline(self.store)
+            if team_baseline is not None and "baseline_n" not in self.settings.model_fields_set:
+                self.settings = self.settings.model_copy(update={"baseline_n": team_baseline})
         except AgentmendError as exc:
             raise CommandError(
                 f"workspace {folder} cannot be opened: {exc}", EXIT_UNAVAILABLE

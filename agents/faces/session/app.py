@@ -570,18 +570,22 @@ OFFLINE_OWN_AGENTS = (
 rules (its required headings, its injected faults) would misjudge them, so it is refused."""
 
 SIMULATED_BASELINE_N = 30
-"""The simulated team's detection baseline, unless AGENTMEND_BASELINE_N says otherwise: 500
-runs per agent (the production default) would take an afternoon of typing to fill."""
+"""The simulated team's detection baseline, unless AGENTMEND_BASELINE_N or the store says
+otherwise: 500 runs per agent (the production default) would take an afternoon of typing."""
 
 
 async def _session(args: argparse.Namespace, settings: Settings, console: Console) -> int:
     if settings.provider == "offline" and args.agents is not None:
         raise ConfigurationError(OFFLINE_OWN_AGENTS)
-    if settings.provider == "offline" and "AGENTMEND_BASELINE_N" not in os.environ:
-        settings = settings.model_copy(update={"baseline_n": SIMULATED_BASELINE_N})
+    # the simulated team's own default, unless the store already keeps the team's baseline
+    simulated = settings.provider == "offline"
     with (
         Workspace.open(
-            args.workspace, settings=settings, team_dir=args.agents, interactive=True
+            args.workspace,
+            settings=settings,
+            team_dir=args.agents,
+            interactive=True,
+            baseline_default=SIMULATED_BASELINE_N if simulated else None,
         ) as workspace,
         SessionLock(workspace.path) as lock,
     ):
