@@ -416,10 +416,15 @@ class IssueDetector:
         return self._cursor.missed if self._cursor is not None else 0
 
     def statistics(self, agent_name: str) -> dict[str, Any] | None:
-        """The agent's current statistics and thresholds (None before its first checked run)."""
+        """The agent's current statistics and thresholds (None before its first checked run).
+
+        Before this detector has checked a run of the agent, the statistics its store saved
+        (from a checker or an earlier process) are shown as they were saved, marked
+        ``"state": "saved"``, so that every face shows the same chart values.
+        """
         st = self._states.get(agent_name)
         if st is None:
-            return None
+            return self._saved_statistics(agent_name)
         charts = st.charts
         out: dict[str, Any] = {"baseline": st.baseline.summary(), "state": self.state(agent_name)}
         if st.watches:
@@ -440,6 +445,20 @@ class IssueDetector:
                 "statistic": st.s_dur[j],
                 "threshold": charts.duration.members[j].h,
             }
+        return out
+
+    def _saved_statistics(self, agent_name: str) -> dict[str, Any] | None:
+        saved = {kind: state for (agent, kind), state in self._saved.items() if agent == agent_name}
+        if not saved:
+            return None
+        out: dict[str, Any] = {"baseline": {"frozen": True}, "state": "saved"}
+        for kind, state in saved.items():
+            chart = CHART_OF_KIND.get(kind)
+            if chart is not None:
+                out[chart] = {
+                    "statistic": state.statistic * state.scale,
+                    "threshold": state.threshold,
+                }
         return out
 
     # ----------------------------------------------------------------- statistical

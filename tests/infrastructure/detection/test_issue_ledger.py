@@ -215,3 +215,28 @@ def test_status_reads_open_issues_and_detector_state_from_the_store(tmp_path: Pa
         shown = d.statistics("a")
         assert shown is not None
         assert status.detector["cusum_failure_rate"] == shown["cusum_failure_rate"]
+
+
+def test_a_new_process_shows_the_saved_statistics_before_its_first_check(tmp_path: Path) -> None:
+    """The session's /status and `agentmend status` show the same chart values at once."""
+    from agentmend.faces.report.data import agent_statuses
+
+    rng = random.Random(8)
+    db = tmp_path / "s.db"
+    with Store(db) as store, PerformanceMonitor(store, baseline_n=BASE_N) as m:
+        d = _detector(m, IssueLedger(store))
+        _feed(m, rng, BASE_N, 0.97)
+        d.check()
+        _feed(m, rng, 20, 0.6)
+        d.check()
+        m.flush()
+    with Store(db) as store, PerformanceMonitor(store, baseline_n=BASE_N) as m:
+        fresh = _detector(m, IssueLedger(store))
+        shown = fresh.statistics("a")
+        assert shown is not None
+        assert shown["state"] == "saved"
+        (status,) = agent_statuses(store, baseline_n=BASE_N)
+        assert status.detector is not None
+        assert shown["cusum_failure_rate"]["statistic"] > 0
+        assert shown["cusum_failure_rate"] == status.detector["cusum_failure_rate"]
+        assert fresh.statistics("nobody") is None
