@@ -338,10 +338,14 @@ def status_text(
             lines.append(f"- {a['name']}: definition broken: {a['broken']}")
         else:
             lines.append(f"- {a['name']}: no runs recorded")
-    if data.get("unwrittenRuns"):
+    if data.get("unwrittenRuns") and data.get("storeWriteError"):
         lines.append(
             f"Runs not yet written to the store: {data['unwrittenRuns']} (kept in memory, "
-            f"retried; last error: {data.get('storeWriteError') or 'none'})"
+            f"retried; last error: {data['storeWriteError']})"
+        )
+    elif data.get("unwrittenRuns"):  # the writer's normal lag after a burst, not a fault
+        lines.append(
+            f"Runs on their way to the store: {data['unwrittenRuns']} (the writer is catching up)"
         )
     if data.get("refusedRuns"):
         lines.append(

@@ -37,6 +37,7 @@ from agentmend.faces.release_serving import ServedReleases, release_status_line,
 from agentmend.faces.session.input import LineReader, add_arguments, parse_args, settings_overrides
 from agentmend.faces.session.lock import SessionLock
 from agentmend.faces.session.views import (
+    backlog_line,
     cycle_event_line,
     cycle_summary_line,
     diff_text,
@@ -338,15 +339,9 @@ class Session:
         )
         if not metrics:
             self.console.print("no executions yet: ask the team a question")
-        unwritten, write_error = orchestrator.monitor.write_backlog()
-        if unwritten:
-            self.console.print(
-                Text(
-                    f"{unwritten} runs not yet written to the store (kept, retried): "
-                    f"{write_error or 'waiting for the writer'}",
-                    style="yellow",
-                )
-            )
+        line = backlog_line(*orchestrator.monitor.write_backlog())
+        if line is not None:
+            self.console.print(line)
         refused = orchestrator.monitor.backlog_status().refused
         if refused:
             self.console.print(

@@ -101,6 +101,22 @@ def _detector_cell(stats: Mapping[str, Any] | None, baseline_n: int) -> str:
     return "  ".join(parts) or "-"
 
 
+def backlog_line(unwritten: int, write_error: str | None) -> Text | None:
+    """The runs between ``record()`` and the store, worded as what they are.
+
+    Runs waiting for the background writer are the normal lag after a burst of traffic, not a
+    fault: only a failed write (``write_error``) is worded as one.
+    """
+    if not unwritten:
+        return None
+    if write_error is None:
+        return Text(f"{unwritten} runs on their way to the store (the writer is catching up)")
+    return Text(
+        f"{unwritten} runs not yet written to the store (kept, retried): {write_error}",
+        style="yellow",
+    )
+
+
 def status_table(
     metrics: Mapping[str, AgentMetrics],
     detector_stats: Mapping[str, Mapping[str, Any] | None],
