@@ -88,6 +88,52 @@ def test_the_command_reports_a_break_until_an_administrator_acknowledges_it(
     assert json.loads(capsys.readouterr().out)["audit"]["ok"] is True
 
 
+def test_an_edited_row_is_reported_until_an_administrator_acknowledges_it(
+    settings: Settings,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The documented way back from a row altered in the database to a chain that verifies."""
+    folder = tmp_path / "ws"
+    action = ImprovementAction(
+        target_agent="research-agent",
+        action_type=ChangeType.PROMPT_MODIFICATION,
+        confidence_score=0.9,
+    )
+    with Workspace.open(folder, settings=settings) as ws:
+        for _ in range(3):
+            ws.manager.log_change(action, ChangeStatus.APPLIED)
+        url = ws.store.url
+    raw_execute(url, "UPDATE audit_log SET new_value = 'rewritten' WHERE id = 2")
+    capsys.readouterr()
+    code, report = _verify(folder, capsys)
+    assert code == 1
+    assert [(p["row_id"], p["kind"]) for p in report["problems"]] == [(2, "edited")]  # type: ignore[attr-defined]
+    assert main(["audit", "acknowledge", "--workspace", str(folder)]) == 2  # not an admin
+    capsys.readouterr()
+    monkeypatch.setenv("AGENTMEND_PRINCIPAL_ADMIN", "true")
+    monkeypatch.setenv("AGENTMEND_PRINCIPAL_ID", "ops-1")
+    assert main(["audit", "acknowledge", "--workspace", str(folder), "--note", "checked"]) == 0
+    said = capsys.readouterr().out
+    assert "acknowledged the problem(s) at row(s) 2 as ops-1" in said
+    assert "still reported" not in said
+    code, report = _verify(folder, capsys)
+    assert code == 0
+    assert any(
+        "row 2 edited" in n and "acknowledged by" in n
+        for n in report["notes"]  # type: ignore[attr-defined]
+    )
+    # an acknowledgement covers what it names: an edit made after it is reported again
+    raw_execute(url, "UPDATE audit_log SET new_value = 'again' WHERE id = 1")
+    code, report = _verify(folder, capsys)
+    assert code == 1
+    assert [(p["row_id"], p["kind"]) for p in report["problems"]] == [(1, "edited")]  # type: ignore[attr-defined]
+    assert main(["audit", "acknowledge", "--workspace", str(folder)]) == 0
+    assert "nothing to acknowledge" not in capsys.readouterr().out
+    assert _verify(folder, capsys)[0] == 0
+
+
 async def test_the_mcp_status_reports_the_break(tmp_path: Path, settings: Settings) -> None:
     folder = tmp_path / "ws"
     _broken_workspace(folder, settings)

@@ -21,7 +21,9 @@ __all__ = ["SUBCOMMANDS"]
 
 
 def _acknowledge_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--note", help="why the break is acceptable (kept in the audit row)")
+    parser.add_argument(
+        "--note", help="why the break or altered rows are acceptable (kept in the audit row)"
+    )
 
 
 def _run_audit_acknowledge(args: argparse.Namespace) -> int:
@@ -52,11 +54,11 @@ def _run_audit_acknowledge(args: argparse.Namespace) -> int:
     else:
         out = console()
         if entry is None:
-            out.print("no unacknowledged break in the audit chain")
+            out.print("nothing to acknowledge: no unacknowledged break or altered row")
         else:
             rows = ", ".join(map(str, acknowledged))
             who = principal.user_id
-            out.print(f"acknowledged the break(s) at row(s) {rows} as {who} (row {entry.id})")
+            out.print(f"acknowledged the problem(s) at row(s) {rows} as {who} (row {entry.id})")
         for p in check.problems:
             where = f"row {p.row_id}: " if p.row_id is not None else ""
             out.print(f"still reported: {where}{p.kind}: {p.detail}", style="red")

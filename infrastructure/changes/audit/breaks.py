@@ -26,7 +26,9 @@ and may follow a gap in row ids.
 :meth:`~agentmend.infrastructure.changes.audit.log.AuditLog.verify_chain` reports each break row as
 a ``chain_break`` problem until a principal with admin rights acknowledges it
 (:meth:`~agentmend.infrastructure.changes.audit.log.AuditLog.acknowledge_breaks`), which appends an
-``audit_break_acknowledged`` row naming the break rows; from then on the break is a note. Without an
+``audit_break_acknowledged`` row naming the break rows; from then on the break is a note. Rows
+found altered further back (``ACKNOWLEDGEABLE``: edited, unlinked, missing, unkeyed) are named in
+the same acknowledgement and become notes too: the way back to a chain that verifies. Without an
 HMAC key, a writer of the database alone can still append one well-formed commit that looks like the
 crash state; with a key such rows fail their hash and are a break.
 """
@@ -47,6 +49,7 @@ from agentmend.infrastructure.changes.audit.verification import GENESIS_HASH, Ch
 from agentmend.infrastructure.errors import AuditChainError
 
 __all__ = [
+    "ACKNOWLEDGEABLE",
     "ACK_EDIT_TYPE",
     "AUDIT_AGENT",
     "BREAK_EDIT_TYPE",
@@ -55,7 +58,13 @@ __all__ = [
     "acknowledged_ids",
     "break_findings",
     "find_break",
+    "row_findings",
 ]
+
+ACKNOWLEDGEABLE = frozenset({"edited", "broken_link", "missing_rows", "unkeyed"})
+"""Row problems an administrator may acknowledge after checking the rows: the way back to a
+chain that verifies once a row was edited or removed in the database. (A row keyed under a
+key the verifier lacks is not among them: the answer to that is the key.)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +155,32 @@ def acknowledged_ids(rows: Sequence[AuditEntry], bad: set[int]) -> dict[int, Aud
         if isinstance(ids, list):
             acked.update({int(i): row for i in ids if isinstance(i, int) and i < row.id})
     return acked
+
+
+def row_findings(
+    rows: Sequence[AuditEntry], problems: Sequence[ChainProblem], bad: set[int]
+) -> tuple[list[ChainProblem], list[str]]:
+    """``problems`` less the row problems an administrator acknowledged, and a note for each.
+
+    Args:
+        rows: the whole table, oldest first.
+        problems: the rows' problems (from ``verification.check_rows``).
+        bad: rows that do not verify, whose acknowledgements count for nothing.
+    """
+    acked = acknowledged_ids(rows, bad)
+    kept: list[ChainProblem] = []
+    notes: list[str] = []
+    for problem in problems:
+        ack = acked.get(problem.row_id) if problem.row_id is not None else None
+        if ack is None or problem.kind not in ACKNOWLEDGEABLE:
+            kept.append(problem)
+            continue
+        by = ack.user_name or ack.user_id
+        notes.append(
+            f"row {problem.row_id} {problem.kind} ({problem.detail}) acknowledged by {by} "
+            f"in row {ack.id}"
+        )
+    return kept, notes
 
 
 def break_findings(

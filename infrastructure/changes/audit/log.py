@@ -72,11 +72,13 @@ from pathlib import Path
 from typing import Any
 
 from agentmend.infrastructure.changes.audit.breaks import (
+    ACKNOWLEDGEABLE,
     AuditChainBroken,
     HeadBreak,
     acknowledged_ids,
     break_findings,
     find_break,
+    row_findings,
 )
 from agentmend.infrastructure.changes.audit.entry import (
     ACK_EDIT_TYPE,
@@ -432,10 +434,13 @@ class AuditLog:
     ) -> AuditEntry | None:
         """An administrator's acknowledgement of every unacknowledged break, as an audit row.
 
-        A head that disagrees with the database now is recorded as a break first (the
-        acknowledgement is a safety write), so after this call the head and the database agree
-        and applies resume. Returns the acknowledgement row, or None when there was nothing to
-        acknowledge (nothing is written then).
+        Rows found edited, unlinked, missing or unkeyed in the database (the problems in
+        ``ACKNOWLEDGEABLE``) are acknowledged with the breaks: after checking them, this is the
+        way back to a chain that verifies, with every such row named in the acknowledgement
+        and reported as a note from then on. A head that disagrees with the database now is
+        recorded as a break first (the acknowledgement is a safety write), so after this call
+        the head and the database agree and applies resume. Returns the acknowledgement row,
+        or None when there was nothing to acknowledge (nothing is written then).
 
         Raises:
             PermissionRequired: ``principal`` is not an administrator; nothing is written.
@@ -447,15 +452,21 @@ class AuditLog:
         with self.transaction(safety=True) as txn:
             txn.open_segment()
             rows = [
-                _entry(r)
-                for r in txn.conn.execute(
-                    f"SELECT {_COLUMNS} FROM audit_log WHERE edit_type IN (?, ?) ORDER BY id",
-                    (BREAK_EDIT_TYPE, ACK_EDIT_TYPE),
-                )
+                _entry(r) for r in txn.conn.execute(f"SELECT {_COLUMNS} FROM audit_log ORDER BY id")
             ]
             forged = {r.id for r in rows if not self._verifies(r)}
             done = acknowledged_ids(rows, forged)
-            ids = [r.id for r in rows if r.edit_type == BREAK_EDIT_TYPE and r.id not in done]
+            row_problems = check_rows(
+                rows, keyed=self.keyed, expected_hash=lambda row: self._hash(_fields(row))
+            )
+            ids = sorted(
+                {r.id for r in rows if r.edit_type == BREAK_EDIT_TYPE and r.id not in done}
+                | {
+                    p.row_id
+                    for p in row_problems
+                    if p.row_id is not None and p.kind in ACKNOWLEDGEABLE and p.row_id not in done
+                }
+            )
             if not ids:
                 return None
             entry = txn.append(
@@ -579,9 +590,11 @@ class AuditLog:
             problems = check_rows(
                 rows, keyed=self.keyed, expected_hash=lambda row: self._hash(_fields(row))
             )
+            bad = {p.row_id for p in problems if p.row_id}
+            problems, row_notes = row_findings(rows, problems, bad)
             rows_ok = not problems
             head_problems, notes, needs_repair = self._check_head(fd, rows, problems, repair)
-            breaks, break_notes = break_findings(rows, {p.row_id for p in problems if p.row_id})
+            breaks, break_notes = break_findings(rows, bad)
             problems.extend(head_problems)
             problems.extend(breaks)
             repaired = False
@@ -593,7 +606,7 @@ class AuditLog:
                 self.store, conn, acknowledge=repair and rows_ok
             )
             problems.extend(events)
-            notes = event_notes + break_notes + notes
+            notes = event_notes + row_notes + break_notes + notes
         return ChainVerification(len(rows), tuple(problems), tuple(notes), repaired)
 
     def _verify_rows_alone(self, note: str) -> ChainVerification:
@@ -607,9 +620,11 @@ class AuditLog:
         problems = check_rows(
             rows, keyed=self.keyed, expected_hash=lambda row: self._hash(_fields(row))
         )
-        breaks, break_notes = break_findings(rows, {p.row_id for p in problems if p.row_id})
+        bad = {p.row_id for p in problems if p.row_id}
+        problems, row_notes = row_findings(rows, problems, bad)
+        breaks, break_notes = break_findings(rows, bad)
         return ChainVerification(
-            len(rows), (*problems, *breaks), (*break_notes, note), head_unchecked=note
+            len(rows), (*problems, *breaks), (*row_notes, *break_notes, note), head_unchecked=note
         )
 
     def _head_wait(self, seconds: float | None = None) -> LockWait:
