@@ -155,7 +155,9 @@ class _Session:
         self.prompts: dict[str, _Prompt] = {}
         self.joins: dict[str, str] = {}  # a telling prompt's id -> the prompt it joined
         service = resource.get("service.name")
-        self.service = _cut(service, _MAX_NAME) if isinstance(service, str) else None
+        # the SDKs' placeholder when the app set no service name names no agent
+        named = isinstance(service, str) and service and not service.startswith("unknown_service")
+        self.service = _cut(service, _MAX_NAME) if named else None
         self.release = resource.get(RELEASE_ATTRIBUTE)
         self.team = resource.get(TEAM_ATTRIBUTE)
 

@@ -47,7 +47,7 @@ from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
 from agentmend.infrastructure.local_http import HostCheck, LocalHTTPServer, is_loopback
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
-from agentmend.infrastructure.telemetry.claude_code_events import LogAssembler, LogCounts
+from agentmend.infrastructure.telemetry.claude_code_events import LogAssembler
 from agentmend.infrastructure.telemetry.otlp_decode import (
     DecodedBatch,
     OtlpDecodeError,
@@ -117,8 +117,9 @@ class OtlpReceiver:
         max_body_bytes: the largest request body read.
         max_decompressed_bytes: the largest a gzip body may inflate to.
         expire_every_s: how often idle traces are flushed as orphans.
-        publish: given the counts every ``publish_every_s`` and once more at ``close()`` (the
-            program writes them to the store); a failure is logged, never raised.
+        publish: given the span counts every ``publish_every_s`` and once more at ``close()``
+            (the program writes them, with ``logs.counts()``, to the store); a failure is
+            logged, never raised.
         publish_every_s: how often ``publish`` is called while serving.
         logs: turns ``/v1/logs`` events (Claude Code's) into recorded runs; None: log records
             are answered 200 and counted as received and ignored (metric points are counted
@@ -145,8 +146,6 @@ class OtlpReceiver:
         self.assembler = assembler
         self.logs = logs if logs is not None else LogAssembler(None)
         self.publish = publish
-        self.publish_logs: Callable[[LogCounts], None] | None = None
-        """Given the log and metric counts whenever ``publish`` is given the span counts."""
         self.publish_every_s = publish_every_s
         self.max_body_bytes = max_body_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
@@ -235,8 +234,6 @@ class OtlpReceiver:
             return
         try:
             self.publish(self.assembler.counts())
-            if self.publish_logs is not None:
-                self.publish_logs(self.logs.counts())
         except AgentmendError as exc:
             log.error("otlp_counts_not_written", error=str(exc))
 
