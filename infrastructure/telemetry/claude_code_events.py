@@ -20,7 +20,8 @@ tokens and cost only. A run fails when its last model call was an ``api_error`` 
 that then succeeded did not fail it); ``tool_result`` failures are noted, not failures. A prompt
 that starts while an earlier prompt of the session has a background subagent not yet told about
 is that telling: it joins the earlier prompt's run. A subagent is in the background when its first
-event comes while no ``Agent`` (or ``Task``) call of the lead is open, or its completion says so.
+event comes while no ``Agent`` (or ``Task``) call of the lead is open, when the call returns well
+before it completed, or when its completion says so.
 
 **When a run is complete**: the CLI never says, and a background subagent or a long tool call can
 keep a prompt going after the lead's last answer, so a session's runs are recorded once the
@@ -108,6 +109,7 @@ class _Run:
         "name",
         "output_tokens",
         "requests",
+        "settled",
         "status_code",
         "tool_failures",
     )
@@ -124,6 +126,7 @@ class _Run:
         self.first_ns = self.last_ns = 0
         self.duration_ms: float | None = None
         self.is_async = False
+        self.settled = False  # whether it is in the background is known
 
     def seen(self, time_ns: int) -> None:
         if time_ns:
@@ -156,8 +159,11 @@ class _Session:
         self.joins: dict[str, str] = {}  # a telling prompt's id -> the prompt it joined
         service = resource.get("service.name")
         # the SDKs' placeholder when the app set no service name names no agent
-        named = isinstance(service, str) and service and not service.startswith("unknown_service")
-        self.service = _cut(service, _MAX_NAME) if named else None
+        self.service = (
+            _cut(service, _MAX_NAME)
+            if isinstance(service, str) and service and not service.startswith("unknown_service")
+            else None
+        )
         self.release = resource.get(RELEASE_ATTRIBUTE)
         self.team = resource.get(TEAM_ATTRIBUTE)
 
@@ -305,7 +311,7 @@ class LogAssembler:
             if run is None:
                 run = prompt.subagents[agent_id] = _Run(None, _cut(agent_id, _MAX_NAME))
                 # it runs on after the call that started it returned: in the background
-                run.is_async = prompt.agent_calls_open == 0
+                run.is_async = run.settled = prompt.agent_calls_open == 0
                 self._open_runs += 1
             self._subagent_event(run, event)
         else:
@@ -342,6 +348,14 @@ class LogAssembler:
             prompt.agent_calls_open += 1
         elif event.name == "tool_result":
             prompt.agent_calls_open = max(0, prompt.agent_calls_open - 1)
+            # An Agent call that returned well while its subagent has not completed launched it
+            # in the background (its first event may come before or after this); one that
+            # failed ended its subagent (a failed subagent sends no subagent_completed).
+            launched = attributes.get("success") in _TRUE
+            for run in prompt.subagents.values():
+                if not run.settled:
+                    run.is_async = launched
+                    run.settled = True
 
     def _subagent_event(self, run: _Run, event: LogEvent) -> None:
         attributes = event.attributes
@@ -355,6 +369,7 @@ class LogAssembler:
             is_async = attributes.get("is_async")
             if is_async is not None:
                 run.is_async = is_async in _TRUE
+                run.settled = True
             duration = _integer(attributes.get("duration_ms"))
             if duration > 0:
                 run.duration_ms = float(duration)

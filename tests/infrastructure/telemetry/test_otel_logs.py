@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf.json_format import ParseDict
+from google.protobuf.json_format import ParseDict  # type: ignore[import-untyped]
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
@@ -73,6 +73,25 @@ def receiver(recorder: Recorder, clock: Clock) -> Iterator[OtlpReceiver]:
     ).start()
     yield made
     made.close()
+
+
+def records_of(document: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        record
+        for resource in document["resourceLogs"]
+        for scope in resource["scopeLogs"]
+        for record in scope["logRecords"]
+    ]
+
+
+def rewrite(document: dict[str, Any], strings: dict[str, str], *, shift: int) -> None:
+    """Set ``strings`` on every record and move its ``event.sequence`` on by ``shift``."""
+    for record in records_of(document):
+        for pair in record["attributes"]:
+            if pair["key"] in strings:
+                pair["value"] = {"stringValue": strings[pair["key"]]}
+            elif pair["key"] == "event.sequence":
+                pair["value"] = {"intValue": str(int(pair["value"]["intValue"]) + shift)}
 
 
 def send(receiver: OtlpReceiver, name: str, *, as_json: bool = False) -> None:
@@ -179,6 +198,43 @@ def test_a_background_subagent_that_fails_fails_its_own_run_only(
     assert recorder.by_agent()["custom"][0].error == "Internal server error"
 
 
+def test_a_failed_foreground_subagent_fails_its_run_and_the_next_prompt_is_not_joined(
+    receiver: OtlpReceiver, recorder: Recorder, clock: Clock
+) -> None:
+    send(receiver, "foreground_subagent_failed")  # the failed subagent sends no completion
+    (failed,) = fixture("foreground_subagent_failed")["logs"]
+    session = records_of(failed)[0]["attributes"]
+    session_id = next(p["value"]["stringValue"] for p in session if p["key"] == "session.id")
+    (document,) = fixture("one_prompt")["logs"]
+    rewrite(document, {"session.id": session_id}, shift=100)  # the user's next prompt
+    assert post(receiver.endpoint + "/v1/logs", protobuf(document))[0] == 200
+    quiet(receiver, clock)
+    assert runs(recorder) == {
+        "custom": [(False, 0, 0)],
+        "researcher": [(True, 112, 15), (True, 321, 45)],
+    }
+    assert recorder.by_agent()["custom"][0].extra["background"] is False
+
+
+def test_a_background_subagent_seen_before_its_launch_returned_is_still_background(
+    recorder: Recorder,
+) -> None:
+    events = [
+        _event("user_prompt", "s", "p", 1),
+        _event("tool_decision", "s", "p", 2, tool_name="Agent", decision="accept"),
+        _event("api_request", "s", "p", 3, agent_id="a1", input_tokens="7", output_tokens="1"),
+        _event("assistant_response", "s", "p", 4, agent_id="a1", **{"agent.name": "helper"}),
+        _event("tool_result", "s", "p", 5, tool_name="Agent", success="true"),
+        _event("api_request", "s", "p", 6, input_tokens="20", output_tokens="2"),
+        _event("user_prompt", "s", "telling", 7),  # the lead is told the helper ended
+        _event("api_request", "s", "telling", 8, input_tokens="30", output_tokens="3"),
+    ]
+    assembler = LogAssembler(recorder)
+    assembler.add(events)
+    assembler.flush_all()
+    assert runs(recorder) == {"helper": [(True, 7, 1)], "writer": [(True, 50, 5)]}
+
+
 def test_a_retried_export_records_nothing_twice_and_late_events_make_no_run(
     receiver: OtlpReceiver, recorder: Recorder, clock: Clock
 ) -> None:
@@ -189,11 +245,7 @@ def test_a_retried_export_records_nothing_twice_and_late_events_make_no_run(
     assert receiver.logs.counts().log_duplicates == 12
     # the same session's events after its runs were recorded: late, no second run
     late = fixture("foreground_subagent")["logs"][0]
-    records = late["resourceLogs"][0]["scopeLogs"][0]["logRecords"]
-    for record in records:
-        for pair in record["attributes"]:
-            if pair["key"] == "event.sequence":
-                pair["value"] = {"intValue": str(int(pair["value"]["intValue"]) + 100)}
+    rewrite(late, {}, shift=100)
     assert post(receiver.endpoint + "/v1/logs", protobuf(late))[0] == 200
     quiet(receiver, clock)
     assert len(recorder.records) == 2
