@@ -28,6 +28,7 @@ from agentmend.infrastructure.telemetry.receiver import OtlpReceiver
 pytestmark = pytest.mark.slow
 
 HELPER = "You are the helper."
+QUIET_S = 120.0
 
 
 @pytest.fixture
@@ -35,13 +36,29 @@ def recorder() -> Recorder:
     return Recorder()
 
 
+class Clock:
+    """The assembler's clock: a session falls quiet when the test says so, however slowly the
+    CLI runs on a loaded machine (its real exporter still sends every 500 ms)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
-def receiver(recorder: Recorder) -> Iterator[OtlpReceiver]:
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def receiver(recorder: Recorder, clock: Clock) -> Iterator[OtlpReceiver]:
     made = OtlpReceiver(
         TraceAssembler(Recorder()),
         port=0,  # a token of its own
         expire_every_s=0.05,
-        logs=LogAssembler(recorder, quiet_s=0.3),
+        logs=LogAssembler(recorder, quiet_s=QUIET_S, clock=clock),
     ).start()
     yield made
     made.close()
@@ -79,8 +96,15 @@ async def run_cli(api: FakeMessagesAPI, receiver: OtlpReceiver, home: Path, **op
         pass
 
 
-def recorded(recorder: Recorder, receiver: OtlpReceiver, runs: int) -> dict[str, list[Any]]:
-    """The runs by agent once ``runs`` have been recorded (the session fell quiet)."""
+def recorded(
+    recorder: Recorder, receiver: OtlpReceiver, clock: Clock, runs: int
+) -> dict[str, list[Any]]:
+    """The runs by agent once the session fell quiet and the receiver's expiry recorded them.
+
+    The CLI has exited, having flushed its exports: nothing is recorded before it falls quiet.
+    """
+    assert recorder.records == []
+    clock.now += QUIET_S
     deadline = time.monotonic() + 10
     while len(recorder.records) < runs and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -134,11 +158,15 @@ def lead_and_helper(helper: Reply, *, background: bool) -> Any:
 
 
 async def test_one_prompt_is_one_run_and_metrics_are_taken(
-    fake_api: FakeMessagesAPI, receiver: OtlpReceiver, recorder: Recorder, tmp_path: Path
+    fake_api: FakeMessagesAPI,
+    receiver: OtlpReceiver,
+    recorder: Recorder,
+    clock: Clock,
+    tmp_path: Path,
 ) -> None:
     fake_api.enqueue(Reply.text("done", usage=Usage(input_tokens=321, output_tokens=45)))
     await run_cli(fake_api, receiver, tmp_path)
-    assert recorded(recorder, receiver, 1) == {"researcher": [(True, 321, 45, None)]}
+    assert recorded(recorder, receiver, clock, 1) == {"researcher": [(True, 321, 45, None)]}
     (run,) = recorder.records
     assert run.cost_usd > 0
     assert run.extra["model"] == "claude-sonnet-4-5"
@@ -148,18 +176,26 @@ async def test_one_prompt_is_one_run_and_metrics_are_taken(
 
 
 async def test_an_api_error_is_a_failed_run(
-    fake_api: FakeMessagesAPI, receiver: OtlpReceiver, recorder: Recorder, tmp_path: Path
+    fake_api: FakeMessagesAPI,
+    receiver: OtlpReceiver,
+    recorder: Recorder,
+    clock: Clock,
+    tmp_path: Path,
 ) -> None:
     fake_api.enqueue(Reply.server_error())
     with pytest.raises(ResultError):
         await run_cli(fake_api, receiver, tmp_path)
-    assert recorded(recorder, receiver, 1) == {
+    assert recorded(recorder, receiver, clock, 1) == {
         "researcher": [(False, 0, 0, "Internal server error")]
     }
 
 
 async def test_a_foreground_subagent_is_its_own_run_named_with_tool_details(
-    fake_api: FakeMessagesAPI, receiver: OtlpReceiver, recorder: Recorder, tmp_path: Path
+    fake_api: FakeMessagesAPI,
+    receiver: OtlpReceiver,
+    recorder: Recorder,
+    clock: Clock,
+    tmp_path: Path,
 ) -> None:
     helper = Reply.text("REPORT", usage=Usage(input_tokens=50, output_tokens=5))
     fake_api.set_responder(lead_and_helper(helper, background=False))
@@ -170,20 +206,24 @@ async def test_a_foreground_subagent_is_its_own_run_named_with_tool_details(
         env={"OTEL_LOG_TOOL_DETAILS": "1"},
         **subagent_options(),
     )
-    assert recorded(recorder, receiver, 2) == {
+    assert recorded(recorder, receiver, clock, 2) == {
         "helper": [(True, 50, 5, None)],
         "researcher": [(True, 110, 15, None)],
     }
 
 
 async def test_a_failing_background_subagent_joins_its_query_and_fails_alone(
-    fake_api: FakeMessagesAPI, receiver: OtlpReceiver, recorder: Recorder, tmp_path: Path
+    fake_api: FakeMessagesAPI,
+    receiver: OtlpReceiver,
+    recorder: Recorder,
+    clock: Clock,
+    tmp_path: Path,
 ) -> None:
     fake_api.set_responder(lead_and_helper(Reply.server_error(), background=True))
     await run_cli(fake_api, receiver, tmp_path, **subagent_options())
     # the lead answers twice (once more when told the helper ended, under a new prompt.id):
     # one run of the lead with all three calls, one failed run of the helper
-    assert recorded(recorder, receiver, 2) == {
+    assert recorded(recorder, receiver, clock, 2) == {
         "custom": [(False, 0, 0, "Internal server error")],
         "researcher": [(True, 210, 25, None)],
     }
