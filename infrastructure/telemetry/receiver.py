@@ -8,6 +8,11 @@ duplicates, own spans skipped, unmappable, orphans, rejected), so what was lost 
 program also writes them to the store every few seconds and when it stops
 (``agentmend.infrastructure.telemetry.receiver_counts``), where ``agentmend status`` shows them.
 
+``POST /v1/logs`` takes OTLP log exports the same ways and under the same rules: Claude Code's
+default telemetry, whose events become runs (``claude_code_events`` in this package).
+``POST /v1/metrics`` is answered 200 and its data points counted, so an exporter configured for
+every signal logs no failure.
+
 Telemetry is an authenticated source: every request, ``/status`` included, carries
 ``Authorization: Bearer <token>``. Without a token given, one is generated (``token``); on an
 address other than loopback a token must be given. The ``Host`` header must name the server

@@ -5,7 +5,8 @@ those counts live in its process: ``GET /status`` while it runs, a log line when
 person asking "are my traces arriving, and is anything dropped?" looks at ``agentmend status``,
 another process, perhaps after the receiver stopped. So a receiver writes its counts to one row
 of a small table every few seconds and when it stops: one row per receiver (its host and
-address), counting since it started, with when it last wrote.
+address), counting since it started, with when it last wrote. Its log and metric counts
+(``LogCounts``) ride in the same row, nested under ``logs``.
 """
 
 from __future__ import annotations
