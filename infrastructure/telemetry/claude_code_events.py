@@ -17,7 +17,8 @@ Without the traces beta flag Claude Code exports events, not spans, each with ``
 So one prompt is one run of the lead agent (named by ``service.name``, as the trace mapping does),
 and each subagent in it one run of that subagent (``agent.name``, else ``agent_type``), its own
 tokens and cost only. A run fails when its last model call was an ``api_error`` (a retried call
-that then succeeded did not fail it); ``tool_result`` failures are noted, not failures. A prompt
+that then succeeded did not fail it); ``tool_result`` failures are noted, not failures; a prompt
+that called no model and ran no subagent (a local command) is no run, only counted. A prompt
 that starts while an earlier prompt of the session has a background subagent not yet told about
 is that telling: it joins the earlier prompt's run. A subagent is in the background when its first
 event comes while no ``Agent`` (or ``Task``) call of the lead is open, when the call returns well
@@ -36,6 +37,7 @@ small sums, never the events, and text is cut, so memory is bounded by the open 
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import OrderedDict
@@ -87,6 +89,8 @@ class LogCounts:
     """Runs recorded before their session was quiet, past ``max_open_s`` or the runs bound."""
     log_rejected: int = 0
     """Records a receiver refused as malformed (reported in ``partial_success``)."""
+    log_prompts_without_calls: int = 0
+    """Prompts that called no model and ran no subagent (a local command): no run."""
     open_log_runs: int = 0
     metric_points_received: int = 0
     """Metric data points taken and counted (session aggregates: runs come from the events)."""
@@ -207,11 +211,11 @@ class LogAssembler:
         self._lock = threading.Lock()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._open_runs = 0
-        self._seen: set[tuple[str, str]] = set()
-        self._seen_before: set[tuple[str, str]] = set()
+        self._seen: set[bytes] = set()
+        self._seen_before: set[bytes] = set()
         self._received = self._recorded = self._duplicates = self._ignored = 0
         self._late = self._unmappable = self._cut_short = self._rejected = 0
-        self._metric_points = 0
+        self._metric_points = self._without_calls = 0
 
     # ------------------------------------------------------------------ intake
 
@@ -268,6 +272,7 @@ class LogAssembler:
                 log_unmappable=self._unmappable,
                 log_runs_cut_short=self._cut_short,
                 log_rejected=self._rejected,
+                log_prompts_without_calls=self._without_calls,
                 open_log_runs=self._open_runs,
                 metric_points_received=self._metric_points,
             )
@@ -288,14 +293,16 @@ class LogAssembler:
         ):
             self._ignored += 1
             return
+        # ids are data from the network: cut, so no key or map holds more than _MAX_NAME of one
+        session_id, prompt_id = _cut(session_id, _MAX_NAME), _cut(prompt_id, _MAX_NAME)
         sequence = attributes.get("event.sequence")
         if sequence is not None:
-            key = (session_id, str(sequence))
-            if key in self._seen or key in self._seen_before:
+            key = _key("event", session_id, str(sequence)[:_MAX_NAME])
+            if self._remembered(key):
                 self._duplicates += 1
                 return
             self._remember(key)
-        if self._remembered(("prompt", session_id + "\x00" + prompt_id)):
+        if self._remembered(_key("prompt", session_id, prompt_id)):
             self._late += 1
             return
         session = self._sessions.get(session_id)
@@ -307,9 +314,10 @@ class LogAssembler:
         prompt = self._prompt(session, prompt_id, event.name)
         agent_id = attributes.get("agent_id")
         if isinstance(agent_id, str) and agent_id:
+            agent_id = _cut(agent_id, _MAX_NAME)
             run = prompt.subagents.get(agent_id)
             if run is None:
-                run = prompt.subagents[agent_id] = _Run(None, _cut(agent_id, _MAX_NAME))
+                run = prompt.subagents[agent_id] = _Run(None, agent_id)
                 # it runs on after the call that started it returned: in the background
                 run.is_async = run.settled = prompt.agent_calls_open == 0
                 self._open_runs += 1
@@ -331,7 +339,7 @@ class LogAssembler:
             for earlier in reversed(session.prompts.values()):
                 if earlier.untold():  # the lead is told a background subagent ended
                     earlier.told += 1
-                    earlier.joined.append(_cut(prompt_id, _MAX_NAME))
+                    earlier.joined.append(prompt_id)
                     session.joins[prompt_id] = earlier.prompt_id
                     return earlier
         prompt = session.prompts[prompt_id] = _Prompt(prompt_id, session.service)
@@ -399,14 +407,14 @@ class LogAssembler:
 
     # ------------------------------------------------------------------ closing
 
-    def _remember(self, key: tuple[str, str]) -> None:
+    def _remember(self, key: bytes) -> None:
         seen = self._seen
         seen.add(key)
         if len(seen) >= self._half:
             self._seen_before = seen
             self._seen = set()
 
-    def _remembered(self, key: tuple[str, str]) -> bool:
+    def _remembered(self, key: bytes) -> bool:
         return key in self._seen or key in self._seen_before
 
     def _expire(
@@ -436,11 +444,15 @@ class LogAssembler:
         cut_short: bool = False,
     ) -> None:
         for prompt in session.prompts.values():
-            self._remember(("prompt", session_id + "\x00" + prompt.prompt_id))
+            self._remember(_key("prompt", session_id, prompt.prompt_id))
             for joined in prompt.joined:
-                self._remember(("prompt", session_id + "\x00" + joined))
+                self._remember(_key("prompt", session_id, joined))
             for run in (prompt.lead, *prompt.subagents.values()):
                 self._open_runs -= 1
+                if not run.requests and run is prompt.lead and not prompt.subagents:
+                    # a prompt that called no model (a local command): nothing an agent did
+                    self._without_calls += 1
+                    continue
                 if cut_short:
                     self._cut_short += 1
                 record = self._execution(session_id, session, prompt, run)
@@ -460,8 +472,8 @@ class LogAssembler:
         extra: dict[str, Any] = {
             "source": "otel",
             "mapped_from": "claude_code.events",
-            "session_id": _cut(session_id, _MAX_NAME),
-            "prompt_id": _cut(prompt.prompt_id, _MAX_NAME),
+            "session_id": session_id,
+            "prompt_id": prompt.prompt_id,
             "model_requests": run.requests,
         }
         if run.agent_id is not None:
@@ -520,6 +532,12 @@ class LogAssembler:
                 tags = unattributed(label, f"attribution failed: {exc!r}")
         extra.update(tags)
         return record.model_copy(update={"extra": extra})
+
+
+def _key(kind: str, session_id: str, item: str) -> bytes:
+    """A fixed-size key remembered for ``item`` of a session (an event or a recorded prompt)."""
+    text = f"{kind}\x00{session_id}\x00{item}"
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _cut(text: str, limit: int) -> str:

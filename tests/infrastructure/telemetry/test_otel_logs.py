@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -415,6 +416,30 @@ def _event(name: str, session: str, prompt: str, sequence: int, **more: Any) -> 
     return LogEvent(name, sequence, {**attributes, **more}, {"service.name": "writer"})
 
 
+def test_a_prompt_that_called_no_model_is_no_run(recorder: Recorder) -> None:
+    assembler = LogAssembler(recorder)
+    assembler.add([_event("user_prompt", "s", "p", 1), _event("tool_decision", "s", "p", 2)])
+    assembler.flush_all()
+    assert recorder.records == []
+    assert assembler.counts().log_prompts_without_calls == 1
+
+
+def test_ids_of_any_size_are_kept_cut(recorder: Recorder) -> None:
+    huge = "x" * 1_000_000
+    assembler = LogAssembler(recorder)
+    assembler.add(
+        [
+            _event("api_request", huge, huge, 1, agent_id=huge, **{"agent.name": "helper"}),
+            _event("api_request", huge + "y", huge + "y", 1, agent_id=huge + "y"),
+        ]
+    )
+    assembler.flush_all()
+    # cut to 200 characters, the two are one session's one event: retried, not recorded twice
+    (run,) = recorder.by_agent()["helper"]
+    assert run.extra["session_id"] == run.extra["prompt_id"] == run.extra["agent_id"] == "x" * 200
+    assert assembler.counts().log_duplicates == 1  # the same session's event 1
+
+
 def test_a_retried_call_that_then_succeeds_does_not_fail_the_run(recorder: Recorder) -> None:
     assembler = LogAssembler(recorder)
     assembler.add(
@@ -449,7 +474,7 @@ def test_open_runs_are_bounded_the_oldest_session_recorded_first(
 ) -> None:
     assembler = LogAssembler(recorder, max_open_runs=50, remember=1000, clock=clock)
     for session in range(200):
-        assembler.add([_event("user_prompt", f"s{session}", "p", 1)])
+        assembler.add([_event("api_request", f"s{session}", "p", 1)])
     counts = assembler.counts()
     assert counts.open_log_runs == 50
     assert counts.log_runs_recorded == counts.log_runs_cut_short == 150
@@ -457,3 +482,20 @@ def test_open_runs_are_bounded_the_oldest_session_recorded_first(
     assembler.flush_all()
     assert len(recorder.records) == 200
     assert assembler.counts().open_log_runs == 0
+
+
+def test_memory_is_bounded_by_the_open_runs_not_by_what_is_sent() -> None:
+    recorded: list[int] = []  # the runs handed on are the monitor's memory, not the assembler's
+    assembler = LogAssembler(lambda run: recorded.append(1), max_open_runs=200, remember=4000)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(2000):  # 20 MB of ids, 40 MB of errors: whole, they would cost that
+            big = f"{n:06d}" + "i" * 10_000
+            assembler.add([_event("api_request", big, big, 1, agent_id=big, error=big * 2)])
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert assembler.counts().open_log_runs <= 200
+    assert len(recorded) >= 1800
+    assert held < 2_000_000, held
