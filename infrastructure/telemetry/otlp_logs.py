@@ -180,7 +180,8 @@ def _json_record(record: Any, resource: dict[str, Any], decoded: DecodedLogs) ->
     except (TypeError, ValueError, KeyError, AttributeError):
         decoded.reject("a log record has malformed attributes or time")
         return
-    body = (record.get("body") or {}).get("stringValue", "")
+    body = record.get("body")
+    body = body.get("stringValue", "") if isinstance(body, dict) else ""
     name = record.get("eventName")
     decoded.events.append(
         LogEvent(

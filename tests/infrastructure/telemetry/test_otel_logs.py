@@ -358,6 +358,7 @@ def test_hostile_log_records_never_stop_the_receiver(
             }
         ),
         _record({"event.name": "api_request", "session.id": 7, "prompt.id": True}),
+        {**_record({"session.id": "s2", "prompt.id": "p2"}), "body": 5, "eventName": 7},
         "not a record",
         _record({"event.name": "api_request", "session.id": "s2", "prompt.id": "p2"}),
     )
