@@ -545,11 +545,14 @@ def _cut(text: str, limit: int) -> str:
 
 
 def _integer(value: Any) -> int:
-    """An OTLP integer (the CLI sends them as strings); anything else, or negative, is 0."""
+    """An OTLP integer (the CLI sends them as strings, others may send a double); anything
+    else, or negative, is 0."""
     if isinstance(value, bool):
         return 0
     if isinstance(value, int):
         return max(value, 0)
+    if isinstance(value, float):  # another producer's doubleValue
+        return int(value) if 0 <= value < 1e18 else 0  # NaN and infinity fail the test
     if isinstance(value, str) and 0 < len(value) <= 20 and value.isdigit():
         return int(value)
     return 0

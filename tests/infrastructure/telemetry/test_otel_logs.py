@@ -448,11 +448,13 @@ def test_a_retried_call_that_then_succeeds_does_not_fail_the_run(recorder: Recor
             _event("user_prompt", "s", "p", 1),
             _event("api_error", "s", "p", 2, error="Overloaded", status_code="529"),
             _event("api_request", "s", "p", 3, input_tokens="10", output_tokens="2"),
+            _event("api_request", "s", "p", 4, input_tokens=5.0, output_tokens=float("nan")),
         ]
     )
     assembler.flush_all()
     (run,) = recorder.records
-    assert (run.success, run.input_tokens, run.extra["api_errors"]) == (True, 10, 1)
+    assert (run.success, run.input_tokens, run.output_tokens) == (True, 15, 2)
+    assert run.extra["api_errors"] == 1
 
 
 def test_a_session_that_never_falls_quiet_is_recorded_after_max_open(
