@@ -8,6 +8,8 @@ from __future__ import annotations
 import gzip
 import json
 import tracemalloc
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
-from otel_helpers import TEST_TOKEN, Recorder, post
+from otel_helpers import TEST_TOKEN, Recorder, auth, post
 
 from agentmend.infrastructure.telemetry.assembly import TraceAssembler
 from agentmend.infrastructure.telemetry.claude_code_events import LogAssembler
@@ -285,6 +287,17 @@ def test_gzip_and_the_receivers_rules_apply_to_logs_and_metrics(
     quiet(receiver, clock)
     (run,) = recorder.records
     assert run.input_tokens == 321
+    for path in ("/v1/logs", "/v1/metrics"):  # exporters POST: a GET is the wrong method
+        request = urllib.request.Request(receiver.endpoint + path, headers=auth())
+        with pytest.raises(urllib.error.HTTPError) as wrong:
+            urllib.request.urlopen(request, timeout=5)
+        assert (wrong.value.code, wrong.value.headers["Allow"]) == (405, "POST")
+        wrong.value.close()
+    request = urllib.request.Request(receiver.endpoint + "/status", headers=auth())
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        status = json.loads(answer.read())
+    assert (status["log_records_received"], status["log_runs_recorded"]) == (7, 1)
+    assert status["spans_received"] == 0
 
 
 def test_without_a_log_assembler_logs_are_answered_and_counted(recorder: Recorder) -> None:
