@@ -17,7 +17,15 @@ from typing import Any
 from agentmend.infrastructure.errors import AgentmendError
 from agentmend.infrastructure.telemetry.span import OtelExtraMissing, SpanData, SpanEvent
 
-__all__ = ["DecodedBatch", "OtlpDecodeError", "decode_json", "decode_protobuf", "require_proto"]
+__all__ = [
+    "DecodedBatch",
+    "OtlpDecodeError",
+    "decode_attributes",
+    "decode_json",
+    "decode_json_attributes",
+    "decode_protobuf",
+    "require_proto",
+]
 
 _TRACE_ID_BYTES = 16
 _SPAN_ID_BYTES = 8
@@ -258,3 +266,8 @@ def _json_value(value: Mapping[str, Any]) -> Any:
     if "bytesValue" in value:
         return value["bytesValue"]
     return None
+
+
+# the attribute readers, for the decoders of the other OTLP signals (logs, metrics)
+decode_attributes = _attributes
+decode_json_attributes = _json_attributes

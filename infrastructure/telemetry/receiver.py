@@ -8,6 +8,11 @@ duplicates, own spans skipped, unmappable, orphans, rejected), so what was lost 
 program also writes them to the store every few seconds and when it stops
 (``agentmend.infrastructure.telemetry.receiver_counts``), where ``agentmend status`` shows them.
 
+``POST /v1/logs`` takes OTLP log exports the same ways and under the same rules: Claude Code's
+default telemetry, whose events become runs (``claude_code_events`` in this package).
+``POST /v1/metrics`` is answered 200 and its data points counted, so an exporter configured for
+every signal logs no failure.
+
 Telemetry is an authenticated source: every request, ``/status`` included, carries
 ``Authorization: Bearer <token>``. Without a token given, one is generated (``token``); on an
 address other than loopback a token must be given. The ``Host`` header must name the server
@@ -47,14 +52,25 @@ from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
 from agentmend.infrastructure.local_http import HostCheck, LocalHTTPServer, is_loopback
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
+from agentmend.infrastructure.telemetry.claude_code_events import LogAssembler
 from agentmend.infrastructure.telemetry.otlp_decode import (
     DecodedBatch,
     OtlpDecodeError,
     decode_json,
     decode_protobuf,
 )
+from agentmend.infrastructure.telemetry.otlp_logs import (
+    decode_logs_json,
+    decode_logs_protobuf,
+    logs_answer,
+    metric_points_json,
+    metric_points_protobuf,
+    metrics_answer,
+)
 
 __all__ = [
+    "LOGS_PATH",
+    "METRICS_PATH",
     "TRACES_PATH",
     "Answer",
     "OtlpReceiver",
@@ -65,6 +81,9 @@ log = get_logger(__name__)
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 TRACES_PATH = "/v1/traces"
+LOGS_PATH = "/v1/logs"
+METRICS_PATH = "/v1/metrics"
+EXPORT_PATHS = (TRACES_PATH, LOGS_PATH, METRICS_PATH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +122,13 @@ class OtlpReceiver:
         max_body_bytes: the largest request body read.
         max_decompressed_bytes: the largest a gzip body may inflate to.
         expire_every_s: how often idle traces are flushed as orphans.
-        publish: given the counts every ``publish_every_s`` and once more at ``close()`` (the
-            program writes them to the store); a failure is logged, never raised.
+        publish: given the span counts every ``publish_every_s`` and once more at ``close()``
+            (the program writes them, with ``logs.counts()``, to the store); a failure is
+            logged, never raised.
         publish_every_s: how often ``publish`` is called while serving.
+        logs: turns ``/v1/logs`` events (Claude Code's) into recorded runs; None: log records
+            are answered 200 and counted as received and ignored (metric points are counted
+            either way).
     """
 
     def __init__(
@@ -123,8 +146,10 @@ class OtlpReceiver:
         expire_every_s: float = 1.0,
         publish: Callable[[TelemetryCounts], None] | None = None,
         publish_every_s: float = 5.0,
+        logs: LogAssembler | None = None,
     ) -> None:
         self.assembler = assembler
+        self.logs = logs if logs is not None else LogAssembler(None)
         self.publish = publish
         self.publish_every_s = publish_every_s
         self.max_body_bytes = max_body_bytes
@@ -205,6 +230,7 @@ class OtlpReceiver:
         self._server.server_close()
         for thread in self._threads:
             thread.join(timeout=5)
+        self.logs.flush_all()  # every run answered 200 is recorded before the monitor closes
         self.publish_counts()
 
     def publish_counts(self) -> None:
@@ -220,6 +246,7 @@ class OtlpReceiver:
         published = time.monotonic()
         while not self._stop.wait(self._expire_every_s):
             self.assembler.flush_expired()
+            self.logs.flush_quiet()
             if time.monotonic() - published >= self.publish_every_s:
                 self.publish_counts()
                 published = time.monotonic()
@@ -231,8 +258,11 @@ class OtlpReceiver:
             header.encode(), f"Bearer {self.token}".encode()
         )
 
-    def export(self, content_type: str, encoding: str, body: bytes) -> Answer:
-        """Answer one ``POST /v1/traces`` body (its length already checked)."""
+    def export(
+        self, content_type: str, encoding: str, body: bytes, path: str = TRACES_PATH
+    ) -> Answer:
+        """Answer one ``POST`` of an export (``path``: traces, logs or metrics), its length
+        already checked."""
         media = content_type.split(";", 1)[0].strip().lower()
         if media not in (PROTOBUF, JSON):
             return Answer.text(
@@ -247,11 +277,25 @@ class OtlpReceiver:
         elif encoding not in ("", "identity"):
             return Answer.text(415, f"content encoding {encoding!r} is not supported: use gzip")
         try:
+            if path == LOGS_PATH:
+                return self._logs(media, body)
+            if path == METRICS_PATH:
+                return self._metrics(media, body)
             batch = decode_protobuf(body) if media == PROTOBUF else decode_json(body)
         except OtlpDecodeError as exc:
             return Answer.text(400, exc.reason)
         self.assembler.add(batch.spans, rejected=batch.rejected)
         return _success(media, batch)
+
+    def _logs(self, media: str, body: bytes) -> Answer:
+        decoded = decode_logs_protobuf(body) if media == PROTOBUF else decode_logs_json(body)
+        self.logs.add(decoded.events, rejected=decoded.rejected)
+        return Answer(200, media, logs_answer(media == PROTOBUF, decoded))
+
+    def _metrics(self, media: str, body: bytes) -> Answer:
+        points = metric_points_protobuf(body) if media == PROTOBUF else metric_points_json(body)
+        self.logs.add_metric_points(points)
+        return Answer(200, media, metrics_answer(media == PROTOBUF))
 
     def _gunzip(self, body: bytes) -> bytes | Answer:
         inflater = zlib.decompressobj(wbits=31)
@@ -270,7 +314,7 @@ class OtlpReceiver:
         return inflated
 
     def status(self) -> Answer:
-        counts = asdict(self.assembler.counts())
+        counts = {**asdict(self.assembler.counts()), **asdict(self.logs.counts())}
         return Answer(200, JSON, json.dumps(counts).encode())
 
 
@@ -340,15 +384,16 @@ def _handler_for(receiver: OtlpReceiver) -> type[http.server.BaseHTTPRequestHand
             path = self.path.split("?", 1)[0]
             if path == "/status":
                 return receiver.status()
-            if path == TRACES_PATH:  # exporters POST; a GET is the wrong method, not a lost path
-                return Answer.wrong_method(TRACES_PATH, "POST")
+            if path in EXPORT_PATHS:  # exporters POST; a GET is the wrong method, not a lost path
+                return Answer.wrong_method(path, "POST")
             return Answer.text(404, f"no such path {self.path!r}: POST {TRACES_PATH}")
 
         def _post(self) -> Answer:
             if self.path.split("?", 1)[0] == "/status":
                 self.close_connection = True  # its body is not read
                 return Answer.wrong_method("/status", "GET")
-            if self.path.split("?", 1)[0] != TRACES_PATH:
+            path = self.path.split("?", 1)[0]
+            if path not in EXPORT_PATHS:
                 self.close_connection = True
                 return Answer.text(404, f"no such path {self.path!r}: POST {TRACES_PATH}")
             length_header = self.headers.get("Content-Length")
@@ -380,6 +425,7 @@ def _handler_for(receiver: OtlpReceiver) -> type[http.server.BaseHTTPRequestHand
                 self.headers.get("Content-Type", ""),
                 self.headers.get("Content-Encoding", ""),
                 body,
+                path,
             )
 
         def _send(self, answer: Answer) -> None:

@@ -19,6 +19,7 @@ from otel_helpers import TEST_TOKEN, Recorder, SpanFactory, post
 
 from agentmend.faces.cli.common import EXIT_OK
 from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.telemetry.assembly import TelemetryCounts, TraceAssembler
 from agentmend.infrastructure.telemetry.receiver import OtlpReceiver
@@ -29,6 +30,8 @@ from agentmend.infrastructure.telemetry.receiver_counts import (
 )
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
+
+CLAUDE_CODE_LOGS = Path(__file__).parents[1] / "otel_fixtures" / "claude_code_logs"
 
 
 def _free_port() -> int:
@@ -72,6 +75,16 @@ def test_the_receiver_writes_its_counts_and_status_shows_them(
         assert post(url, body)[0] == 200  # an exporter's retry: duplicates, not losses
         nameless.agent_run(None, chats=[(1, 1)])  # an agent span no rule can name
         assert post(url, nameless.body())[0] == 200
+        # Claude Code's default telemetry: events and metrics, its run recorded at the stop
+        claude_code = json.loads((CLAUDE_CODE_LOGS / "one_prompt.json").read_text())
+        for signal in ("logs", "metrics"):
+            (document,) = claude_code[signal]
+            answer = post(
+                f"http://127.0.0.1:{port}/v1/{signal}",
+                json.dumps(document).encode(),
+                content_type="application/json",
+            )
+            assert answer == (200, b"{}")
     finally:
         spans.close()
         nameless.close()
@@ -91,6 +104,21 @@ def test_the_receiver_writes_its_counts_and_status_shows_them(
     assert code == EXIT_OK
     line = next(x for x in out.splitlines() if x.startswith("OpenTelemetry receiver"))
     assert "6 spans received, 1 runs recorded from them, 1 dropped (1 naming no agent" in line
+    assert (row["log_records_received"], row["log_runs_recorded"]) == (7, 1)
+    assert row["metric_points_received"] == 7
+    assert row["log_counts"]["log_runs_cut_short"] == 1  # recorded when the receiver stopped
+    words = " ".join(out.split())  # the console wraps long lines
+    assert "7 log events received, 1 runs recorded from them (1 before their session" in words
+    assert "0 runs open; 7 metric points received" in words
+    store = Store(workspace / "agentmend.db")
+    with PerformanceMonitor(store) as monitor:
+        researcher = monitor.get_metrics()["researcher"]
+    store.close()
+    assert (researcher.executions, researcher.input_tokens, researcher.output_tokens) == (
+        1,
+        321,
+        45,
+    )
 
 
 def test_status_of_a_store_no_receiver_wrote_to_shows_none_and_creates_nothing(

@@ -30,8 +30,14 @@ from agentmend.infrastructure.local_http import is_loopback
 from agentmend.infrastructure.redaction import redact, redact_url
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.infrastructure.telemetry.assembly import TraceAssembler
+from agentmend.infrastructure.telemetry.claude_code_events import LogAssembler
 from agentmend.infrastructure.telemetry.otlp_decode import require_proto
-from agentmend.infrastructure.telemetry.receiver import TRACES_PATH, OtlpReceiver
+from agentmend.infrastructure.telemetry.receiver import (
+    LOGS_PATH,
+    METRICS_PATH,
+    TRACES_PATH,
+    OtlpReceiver,
+)
 
 __all__ = ["SUBCOMMANDS", "add_arguments", "main", "run"]
 
@@ -94,6 +100,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         metavar="SECONDS",
         help="flush a trace whose agent span has not come after this long (default 60)",
+    )
+    parser.add_argument(
+        "--session-quiet",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="record a Claude Code session's runs (from /v1/logs events) once it has sent "
+        "nothing for this long (default 120)",
     )
 
 
@@ -231,6 +245,7 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
             allowed_hosts=_allowed_hosts(args),
             drain_timeout_s=args.drain_timeout,
             max_body_bytes=args.max_body_bytes,
+            logs=LogAssembler(monitor.record, attribute=attribute, quiet_s=args.session_quiet),
         )
     except OSError as exc:
         sys.stderr.write(f"agentmend: cannot listen on {args.host}:{args.port}: {exc}\n")
@@ -251,12 +266,15 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
         store.close()
         return 2
     name, started = receiver_name(*receiver.address), time.time()
-    receiver.publish = lambda counts: write_receiver_counts(store, name, started, counts)
+    receiver.publish = lambda counts: write_receiver_counts(
+        store, name, started, counts, receiver.logs.counts()
+    )
     try:
         with _terminate_as_interrupt():  # from before the address is told: a signal may follow
             receiver.publish_counts()  # the row from the start: status shows a receiver at zero
             sys.stderr.write(
-                f"agentmend: receiving OTLP traces at {receiver.endpoint}{TRACES_PATH}\n"
+                f"agentmend: receiving OTLP traces at {receiver.endpoint}{TRACES_PATH} "
+                f"(logs at {LOGS_PATH}, metrics at {METRICS_PATH})\n"
             )
             if note:
                 sys.stderr.write(f"agentmend: {note}\n")
@@ -271,9 +289,10 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
         if checking is not None:
             checking.stop()
         counts = receiver.assembler.counts()
+        log_counts = receiver.logs.counts()
         monitor.close()
         store.close()
-        log.info("otlp_receiver_stopped", **asdict(counts))
+        log.info("otlp_receiver_stopped", **asdict(counts), **asdict(log_counts))
     return 0
 
 

@@ -189,6 +189,19 @@ def _run_status(args: argparse.Namespace) -> int:
             style="red" if r.dropped else None,
             highlight=False,
         )
+        logs = r.logs
+        if logs.log_records_received or logs.metric_points_received:
+            lost = logs.log_unmappable + logs.log_rejected
+            console().print(
+                f"OpenTelemetry receiver {r.receiver}: {logs.log_records_received:,} log events "
+                f"received, {logs.log_runs_recorded:,} runs recorded from them "
+                f"({logs.log_runs_cut_short:,} before their session was quiet, "
+                f"{logs.log_unmappable:,} naming no agent, {logs.log_rejected:,} malformed, "
+                f"{logs.log_records_late:,} events late), {logs.open_log_runs:,} runs open; "
+                f"{logs.metric_points_received:,} metric points received",
+                style="red" if lost else None,
+                highlight=False,
+            )
     now = time.time()
     for ch in checkers:
         last = "no check yet"

@@ -302,7 +302,7 @@ def test_bad_bodies_are_answered_and_the_receiver_stays_up(
     status, reason = post(target, gzip.compress(good)[:-20], headers={"Content-Encoding": "gzip"})
     assert status == 400
     assert post(target, good, headers={"Content-Encoding": "br"})[0] == 415
-    assert post(receiver.endpoint + "/v1/metrics", good)[0] == 404
+    assert post(receiver.endpoint + "/v1/profiles", good)[0] == 404
 
     # a client that sends half a body and hangs up
     host, port = receiver.address
