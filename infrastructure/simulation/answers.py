@@ -35,12 +35,15 @@ __all__ = ["RECENT_RUNS", "compose_answer"]
 RECENT_RUNS = 10
 """How many of its latest runs an agent talks about."""
 
+# "output" is not a format word: "output tokens" asks about length, and a question about
+# tokens gets the tokens answer first (the mediator's truncation follow-up asks just that)
 _TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("tokens", ("output token", "tokens did", "max_tokens would", "finish", "cut off")),
     ("errors", ("error", "fail", "wrong", "problem", "issue", "happen", "broke", "why", "symptom")),
     ("tools", ("tool", "permission", "denied", "access", "allowed")),
     ("model", ("model",)),
     ("timing", ("timeout", "time", "slow", "latency", "duration", "long", "fast", "speed", "took")),
-    ("format", ("format", "heading", "structure", "markdown", "output", "repl", "instruction")),
+    ("format", ("format", "heading", "structure", "markdown", "repl", "instruction")),
     ("config", ("config", "setting", "max_tokens", "token", "limit", "parameter", "temperature",
                 "definition", "prompt")),
 )  # fmt: skip
@@ -83,6 +86,7 @@ def compose_answer(
         "timing": lambda: _timing(spec, records, recent),
         "format": lambda: _format(spec, recent),
         "config": lambda: _config(spec, recent),
+        "tokens": lambda: _tokens(spec, recent),
     }
     chosen = _topics(question) or ["config", "errors"]
     sentences: list[str] = []
@@ -297,6 +301,27 @@ def _format(spec: AgentSpec, recent: list[RunRecord]) -> list[str]:
     elif recent:
         sentences.append("My recent replies kept to the format.")
     return sentences
+
+
+def _tokens(spec: AgentSpec, recent: list[RunRecord]) -> list[str]:
+    """How long the agent's answers needed to be, against the max_tokens it runs with."""
+    if not recent:
+        return ["I have no runs on record yet, so I cannot say how long my answers need to be."]
+    limit = f"max_tokens {spec.max_tokens}" if spec.max_tokens is not None else "no max_tokens set"
+    needs = [record.needed_tokens for record in recent if record.needed_tokens]
+    cut = sum(record.error_kind is ErrorKind.TRUNCATED for record in recent)
+    if not needs or not cut:
+        wrote = round(fmean(record.output_tokens for record in recent))
+        return [
+            f"None of my last {_count(len(recent), 'run')} was cut off for length with {limit}; "
+            f"they wrote about {wrote} output tokens."
+        ]
+    return [
+        f"My recent answers needed about {round(fmean(needs))} output tokens ({min(needs)} to "
+        f"{max(needs)}); with {limit}, {cut} of my last {_count(len(recent), 'run')} stopped "
+        f"before they finished. A max_tokens of at least {max(needs)} would let all of them "
+        "finish."
+    ]
 
 
 def _config(spec: AgentSpec, recent: list[RunRecord]) -> list[str]:

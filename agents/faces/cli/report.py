@@ -365,8 +365,31 @@ def _run_improve(args: argparse.Namespace) -> int:
         out.print("no open issue; name an agent: agentmend improve AGENT")
         return EXIT_OK
     out.print(cycle_summary_line(result))
-    # a watched change is applied and being judged on live runs: nothing is wrong yet
-    return EXIT_OK if result.status in ("kept", "not_reproduced", "watching") else EXIT_PROBLEM
+    return improve_exit_code(result)
+
+
+_NOTHING_LEFT_OPEN = frozenset(
+    {
+        "kept",  # a change was kept (as stable, or published as a canary)
+        "watching",  # applied and being judged on live runs: nothing is wrong yet
+        "not_reproduced",  # the agent passes its suite: nothing needed
+        "watch_open",  # a change to this agent is already being judged
+        "claimed_elsewhere",  # another process runs the cycle for this issue
+    }
+)
+
+
+def improve_exit_code(result: Any) -> int:
+    """``agentmend improve``'s one rule: 0 when nothing is left open, 1 when an issue is.
+
+    A requested analysis (no detector issue behind it) that found nothing to change leaves
+    nothing open either: a healthy agent is not a failure.
+    """
+    if result.status in _NOTHING_LEFT_OPEN:
+        return EXIT_OK
+    if result.status == "no_action" and result.issue.issue_id is None:
+        return EXIT_OK
+    return EXIT_PROBLEM
 
 
 # -- report and serve ---------------------------------------------------------------------------

@@ -560,3 +560,23 @@ def test_fault_parameters_are_checked() -> None:
     with pytest.raises(ValueError, match="calls"):
         Fault(FaultKind.RATE_LIMIT_STORM, calls=0)
     assert SimulatedRuntime().inject("x", FaultKind.SLOW) == Fault(FaultKind.SLOW)
+
+
+async def test_each_question_of_a_truncation_interview_gets_its_own_answer(
+    specs: dict[str, AgentSpec],
+) -> None:
+    """The length follow-up is answered about length, not with the format answer again."""
+    from agentmend.roles.playbooks.mediator import BASE_QUESTIONS, FOLLOW_UPS
+
+    runtime = await run_with_fault(specs, FaultKind.TRUNCATION)
+    spec = specs["research-agent"]
+    follow_up = runtime.answer_question("research-agent", FOLLOW_UPS["truncation"], spec)
+    asked_format = runtime.answer_question("research-agent", BASE_QUESTIONS[3], spec)
+    assert follow_up != asked_format
+    assert follow_up.startswith("My recent answers needed about")
+    assert re.search(r"A max_tokens of at least \d+ would let all of them finish", follow_up)
+    healthy = SimulatedRuntime(seed=3)
+    for _ in range(5):
+        await healthy.run(spec, PROMPT)
+    calm = healthy.answer_question("research-agent", FOLLOW_UPS["truncation"], spec)
+    assert calm.startswith("None of my last 5 runs was cut off for length")
