@@ -365,3 +365,28 @@ def test_under_json_a_failure_is_json_on_stdout_with_its_exit_code(
     code, out, err = run_cli(capsys, "show", "nope", "--workspace", str(workspace))
     assert (code, out) == (EXIT_USAGE, "")  # without --json: the one line on stderr
     assert err == "agentmend: unknown change id 'nope' (see `agentmend history`)\n"
+
+
+@pytest.mark.parametrize(
+    ("status", "issue_id", "code"),
+    [
+        ("kept", "i1", 0),
+        ("watching", "i1", 0),
+        ("not_reproduced", "i1", 0),
+        ("claimed_elsewhere", "i1", 0),
+        ("no_action", None, 0),  # a healthy agent asked about: nothing to change, nothing open
+        ("no_action", "i1", 1),  # the detector's issue stays open
+        ("refused", "i1", 1),
+        ("rolled_back", None, 1),
+        ("error", None, 1),
+    ],
+)
+def test_improve_exits_1_exactly_when_an_issue_is_left_open(
+    status: str, issue_id: str | None, code: int
+) -> None:
+    from types import SimpleNamespace
+
+    from agentmend.faces.cli.report import improve_exit_code
+
+    result = SimpleNamespace(status=status, issue=SimpleNamespace(issue_id=issue_id))
+    assert improve_exit_code(result) == code
