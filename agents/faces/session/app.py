@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -52,7 +53,7 @@ from agentmend.infrastructure.errors import AgentmendError, ConfigurationError, 
 from agentmend.infrastructure.models import ChangeStatus, IssueReport
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.redaction import redact
-from agentmend.infrastructure.settings import Settings, load_settings
+from agentmend.infrastructure.settings import Settings, load_settings, workspace_settings
 from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime
 from agentmend.infrastructure.structured_logger import configure_logging, get_logger
 from agentmend.loop.cycle import CycleEvent, CycleResult
@@ -506,7 +507,12 @@ def _on_off(args: list[str], command: str, console: Console) -> bool | None:
 
 
 def _check_provider(settings: Settings) -> None:
-    if settings.provider in _KEY_PROVIDERS and not os.environ.get("ANTHROPIC_API_KEY"):
+    replaying = settings.replay is not None  # a replay needs no key
+    if (
+        not replaying
+        and settings.provider in _KEY_PROVIDERS
+        and not os.environ.get("ANTHROPIC_API_KEY")
+    ):
         raise ConfigurationError(
             f"--provider {settings.provider} needs ANTHROPIC_API_KEY in the environment "
             "(or run offline: --provider offline)"
@@ -515,8 +521,8 @@ def _check_provider(settings: Settings) -> None:
 
 OFFLINE_OWN_AGENTS = (
     "--agents runs your own agents, which needs a model provider: --provider anthropic (with "
-    "ANTHROPIC_API_KEY) or --provider claude-agent-sdk. The offline provider runs only the "
-    "simulated team (leave out --agents)."
+    "ANTHROPIC_API_KEY), --provider claude-agent-sdk, or --replay CASSETTE (answers recorded "
+    "once with --record). The offline provider runs only the simulated team (leave out --agents)."
 )
 """Offline, there is nothing that could run a user's agents for real, and the simulated team's
 rules (its required headings, its injected faults) would misjudge them, so it is refused."""
@@ -527,9 +533,10 @@ runs per agent (the production default) would take an afternoon of typing to fil
 
 
 async def _session(args: argparse.Namespace, settings: Settings, console: Console) -> int:
-    if settings.provider == "offline" and args.agents is not None:
+    simulated = settings.provider == "offline" and settings.replay is None
+    if simulated and settings.record is None and args.agents is not None:
         raise ConfigurationError(OFFLINE_OWN_AGENTS)
-    if settings.provider == "offline" and "AGENTMEND_BASELINE_N" not in os.environ:
+    if simulated and "AGENTMEND_BASELINE_N" not in os.environ:
         settings = settings.model_copy(update={"baseline_n": SIMULATED_BASELINE_N})
     with (
         Workspace.open(
@@ -596,7 +603,8 @@ def run(args: argparse.Namespace) -> int:
         highlight=False, markup=False, width=None if sys.stdout.isatty() else 120
     )
     try:
-        settings = load_settings(**settings_overrides(args))
+        folder = args.workspace or Path(os.environ.get("AGENTMEND_WORKSPACE") or ".agentmend")
+        settings = load_settings(**{**workspace_settings(folder), **settings_overrides(args)})
         _check_provider(settings)
         if args.demo:
             from agentmend.faces.session.demo import run_demo
