@@ -148,7 +148,7 @@ def _run_init(args: argparse.Namespace) -> int:
         return EXIT_OK
     out = console()
     for path in created:
-        out.print(f"created {path}")
+        out.print(f"created {path}", soft_wrap=True)
     out.print(
         "\nnext (edit the agents and their suites first, then):\n"
         f"  agentmend eval --workspace {folder} --record {cassette}   "
@@ -156,7 +156,8 @@ def _run_init(args: argparse.Namespace) -> int:
         f"  agentmend eval --workspace {folder} --replay {cassette}   # no key, no network: CI\n"
         f"  agentmend check --workspace {folder}\n"
         f"  agentmend improve --workspace {folder} support-agent --record {cassette}\n"
-        f"  agentmend session --workspace {folder} --replay {cassette}"
+        f"  agentmend session --workspace {folder} --replay {cassette}",
+        soft_wrap=True,  # commands to copy: never broken across lines
     )
     return EXIT_OK
 
