@@ -79,6 +79,8 @@ from agentmend.infrastructure.llm.tool_loop import (
 from agentmend.infrastructure.redaction import MASK, redact
 
 if TYPE_CHECKING:
+    import anthropic
+
     from agentmend.infrastructure.definitions.spec import AgentSpec
 
 __all__ = [
@@ -394,14 +396,40 @@ class RecordingRuntime(AnthropicRuntime):
     """
 
     def __init__(self, cassette: str | Path, **options: Any) -> None:
-        super().__init__(**options)
         key = options.get("api_key") or os.environ.get("ANTHROPIC_API_KEY") or ""
+        built = options.get("client") is None and bool(key)
+        if built:
+            options["client"] = _client_without_keepalive(
+                key, options.pop("base_url", None), options.pop("request_timeout_s", None)
+            )
+            options.pop("api_key", None)
+        super().__init__(**options)
         self.cassette = Cassette.for_recording(cassette, secrets=(key,))
+        self._owns_client = built  # a client built here is closed by ``aclose``
 
     async def _call_model(self, request: ModelRequest) -> ModelResponse:
         response = await super()._call_model(request)
         self.cassette.add(request, response)  # a failed call raised above: nothing is stored
         return response
+
+
+def _client_without_keepalive(
+    key: str, base_url: str | None, timeout_s: float | None
+) -> anthropic.AsyncAnthropic:
+    """A client that closes each connection after its answer: a recording is made once, and a
+    pooled socket would outlive the event loop of a test or a command that recorded it."""
+    import anthropic
+    from anthropic._constants import DEFAULT_CONNECTION_LIMITS as DEFAULT
+
+    # the client's own limits type (this client version vendors its HTTP library)
+    limits = type(DEFAULT)(max_connections=DEFAULT.max_connections, max_keepalive_connections=0)
+    return anthropic.AsyncAnthropic(
+        api_key=key,
+        base_url=base_url or os.environ.get("ANTHROPIC_BASE_URL") or None,
+        max_retries=0,
+        timeout=timeout_s if timeout_s is not None else anthropic.NOT_GIVEN,
+        http_client=anthropic.DefaultAsyncHttpxClient(limits=limits),
+    )
 
 
 class ReplayRuntime(RuntimeBase):

@@ -34,12 +34,12 @@ from agentmend.faces.cli.report import open_store
 if TYPE_CHECKING:
     from agentmend.infrastructure.evaluation.verification import SuiteRun
 
-__all__ = ["SUBCOMMANDS"]
+__all__ = ["SCAFFOLD", "SUBCOMMANDS"]
 
 
 # -- init ---------------------------------------------------------------------------------------
 
-_SCAFFOLD: dict[str, str] = {
+SCAFFOLD: dict[str, str] = {
     "agents/support-agent.md": """\
 ---
 name: support-agent
@@ -137,7 +137,7 @@ def _run_init(args: argparse.Namespace) -> int:
         )
     created = []
     try:
-        for relative, text in _SCAFFOLD.items():
+        for relative, text in SCAFFOLD.items():
             atomic_write(folder / relative, text)
             created.append(folder / relative)
     except (OSError, AgentmendError) as exc:
