@@ -121,33 +121,45 @@ def test_eval_records_once_then_replays_with_no_key_and_the_server_stopped(
     assert "Traceback" not in out + err
 
 
-def test_improve_and_the_session_take_a_cassette(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.slow
+def test_the_session_records_and_replays_and_improve_names_a_miss(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    fake_api: FakeMessagesAPI,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     folder, cassette = tmp_path / "team", tmp_path / "cassette.json"
     assert run_cli(capsys, "init", str(folder))[0] == EXIT_OK
-    cassette.write_text('{"format": "agentmend-cassette", "version": 1, "exchanges": []}')
-    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    question = "Can I still get a refund for shoes delivered three weeks ago?\n/quit\n"
+    fake_api.set_responder(answer_scaffolded_team)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-session-key-0123")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake_api.base_url)
+    monkeypatch.setattr("sys.stdin", io.StringIO(question))
+    recorded = run_cli(capsys, "session", "--workspace", str(folder), "--record", str(cassette))
+    assert recorded[0] == EXIT_OK, recorded
+    assert len(fake_api.message_requests()) == 2  # the question goes to every agent
 
-    # the roles ask first: nothing of theirs was recorded, and the miss names who asked
-    code, out, err = run_cli(
-        capsys, "improve", "support-agent", "--workspace", str(folder), "--replay", str(cassette)
-    )
+    fake_api.close()
+    monkeypatch.delenv("ANTHROPIC_API_KEY")
+    monkeypatch.delenv("ANTHROPIC_BASE_URL")
+    monkeypatch.setattr("sys.stdin", io.StringIO(question))
+    replay = ("--replay", str(cassette))
+    code, out, err = run_cli(capsys, "session", "--workspace", str(folder), *replay)
+    assert code == EXIT_OK, out + err
+    assert f"2 agents from {folder / 'agents'}" in out
+    assert "30 days" in out  # the support agent's recorded answer, served again
+
+    # improve's roles ask the model first: nothing of theirs was recorded, and the miss says who
+    improve = ("improve", "support-agent", "--workspace", str(folder))
+    code, out, err = run_cli(capsys, *improve, *replay)
     assert code == EXIT_USAGE, out + err
     assert "has no recorded answer for agent" in err
     assert "turn 1" in err
     assert "Traceback" not in out + err
 
-    # the session's own agents with no key: replayed, so not refused as offline
-    monkeypatch.setattr("sys.stdin", io.StringIO("/status\n/quit\n"))
-    replay = ("--replay", str(cassette))
-    code, out, err = run_cli(capsys, "session", "--workspace", str(folder), *replay)
-    assert code == EXIT_OK, out + err
-    assert f"2 agents from {folder / 'agents'}" in out
-
     code, out, err = run_cli(capsys, "session", "--workspace", str(folder))
-    assert code == 2
-    assert "needs ANTHROPIC_API_KEY" in err
+    assert code == EXIT_USAGE
+    assert "needs ANTHROPIC_API_KEY" in err  # settings.env: the anthropic provider
 
 
 def test_settings_env_is_read_and_a_bad_line_is_named(

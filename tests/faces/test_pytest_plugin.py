@@ -95,6 +95,7 @@ async def test_refunds(agentmend_cassette_runtime):
 """
 
 
+@pytest.mark.slow
 def test_own_agents_record_once_then_replay_with_no_key(
     pytester: pytest.Pytester, fake_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
