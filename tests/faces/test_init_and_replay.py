@@ -181,3 +181,27 @@ def test_settings_env_is_read_and_a_bad_line_is_named(
     code, _, err = run_cli(capsys, "check", "--workspace", str(folder))
     assert code == EXIT_USAGE
     assert f"{settings} line 7: 'AGENTMEND_BASELINE' is not an agentmend setting" in err
+
+
+@pytest.mark.slow
+def test_a_corrupt_cassette_is_one_line_from_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, cassette = tmp_path / "team", tmp_path / "cassette.json"
+    assert run_cli(capsys, "init", str(folder))[0] == EXIT_OK
+    cassette.write_text('{"format": "agentmend-cassette", "version": 1, "exchanges": [')
+    before = cassette.read_bytes()
+    monkeypatch.setattr("sys.stdin", io.StringIO("/quit\n"))
+    for command in (("eval",), ("improve", "summarizer"), ("session",)):
+        code, out, err = run_cli(
+            capsys, *command, "--workspace", str(folder), "--replay", str(cassette)
+        )
+        assert code == EXIT_USAGE, (command, out, err)
+        assert f"cassette {cassette} cannot be used: it is not JSON" in err
+        assert len(err.strip().splitlines()) == 1, err
+    code, out, _ = run_cli(
+        capsys, "eval", "--workspace", str(folder), "--record", str(cassette), "--json"
+    )
+    assert code == EXIT_USAGE
+    assert json.loads(out)["exit_code"] == EXIT_USAGE
+    assert cassette.read_bytes() == before  # recording into it would have lost it: refused
