@@ -182,7 +182,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     from agentmend.infrastructure.errors import AgentmendError
     from agentmend.infrastructure.evaluation.evals import find_eval_suite
     from agentmend.infrastructure.evaluation.verification import run_suite
-    from agentmend.infrastructure.llm.cassette import CassetteMiss
+    from agentmend.infrastructure.llm.cassette import CassetteError, CassetteMiss
     from agentmend.roles.team import AgentTeam, UnknownAgent
 
     with open_workspace(args) as workspace:
@@ -212,7 +212,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
         try:
             runs = asyncio.run(run_all())
-        except CassetteMiss as exc:  # the replay cannot go on: say which request to record
+        except (CassetteMiss, CassetteError) as exc:  # a request to record, or a cassette to fix
             raise CommandError(str(exc), EXIT_USAGE) from exc
     report = [_suite_json(run) for run in runs]
     passed = all(case["passed"] for agent in report for case in agent["cases"])

@@ -319,7 +319,7 @@ def _run_improve(args: argparse.Namespace) -> int:
     from agentmend.faces.cli.improve_progress import ImproveProgress
     from agentmend.faces.session.views import cycle_summary_line
     from agentmend.infrastructure.errors import AgentmendError
-    from agentmend.infrastructure.llm.cassette import CassetteMiss
+    from agentmend.infrastructure.llm.cassette import CassetteError, CassetteMiss
     from agentmend.roles.team import UnknownAgent
 
     out = console()
@@ -349,7 +349,7 @@ def _run_improve(args: argparse.Namespace) -> int:
         with progress:
             try:
                 result = asyncio.run(one_cycle())
-            except (UnknownAgent, CassetteMiss) as exc:
+            except (UnknownAgent, CassetteMiss, CassetteError) as exc:
                 raise CommandError(str(exc), EXIT_USAGE) from exc
     if result is None:
         out.print("no open issue; name an agent: agentmend improve AGENT")

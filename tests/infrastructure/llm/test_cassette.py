@@ -317,3 +317,22 @@ def test_a_recorder_killed_mid_recording_loses_no_acknowledged_exchange(
             result = asyncio.run(replay.run(SPEC, question(n)))
             assert result.text == "an answer " * 4000, (trial, n)
         assert len(replay.cassette) >= len(acked)
+
+
+async def test_a_cassette_that_cannot_be_written_is_a_named_error(
+    fake_api: FakeMessagesAPI, tmp_path: Path
+) -> None:
+    from user_project import make_unwritable, restore_writable
+
+    folder = tmp_path / "cassettes"
+    folder.mkdir()
+    fake_api.set_fallback(Reply.text("an answer"))
+    runtime = RecordingRuntime(folder / "cassette.json", api_key=KEY, base_url=fake_api.base_url)
+    make_unwritable(folder)
+    try:
+        with pytest.raises(CassetteError, match="it cannot be written"):
+            await runtime.run(make_spec(), "q")
+    finally:
+        restore_writable(folder)
+        await runtime.aclose()
+    assert list(folder.iterdir()) == []
