@@ -68,6 +68,12 @@ if TYPE_CHECKING:
         ToolError,
         ToolSpec,
     )
+    from agentmend.infrastructure.llm.cassette import (
+        CassetteError,
+        CassetteMiss,
+        RecordingRuntime,
+        ReplayRuntime,
+    )
     from agentmend.infrastructure.llm.claude.hooks import claude_sdk_hooks
     from agentmend.infrastructure.llm.claude.runtime import ClaudeAgentRuntime
     from agentmend.infrastructure.llm.network_guard import NetworkRefusedError
@@ -165,6 +171,8 @@ __all__ = [
     "AuditChainBroken",
     "AuditChainError",
     "BadRequest",
+    "CassetteError",
+    "CassetteMiss",
     "ChangeAuthor",
     "ChangeNotFound",
     "ChangeRecord",
@@ -227,11 +235,13 @@ __all__ = [
     "PromptBlockError",
     "ProposedAction",
     "ProposedChange",
+    "RecordingRuntime",
     "ReleaseAttribution",
     "ReleaseFollower",
     "ReleaseLog",
     "ReleasePublisher",
     "ReleaseRefused",
+    "ReplayRuntime",
     "ReportParseError",
     "RoleNameClash",
     "RollbackConflict",
@@ -321,6 +331,10 @@ _EXPORTS: dict[str, str] = {
     "ToolError": "agentmend.infrastructure.llm.base",
     "ToolSpec": "agentmend.infrastructure.llm.base",
     "AnthropicRuntime": "agentmend.infrastructure.llm.anthropic_runtime",
+    "CassetteError": "agentmend.infrastructure.llm.cassette",
+    "CassetteMiss": "agentmend.infrastructure.llm.cassette",
+    "RecordingRuntime": "agentmend.infrastructure.llm.cassette",
+    "ReplayRuntime": "agentmend.infrastructure.llm.cassette",
     "ClaudeAgentRuntime": "agentmend.infrastructure.llm.claude.runtime",
     "claude_sdk_hooks": "agentmend.infrastructure.llm.claude.hooks",
     "OfflineRuntime": "agentmend.infrastructure.llm.offline",

@@ -25,10 +25,12 @@ __all__ = [
     "DEFAULT_MAX_REQUEST_DEPTH",
     "DEFAULT_MAX_TEXT_BYTES",
     "DEFAULT_MAX_TOOL_ARGUMENT_BYTES",
+    "SETTINGS_FILE",
     "InvalidSetting",
     "Provider",
     "Settings",
     "load_settings",
+    "workspace_settings",
 ]
 
 DEFAULT_MAX_TEXT_BYTES = 64 * 1024
@@ -52,6 +54,12 @@ class Settings(BaseSettings):
     # fleet (the [postgres] extra); unset, the workspace's own agentmend.db
     store_url: str | None = None
     provider: Provider = "offline"
+    # record and replay (agentmend.infrastructure.llm.cassette): run the agents and roles on the
+    # Messages API and store every exchange in this cassette file (record, needs the key), or
+    # serve a cassette's exchanges with no key and no network (replay); either one wins over
+    # ``provider``
+    record: Path | None = None
+    replay: Path | None = None
     # nothing waits forever on the store: a write waits this long for the store's write lock
     # (PostgreSQL's lock_timeout, SQLite's busy timeout) or a store file lock on this host,
     # and an apply or rollback this long for its team's lock, then fails with LockTimeout
@@ -178,6 +186,57 @@ class InvalidSetting(ConfigurationError):
         self.setting = setting
         self.value = value
         super().__init__(message)
+
+
+SETTINGS_FILE = "settings.env"
+"""A workspace's own settings (``agentmend init`` writes one): ``AGENTMEND_*=value`` lines."""
+
+
+def workspace_settings(folder: Path) -> dict[str, Any]:
+    """The settings ``<folder>/settings.env`` holds, as overrides for ``load_settings``.
+
+    One ``AGENTMEND_NAME=value`` per line; blank lines and ``#`` comments are skipped; a value
+    starting with ``[`` is a JSON list. A variable set in the environment wins over the file,
+    so it is left out. No file, no settings.
+
+    Raises:
+        InvalidSetting: a line is not ``AGENTMEND_NAME=value`` or names no setting (the file
+            and line are named).
+    """
+    import json
+
+    path = folder / SETTINGS_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidSetting(str(path), "", f"{path} cannot be read: {exc}") from None
+    found: dict[str, Any] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, equals, value = line.partition("=")
+        name, value = name.strip(), value.strip()
+        field = name.removeprefix(_ENV_PREFIX).lower()
+        if not equals or not name.startswith(_ENV_PREFIX) or field not in Settings.model_fields:
+            raise InvalidSetting(
+                name,
+                value,
+                f"{path} line {number}: {name!r} is not an agentmend setting "
+                "(AGENTMEND_NAME=value, see the README's settings)",
+            )
+        if name in os.environ:
+            continue
+        if value.startswith("["):
+            try:
+                found[field] = json.loads(value)
+                continue
+            except json.JSONDecodeError:
+                pass
+        found[field] = value
+    return found
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -20,6 +20,18 @@ Example::
 Override ``agentmend_team_dir`` to run on copies of your own definitions,
 ``agentmend_settings`` to change thresholds, ``agentmend_seed`` for another deterministic world.
 
+Your own agents run on ``agentmend_cassette_runtime``: ``pytest --agentmend-record CASSETTE``
+runs them on the Messages API once (with ``ANTHROPIC_API_KEY``) and keeps every exchange, and
+``pytest --agentmend-replay CASSETTE`` serves them again with no key and no network (a request
+not recorded fails the test, naming the agent and the turn)::
+
+    from agentmend import AgentTeam
+
+    async def test_refunds(agentmend_cassette_runtime):
+        team = AgentTeam(".agentmend/agents", agentmend_cassette_runtime)
+        result = await team.run("support-agent", "Can I return shoes after three weeks?")
+        assert "30 days" in result.text
+
 An ``async def`` test that uses these fixtures runs on its own event loop with no async plugin
 and no configuration; when an async plugin (pytest-asyncio, anyio) runs the test, it does.
 """
@@ -35,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from agentmend.infrastructure.llm.base import AgentRuntime
     from agentmend.infrastructure.settings import Settings
     from agentmend.infrastructure.simulation import Fault, FaultKind, SimulatedRuntime
     from agentmend.infrastructure.store.api import Store
@@ -43,6 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "InjectFault",
+    "agentmend_cassette_runtime",
     "agentmend_orchestrator",
     "agentmend_runtime",
     "agentmend_seed",
@@ -60,6 +74,24 @@ InjectFault = Callable[..., "Fault"]
 
 _FIXTURES = frozenset(__all__) - {"InjectFault"}
 _ASYNC_PLUGIN_MARKERS = ("asyncio", "anyio", "trio")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("agentmend")
+    group.addoption(
+        "--agentmend-record",
+        metavar="CASSETTE",
+        type=Path,
+        help="agentmend_cassette_runtime runs on the Messages API and stores every exchange "
+        "in CASSETTE (default: $AGENTMEND_RECORD)",
+    )
+    group.addoption(
+        "--agentmend-replay",
+        metavar="CASSETTE",
+        type=Path,
+        help="agentmend_cassette_runtime serves the exchanges recorded in CASSETTE: no key, "
+        "no network (default: $AGENTMEND_REPLAY)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -111,6 +143,32 @@ def agentmend_runtime(agentmend_seed: int) -> SimulatedRuntime:
     from agentmend.infrastructure.simulation import SimulatedRuntime
 
     return SimulatedRuntime(agentmend_seed)
+
+
+@pytest.fixture
+def agentmend_cassette_runtime(request: pytest.FixtureRequest) -> AgentRuntime:
+    """Your own agents' runtime: recording into (``--agentmend-record``) or replaying
+    (``--agentmend-replay``) a cassette; fails the test, saying what to pass, with neither."""
+    from agentmend.faces.workspace import build_runtimes
+    from agentmend.infrastructure.errors import ConfigurationError
+    from agentmend.infrastructure.settings import load_settings
+
+    record = request.config.getoption("agentmend_record")
+    replay = request.config.getoption("agentmend_replay")
+    if record is None and replay is None:
+        settings = load_settings()
+        record, replay = settings.record, settings.replay
+    if record is None and replay is None:
+        pytest.fail(
+            "agentmend_cassette_runtime needs a cassette: pytest --agentmend-replay CASSETTE "
+            "(record it once with --agentmend-record CASSETTE and ANTHROPIC_API_KEY)",
+            pytrace=False,
+        )
+    try:
+        runtime, _ = build_runtimes("offline", record=record, replay=replay)
+    except ConfigurationError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    return runtime
 
 
 @pytest.fixture

@@ -102,18 +102,39 @@ def _check_team_dir(team: Path) -> None:
 
 
 def build_runtimes(
-    provider: Provider, *, seed: int = 0, faults_file: Path | None = None
+    provider: Provider,
+    *,
+    seed: int = 0,
+    faults_file: Path | None = None,
+    record: Path | None = None,
+    replay: Path | None = None,
 ) -> tuple[AgentRuntime, AgentRuntime]:
     """(the team's runtime, the roles' runtime) for ``provider``.
 
     ``offline``: the simulated team's runtime (its injected faults kept in ``faults_file``)
     and the offline playbooks. ``anthropic``: the
     Messages API for both (needs ``ANTHROPIC_API_KEY``). ``claude-agent-sdk``: the Claude Code
-    CLI for both.
+    CLI for both. ``record`` (a cassette file) runs both on the Messages API and stores every
+    exchange; ``replay`` serves both from a recorded cassette, with no key and no network;
+    either one wins over ``provider``.
 
     Raises:
-        ConfigurationError: the provider cannot be used here (no key, no SDK), saying why.
+        ConfigurationError: the provider cannot be used here (no key, no SDK), or both
+            ``record`` and ``replay`` are given, saying why.
+        CassetteError: the cassette cannot be read or recorded into, naming it.
     """
+    if record is not None and replay is not None:
+        raise ConfigurationError("give --record or --replay, not both")
+    if replay is not None:
+        from agentmend.infrastructure.llm.cassette import ReplayRuntime
+
+        replaying = ReplayRuntime(replay)
+        return replaying, replaying
+    if record is not None:
+        from agentmend.infrastructure.llm.cassette import RecordingRuntime
+
+        recording = RecordingRuntime(record)  # raises without a key
+        return recording, recording
     if provider == "offline":
         from agentmend.infrastructure.llm.offline import OfflineRuntime
         from agentmend.infrastructure.simulation import SimulatedRuntime
@@ -267,7 +288,11 @@ class Workspace:
             ConfigurationError: the provider cannot be used (no key, ...).
         """
         team, roles = build_runtimes(
-            self.settings.provider, seed=seed, faults_file=self.path / FAULTS_NAME
+            self.settings.provider,
+            seed=seed,
+            faults_file=self.path / FAULTS_NAME,
+            record=self.settings.record,
+            replay=self.settings.replay,
         )
         for runtime in (team, roles):  # the setting the role gate judges by, enforced alike
             if isinstance(runtime, RuntimeBase):

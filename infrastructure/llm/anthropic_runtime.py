@@ -59,6 +59,7 @@ __all__ = [
     "AnthropicRuntime",
     "estimate_cost_usd",
     "map_anthropic_error",
+    "resolve_model",
 ]
 
 STREAMING_ABOVE_MAX_TOKENS = 8192
@@ -113,6 +114,22 @@ def estimate_cost_usd(model: str, usage: Usage) -> float | None:
     """The list-price cost of ``usage`` on ``model``, or None for a family not in the table."""
     price = PRICES_PER_MTOK.get(_DATED.sub("", model))
     return price.cost(usage) if price is not None else None
+
+
+def resolve_model(spec: AgentSpec, default_model: str | None) -> str:
+    """The API model name for ``spec``: aliases resolved, none or ``inherit`` the default.
+
+    Raises:
+        ConfigurationError: the spec names no model and there is no default.
+    """
+    name = spec.model
+    if name is None or name == "inherit":
+        name = default_model
+    if name is None:
+        raise ConfigurationError(
+            f"agent {spec.name!r} names no model and the runtime has no default_model"
+        )
+    return MODEL_ALIASES.get(name, name)
 
 
 def _retry_after_s(headers: Any) -> float | None:
@@ -290,15 +307,7 @@ class AnthropicRuntime(RuntimeBase):
 
     def resolve_model(self, spec: AgentSpec) -> str:
         """The API model name for ``spec`` (aliases resolved, ``inherit`` -> default)."""
-        name = spec.model
-        if name is None or name == "inherit":
-            name = self._default_model
-        if name is None:
-            raise ConfigurationError(
-                f"agent {spec.name!r} names no model and the runtime has no default_model"
-            )
-        resolved: str = MODEL_ALIASES.get(name, name)
-        return resolved
+        return resolve_model(spec, self._default_model)
 
     async def _run(
         self,

@@ -65,7 +65,8 @@ def test_every_subcommand_has_help_with_an_example_and_the_workspace_flag(
     code, out, _ = run_cli(capsys, *path, "--help")
     assert code == EXIT_OK
     assert "example:\n  agentmend " + " ".join(path) in out
-    assert "--workspace DIR" in out
+    # init makes the workspace it is given: its folder is its argument, not a flag
+    assert "--workspace DIR" in out or path == ("init",)
 
 
 def test_a_group_without_its_subcommand_is_a_usage_error(

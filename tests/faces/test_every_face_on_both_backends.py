@@ -171,6 +171,17 @@ def improve(j: Journey) -> None:
     assert "cycle" in out
 
 
+def init(j: Journey) -> None:
+    own = j.workspace.parent / "own-team"
+    code, out, err = run_cli(j.capsys, "init", str(own))
+    assert code == 0, out + err
+    assert (own / "agents" / "support-agent.evals.yaml").is_file()
+    # the next commands read it, on this store
+    code, out, err = run_cli(j.capsys, "check", "--workspace", str(own), "--store", j.store)
+    assert code in (0, 1), out + err
+    assert "Traceback" not in out + err
+
+
 def eval_suites(j: Journey) -> None:
     report = j.json("eval", "research-agent")
     assert report["passed"] is True
@@ -339,6 +350,7 @@ STEPS: dict[tuple[str, ...], Step] = {
     ("audit", "verify"): audit_verify,
     ("audit", "acknowledge"): audit_acknowledge,
     ("improve",): improve,
+    ("init",): init,
     ("eval",): eval_suites,
     ("check",): check,
     ("code", "approve-tests"): code_approve_tests,

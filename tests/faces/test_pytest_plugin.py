@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_messages_api import FakeMessagesAPI
+from own_team import answer_scaffolded_team
 
 pytest_plugins = ["pytester"]
 
@@ -80,3 +82,45 @@ def test_importing_the_plugin_imports_no_sdk_and_no_team(tmp_path: Path) -> None
     ).stdout
     assert json.loads(out.strip().splitlines()[-1]) == []
     assert list(tmp_path.iterdir()) == []
+
+
+CASSETTE_TESTS = """
+from agentmend import AgentTeam
+
+
+async def test_refunds(agentmend_cassette_runtime):
+    team = AgentTeam({team!r}, agentmend_cassette_runtime)
+    result = await team.run("support-agent", "Can I return shoes after three weeks?")
+    assert "30 days" in result.text
+"""
+
+
+@pytest.mark.slow
+def test_own_agents_record_once_then_replay_with_no_key(
+    pytester: pytest.Pytester, fake_api: FakeMessagesAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentmend.faces.cli.ci_gates import SCAFFOLD
+
+    team = pytester.path / "team"
+    for relative, text in SCAFFOLD.items():
+        if relative.startswith("agents/"):
+            (team / relative).parent.mkdir(parents=True, exist_ok=True)
+            (team / relative).write_text(text)
+    pytester.makepyfile(test_own_team=CASSETTE_TESTS.format(team=str(team / "agents")))
+    plugin = ("-p", "no:agentmend", "-p", "agentmend.faces.pytest_plugin", "-q")
+    cassette = str(pytester.path / "cassette.json")
+
+    fake_api.set_responder(answer_scaffolded_team)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-plugin-key-0123")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake_api.base_url)
+    pytester.runpytest_inprocess(*plugin, "--agentmend-record", cassette).assert_outcomes(passed=1)
+    assert len(fake_api.message_requests()) == 1
+
+    fake_api.close()
+    monkeypatch.delenv("ANTHROPIC_API_KEY")
+    monkeypatch.delenv("ANTHROPIC_BASE_URL")
+    pytester.runpytest_inprocess(*plugin, "--agentmend-replay", cassette).assert_outcomes(passed=1)
+
+    unasked = pytester.runpytest_inprocess(*plugin)
+    unasked.assert_outcomes(errors=1)
+    unasked.stdout.fnmatch_lines(["*agentmend_cassette_runtime needs a cassette*"])

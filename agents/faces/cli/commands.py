@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentmend.faces.cli.common import (
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
     from agentmend.faces.workspace import Workspace
 
-__all__ = ["SUBCOMMANDS", "console", "open_workspace"]
+__all__ = ["SUBCOMMANDS", "cassette_arguments", "console", "open_workspace"]
 
 
 def console() -> Console:
@@ -53,14 +54,44 @@ def open_workspace(args: argparse.Namespace) -> Iterator[Workspace]:
 
 
 def _settings(args: argparse.Namespace | None = None) -> Any:
-    """The settings, with ``--store`` (when given) over ``AGENTMEND_STORE_URL``."""
-    from agentmend.infrastructure.settings import InvalidSetting, load_settings
+    """The settings: the workspace's ``settings.env`` under ``AGENTMEND_*``, with ``--store``,
+    ``--record`` and ``--replay`` (when given) over both."""
+    from agentmend.infrastructure.settings import (
+        InvalidSetting,
+        load_settings,
+        workspace_settings,
+    )
 
-    store = getattr(args, "store", None)
     try:
-        return load_settings(**({"store_url": store} if store else {}))
+        overrides = workspace_settings(workspace_path(args)) if args is not None else {}
+        store = getattr(args, "store", None)
+        if store:
+            overrides["store_url"] = store
+        for name in ("record", "replay"):
+            if getattr(args, name, None) is not None:
+                overrides[name] = getattr(args, name)
+        return load_settings(**overrides)
     except InvalidSetting as exc:
         raise CommandError(str(exc), EXIT_USAGE) from exc
+
+
+def cassette_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--record`` and ``--replay``: run on the Messages API and keep a cassette, or replay one."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--record",
+        type=Path,
+        metavar="CASSETTE",
+        help="run on the Messages API (needs ANTHROPIC_API_KEY) and store every exchange in "
+        "this file (default: $AGENTMEND_RECORD)",
+    )
+    group.add_argument(
+        "--replay",
+        type=Path,
+        metavar="CASSETTE",
+        help="serve the exchanges recorded in this file: no key, no network "
+        "(default: $AGENTMEND_REPLAY)",
+    )
 
 
 # -- session and demo ---------------------------------------------------------------------------

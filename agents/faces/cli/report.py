@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentmend.faces.cli.commands import _settings, console, open_workspace
+from agentmend.faces.cli.commands import _settings, cassette_arguments, console, open_workspace
 from agentmend.faces.cli.common import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -329,12 +329,14 @@ def _improve_arguments(parser: argparse.ArgumentParser) -> None:
         "agent", metavar="AGENT", nargs="?", help="the agent (default: the most urgent issue)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulated team")
+    cassette_arguments(parser)
 
 
 def _run_improve(args: argparse.Namespace) -> int:
     from agentmend.faces.cli.improve_progress import ImproveProgress
     from agentmend.faces.session.views import cycle_summary_line
     from agentmend.infrastructure.errors import AgentmendError
+    from agentmend.infrastructure.llm.cassette import CassetteError, CassetteMiss
     from agentmend.roles.team import UnknownAgent
 
     out = console()
@@ -347,19 +349,24 @@ def _run_improve(args: argparse.Namespace) -> int:
         orchestrator.verifier.on_eval_run = progress.on_eval_run
 
         async def one_cycle() -> Any:
-            if args.agent:
-                orchestrator.team.spec(args.agent)  # UnknownAgent names the agents there are
-                issue = await orchestrator.issue_for(args.agent, requested_by="agentmend improve")
-                return await orchestrator.run_improvement_cycle(issue)
-            urgent = orchestrator.next_issue()
-            if urgent is None:
-                return None
-            return await orchestrator.run_improvement_cycle(urgent)
+            try:
+                if args.agent:
+                    orchestrator.team.spec(args.agent)  # UnknownAgent names the agents there are
+                    issue = await orchestrator.issue_for(
+                        args.agent, requested_by="agentmend improve"
+                    )
+                    return await orchestrator.run_improvement_cycle(issue)
+                urgent = orchestrator.next_issue()
+                if urgent is None:
+                    return None
+                return await orchestrator.run_improvement_cycle(urgent)
+            finally:  # on this loop: a runtime's HTTP client is closed before the loop ends
+                await workspace.aclose()
 
         with progress:
             try:
                 result = asyncio.run(one_cycle())
-            except UnknownAgent as exc:
+            except (UnknownAgent, CassetteMiss, CassetteError) as exc:
                 raise CommandError(str(exc), EXIT_USAGE) from exc
     if result is None:
         out.print("no open issue; name an agent: agentmend improve AGENT")

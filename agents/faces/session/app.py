@@ -28,6 +28,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -56,7 +57,7 @@ from agentmend.infrastructure.errors import AgentmendError, ConfigurationError, 
 from agentmend.infrastructure.models import ChangeStatus, IssueReport
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.redaction import redact
-from agentmend.infrastructure.settings import Settings, load_settings
+from agentmend.infrastructure.settings import Settings, load_settings, workspace_settings
 from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime
 from agentmend.infrastructure.structured_logger import configure_logging, get_logger
 from agentmend.loop.cycle import CycleEvent, CycleResult
@@ -549,7 +550,12 @@ def _on_off(args: list[str], command: str, console: Console) -> bool | None:
 
 
 def _check_provider(settings: Settings) -> None:
-    if settings.provider in _KEY_PROVIDERS and not os.environ.get("ANTHROPIC_API_KEY"):
+    replaying = settings.replay is not None  # a replay needs no key
+    if (
+        not replaying
+        and settings.provider in _KEY_PROVIDERS
+        and not os.environ.get("ANTHROPIC_API_KEY")
+    ):
         raise ConfigurationError(
             f"--provider {settings.provider} needs ANTHROPIC_API_KEY in the environment "
             "(or run offline: --provider offline)"
@@ -558,8 +564,8 @@ def _check_provider(settings: Settings) -> None:
 
 OFFLINE_OWN_AGENTS = (
     "--agents runs your own agents, which needs a model provider: --provider anthropic (with "
-    "ANTHROPIC_API_KEY) or --provider claude-agent-sdk. The offline provider runs only the "
-    "simulated team (leave out --agents)."
+    "ANTHROPIC_API_KEY), --provider claude-agent-sdk, or --replay CASSETTE (answers recorded "
+    "once with --record). The offline provider runs only the simulated team (leave out --agents)."
 )
 """Offline, there is nothing that could run a user's agents for real, and the simulated team's
 rules (its required headings, its injected faults) would misjudge them, so it is refused."""
@@ -570,17 +576,19 @@ otherwise: 500 runs per agent (the production default) would take an afternoon o
 
 
 async def _session(args: argparse.Namespace, settings: Settings, console: Console) -> int:
-    if settings.provider == "offline" and args.agents is not None:
+    simulated = settings.provider == "offline" and settings.replay is None
+    if simulated and settings.record is None and args.agents is not None:
         raise ConfigurationError(OFFLINE_OWN_AGENTS)
-    # the simulated team's own default, unless the store already keeps the team's baseline
-    simulated = settings.provider == "offline"
     with (
         Workspace.open(
             args.workspace,
             settings=settings,
             team_dir=args.agents,
             interactive=True,
-            baseline_default=SIMULATED_BASELINE_N if simulated else None,
+            # the simulated team's own default, unless the store keeps the team's baseline
+            baseline_default=(
+                SIMULATED_BASELINE_N if simulated and settings.record is None else None
+            ),
         ) as workspace,
         SessionLock(workspace.path) as lock,
     ):
@@ -643,7 +651,8 @@ def run(args: argparse.Namespace) -> int:
         highlight=False, markup=False, width=None if sys.stdout.isatty() else 120
     )
     try:
-        settings = load_settings(**settings_overrides(args))
+        folder = args.workspace or Path(os.environ.get("AGENTMEND_WORKSPACE") or ".agentmend")
+        settings = load_settings(**{**workspace_settings(folder), **settings_overrides(args)})
         _check_provider(settings)
         if args.demo:
             from agentmend.faces.session.demo import run_demo

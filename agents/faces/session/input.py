@@ -28,6 +28,19 @@ def add_arguments(parser: argparse.ArgumentParser, *, workspace: bool = True) ->
         help="which runtime runs the agents and the roles (default offline)",
     )
     parser.add_argument("--agents", type=Path, help="a folder of agent definitions to run")
+    cassette = parser.add_mutually_exclusive_group()
+    cassette.add_argument(
+        "--record",
+        type=Path,
+        metavar="CASSETTE",
+        help="run on the Messages API (needs ANTHROPIC_API_KEY) and store every exchange here",
+    )
+    cassette.add_argument(
+        "--replay",
+        type=Path,
+        metavar="CASSETTE",
+        help="serve the exchanges recorded in CASSETTE: no key, no network",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulated team")
     parser.add_argument("--demo", action="store_true", help="run the scripted demo and exit")
     parser.add_argument(
@@ -65,6 +78,9 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["follow_releases"] = args.follow_releases
     if getattr(args, "release", None) is not None:
         overrides["serve_release"] = args.release
+    for name in ("record", "replay"):
+        if getattr(args, name, None) is not None:
+            overrides[name] = getattr(args, name)
     return overrides
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from agentmend.infrastructure.definitions.spec import AgentSpec
 from agentmend.infrastructure.errors import AgentRunError, ErrorKind
 from agentmend.infrastructure.llm.anthropic_runtime import AnthropicRuntime
 from agentmend.infrastructure.llm.base import AgentRuntime
+from agentmend.infrastructure.llm.cassette import RecordingRuntime, ReplayRuntime
 from agentmend.infrastructure.llm.claude.runtime import ClaudeAgentRuntime
 from agentmend.infrastructure.llm.conformance import CheckResult, ConformanceReport, Scenario
 from agentmend.infrastructure.llm.offline import OfflineCall, OfflineRuntime
@@ -267,3 +269,45 @@ def test_check_results_name_their_status() -> None:
     report = ConformanceReport((CheckResult("a", "passed"), CheckResult("b", "not_staged")))
     assert report.names("passed") == ("a",)
     assert report.names("not_staged") == ("b",)
+
+
+async def test_the_recording_runtime_conforms(fake_api: FakeMessagesAPI, tmp_path: Path) -> None:
+    counter = iter(range(1000))
+
+    def factory(scenario: Scenario) -> AgentRuntime:
+        _play(fake_api, scenario, tool_prefix="")
+        return RecordingRuntime(
+            tmp_path / f"cassette-{next(counter)}.json",
+            api_key="test-key",
+            base_url=fake_api.base_url,
+            retry_policy=RetryPolicy.no_retry(),
+        )
+
+    _assert_all_passed(await run_runtime_conformance(factory, spec=SPEC, settle_s=60))
+
+
+async def test_the_replay_runtime_conforms(fake_api: FakeMessagesAPI, tmp_path: Path) -> None:
+    counter = iter(range(1000))
+
+    async def factory(scenario: Scenario) -> AgentRuntime | None:
+        # a failed call is not recorded, and a hanging one never answered: nothing to replay
+        if scenario.hangs or any(isinstance(t, AgentRunError) for t in scenario.turns):
+            return None
+        _play(fake_api, scenario, tool_prefix="")
+        cassette = tmp_path / f"cassette-{next(counter)}.json"
+        no_retry = RetryPolicy.no_retry()
+        recording = RecordingRuntime(
+            cassette, api_key="test-key", base_url=fake_api.base_url, retry_policy=no_retry
+        )
+        await recording.run(
+            scenario.spec,
+            scenario.prompt,
+            tools=scenario.tools,
+            output_type=scenario.output_type,
+        )
+        await recording.aclose()
+        scenario.handled.clear()  # the check counts the tool calls of its own run
+        return ReplayRuntime(cassette)
+
+    report = await run_runtime_conformance(factory, spec=SPEC)
+    _assert_all_passed(report, not_staged=("failed_call_is_data", "cancel_is_prompt"))

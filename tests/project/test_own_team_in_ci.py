@@ -1,0 +1,83 @@
+"""A team of one's own in CI, end to end on the user's path: agentmend installed from a wheel into
+a venv outside the repository; the README's "Your own agents without a key" commands run as
+printed: ``agentmend init``, recorded once against the fake Messages API, then ``eval`` and
+``check`` replayed with no key and the server stopped, as a CI job runs them."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+from fake_messages_api import FakeMessagesAPI
+from own_team import answer_scaffolded_team
+from user_project import ROOT, UserVenv, user_venv
+
+__all__ = ["user_venv"]  # the session fixture, used here by name
+
+SECTION = (ROOT / "README.md").read_text().split("## Your own agents without a key", 1)[1]
+SECTION = SECTION.split("\n## ", 1)[0]
+
+
+def _readme_commands() -> list[str]:
+    (block,) = re.findall(r"^```sh\n(.*?)^```", SECTION, flags=re.M | re.S)
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def _printed_next_commands(init_output: str) -> list[list[str]]:
+    """The commands ``agentmend init`` printed to run next, as argument lists."""
+    _, _, after = init_output.partition("next")
+    lines = [line.split("#")[0].strip() for line in after.splitlines()[1:]]
+    return [shlex.split(line) for line in lines if line.startswith("agentmend ")]
+
+
+@pytest.mark.slow
+def test_init_record_once_then_eval_and_check_offline(
+    user_venv: UserVenv, tmp_path: Path, fake_api: FakeMessagesAPI
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    init, record, replay, check = _readme_commands()
+    assert "--record" in record
+    assert "--replay" in replay
+
+    done = user_venv.run(["sh", "-c", init], project)
+    assert done.returncode == 0, done.stderr
+    printed = _printed_next_commands(done.stdout)
+
+    fake_api.set_responder(answer_scaffolded_team)
+    recorded = user_venv.run(
+        ["sh", "-c", record], project, env={"ANTHROPIC_BASE_URL": fake_api.base_url}
+    )
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    assert "4/4 cases pass" in recorded.stdout
+    assert len(fake_api.message_requests()) == 12  # 2 agents x 2 cases x 3 repeats
+    cassette = project / ".agentmend" / "cassette.json"
+    assert "sk-ant-..." not in cassette.read_text()  # the key of the README's line
+    fake_api.close()  # the CI job has no network and no key
+
+    replayed = user_venv.run(["sh", "-c", replay], project)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert "4/4 cases pass" in replayed.stdout
+    suites = ElementTree.parse(project / "agentmend-eval.xml").getroot().findall("testsuite")
+    assert sorted((s.get("name"), s.get("failures")) for s in suites) == [
+        ("summarizer", "0"),
+        ("support-agent", "0"),
+    ]
+    checked = user_venv.run(["sh", "-c", check], project)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "ok: no open issue" in checked.stdout
+
+    # the commands init printed work on the same cassette
+    (printed_replay,) = [c for c in printed if c[1] == "eval" and "--replay" in c]
+    assert user_venv.run(printed_replay, project).returncode == 0
+
+    # the gate closes: an agent's file changed since the recording is one named error
+    agent = project / ".agentmend" / "agents" / "summarizer.md"
+    agent.write_text(agent.read_text().replace("one line", "one short line"))
+    stale = user_venv.run(["sh", "-c", replay], project)
+    assert stale.returncode == 2
+    assert "no recorded answer for agent 'summarizer', turn 1" in stale.stderr
+    assert "Traceback" not in stale.stdout + stale.stderr
