@@ -98,9 +98,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _store_location(args: argparse.Namespace) -> tuple[str | Path, Path]:
-    """(the store: ``--store``, else ``AGENTMEND_STORE_URL``, else the workspace's file; the
-    workspace folder, where a PostgreSQL store's per-host files go)."""
-    from agentmend.faces.workspace import DB_NAME
+    """(the store: ``--store``, else ``AGENTMEND_STORE_URL``, else the one the workspace
+    records, else its file; the workspace folder, where a PostgreSQL store's per-host files go).
+
+    Raises:
+        ConfigurationError: an unsupported URL, or one that is not the workspace's recorded
+            store (``StoreMismatch``).
+    """
+    from agentmend.faces.store_record import store_for
 
     folder = Path(args.workspace or os.environ.get("AGENTMEND_WORKSPACE") or ".agentmend")
     given = args.store or os.environ.get("AGENTMEND_STORE_URL")
@@ -111,9 +116,13 @@ def _store_location(args: argparse.Namespace) -> tuple[str | Path, Path]:
                 f"--store {redact_url(text)!r}: use a SQLite path, sqlite://PATH or "
                 "postgresql://..."
             )
-        return text, folder
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / DB_NAME, folder
+    try:
+        location = store_for(folder, given or None)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"workspace {folder} cannot be opened: {exc}") from exc
+    if isinstance(location, Path):
+        folder.mkdir(parents=True, exist_ok=True)
+    return location, folder
 
 
 TOKEN_FILE = "otlp-token"

@@ -39,7 +39,7 @@ class _OpenStore:
     """The workspace's store and change manager, for reading; closed on exit."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from agentmend.faces.workspace import DB_NAME
+        from agentmend.faces.store_record import store_for
         from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
         from agentmend.infrastructure.code_update.plan_recovery import settle_interrupted_plans
         from agentmend.infrastructure.errors import AgentmendError
@@ -48,8 +48,6 @@ class _OpenStore:
 
         folder = workspace_path(args)
         self.settings = _settings(args)
-        url = self.settings.store_url
-        db = folder / DB_NAME
         if not folder.is_dir():
             raise CommandError(
                 f"workspace {folder} cannot be opened: "
@@ -58,13 +56,20 @@ class _OpenStore:
                 ),
                 EXIT_UNAVAILABLE,
             )
-        if url is None and not db.is_file():
+        try:
+            location = store_for(folder, self.settings.store_url)
+        except AgentmendError as exc:
             raise CommandError(
-                f"workspace {folder} cannot be opened: no store ({DB_NAME}) in it", EXIT_UNAVAILABLE
+                f"workspace {folder} cannot be opened: {exc}", EXIT_UNAVAILABLE
+            ) from exc
+        if isinstance(location, Path) and not location.is_file():
+            raise CommandError(
+                f"workspace {folder} cannot be opened: no store ({location.name}) in it",
+                EXIT_UNAVAILABLE,
             )
         try:
             self.store: Store = Store(
-                url or db, files_dir=folder, timeouts=StoreTimeouts.from_settings(self.settings)
+                location, files_dir=folder, timeouts=StoreTimeouts.from_settings(self.settings)
             )
             key = self.settings.audit_hmac_key
             self.manager: ImprovementManager = ImprovementManager(
