@@ -15,6 +15,7 @@ read by whoever can write the workspace, which is what the key guards against.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from agentmend.faces.cli.commands import _settings, console, open_workspace
@@ -152,7 +153,6 @@ def _run_init(args: argparse.Namespace) -> int:
 
     from agentmend.faces.store_record import (
         DB_NAME,
-        record_store,
         recorded_store,
         same_store,
         without_password,
@@ -195,12 +195,41 @@ def _run_init(args: argparse.Namespace) -> int:
             + " as AGENTMEND_AUDIT_HMAC_KEY on every host (a new key would fail them all)"
         )
     new_key = secrets.token_hex(32) if args.new_audit_key else None
+    _make_workspace(folder, url, settings)
+    return _said_init(args, folder, url, display, backend, rows, keyed, key, new_key)
+
+
+def _make_workspace(folder: Path, url: str, settings: Any) -> None:
+    """Record ``url`` as ``folder``'s store and open the workspace once, as any face's first
+    open does (the simulated team copied when it has none); a failure leaves the record, and a
+    folder this made, as they were.
+
+    Raises:
+        CommandError: the record cannot be written or the workspace cannot be opened.
+    """
+    import shutil
+
+    from agentmend.faces.store_record import RECORD_FILE, record_store
+    from agentmend.faces.workspace import Workspace
+    from agentmend.infrastructure.errors import AgentmendError
+
+    made = not folder.exists()
+    record = folder / RECORD_FILE
+    previous = record.read_bytes() if record.is_file() else None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         record_store(folder, url)
-    except OSError as exc:
-        raise CommandError(f"cannot record the store in {folder}: {exc}", EXIT_UNAVAILABLE) from exc
-    return _said_init(args, folder, url, display, backend, rows, keyed, key, new_key)
+        # opened from the record, as every later face will (an AGENTMEND_STORE_URL set here
+        # for another store is not the workspace's)
+        Workspace.open(folder, settings=settings.model_copy(update={"store_url": None})).close()
+    except (AgentmendError, OSError) as exc:
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        elif previous is None:
+            record.unlink(missing_ok=True)
+        else:
+            record.write_bytes(previous)
+        raise CommandError(f"cannot make workspace {folder}: {exc}", EXIT_UNAVAILABLE) from exc
 
 
 def _refuse_another_store(folder: Any, previous: str | None, url: str, db_name: str) -> None:
@@ -244,7 +273,7 @@ def _open_as_every_face(
                 found = conn.execute("SELECT COUNT(*), MAX(keyed) FROM audit_log").fetchone()
                 rows, keyed = int(found[0]), bool(found[1])
             return rows, keyed, store.display, store.backend
-    except AgentmendError as exc:
+    except (AgentmendError, OSError) as exc:  # OSError: a SQLite file's folder cannot be made
         hint = ""
         if url.startswith(("postgresql://", "postgres://")) and "password" in str(exc).lower():
             hint = (
