@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -322,15 +323,35 @@ def test_the_password_comes_from_the_password_file(
 # -- the fleet quick start, as the README prints it ------------------------------------------------
 
 
+def _readme_fleet_commands(url: str, workspace: Path) -> list[list[str]]:
+    """The ``agentmend`` commands of the README's fleet set-up, on ``url`` and ``workspace``:
+    [the first host's, every other host's]."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```bash\n(.*?)^```", readme, flags=re.M | re.S)
+    (block,) = [b for b in blocks if "agentmend store init" in b]
+    assert "export AGENTMEND_AUDIT_HMAC_KEY=" in block  # the key step is part of the set-up
+    commands = []
+    for line in block.splitlines():
+        if line.startswith("agentmend "):
+            words = shlex.split(line.split("#")[0])[1:]
+            words = [url if w.startswith("postgresql://") else w for w in words]
+            commands.append([str(workspace) if w == ".agentmend" else w for w in words])
+    assert len(commands) == 2, commands
+    assert "--new-audit-key" in commands[0]
+    return commands
+
+
 @pytest.mark.slow
 def test_the_fleet_quick_start_runs_as_printed_on_two_workspaces(
     pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first, second = tmp_path / "host-a" / ".agentmend", tmp_path / "host-b" / ".agentmend"
-    # host A: record the store and make the fleet's key
-    code, out, err = run_cli(
-        capsys, "store", "init", pg_url, "--new-audit-key", "--workspace", str(first)
+    on_first, on_second = (
+        _readme_fleet_commands(pg_url, first),
+        _readme_fleet_commands(pg_url, second),
     )
+    # host A: record the store and make the fleet's key
+    code, out, err = run_cli(capsys, *on_first[0])
     assert code == 0, out + err
     found = re.search(r"^AGENTMEND_AUDIT_HMAC_KEY=(\S+)$", out, re.MULTILINE)
     assert found is not None, out
@@ -338,7 +359,7 @@ def test_the_fleet_quick_start_runs_as_printed_on_two_workspaces(
     code, out, err = run_cli(capsys, "demo", "--workspace", str(first))  # changes, audit rows
     assert code == 0, out + err
     # host B: its own workspace on the same store, the same key
-    code, out, err = run_cli(capsys, "store", "init", pg_url, "--workspace", str(second))
+    code, out, err = run_cli(capsys, *on_second[1])
     assert code == 0, out + err
     assert "note:" not in out  # no key missing, nothing to fix
     done = _child(
