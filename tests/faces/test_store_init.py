@@ -24,6 +24,7 @@ from cli_run import ROOT, run_cli
 from pg_server import PgServer
 
 from agentmend.faces.cli.otel import _store_location
+from agentmend.faces.mcp.results import ToolOutput
 from agentmend.faces.mcp.tools import AgentmendTools
 from agentmend.faces.store_record import RECORD_FILE
 from agentmend.faces.workspace import Workspace, WorkspaceError
@@ -116,7 +117,7 @@ def test_the_first_open_given_a_store_records_it_for_every_face(
     # the MCP server as the README's client configs start it (a workspace and nothing else)
     tools = AgentmendTools(workspace, project_root=tmp_path, settings=Settings())
 
-    async def status() -> object:
+    async def status() -> ToolOutput:
         try:
             return await tools.status()
         finally:
