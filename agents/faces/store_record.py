@@ -34,6 +34,7 @@ __all__ = [
     "record_store",
     "recorded_store",
     "same_store",
+    "sqlite_path",
     "store_for",
     "without_password",
 ]
@@ -86,7 +87,7 @@ def without_password(location: str | Path) -> str:
         from agentmend.infrastructure.store.postgres import without_password as strip
 
         return strip(str(location))
-    return str(_sqlite_path(location))
+    return str(sqlite_path(location))
 
 
 def same_store(a: str | Path, b: str | Path) -> bool:
@@ -99,7 +100,7 @@ def same_store(a: str | Path, b: str | Path) -> bool:
             from agentmend.infrastructure.store.postgres import connection_parameters
 
             return connection_parameters(str(a)) == connection_parameters(str(b))
-        return _sqlite_path(a) == _sqlite_path(b)
+        return sqlite_path(a) == sqlite_path(b)
     except (StoreError, ConfigurationError):
         return False
 
@@ -179,7 +180,12 @@ def record_store(folder: Path, location: str | Path) -> str:
     return text
 
 
-def _sqlite_path(location: str | Path) -> Path:
+def sqlite_path(location: str | Path) -> Path:
+    """The absolute path of the SQLite file ``location`` names (a path or ``sqlite://``).
+
+    Raises:
+        StoreError: ``location`` is another kind of URL, or names no file.
+    """
     text = os.fspath(location)
     if text.startswith(_SQLITE_SCHEME):
         text = text[len(_SQLITE_SCHEME) :]

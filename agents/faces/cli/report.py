@@ -39,7 +39,7 @@ class _OpenStore:
     """The workspace's store and change manager, for reading; closed on exit."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from agentmend.faces.store_record import store_for
+        from agentmend.faces.store_record import is_server_url, sqlite_path, store_for
         from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
         from agentmend.infrastructure.code_update.plan_recovery import settle_interrupted_plans
         from agentmend.infrastructure.errors import AgentmendError
@@ -58,13 +58,16 @@ class _OpenStore:
             )
         try:
             location = store_for(folder, self.settings.store_url)
+            missing = not is_server_url(location) and not sqlite_path(location).is_file()
         except AgentmendError as exc:
             raise CommandError(
                 f"workspace {folder} cannot be opened: {exc}", EXIT_UNAVAILABLE
             ) from exc
-        if isinstance(location, Path) and not location.is_file():
+        if missing:
+            # read-only: a store that is not there is named, never made empty
+            where = "in it" if isinstance(location, Path) else f"at {location}"
             raise CommandError(
-                f"workspace {folder} cannot be opened: no store ({location.name}) in it",
+                f"workspace {folder} cannot be opened: no store ({Path(location).name}) {where}",
                 EXIT_UNAVAILABLE,
             )
         try:
