@@ -2,11 +2,12 @@
 
 The server itself (``agentmend.infrastructure.telemetry.receiver``) reads no flag and no
 environment: this face chooses the store (``--store``, else ``AGENTMEND_STORE_URL``, else the
-workspace's file), the token (``--token``, else ``AGENTMEND_OTLP_TOKEN``, else the workspace's
-``otlp-token``, generated on first use: readable by its owner only, printed once), the ``Host``
-names it answers besides its own (``--allow-host``, ``AGENTMEND_OTLP_ALLOWED_HOSTS``) and the
-team whose releases labelled runs are attributed to, then serves until interrupted or
-terminated: SIGTERM, like Ctrl-C, stops taking requests and stores every run already answered.
+store the workspace records, else its file), the token (``--token``, else
+``AGENTMEND_OTLP_TOKEN``, else the workspace's ``otlp-token``, generated on first use: readable
+by its owner only, printed once), the ``Host`` names it answers besides its own
+(``--allow-host``, ``AGENTMEND_OTLP_ALLOWED_HOSTS``) and the team whose releases labelled runs
+are attributed to, then serves until interrupted or terminated: SIGTERM, like Ctrl-C, stops
+taking requests and stores every run already answered.
 """
 
 from __future__ import annotations

@@ -260,7 +260,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--store",
         help="the store: a SQLite file or postgresql://user@host/db (default: "
-        "AGENTMEND_STORE_URL, else the workspace's agentmend.db)",
+        "AGENTMEND_STORE_URL, else the store the workspace records, else its agentmend.db)",
     )
     parser.add_argument(
         "--root",
