@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,32 @@ def test_the_first_open_given_a_store_records_it_for_every_face(
     # the receiver and the fleet checker ask the same
     location, _ = _store_location(argparse.Namespace(workspace=workspace, store=None))
     assert str(location) == _without_password(store_url)
+
+
+@pytest.mark.slow
+def test_the_receiver_started_first_records_the_store_too(store_url: str, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    bare = {k: v for k, v in os.environ.items() if k not in ENVIRONMENT}
+    argv = ["otel", "receive", "--port", str(port), "--token", "t", "--workspace", str(workspace)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentmend.faces.cli", *argv, "--store", _with_password(store_url)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=bare,
+    )
+    try:
+        assert process.stderr is not None
+        line = process.stderr.readline()  # the receiver says where it listens once it does
+        assert f"127.0.0.1:{port}" in line, line
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+    assert (workspace / RECORD_FILE).read_text().strip() == _without_password(store_url)
 
 
 def test_a_store_given_that_is_not_the_recorded_one_is_refused_in_one_line(

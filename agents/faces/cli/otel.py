@@ -126,6 +126,16 @@ def _store_location(args: argparse.Namespace) -> tuple[str | Path, Path]:
     return location, folder
 
 
+def _record_first_store(folder: Path, location: str | Path) -> None:
+    """Record ``location`` in ``folder`` when it was given and the workspace records none."""
+    from agentmend.faces.store_record import needs_record, record_store
+
+    given = str(location) if not isinstance(location, Path) else None
+    if needs_record(folder, given):
+        folder.mkdir(parents=True, exist_ok=True)
+        record_store(folder, location)
+
+
 TOKEN_FILE = "otlp-token"
 
 
@@ -215,6 +225,12 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
         store = Store(location, files_dir=folder)
     except AgentmendError as exc:
         sys.stderr.write(f"agentmend: {redact(str(exc))}\n")
+        return 3
+    try:  # the first open given a store records it, as the workspace's other faces do
+        _record_first_store(folder, location)
+    except (AgentmendError, OSError) as exc:
+        sys.stderr.write(f"agentmend: cannot record the store in {folder}: {redact(str(exc))}\n")
+        store.close()
         return 3
     monitor = PerformanceMonitor(store)
     try:
