@@ -6,6 +6,8 @@ they share one store and one team::
     <workspace>/
       agentmend.db                the store: executions, changes, audit, plans, decisions
       agentmend.db.audit-head     the audit chain's head
+      store-url                   the store, when it is not agentmend.db: its URL without a
+                                  password (``agentmend.faces.store_record``)
       (agentmend.infrastructure.changes.audit.log) agents/                     the team's
       definitions (<name>.md, <name>.evals.yaml)
         .agent/                   backups and the lock of changes to the definitions
@@ -34,6 +36,7 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentmend.faces.store_record import DB_NAME, needs_record, record_store, store_for
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
 from agentmend.infrastructure.changes.watch import ChangeWatcher
 from agentmend.infrastructure.code_update.plan_recovery import settle_interrupted_plans
@@ -64,7 +67,6 @@ __all__ = [
     "build_runtimes",
 ]
 
-DB_NAME = "agentmend.db"
 TEAM_DIR_NAME = "agents"
 FAULTS_NAME = "simulated-faults.json"
 """The simulated team's injected faults, kept so that every face of the workspace sees them."""
@@ -232,6 +234,10 @@ class Workspace:
         if not folder.exists() and not create:
             raise WorkspaceError(folder, "the folder does not exist")
         team = Path(team_dir) if team_dir is not None else folder / TEAM_DIR_NAME
+        try:  # before anything is made: a store given that is not the recorded one is refused
+            location = store_for(folder, settings.store_url)
+        except AgentmendError as exc:
+            raise WorkspaceError(folder, str(exc)) from exc
         opened: list[Any] = []
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -242,7 +248,7 @@ class Workspace:
             if not team.is_dir() or not any(team.glob("*.md")):
                 raise WorkspaceError(folder, f"no agent definitions (*.md) in {team}")
             store = Store(
-                settings.store_url or folder / DB_NAME,
+                location,
                 files_dir=folder,
                 timeouts=StoreTimeouts.from_settings(settings),
             )
@@ -269,6 +275,10 @@ class Workspace:
             # the detector's tables exist from the open on, so that a request that fails later
             # (an unknown agent, say) leaves the store as it found it
             IssueLedger(store)
+            if needs_record(folder, settings.store_url):
+                # the first open given a store records it: every face opened here later
+                # finds it, whoever starts it and with whatever environment
+                record_store(folder, location)
         except WorkspaceError:
             _close_all(opened)
             raise

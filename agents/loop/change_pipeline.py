@@ -80,6 +80,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentmend.infrastructure.changes.audit.breaks import AuditChainBroken
 from agentmend.infrastructure.changes.improvement_manager import (
     LeaseKeeper,
     LeaseLost,
@@ -88,7 +89,7 @@ from agentmend.infrastructure.changes.improvement_manager import (
 from agentmend.infrastructure.changes.proposal import GateVerdict, ProposedChange
 from agentmend.infrastructure.changes.watch import ChangeWatcher
 from agentmend.infrastructure.definitions.spec import AgentSpec
-from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
+from agentmend.infrastructure.errors import AgentmendError, ConfigurationError, StoreError
 from agentmend.infrastructure.evaluation.evals import EvalSuite
 from agentmend.infrastructure.evaluation.verification import VerificationVerdict
 from agentmend.infrastructure.models import ChangeRecord, ImprovementAction
@@ -246,6 +247,9 @@ class ChangePipeline:
                 # could be shown to help: do not write one only to roll it back (and spend
                 # the budget)
                 return "not_reproduced", not_reproduced_reason(before)
+        cannot = self._cannot_apply()
+        if cannot is not None:  # the eval runs took a while: what held at the start may not
+            return "error", cannot
         gated = await self.shared.improver.gate_all(planned, on_verdict=self._verdict_recorder(rec))
         accepted = [item for item in gated if item.accepted]
         if not accepted:
@@ -256,6 +260,19 @@ class ChangePipeline:
             return await self._apply_watched(rec, changes, targets, watch, agent, author)
         before = {name: run for name, run in before.items() if name in targets}
         return await self._apply_and_verify(rec, changes, targets, suites, before, agent, author)
+
+    def _cannot_apply(self) -> str | None:
+        """Why no change could be applied now, or None: checked again right before the gates,
+        so a person is never asked to approve a change that could not be applied.
+
+        The audit chain must take appends (the head and the database agree) and the store must
+        answer (the check reads it).
+        """
+        try:
+            self.shared.manager.audit.ensure_appendable()
+        except (AuditChainBroken, StoreError) as exc:
+            return f"no change can be applied: {exc}"
+        return None
 
     def watch_open(self, agent: str) -> str | None:
         """Why no change to ``agent`` can be made now (its change is watched), or None.

@@ -43,7 +43,14 @@ from agentmend.infrastructure.structured_logger import get_logger
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PgConnection", "PostgresBackend", "translate_script", "translate_statement"]
+__all__ = [
+    "PgConnection",
+    "PostgresBackend",
+    "connection_parameters",
+    "translate_script",
+    "translate_statement",
+    "without_password",
+]
 
 log = get_logger(__name__)
 
@@ -121,6 +128,67 @@ class PgConnection:
                     copy.write_row(row)
         except self._backend.driver_error as exc:
             raise self._backend.error("a statement failed on", exc) from exc
+
+
+# what a URL may carry that is a secret: left out of anything kept in a file
+_SECRET_PARAMETERS = ("password", "sslpassword")
+
+
+def connection_parameters(url: str) -> dict[str, str]:
+    """The libpq parameters ``url`` names, without its secrets: what tells one store apart.
+
+    Raises:
+        StoreError: ``url`` is not a PostgreSQL URL libpq can read (its password masked).
+        PostgresExtraMissing: psycopg is not installed.
+    """
+    psycopg = _psycopg()
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise StoreError(f"not a PostgreSQL URL: {redact_url(url)}: {redact(str(exc))}") from exc
+    return {k: str(v) for k, v in params.items() if k not in _SECRET_PARAMETERS}
+
+
+def without_password(url: str) -> str:
+    """``url`` with its password (in the userinfo or a ``password=`` parameter) taken out.
+
+    libpq then finds the password as it does for any connection that names none:
+    ``PGPASSWORD``, the password file (``PGPASSFILE``, default ``~/.pgpass``) or a service
+    file. The result names exactly the same server, database, user and options (checked).
+
+    Raises:
+        StoreError: ``url`` is not a PostgreSQL URL libpq can read, or its password cannot be
+            taken out without changing what it names (an unencoded ``/``, ``?`` or ``#`` in
+            it: percent-encode it).
+        PostgresExtraMissing: psycopg is not installed.
+    """
+    from urllib.parse import parse_qsl, urlencode, urlsplit
+
+    wanted = connection_parameters(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise StoreError(f"not a PostgreSQL URL: {redact_url(url)}: {redact(str(exc))}") from exc
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    netloc = f"{userinfo.partition(':')[0]}{at}{hosts}"
+    query = parts.query
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if any(name in _SECRET_PARAMETERS for name, _ in pairs):
+        query = urlencode([(n, v) for n, v in pairs if n not in _SECRET_PARAMETERS])
+    # by hand, not urlunsplit: that drops the "//" of an empty host (postgresql:///db)
+    stripped = f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+    stripped += f"#{parts.fragment}" if parts.fragment else ""
+    try:
+        same = connection_parameters(stripped) == wanted
+    except StoreError:
+        same = False
+    # what masking would still find is a password left behind (one holding a "/", say)
+    if not same or redact_url(stripped) != stripped:
+        raise StoreError(
+            f"cannot take the password out of {redact_url(url)} without changing what it "
+            "names: percent-encode the password's '/', '?', '#' and '@'"
+        )
+    return stripped
 
 
 class PostgresBackend:

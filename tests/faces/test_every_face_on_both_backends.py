@@ -306,6 +306,18 @@ def store_sizes(j: Journey) -> None:
     assert code == 0, out + err
 
 
+def store_init(j: Journey) -> None:
+    # the demo's first open recorded the store; init of the same store says so again
+    code, out, err = j.run("store", "init", j.store)
+    assert code == 0, out + err
+    recorded = (j.workspace / "store-url").read_text().strip()
+    assert recorded == (j.store if "://" in j.store else str(Path(j.store).absolute()))
+    # a face started with nothing but the workspace finds the same store
+    code, out, err = run_cli(j.capsys, "history", "--json", "--workspace", str(j.workspace))
+    assert code == 0, out + err
+    assert j.kept[0] in out
+
+
 def store_copy(j: Journey) -> None:
     target = j.workspace.parent / "copy.db"
     code, out, err = j.run("store", "copy", j.store, str(target))
@@ -359,6 +371,7 @@ STEPS: dict[tuple[str, ...], Step] = {
     ("session",): session,
     ("mcp",): mcp_tools,
     ("store",): store_sizes,
+    ("store", "init"): store_init,
     ("store", "copy"): store_copy,
     ("rollback",): rollback,
     ("release", "publish"): releases,  # the release steps run as one story, in this step

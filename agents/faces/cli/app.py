@@ -165,7 +165,7 @@ def _common_arguments(parser: argparse.ArgumentParser, command: Subcommand) -> N
             metavar="URL",
             default=None,
             help="the store: a SQLite file or postgresql://user@host/db (default: "
-            "$AGENTMEND_STORE_URL, else the workspace's agentmend.db)",
+            "$AGENTMEND_STORE_URL, else the store the workspace records, else its agentmend.db)",
         )
     if command.json_output:
         parser.add_argument("--json", action="store_true", help="print the result as JSON")

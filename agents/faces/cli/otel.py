@@ -2,11 +2,12 @@
 
 The server itself (``agentmend.infrastructure.telemetry.receiver``) reads no flag and no
 environment: this face chooses the store (``--store``, else ``AGENTMEND_STORE_URL``, else the
-workspace's file), the token (``--token``, else ``AGENTMEND_OTLP_TOKEN``, else the workspace's
-``otlp-token``, generated on first use: readable by its owner only, printed once), the ``Host``
-names it answers besides its own (``--allow-host``, ``AGENTMEND_OTLP_ALLOWED_HOSTS``) and the
-team whose releases labelled runs are attributed to, then serves until interrupted or
-terminated: SIGTERM, like Ctrl-C, stops taking requests and stores every run already answered.
+store the workspace records, else its file), the token (``--token``, else
+``AGENTMEND_OTLP_TOKEN``, else the workspace's ``otlp-token``, generated on first use: readable
+by its owner only, printed once), the ``Host`` names it answers besides its own
+(``--allow-host``, ``AGENTMEND_OTLP_ALLOWED_HOSTS``) and the team whose releases labelled runs
+are attributed to, then serves until interrupted or terminated: SIGTERM, like Ctrl-C, stops
+taking requests and stores every run already answered.
 """
 
 from __future__ import annotations
@@ -112,9 +113,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _store_location(args: argparse.Namespace) -> tuple[str | Path, Path]:
-    """(the store: ``--store``, else ``AGENTMEND_STORE_URL``, else the workspace's file; the
-    workspace folder, where a PostgreSQL store's per-host files go)."""
-    from agentmend.faces.workspace import DB_NAME
+    """(the store: ``--store``, else ``AGENTMEND_STORE_URL``, else the one the workspace
+    records, else its file; the workspace folder, where a PostgreSQL store's per-host files go).
+
+    Raises:
+        ConfigurationError: an unsupported URL, or one that is not the workspace's recorded
+            store (``StoreMismatch``).
+    """
+    from agentmend.faces.store_record import store_for
 
     folder = Path(args.workspace or os.environ.get("AGENTMEND_WORKSPACE") or ".agentmend")
     given = args.store or os.environ.get("AGENTMEND_STORE_URL")
@@ -125,9 +131,23 @@ def _store_location(args: argparse.Namespace) -> tuple[str | Path, Path]:
                 f"--store {redact_url(text)!r}: use a SQLite path, sqlite://PATH or "
                 "postgresql://..."
             )
-        return text, folder
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / DB_NAME, folder
+    try:
+        location = store_for(folder, given or None)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"workspace {folder} cannot be opened: {exc}") from exc
+    if isinstance(location, Path):
+        folder.mkdir(parents=True, exist_ok=True)
+    return location, folder
+
+
+def _record_first_store(folder: Path, location: str | Path) -> None:
+    """Record ``location`` in ``folder`` when it was given and the workspace records none."""
+    from agentmend.faces.store_record import needs_record, record_store
+
+    given = str(location) if not isinstance(location, Path) else None
+    if needs_record(folder, given):
+        folder.mkdir(parents=True, exist_ok=True)
+        record_store(folder, location)
 
 
 TOKEN_FILE = "otlp-token"
@@ -219,6 +239,12 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
         store = Store(location, files_dir=folder)
     except AgentmendError as exc:
         sys.stderr.write(f"agentmend: {redact(str(exc))}\n")
+        return 3
+    try:  # the first open given a store records it, as the workspace's other faces do
+        _record_first_store(folder, location)
+    except (AgentmendError, OSError) as exc:
+        sys.stderr.write(f"agentmend: cannot record the store in {folder}: {redact(str(exc))}\n")
+        store.close()
         return 3
     monitor = PerformanceMonitor(store)
     try:

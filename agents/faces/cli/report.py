@@ -39,7 +39,7 @@ class _OpenStore:
     """The workspace's store and change manager, for reading; closed on exit."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from agentmend.faces.workspace import DB_NAME
+        from agentmend.faces.store_record import is_server_url, sqlite_path, store_for
         from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
         from agentmend.infrastructure.code_update.plan_recovery import settle_interrupted_plans
         from agentmend.infrastructure.detection.team_baseline import read_team_baseline
@@ -49,8 +49,6 @@ class _OpenStore:
 
         folder = workspace_path(args)
         self.settings = _settings(args)
-        url = self.settings.store_url
-        db = folder / DB_NAME
         if not folder.is_dir():
             raise CommandError(
                 f"workspace {folder} cannot be opened: "
@@ -59,13 +57,23 @@ class _OpenStore:
                 ),
                 EXIT_UNAVAILABLE,
             )
-        if url is None and not db.is_file():
+        try:
+            location = store_for(folder, self.settings.store_url)
+            missing = not is_server_url(location) and not sqlite_path(location).is_file()
+        except AgentmendError as exc:
             raise CommandError(
-                f"workspace {folder} cannot be opened: no store ({DB_NAME}) in it", EXIT_UNAVAILABLE
+                f"workspace {folder} cannot be opened: {exc}", EXIT_UNAVAILABLE
+            ) from exc
+        if missing:
+            # read-only: a store that is not there is named, never made empty
+            where = "in it" if isinstance(location, Path) else f"at {location}"
+            raise CommandError(
+                f"workspace {folder} cannot be opened: no store ({Path(location).name}) {where}",
+                EXIT_UNAVAILABLE,
             )
         try:
             self.store: Store = Store(
-                url or db, files_dir=folder, timeouts=StoreTimeouts.from_settings(self.settings)
+                location, files_dir=folder, timeouts=StoreTimeouts.from_settings(self.settings)
             )
             key = self.settings.audit_hmac_key
             self.manager: ImprovementManager = ImprovementManager(

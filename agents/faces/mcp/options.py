@@ -27,7 +27,7 @@ def add_server_arguments(parser: argparse.ArgumentParser, *, workspace: bool = T
         parser.add_argument(
             "--store",
             help="the store: a SQLite file or postgresql://user@host/db (default: "
-            "AGENTMEND_STORE_URL, else the workspace's agentmend.db)",
+            "AGENTMEND_STORE_URL, else the store the workspace records, else its agentmend.db)",
         )
     parser.add_argument(
         "--root",

@@ -44,6 +44,7 @@ from agentmend.faces.mcp.results import (
     status_text,
 )
 from agentmend.faces.release_serving import ServedReleases, release_status_data, serve_releases
+from agentmend.faces.store_record import is_server_url, sqlite_path, store_for
 from agentmend.faces.workspace import DB_NAME, Workspace
 from agentmend.infrastructure.changes.proposal import GateVerdict, ProposedChange
 from agentmend.infrastructure.changes.protocol.decisions import list_decisions, record_decision
@@ -174,15 +175,18 @@ class AgentmendTools:
         if path.exists() and not path.is_dir():
             return  # Workspace.open names that problem ("it is a file")
         try:
-            url = (self._settings if self._settings is not None else load_settings()).store_url
+            given = (self._settings if self._settings is not None else load_settings()).store_url
+            location = str(store_for(path, given))
+            file = None if is_server_url(location) else sqlite_path(location)
         except AgentmendError:
-            return  # opening reports the setting that cannot be used
+            return  # opening reports the setting, or the workspace's record, that cannot be used
         if not path.exists():
             missing = "the folder does not exist"
-        elif url is not None and url.startswith(("postgresql://", "postgres://")):
+        elif file is None:
             return  # a server's store: opening it reads what is there, and creates no file
-        elif not (Path(url.removeprefix("sqlite://")) if url else path / DB_NAME).is_file():
-            missing = f"it has no store ({redact_url(url) if url else DB_NAME})"
+        elif not file.is_file():
+            own = file == (path / DB_NAME).absolute()
+            missing = f"it has no store ({DB_NAME if own else redact_url(location)})"
         else:
             return
         raise BadRequest(

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, workspace: bool = True) ->
             "--store",
             metavar="URL",
             help="the store: a SQLite file or postgresql://user@host/db (default "
-            "AGENTMEND_STORE_URL, else the workspace's agentmend.db)",
+            "AGENTMEND_STORE_URL, else the store the workspace records, else its agentmend.db)",
         )
     parser.add_argument(
         "--provider",
