@@ -486,3 +486,30 @@ def test_serve_shows_a_tampered_audit_at_once(tmp_path: Path) -> None:
         assert "audit chain does NOT verify" in _get(url + "main")
     finally:
         stop_server(process)
+
+
+def test_report_open_says_so_when_no_browser_opens(tmp_path: Path) -> None:
+    ws = demo_workspace(tmp_path / "ws")
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env["BROWSER"] = "/bin/false"  # the only browser there is, and it fails
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentmend.faces.cli",
+            "report",
+            "--open",
+            "--workspace",
+            str(ws),
+            "-o",
+            str(tmp_path / "page.html"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == EXIT_OK, result.stderr
+    assert "no browser could be opened here; open file://" in result.stdout
+    assert (tmp_path / "page.html").is_file()

@@ -455,11 +455,18 @@ def _run_report(args: argparse.Namespace) -> int:
         atomic_write(args.output, page)
     except AgentmendError as exc:  # FileOperationError names the file and the cause
         raise CommandError(str(exc)) from exc
-    console().print(f"wrote {args.output} ({len(page.encode()) / 1024:.0f} KiB)")
+    out = console()
+    out.print(f"wrote {args.output} ({len(page.encode()) / 1024:.0f} KiB)")
     if args.open:
         import webbrowser
 
-        webbrowser.open(args.output.resolve().as_uri())
+        uri = args.output.resolve().as_uri()
+        try:
+            opened = webbrowser.open(uri)
+        except webbrowser.Error:
+            opened = False
+        if not opened:  # no browser here (a server, a container): say so, and where it is
+            out.print(f"no browser could be opened here; open {uri} yourself")
     return EXIT_OK
 
 
