@@ -51,10 +51,12 @@ __all__ = [
     "WORKERS_DIR",
     "FollowMode",
     "NoReleases",
+    "ReleaseChanges",
     "ServedReleases",
     "ServingFollower",
     "WorkerCheck",
     "check_worker_folders",
+    "release_change_lines",
     "release_status_data",
     "release_status_line",
     "serve_releases",
@@ -285,6 +287,45 @@ def release_status_line(status: FollowerStatus, *, now: float | None = None) -> 
         at = time.strftime("%H:%M:%S", time.localtime(status.mismatch_at))
         served += f"; at {at} {status.mismatch} (materialized again from the store)"
     return served
+
+
+def release_change_lines(before: FollowerStatus, after: FollowerStatus) -> list[str]:
+    """What a person serving releases should hear between two looks: a canary promoted or
+    gone, a new stable, a canary started (nothing when nothing changed)."""
+    lines: list[str] = []
+    if before.canary is not None and after.canary != before.canary:
+        if after.stable == before.canary:
+            lines.append(
+                f"canary v{before.canary} was promoted: every run is now served release "
+                f"v{after.stable}"
+            )
+        else:
+            lines.append(
+                f"canary v{before.canary} left service without promotion (rolled back or "
+                f"aborted: `agentmend release show {before.canary}` says why); serving "
+                f"v{after.stable} (stable)"
+            )
+    elif after.stable is not None and after.stable != before.stable:
+        was = f" (was v{before.stable})" if before.stable is not None else ""
+        lines.append(f"release v{after.stable} is now stable{was}")
+    if after.canary is not None and after.canary != before.canary:
+        lines.append(
+            f"canary v{after.canary} started on {after.share:.0%} of runs ({after.rollout_id})"
+        )
+    return lines
+
+
+class ReleaseChanges:
+    """The release changes a face announces: each one once, at the face's next look."""
+
+    def __init__(self, follower: ServingFollower) -> None:
+        self._follower = follower
+        self._seen = follower.status()
+
+    def since_last_look(self) -> list[str]:
+        now = self._follower.status()
+        lines, self._seen = release_change_lines(self._seen, now), now
+        return lines
 
 
 def release_status_data(status: FollowerStatus) -> dict[str, Any]:

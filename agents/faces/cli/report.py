@@ -462,10 +462,10 @@ def _run_report(args: argparse.Namespace) -> int:
 
         uri = args.output.resolve().as_uri()
         try:
-            opened = webbrowser.open(uri)
+            shown = webbrowser.open(uri)
         except webbrowser.Error:
-            opened = False
-        if not opened:  # no browser here (a server, a container): say so, and where it is
+            shown = False
+        if not shown:  # no browser here (a server, a container): say so, and where it is
             out.print(f"no browser could be opened here; open {uri} yourself")
     return EXIT_OK
 

@@ -327,6 +327,8 @@ def status_text(
     lines = [f"agentmend workspace {data['workspace']} ({data['provider']})"]
     if data.get("releases") is not None:
         lines.append(f"Releases: {data['releases']['text']}")
+    for change in data.get("releaseChanges") or ():
+        lines.append(f"Since the last status: {change}")
     lines.append("Agents:")
     for a in agents:
         if a["executions"]:

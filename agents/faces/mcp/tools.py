@@ -43,7 +43,12 @@ from agentmend.faces.mcp.results import (
     run_output,
     status_text,
 )
-from agentmend.faces.release_serving import ServedReleases, release_status_data, serve_releases
+from agentmend.faces.release_serving import (
+    ReleaseChanges,
+    ServedReleases,
+    release_status_data,
+    serve_releases,
+)
 from agentmend.faces.store_record import is_server_url, sqlite_path, store_for
 from agentmend.faces.workspace import DB_NAME, Workspace
 from agentmend.infrastructure.changes.proposal import GateVerdict, ProposedChange
@@ -125,6 +130,7 @@ class AgentmendTools:
         self._roles_runtime: AgentRuntime | None = None
         self._orchestrator: MetaOrchestrator | None = None
         self._served: ServedReleases | None = None
+        self._release_changes: ReleaseChanges | None = None
         self._analyze_lock = asyncio.Lock()
 
     # -- opening ---------------------------------------------------------------------------
@@ -164,6 +170,8 @@ class AgentmendTools:
         except AgentmendError as exc:
             workspace.close()
             raise BadRequest(f"cannot follow the team's releases: {exc}") from exc
+        if self._served is not None:  # what changes from now on, status announces once
+            self._release_changes = ReleaseChanges(self._served.follower)
         self._workspace = workspace
         log.info("workspace_opened", path=str(workspace.path), provider=workspace.settings.provider)
         self._build_runtimes()
@@ -495,10 +503,12 @@ class AgentmendTools:
             except StoreError as exc:
                 unreachable = str(exc)
         served = self._served.follower.status() if self._served is not None else None
+        changes = self._release_changes.since_last_look() if self._release_changes else []
         data = {
             "workspace": str(workspace.path),
             "provider": workspace.settings.provider,
             "releases": release_status_data(served) if served is not None else None,
+            "releaseChanges": changes,
             "projectRoot": str(self.project_root),
             "agents": agents,
             **stored,

@@ -34,7 +34,12 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.text import Text
 
-from agentmend.faces.release_serving import ServedReleases, release_status_line, serve_releases
+from agentmend.faces.release_serving import (
+    ReleaseChanges,
+    ServedReleases,
+    release_status_line,
+    serve_releases,
+)
 from agentmend.faces.session.input import LineReader, add_arguments, parse_args, settings_overrides
 from agentmend.faces.session.lock import SessionLock
 from agentmend.faces.session.views import (
@@ -119,6 +124,7 @@ class Session:
     ) -> None:
         self.workspace = workspace
         self.served = served
+        self._release_changes = ReleaseChanges(served.follower) if served is not None else None
         self.routing_key = routing_key
         self.console = console
         self.reader = reader
@@ -250,12 +256,14 @@ class Session:
                     "no question is waiting for a yes/no answer (no answer in time counts as no)"
                 )
                 continue
+            self._announce_release_changes()
             try:
                 await self.dispatch(line)
             except Exception as exc:  # the session outlives whatever a command meets
                 error = Text(f"error: {one_line_error(exc)}", style="red")
                 self.console.print(error, soft_wrap=True)  # one line, whatever its length
                 log.info("command_failed", command=line, exc_info=True)  # --verbose shows it
+            self._announce_release_changes()
 
     async def dispatch(self, line: str) -> None:
         if not line.startswith("/"):
@@ -316,6 +324,12 @@ class Session:
             self.console.print(
                 Text(f"injected faults still active: {', '.join(kept)} (/heal ends them)", "yellow")
             )
+
+    def _announce_release_changes(self) -> None:
+        """A canary promoted or rolled back, a new stable: said once, around each command."""
+        if self._release_changes is not None:
+            for line in self._release_changes.since_last_look():
+                self.console.print(Text(f"releases: {line}", style="bold yellow"), soft_wrap=True)
 
     def _print_releases(self) -> None:
         if self.served is not None:
