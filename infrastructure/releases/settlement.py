@@ -7,7 +7,8 @@ compare-and-set on the record's state (of two settlers, one wins), the release o
 that held the canary's changes (recovery owns them again), the heads moved off the canary only
 when they still name this rollout (a rollout stranded by older code is settled without
 touching what workers serve), and one audit row naming the rollout, the canary's version and
-the stable's, the reason, and the evidence beside them.
+the stable's, the reason, the test or person that decided (``decided_by``, also kept in the
+record's evidence), and the evidence beside them.
 
 :func:`canary_change_in` is the rule that keeps a stable release from carrying a change only a
 running canary carries: the files the canary changed, compared with the stable it was started
@@ -150,7 +151,8 @@ def settle_in(
         superseded_by: the release whose publication settles it, if any.
         decided_by: the test that decided (``failure_guard``, ``slowness_guard``,
             ``two_sample``, ``limits``); by default ``publication`` when superseded, else
-            ``administrator`` when ``by`` is given. Kept in the record's evidence and the row.
+            ``administrator`` when ``by`` is given, else ``evidence``. Kept in the record's
+            evidence and in the audit row.
 
     Returns:
         False when the rollout was settled already (by another worker): nothing written.
@@ -158,7 +160,13 @@ def settle_in(
     # the heads first, as every writer of them does: one lock order for all
     serving = releases.rollout_of_heads(conn) == record.rollout_id
     if decided_by is None:
-        decided_by = "publication" if superseded_by is not None else "administrator"
+        decided_by = (
+            "publication"
+            if superseded_by is not None
+            else "administrator"
+            if by is not None
+            else "evidence"
+        )
     settled = replace(record.evidence, decided_by=decided_by)
     updated = conn.execute(
         "UPDATE rollouts SET state = ?, reason = ?, settled_at = ?, evidence = ? "

@@ -40,6 +40,7 @@ _DECIDERS = {  # a rollout's ``decided_by``, in words
     "limits": "the limits (undecided at the last run or hour)",
     "administrator": "an administrator",
     "publication": "a stable publication that superseded it",
+    "evidence": "the evidence",
 }
 
 
