@@ -157,7 +157,11 @@ class Evidence:
     decided_by: str = ""
 
     def add(self, arm: str, success: bool, duration_ms: float) -> None:
-        """One run of ``arm`` (``canary`` or ``stable``), paired when a partner waits."""
+        """One run of ``arm`` (``canary`` or ``stable``), paired when a partner waits.
+
+        The guard's window closes only at :meth:`add_all`'s end (or at ``WINDOW_RUNS``):
+        feed a step's runs through :meth:`add_all`, as a poll does.
+        """
         bit = "1" if success else "0"
         self._to_window(arm, success, duration_ms)
         if arm == "canary":
