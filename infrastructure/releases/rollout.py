@@ -14,7 +14,8 @@ recovery at any open leaves such a lease to the record, and settling the rollout
 
 States: ``canary`` (serving its share) -> ``promoted`` | ``rolled_back``; ``canary`` <->
 ``paused`` (share 0, evidence kept). Every step is an audit row with its evidence (runs and
-successes per arm, the test's wealth and its boundary). Promote, abort, pause and resume by hand
+successes per arm, each test's wealth and its boundary, and ``decided_by``: the test that
+settled it, also kept in the record's evidence). Promote, abort, pause and resume by hand
 need a principal with the admin permission.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import replace
 
 from agentmend.infrastructure.changes.protocol.owners import LeaseTerms, RecordOwner
 from agentmend.infrastructure.errors import NotFound, PermissionRequired
@@ -246,13 +248,21 @@ class Rollouts:
                 ).rowcount
             if stepped != 1:
                 return self.get(rollout_id)  # another worker took this step
-        decision, reason, test = decide(
+        decision, reason, decided_by = decide(
             evidence, record.limits, claimed_fix=record.claimed_fix, age_hours=age_hours
         )
         if decision == "continue":
             return self.get(rollout_id)
         outcome = "promoted" if decision == "promote" else "rolled_back"
-        self._settle(record, outcome, reason, evidence.summary(test), by=None)
+        evidence.decided_by = decided_by
+        self._settle(
+            replace(record, evidence=evidence),
+            outcome,
+            reason,
+            evidence.summary(record.limits),
+            by=None,
+            decided_by=decided_by,
+        )
         return self.get(rollout_id)
 
     # -- steering by hand --------------------------------------------------------------------
@@ -353,11 +363,22 @@ class Rollouts:
         evidence: dict[str, object],
         *,
         by: Principal | None,
+        decided_by: str | None = None,
     ) -> None:
         """Promote or roll back, once, audited (see :func:`settle_in`)."""
         # A rollback must go through even over a broken audit head (it is a safety write).
         with self.releases.write(safety=outcome == "rolled_back") as (conn, txn):
-            settle_in(self.releases, conn, txn, record, outcome, reason, evidence, by=by)
+            settle_in(
+                self.releases,
+                conn,
+                txn,
+                record,
+                outcome,
+                reason,
+                evidence,
+                by=by,
+                decided_by=decided_by,
+            )
 
 
 def _require_admin(by: Principal, action: str) -> None:

@@ -1,37 +1,62 @@
-"""A rollout's evidence: the live runs of each arm, paired, and the decision they support.
+"""A rollout's evidence: the live runs of each arm, and the decision they support.
 
 Every run a worker serves under a rollout is recorded with ``release`` and ``rollout`` in its
-``extra``; the rollout reads them in execution-id order (ids only grow in commit order) and pairs
-each canary run with a stable run (the oldest one waiting, of at most the newest
-``STABLE_WAITING`` stable runs, so a pair is contemporaneous). Which runs pair never depends on
-their outcomes, so the pairs are draws from the two arms and the always-valid two-sample test
-(:class:`~agentmend.infrastructure.evaluation.sequential.TwoSampleTest`) holds at any stopping time.
+``extra``; the rollout reads them in execution-id order (ids only grow in commit order). The runs
+counted are the ones :func:`~agentmend.infrastructure.releases.rollout.Rollouts.advance` reads:
+production runs tagged with this rollout, routed by a worker or attributed by their release
+label (there is no separate list of trusted sources yet: every run the store holds for the
+rollout counts, for the guard as for the promotion test).
+
+Two tests read them, each for one decision:
+
+* **The guard** (rolls back):
+  :class:`~agentmend.infrastructure.evaluation.canary_guard.CanaryGuard`, twice: on failures
+  and on slow runs. Runs are cut into windows of consecutive runs (a window
+  closes at the end of a step that gave it runs of both arms, or at ``WINDOW_RUNS``: on arm
+  counts and poll times only, never on outcomes), and in each window the canary's share of the
+  failures (of the slow runs: its durations' ranks among the window's) is compared with its
+  share of the window's runs. A drifting base rate or traffic mix moves both arms alike, so it
+  does not move the guard. Its false-alarm budget is ``guard_alpha``: the chance that a canary
+  no worse than stable is ever rolled back by it, ``FAILURE_BUDGET`` of it spent on failures,
+  the rest on slow runs (a canary up to ``SLOW_TOLERANCE`` times slower counts as no worse).
+* **The promotion test**: each canary run paired with a stable run (the oldest one waiting, of
+  at most the newest ``STABLE_WAITING``, so a pair is contemporaneous; which runs pair never
+  depends on their outcomes) feeds the always-valid two-sample test
+  (:class:`~agentmend.infrastructure.evaluation.sequential.TwoSampleTest`). A guard that only
+  ever rolls back cannot promote a useless change; this test promotes only what it shows.
 
 The evidence is plain data in the rollout record (the pairs as a string, replayed into the test
-when a decision is needed), so any worker that reads it next reaches the same decision.
+when a decision is needed; the guard's log-wealths and its open window), so any worker that reads
+it next reaches the same decision.
 
-Decision, in this order:
+Decision, in this order (``decided_by`` names the test, kept in the record and audit row):
 
-1. ``hurts`` (the canary is shown worse): roll back now, reason ``worse``.
-2. Latency guard: after ``latency_min_runs`` canary runs, a canary mean duration above
-   ``latency_factor`` times the stable one rolls back (reason ``slower``). A guard, not a test.
-3. Promote: when the change claimed a fix, once the canary is shown ``better``; otherwise once it
-   is shown no worse than stable by more than ``margin`` (reason ``better`` / ``no_worse``).
-4. Limits: after ``max_canary_runs`` canary runs or ``max_hours``, roll back as ``not_proven``.
+1. The failure guard rejects: roll back now, reason ``worse`` (``failure_guard``).
+2. The slow-run guard rejects: roll back now, reason ``slower`` (``slowness_guard``).
+3. Promote: when the change claimed a fix, once the two-sample test shows the canary
+   ``better``; otherwise once it is shown no worse than stable by more than ``margin``
+   (reason ``better`` / ``no_worse``; ``two_sample``).
+4. Limits: after ``max_canary_runs`` canary runs or ``max_hours``, roll back as ``not_proven``
+   (``limits``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from agentmend.infrastructure.errors import InvalidArgument
+from agentmend.infrastructure.evaluation.canary_guard import (
+    CanaryGuard,
+    slowness_scores,
+)
 from agentmend.infrastructure.evaluation.sequential import TwoSampleTest
 
 __all__ = [
     "STABLE_WAITING",
+    "WINDOW_RUNS",
     "Decision",
     "Evidence",
     "RolloutLimits",
@@ -40,6 +65,20 @@ __all__ = [
 
 STABLE_WAITING = 256
 """The most stable runs kept waiting for a canary partner (the newest ones)."""
+
+WINDOW_RUNS = 1000
+"""The most runs in one guard window (a window that long closes mid-step: runs that far apart
+may no longer share a base rate)."""
+
+FAILURE_BUDGET = 0.7
+"""The share of the guard's false-alarm budget spent on failures (the rest: slow runs)."""
+
+SLOW_TOLERANCE = 1.2
+"""A canary up to this many times slower than stable is not harm to the slow-run guard: a fix
+that completes answers stable cut short takes longer (the simulated team's fix of a truncation
+fault takes 1.13 times as long, and must still be promoted)."""
+
+_LEGACY_LIMITS = ("latency_factor", "latency_min_runs")  # the mean-duration rule the guard replaced
 
 Decision = Literal["continue", "promote", "roll_back"]
 
@@ -51,20 +90,22 @@ class RolloutLimits:
     Attributes:
         margin: a canary is "no worse" when shown within this many points of stable's
             success rate (0.02: two percentage points).
-        alpha: the chance of promoting a canary worse by more than ``margin``, or of rolling
-            back a good one as shown worse, at any stopping time.
+        alpha: the promotion test's: the chance of promoting a canary worse by more than
+            ``margin`` (or, with a claimed fix, one not better), at any stopping time.
+        guard_alpha: the guard's false-alarm budget: the most the chance may be that a canary
+            no worse than stable is ever rolled back by the guard (``FAILURE_BUDGET`` of it on
+            failures, the rest on slow runs). Lower it for fewer false rollbacks at the price
+            of more exposure to a harmful canary; 0.2 is what lets the guard see harm after no
+            more runs than the detector needs on a full rollout (README, "Canary").
         max_hours: a rollout undecided after this long is rolled back as "not proven".
         max_canary_runs: likewise after this many canary runs (also the test's budget).
-        latency_factor: the canary's mean duration may be at most this many times stable's.
-        latency_min_runs: canary runs before the latency guard looks.
     """
 
     margin: float = 0.02
     alpha: float = 0.05
     max_hours: float = 24.0
     max_canary_runs: int = 5000
-    latency_factor: float = 1.5
-    latency_min_runs: int = 50
+    guard_alpha: float = 0.2
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.margin < 1.0:
@@ -73,20 +114,31 @@ class RolloutLimits:
             raise InvalidArgument("alpha", self.alpha, "must lie strictly between 0 and 1")
         if self.max_hours <= 0 or self.max_canary_runs < 1:
             raise InvalidArgument("limits", (self.max_hours, self.max_canary_runs), "must be > 0")
-        if self.latency_factor <= 1.0 or self.latency_min_runs < 1:
-            raise InvalidArgument("latency_factor", self.latency_factor, "must be above 1")
+        if not 0.0 < self.guard_alpha < 1.0:
+            raise InvalidArgument(
+                "guard_alpha", self.guard_alpha, "must lie strictly between 0 and 1"
+            )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> RolloutLimits:
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        for legacy in _LEGACY_LIMITS:  # a record started before the guard replaced that rule
+            fields.pop(legacy, None)
+        return cls(**fields)
 
 
 @dataclass(slots=True)
 class Evidence:
-    """The runs of both arms so far; ``pairs`` holds two characters per pair (canary, stable)."""
+    """The runs of both arms so far; ``pairs`` holds two characters per pair (canary, stable).
+
+    ``window`` is the guard's open window, one character per run (``C``/``c``: a canary run
+    that succeeded / failed, ``S``/``s`` a stable one) with ``window_ms`` its durations;
+    ``failure_guard`` and ``slowness_guard`` the guards' log-wealths; ``decided_by`` the test
+    that settled the rollout (empty while it runs).
+    """
 
     canary_runs: int = 0
     canary_successes: int = 0
@@ -97,10 +149,21 @@ class Evidence:
     pairs: str = ""
     canary_waiting: str = ""
     stable_waiting: str = ""
+    window: str = ""
+    window_ms: list[float] = field(default_factory=list)
+    windows: int = 0
+    failure_guard: list[float] = field(default_factory=list)
+    slowness_guard: list[float] = field(default_factory=list)
+    decided_by: str = ""
 
     def add(self, arm: str, success: bool, duration_ms: float) -> None:
-        """One run of ``arm`` (``canary`` or ``stable``), paired when a partner waits."""
+        """One run of ``arm`` (``canary`` or ``stable``), paired when a partner waits.
+
+        The guard's window closes only at :meth:`add_all`'s end (or at ``WINDOW_RUNS``):
+        feed a step's runs through :meth:`add_all`, as a poll does.
+        """
         bit = "1" if success else "0"
+        self._to_window(arm, success, duration_ms)
         if arm == "canary":
             self.canary_runs += 1
             self.canary_successes += success
@@ -121,8 +184,40 @@ class Evidence:
                 self.stable_waiting = (self.stable_waiting + bit)[-STABLE_WAITING:]
 
     def add_all(self, runs: Iterable[tuple[str, bool, float]]) -> None:
+        """One step's runs; the guard's window closes at its end if it holds both arms."""
         for arm, success, duration_ms in runs:
             self.add(arm, success, duration_ms)
+        if any(c in self.window for c in "Cc") and any(c in self.window for c in "Ss"):
+            self._close_window()
+
+    def _to_window(self, arm: str, success: bool, duration_ms: float) -> None:
+        code = "C" if arm == "canary" else "S"
+        self.window += code if success else code.lower()
+        self.window_ms.append(float(duration_ms))
+        if len(self.window) >= WINDOW_RUNS:
+            self._close_window()
+
+    def _close_window(self) -> None:
+        canary = [c in "Cc" for c in self.window]
+        failures, slowness = self.guards()
+        failures.observe_failures([c.islower() for c in self.window], canary)
+        # the canary's durations are scaled down by the tolerance first: the slow-run guard
+        # tests "more than SLOW_TOLERANCE times slower", and a rank test on scaled-down
+        # canary durations is conservative for every canary within it
+        scaled = [
+            ms / SLOW_TOLERANCE if c else ms for ms, c in zip(self.window_ms, canary, strict=True)
+        ]
+        slowness.observe(slowness_scores(scaled), canary)
+        self.failure_guard, self.slowness_guard = failures.log_wealth, slowness.log_wealth
+        self.windows += 1
+        self.window, self.window_ms = "", []
+
+    def guards(self) -> tuple[CanaryGuard, CanaryGuard]:
+        """The failure guard and the slow-run guard, with every closed window so far."""
+        return (
+            CanaryGuard.for_failures(self.failure_guard),
+            CanaryGuard.for_slowness(self.slowness_guard),
+        )
 
     def test(self, limits: RolloutLimits) -> TwoSampleTest:
         """The two-sample test with every pair so far replayed into it."""
@@ -141,16 +236,28 @@ class Evidence:
     def from_json(cls, text: str) -> Evidence:
         return cls(**json.loads(text))
 
-    def summary(self, test: TwoSampleTest | None = None) -> dict[str, object]:
-        """What an audit row keeps: runs and successes per arm, pairs, the statistic."""
+    def summary(self, limits: RolloutLimits | None = None) -> dict[str, object]:
+        """What an audit row keeps: runs and successes per arm, pairs, the test that decided,
+        and (given the limits) each test's statistic beside its boundary."""
         found: dict[str, object] = {
             "canary": [self.canary_runs, self.canary_successes],
             "stable": [self.stable_runs, self.stable_successes],
             "pairs": len(self.pairs) // 2,
         }
-        if test is not None:
+        if self.decided_by:
+            found["decided_by"] = self.decided_by
+        if limits is not None:
+            test = self.test(limits)
             found["wealth"] = {k: round(v, 3) for k, v in test.wealths.items()}
             found["boundary"] = round(1.0 / test.alpha, 3)
+            failures, slowness = self.guards()
+            found["guard"] = {
+                "failures": round(failures.wealth, 3),
+                "failure_boundary": round(1.0 / (limits.guard_alpha * FAILURE_BUDGET), 3),
+                "slow": round(slowness.wealth, 3),
+                "slow_boundary": round(1.0 / (limits.guard_alpha * (1.0 - FAILURE_BUDGET)), 3),
+                "windows": self.windows,
+            }
         return found
 
 
@@ -160,21 +267,19 @@ def decide(
     *,
     claimed_fix: bool,
     age_hours: float,
-) -> tuple[Decision, str, TwoSampleTest]:
-    """(decision, reason, the test) for the evidence so far; see the module docstring."""
+) -> tuple[Decision, str, str]:
+    """(decision, reason, the test that decided) for the evidence so far; see the module."""
+    failures, slowness = evidence.guards()
+    if failures.rejects(limits.guard_alpha * FAILURE_BUDGET):
+        return "roll_back", "worse", "failure_guard"
+    if slowness.rejects(limits.guard_alpha * (1.0 - FAILURE_BUDGET)):
+        return "roll_back", "slower", "slowness_guard"
     test = evidence.test(limits)
     verdict = test.decision()
-    if verdict == "hurts":
-        return "roll_back", "worse", test
-    if evidence.canary_runs >= limits.latency_min_runs and evidence.stable_runs > 0:
-        canary_mean = evidence.canary_ms / evidence.canary_runs
-        stable_mean = evidence.stable_ms / evidence.stable_runs
-        if canary_mean > limits.latency_factor * stable_mean:
-            return "roll_back", "slower", test
     if verdict == "better":
-        return "promote", "better", test
+        return "promote", "better", "two_sample"
     if not claimed_fix and (test.shown_no_worse or verdict == "no_worse"):
-        return "promote", "no_worse", test
+        return "promote", "no_worse", "two_sample"
     if evidence.canary_runs >= limits.max_canary_runs or age_hours >= limits.max_hours:
-        return "roll_back", "not_proven", test
-    return "continue", "", test
+        return "roll_back", "not_proven", "limits"
+    return "continue", "", ""

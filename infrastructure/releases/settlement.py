@@ -7,7 +7,8 @@ compare-and-set on the record's state (of two settlers, one wins), the release o
 that held the canary's changes (recovery owns them again), the heads moved off the canary only
 when they still name this rollout (a rollout stranded by older code is settled without
 touching what workers serve), and one audit row naming the rollout, the canary's version and
-the stable's, the reason, and the evidence beside them.
+the stable's, the reason, the test or person that decided (``decided_by``, also kept in the
+record's evidence), and the evidence beside them.
 
 :func:`canary_change_in` is the rule that keeps a stable release from carrying a change only a
 running canary carries: the files the canary changed, compared with the stable it was started
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from agentmend.infrastructure.changes.audit.log import AuditTransaction
@@ -138,6 +139,7 @@ def settle_in(
     *,
     by: Principal | None,
     superseded_by: int | None = None,
+    decided_by: str | None = None,
 ) -> bool:
     """Promote or roll back ``record`` inside the caller's write transaction, once.
 
@@ -147,16 +149,29 @@ def settle_in(
         evidence: the evidence summary the audit row keeps beside the versions.
         by: the principal who settled it (None: a worker's poll on the evidence).
         superseded_by: the release whose publication settles it, if any.
+        decided_by: the test that decided (``failure_guard``, ``slowness_guard``,
+            ``two_sample``, ``limits``); by default ``publication`` when superseded, else
+            ``administrator`` when ``by`` is given, else ``evidence``. Kept in the record's
+            evidence and in the audit row.
 
     Returns:
         False when the rollout was settled already (by another worker): nothing written.
     """
     # the heads first, as every writer of them does: one lock order for all
     serving = releases.rollout_of_heads(conn) == record.rollout_id
+    if decided_by is None:
+        decided_by = (
+            "publication"
+            if superseded_by is not None
+            else "administrator"
+            if by is not None
+            else "evidence"
+        )
+    settled = replace(record.evidence, decided_by=decided_by)
     updated = conn.execute(
-        "UPDATE rollouts SET state = ?, reason = ?, settled_at = ? "
+        "UPDATE rollouts SET state = ?, reason = ?, settled_at = ?, evidence = ? "
         "WHERE rollout_id = ? AND state IN (?, ?)",
-        (outcome, reason, time.time(), record.rollout_id, *ACTIVE),
+        (outcome, reason, time.time(), settled.to_json(), record.rollout_id, *ACTIVE),
     ).rowcount
     if updated != 1:
         return False
@@ -173,6 +188,7 @@ def settle_in(
             "canary": record.canary,
             "stable": record.stable,
             "reason": reason,
+            "decided_by": decided_by,
         }
         if superseded_by is not None:
             row["superseded_by"] = superseded_by
@@ -191,6 +207,7 @@ def settle_in(
         canary=record.canary,
         outcome=outcome,
         reason=reason,
+        decided_by=decided_by,
         by=by.user_id if by else "rollout",
     )
     return True

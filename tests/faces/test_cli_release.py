@@ -142,6 +142,7 @@ def test_abort_settles_any_rollout_that_is_not_settled(
     assert entry.edit_type == "rollout_rolled_back"
     row = json.loads(str(entry.new_value))
     assert (row["canary"], row["stable"], row["reason"]) == (2, 1, "aborted")
+    assert row["decided_by"] == "administrator"
     assert row["evidence"]["pairs"] == 0
     code, _, err = _run(capsys, "release", "abort", "2", *ws)
     assert code == EXIT_PROBLEM  # settled now: nothing left to abort
@@ -211,3 +212,53 @@ def test_the_list_is_a_table_that_says_what_each_release_is(
     }
     assert "rolled back (aborted)" in rows["2"]  # not a blank: what became of the canary
     assert "stable" in rows["1"]
+
+
+def test_show_names_the_test_that_settled_a_rollout(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentmend.infrastructure.definitions.team_id import team_id_for
+    from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+    from agentmend.infrastructure.releases.log import ReleaseLog
+    from agentmend.infrastructure.releases.rollout import Rollouts
+
+    ws = ("--workspace", str(workspace))
+    _run(capsys, "release", "publish", *ws)
+    _edit(workspace, "max_tokens: 2048", "max_tokens: 950")
+    _run(capsys, "release", "publish", *ws)
+    assert _run(capsys, "release", "canary", "2", *ws)[0] == EXIT_OK
+    store = Store(workspace / "agentmend.db")
+    rollouts = Rollouts(ReleaseLog(store, team_id_for(workspace / "agents")))
+    rollout = rollouts.of_release(2)
+    assert rollout is not None
+    with PerformanceMonitor(store, flush_interval_s=60) as monitor:
+        for _ in range(40):  # each poll: 9 stable runs that succeed, a canary run that fails
+            for i in range(10):
+                canary = i == 9
+                monitor.record(
+                    "research-agent",
+                    success=not canary,
+                    duration_ms=1000.0 + i,
+                    release=2 if canary else 1,
+                    arm="canary" if canary else "stable",
+                    rollout=rollout.rollout_id,
+                )
+            monitor.flush()
+            if (
+                rollouts.advance() is not None
+                and rollouts.get(rollout.rollout_id).state != "canary"
+            ):
+                break
+    store.close()
+    code, out, _ = _run(capsys, "release", "show", "2", *ws)
+    assert code == EXIT_OK
+    assert "rolled_back worse" in out
+    assert "decided  by the guard: more than its share of the window's failures" in out
+    code, out, _ = _run(capsys, "release", "show", "2", "--json", *ws)
+    shown = json.loads(out)["rollout"]
+    assert shown["evidence"]["decided_by"] == "failure_guard"
+    assert shown["evidence"]["guard"]["failures"] >= shown["evidence"]["guard"]["failure_boundary"]
+    store = Store(workspace / "agentmend.db")
+    row = json.loads(str(AuditLog(store).entries()[-1].new_value))
+    store.close()
+    assert (row["reason"], row["decided_by"]) == ("worse", "failure_guard")

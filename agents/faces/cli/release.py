@@ -33,6 +33,16 @@ from agentmend.faces.cli.common import (
 
 __all__ = ["SUBCOMMANDS"]
 
+_DECIDERS = {  # a rollout's ``decided_by``, in words
+    "failure_guard": "the guard: more than its share of the window's failures",
+    "slowness_guard": "the guard: more than its share of the window's slow runs",
+    "two_sample": "the two-sample test",
+    "limits": "the limits (undecided at the last run or hour)",
+    "administrator": "an administrator",
+    "publication": "a stable publication that superseded it",
+    "evidence": "the evidence",
+}
+
 
 @contextlib.contextmanager
 def _releases(args: argparse.Namespace) -> Iterator[tuple[Any, Any, Any, Any]]:
@@ -126,7 +136,7 @@ def _rollout_data(record: Any) -> dict[str, Any] | None:
     if record is None:
         return None
     data = asdict(record)
-    data["evidence"] = record.evidence.summary(record.evidence.test(record.limits))
+    data["evidence"] = record.evidence.summary(record.limits)
     return data
 
 
@@ -151,8 +161,10 @@ def _run_show(args: argparse.Namespace) -> int:
     for path, sha in release.files:
         out.print(f"  {sha[:12]}  {path}")
     if rollout is not None:
-        summary = rollout.evidence.summary(rollout.evidence.test(rollout.limits))
+        summary = rollout.evidence.summary(rollout.limits)
         out.print(f"  rollout  {rollout.rollout_id}: {rollout.state} {rollout.reason or ''}")
+        if rollout.evidence.decided_by:
+            out.print(f"  decided  by {_DECIDERS.get(rollout.evidence.decided_by, '?')}")
         out.print(f"           {summary}")
     return EXIT_OK
 

@@ -139,7 +139,20 @@ def test_a_harmful_canary_is_rolled_back_while_stable_serves_most_runs(fleet: Fl
     mine = [t for t in tagged if t.get("rollout") == record.rollout_id]
     assert settled.evidence.canary_runs == sum(t["release"] == harmful for t in mine)
     assert settled.evidence.stable_runs == sum(t["release"] == 1 for t in mine)
-    assert fleet.audit.entries()[-1].edit_type == "rollout_rolled_back"
+    # the guard settled it (a worker's poll, not a person), and the record and the audit row
+    # both name that test, with its statistic beside its boundary
+    assert settled.evidence.decided_by == "failure_guard"
+    row = fleet.audit.entries()[-1]
+    assert row.edit_type == "rollout_rolled_back"
+    assert row.user_id == "agentmend"
+    found = json.loads(str(row.new_value))
+    assert (found["rollout"], found["reason"], found["decided_by"]) == (
+        record.rollout_id,
+        "worse",
+        "failure_guard",
+    )
+    guard = found["evidence"]["guard"]
+    assert guard["failures"] >= guard["failure_boundary"]
     assert fleet.audit.verify_chain().ok
 
 

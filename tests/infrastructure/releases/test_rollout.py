@@ -101,7 +101,11 @@ async def test_a_harmful_canary_is_rolled_back_on_live_runs(fleet: Fleet) -> Non
     evidence = json.loads(fleet.audit.entries()[-1].new_value or "{}")
     assert evidence["reason"] == "worse"
     assert evidence["canary"] == harmful  # the version, the evidence beside it
-    assert evidence["evidence"]["wealth"]["hurts"] >= evidence["evidence"]["boundary"] == 20.0
+    # the guard decided (its failure test, spending 0.7 of the 0.2 budget: boundary 1/0.14)
+    assert evidence["decided_by"] == "failure_guard"
+    guard = evidence["evidence"]["guard"]
+    assert guard["failures"] >= guard["failure_boundary"] == round(1 / 0.14, 3)
+    assert settled.evidence.decided_by == "failure_guard"
     assert fleet.audit.entries()[-1].user_id == "agentmend"
 
 
@@ -137,15 +141,33 @@ def test_limits_roll_back_as_not_proven() -> None:
     assert decide(young, RolloutLimits(), claimed_fix=False, age_hours=1.0)[0] == "continue"
 
 
-def test_a_slower_canary_is_rolled_back_by_the_latency_guard() -> None:
+def test_a_slower_canary_is_rolled_back_by_the_slow_run_guard() -> None:
     evidence = Evidence()
-    for _ in range(60):
-        evidence.add("stable", True, 100.0)
-        evidence.add("canary", True, 200.0)
-    assert decide(evidence, RolloutLimits(), claimed_fix=True, age_hours=0.1)[:2] == (
-        "roll_back",
-        "slower",
-    )
+    decision: tuple[str, str, str] = ("continue", "", "")
+    for step in range(20):  # a poll every 10 runs: 9 stable, 1 canary twice as slow
+        if decision[0] != "continue":
+            break
+        evidence.add_all(
+            [("stable", True, 100.0 + step + i) for i in range(9)] + [("canary", True, 200.0)]
+        )
+        decision = decide(evidence, RolloutLimits(), claimed_fix=True, age_hours=0.1)
+    assert decision == ("roll_back", "slower", "slowness_guard")
+    assert evidence.canary_runs <= 8  # a handful of canary runs, not 50 as the mean rule took
+
+
+def test_within_the_slow_tolerance_a_canary_is_not_rolled_back() -> None:
+    evidence = Evidence()
+    for _ in range(100):
+        stable = [("stable", True, 100.0 + i) for i in range(9)]
+        evidence.add_all([*stable, ("canary", True, 114.0)])
+    assert decide(evidence, RolloutLimits(), claimed_fix=True, age_hours=0.1)[0] == "continue"
+
+
+def test_a_record_from_before_the_guard_still_reads() -> None:
+    old = '{"margin": 0.02, "alpha": 0.05, "max_hours": 24.0, "max_canary_runs": 5000,'
+    old += ' "latency_factor": 1.5, "latency_min_runs": 50}'
+    assert RolloutLimits.from_json(old) == RolloutLimits()
+    assert Evidence.from_json('{"canary_runs": 3, "pairs": ""}').windows == 0
 
 
 def test_pairing_never_looks_at_outcomes() -> None:

@@ -234,7 +234,8 @@ def test_a_worker_poll_that_settles_a_rollout_is_audited(tmp_path: Path, store_u
             "canary": v2,
             "stable": 1,
             "reason": "not_proven",
+            "decided_by": "limits",
             "evidence": row["evidence"],
         }
-        assert set(row["evidence"]) >= {"canary", "stable", "pairs", "wealth", "boundary"}
+        assert set(row["evidence"]) >= {"canary", "stable", "pairs", "wealth", "boundary", "guard"}
         assert audit.verify_chain().ok

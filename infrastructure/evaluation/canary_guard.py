@@ -1,0 +1,168 @@
+"""The canary guard: an always-valid test that a new arm does no harm, judged window by window.
+
+A canary serves a share of live runs beside the stable release. Comparing it with a rate measured
+before it started blames it for whatever the traffic did meanwhile (a harder mix of questions, a
+slower provider); comparing it with the stable runs of the same moments does not. So the runs
+are cut into **windows** of consecutive runs of both arms, and in each window the question is
+only: do the canary's runs hold more than their share of the window's bad runs?
+
+Each run gets a score ``u``: 1 for a failure and 0 otherwise (:func:`failure_scores`), or the
+normal score of its duration's rank among the window's runs (:func:`slowness_scores`: a run
+slower than most of its window scores high). Under no harm (within a window, a run's chance to
+fail and its duration do not depend on the arm that served it, however they drift from one
+window to the next) the canary's runs are a uniformly random subset of their window, so for
+every ``theta >= 0``::
+
+    e(theta) = exp(theta * sum of the canary's u) / (mean over the window of exp(theta * u)) ** n
+
+(``n``: the canary's runs in the window) has expectation at most 1: a sum drawn without
+replacement is dominated in convex order by one drawn with replacement (Hoeffding 1963,
+"Probability inequalities for sums of bounded random variables", JASA 58, Theorem 4), whose
+moment generating function is the denominator. The product over windows is then a nonnegative
+supermartingale for each ``theta``, and so is any fixed mixture of them over a grid of
+``theta`` (a mixture sequential probability ratio test; for failures ``exp(theta)`` is the
+canary's failure rate as a multiple of stable's). By Ville's inequality the chance that the
+mixture ever reaches ``1 / alpha`` is at most ``alpha``, at whatever moment it is looked at:
+the guard rejects, and the canary is rolled back, the first time it does.
+
+Where a window's boundaries fall must not depend on the outcomes in it (the caller closes a
+window on arm counts and poll times only). The windows are what makes the test valid when the
+traffic mix drifts; what they cannot undo is arms that serve different traffic (sticky routing
+keys of a few very different users): the benchmark (``benchmarks/bench_rollout.py``) measures
+the false rollbacks with a drifting mix and a fixed set of users per arm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+__all__ = [
+    "FAILURE_MULTIPLES",
+    "SLOWNESS_TILTS",
+    "CanaryGuard",
+    "failure_scores",
+    "slowness_scores",
+]
+
+FAILURE_MULTIPLES: tuple[tuple[float, float], ...] = (
+    (2.0, 0.5),
+    (3.0, 0.2),
+    (5.0, 0.15),
+    (12.0, 0.15),
+)
+"""(the canary's failure rate as a multiple of stable's, its weight) in the failure guard's
+mixture. Half the weight is on doubling: a small harm needs every bit of the budget to be seen
+as soon as the detector would see it on a full rollout, while a large one earns its evidence in a
+few runs and pays little for a small weight (``benchmarks/bench_rollout.py`` part 1)."""
+
+SLOWNESS_TILTS: tuple[tuple[float, float], ...] = ((0.5, 0.3), (1.0, 0.4), (2.0, 0.3))
+"""(tilt in normal-score units, its weight) in the slow-run guard's mixture."""
+
+_NORMAL = NormalDist()
+
+
+def failure_scores(failed: Sequence[bool]) -> list[float]:
+    """A window's runs scored for the failure guard: 1 for a failure, 0 for a success."""
+    return [1.0 if f else 0.0 for f in failed]
+
+
+def slowness_scores(durations_ms: Sequence[float]) -> list[float]:
+    """A window's runs scored for the slowness guard: the normal score of each run's rank.
+
+    The rank is among all the window's runs, of both arms (ties share their mean rank), so the
+    score is the same function of the window for every run, whichever arm served it.
+    """
+    n = len(durations_ms)
+    order = sorted(range(n), key=lambda i: durations_ms[i])
+    ranks = [0.0] * n
+    start = 0
+    while start < n:
+        end = start
+        while end + 1 < n and durations_ms[order[end + 1]] == durations_ms[order[start]]:
+            end += 1
+        mean_rank = (start + end) / 2.0 + 1.0  # 1-based, ties share their mean
+        for k in range(start, end + 1):
+            ranks[order[k]] = mean_rank
+        start = end + 1
+    return [_NORMAL.inv_cdf((rank - 0.5) / n) for rank in ranks]
+
+
+@dataclass(slots=True)
+class CanaryGuard:
+    """The mixture test over ``tilts`` (``weights``: equal unless given), fed one window at a time.
+
+    ``log_wealth`` holds one log-wealth per tilt, plain numbers (a rollout keeps them in its
+    record, so any worker continues the same test); the test :meth:`rejects` at ``alpha`` once
+    the mixture's wealth reaches ``1 / alpha``.
+    """
+
+    tilts: tuple[float, ...]
+    log_wealth: list[float] = field(default_factory=list)
+    weights: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.tilts or any(t <= 0 for t in self.tilts):
+            raise ValueError(f"need positive tilts, got {self.tilts}")
+        if not self.weights:
+            self.weights = tuple(1.0 / len(self.tilts) for _ in self.tilts)
+        if len(self.weights) != len(self.tilts) or abs(sum(self.weights) - 1.0) > 1e-9:
+            raise ValueError(f"need one weight per tilt, summing to 1, got {self.weights}")
+        if not self.log_wealth:
+            self.log_wealth = [0.0] * len(self.tilts)
+        elif len(self.log_wealth) != len(self.tilts):
+            raise ValueError(f"{len(self.log_wealth)} wealths for {len(self.tilts)} tilts")
+
+    @classmethod
+    def for_failures(cls, log_wealth: Sequence[float] = ()) -> CanaryGuard:
+        tilts = tuple(math.log(m) for m, _ in FAILURE_MULTIPLES)
+        return cls(tilts, list(log_wealth), tuple(w for _, w in FAILURE_MULTIPLES))
+
+    @classmethod
+    def for_slowness(cls, log_wealth: Sequence[float] = ()) -> CanaryGuard:
+        tilts = tuple(t for t, _ in SLOWNESS_TILTS)
+        return cls(tilts, list(log_wealth), tuple(w for _, w in SLOWNESS_TILTS))
+
+    def observe_failures(self, failed: Sequence[bool], canary: Sequence[bool]) -> None:
+        """One closed window, for the failure guard (tilts ``log(multiple)``): the window's
+        failures are the sample, the canary's share of its runs their share under no harm."""
+        if len(failed) != len(canary):
+            raise ValueError(f"{len(failed)} outcomes for {len(canary)} runs")
+        n_canary, n = sum(canary), len(canary)
+        if n_canary == 0 or n_canary == n:
+            return
+        share = n_canary / n
+        f = sum(failed)
+        k = sum(1 for bad, c in zip(failed, canary, strict=True) if bad and c)
+        for j, theta in enumerate(self.tilts):
+            self.log_wealth[j] += theta * k - f * math.log1p(share * math.expm1(theta))
+
+    def observe(self, scores: Sequence[float], canary: Sequence[bool]) -> None:
+        """One closed window: each run's score and whether the canary served it."""
+        if len(scores) != len(canary):
+            raise ValueError(f"{len(scores)} scores for {len(canary)} runs")
+        n_canary = sum(canary)
+        if n_canary == 0 or n_canary == len(scores):
+            return  # one arm only: nothing to compare (e = 1, or at most 1)
+        canary_sum = sum(u for u, c in zip(scores, canary, strict=True) if c)
+        top = max(scores)
+        for j, theta in enumerate(self.tilts):
+            # log of mean(exp(theta * u)), shifted by the largest score to stay finite
+            log_mean = theta * top + math.log(
+                sum(math.exp(theta * (u - top)) for u in scores) / len(scores)
+            )
+            self.log_wealth[j] += theta * canary_sum - n_canary * log_mean
+
+    @property
+    def wealth(self) -> float:
+        """The mixture's wealth (an e-value; ``1 / alpha`` or more rejects at ``alpha``)."""
+        if max(self.log_wealth) > 700.0:
+            return math.inf
+        return sum(w * math.exp(lw) for w, lw in zip(self.weights, self.log_wealth, strict=True))
+
+    def rejects(self, alpha: float) -> bool:
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"alpha must lie strictly between 0 and 1, got {alpha}")
+        return self.wealth >= 1.0 / alpha

@@ -1,0 +1,129 @@
+"""The canary guard: valid whatever the base rate does, and quick to see real harm.
+
+Validity is checked twice: exactly, by enumerating every way a small window's canary runs can
+fall (the expectation of each window's e-value under no harm is at most 1), and by simulation
+over a fixed set of seeds in which the base failure rate, the durations and the canary's share
+all drift during the canary. Power is checked against a canary that fails three times as often
+and one that is half as slow again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentmend.infrastructure.evaluation.canary_guard import (
+    CanaryGuard,
+    failure_scores,
+    slowness_scores,
+)
+
+ALPHA = 0.1
+SEEDS = range(300)
+
+
+def _window_e(guard: CanaryGuard, values: list[int], canary: list[bool], slow: bool) -> float:
+    fresh = CanaryGuard(guard.tilts, weights=guard.weights)
+    if slow:  # durations, ties included
+        fresh.observe(slowness_scores([float(v) for v in values]), canary)
+    else:  # a value above 2 is a failure
+        fresh.observe_failures([v > 2 for v in values], canary)
+    return fresh.wealth
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    values=st.lists(st.integers(min_value=0, max_value=5), min_size=2, max_size=10),
+    n_canary=st.integers(min_value=1, max_value=9),
+    slow=st.booleans(),
+)
+def test_each_window_is_an_e_value_under_no_harm(
+    values: list[int], n_canary: int, slow: bool
+) -> None:
+    # Under no harm the canary's runs are a uniformly random subset of the window: average
+    # the window's e-value over every such subset, exactly.
+    n = len(values)
+    n_canary = min(n_canary, n - 1)
+    guard = CanaryGuard.for_failures() if not slow else CanaryGuard.for_slowness()
+    subsets = list(itertools.combinations(range(n), n_canary))
+    mean = sum(
+        _window_e(guard, values, [i in chosen for i in range(n)], slow) for chosen in subsets
+    ) / len(subsets)
+    assert mean <= 1.0 + 1e-9
+
+
+def test_slowness_scores_are_rank_normal_scores_with_shared_ties() -> None:
+    scores = slowness_scores([30.0, 10.0, 20.0, 20.0])
+    assert scores[1] < scores[2] == scores[3] < scores[0]
+    assert abs(sum(scores)) < 1e-9  # symmetric around 0
+    assert failure_scores([True, False]) == [1.0, 0.0]
+
+
+def _drifting_canary(
+    seed: int, *, failure_multiple: float = 1.0, slowdown: float = 1.0, windows: int = 60
+) -> tuple[bool, bool, int]:
+    """(failure guard rejected, slowness guard rejected, canary runs at the first rejection)
+    for one canary whose traffic drifts: the base failure rate climbs from 2 % to 20 %,
+    durations double, and the canary's share of runs moves from 5 % to 25 %."""
+    rng = random.Random(seed)
+    failures, slowness = CanaryGuard.for_failures(), CanaryGuard.for_slowness()
+    canary_runs = 0
+    first: int | None = None
+    for w in range(windows):
+        progress = w / (windows - 1)
+        base = 0.02 + 0.18 * progress
+        share = 0.05 + 0.20 * progress
+        failed, canary, durations = [], [], []
+        for _ in range(50):
+            is_canary = rng.random() < share
+            rate = min(1.0, base * (failure_multiple if is_canary else 1.0))
+            failed.append(rng.random() < rate)
+            canary.append(is_canary)
+            ms = math.exp(rng.gauss(math.log(1000.0 * (1.0 + progress)), 0.3))
+            durations.append(ms * (slowdown if is_canary else 1.0))
+            canary_runs += is_canary
+        failures.observe_failures(failed, canary)
+        slowness.observe(slowness_scores(durations), canary)
+        if first is None and (failures.rejects(ALPHA) or slowness.rejects(ALPHA)):
+            first = canary_runs
+    return failures.rejects(ALPHA), slowness.rejects(ALPHA), first or canary_runs
+
+
+@pytest.mark.slow
+def test_false_alarms_stay_within_alpha_when_the_traffic_drifts() -> None:
+    # A fixed-rate comparison would blame the canary for the climb (the base rate rises
+    # tenfold); the guard compares it with stable runs of the same window only.
+    results = [_drifting_canary(seed) for seed in SEEDS]
+    failure_alarms = sum(f for f, _, _ in results)
+    slowness_alarms = sum(s for _, s, _ in results)
+    assert failure_alarms / len(SEEDS) <= ALPHA, failure_alarms
+    assert slowness_alarms / len(SEEDS) <= ALPHA, slowness_alarms
+
+
+@pytest.mark.slow
+def test_a_canary_that_fails_three_times_as_often_is_caught_while_traffic_drifts() -> None:
+    results = [_drifting_canary(seed, failure_multiple=3.0) for seed in range(40)]
+    assert sum(f for f, _, _ in results) >= 38
+    assert sorted(n for _, _, n in results)[20] < 200  # median canary runs to the alarm
+
+
+def test_a_canary_half_as_slow_again_is_caught_within_a_few_windows() -> None:
+    results = [_drifting_canary(seed, slowdown=1.5, windows=10) for seed in range(40)]
+    assert all(s for _, s, _ in results)
+
+
+def test_a_guard_refuses_what_it_cannot_be() -> None:
+    with pytest.raises(ValueError, match="positive tilts"):
+        CanaryGuard((0.0,))
+    with pytest.raises(ValueError, match="weight"):
+        CanaryGuard((1.0, 2.0), weights=(0.9, 0.9))
+    with pytest.raises(ValueError, match="alpha"):
+        CanaryGuard.for_failures().rejects(1.5)
+    guard = CanaryGuard.for_failures()
+    guard.observe_failures([True, True], [True, True])  # one arm only: no evidence
+    assert guard.wealth == 1.0
