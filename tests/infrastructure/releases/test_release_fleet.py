@@ -5,8 +5,9 @@ the simulated research agent through ``AgentTeam``); the test process publishes 
 rollouts, and reads what the workers report and record. Workers are stopped by pid. Every test
 runs on a SQLite file and on a PostgreSQL database of the test server (the workers of one test
 share one folder for the store's files, as the processes of one host do); a worker cut off
-from its store is cut off by a detached volume on SQLite and by a stopped server (one of its
-own) on PostgreSQL.
+from its store is cut off by a detached volume on SQLite and by a stopped server (not the
+run's shared one) on PostgreSQL, a rollout under way included. Workers are also SIGKILLed
+mid-materialization and mid-rollout, and come back on whole releases.
 """
 
 from __future__ import annotations
@@ -67,17 +68,6 @@ class Fleet(FollowingWorkers):
             release = int(json.loads(extra)["release"])
             counts[release] = counts.get(release, 0) + 1
         return counts
-
-
-@pytest.fixture(scope="module")
-def restartable_server(pg_server: PgServer) -> Iterator[PgServer]:
-    """A server of this module's own, which its tests stop and start (each on a database of
-    its own); the shared one stays up for everyone else."""
-    server = PgServer()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -257,16 +247,16 @@ def _cut_off_by_a_detached_volume(fleet: Fleet) -> None:
 
 @pytest.mark.slow
 def test_a_worker_cut_off_from_a_stopped_server_keeps_its_release(
-    restartable_server: PgServer, tmp_path: Path
+    restartable_pg_server: PgServer, tmp_path: Path
 ) -> None:
-    fleet = Fleet(tmp_path, restartable_server.create_database())
+    fleet = Fleet(tmp_path, restartable_pg_server.create_database())
     try:
-        _cut_off_by_a_stopped_server(fleet, restartable_server)
+        _cut_off_by_a_stopped_server(fleet, restartable_pg_server)
     finally:
         fleet.stop()
         fleet.store.close()
-        if restartable_server.pid is None:
-            restartable_server.start()  # for the module's next test
+        if restartable_pg_server.pid is None:
+            restartable_pg_server.start()  # for the next test that uses it
 
 
 def _cut_off_by_a_stopped_server(fleet: Fleet, server: PgServer) -> None:
@@ -392,7 +382,7 @@ def test_a_store_outage_mid_rollout_loses_nothing_and_the_fleet_follows_after(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     if backend == "postgresql":
-        server: PgServer = request.getfixturevalue("restartable_server")
+        server: PgServer = request.getfixturevalue("restartable_pg_server")
         fleet = Fleet(tmp_path, server.create_database())
         outage: AbstractContextManager[None] = _server_down(fleet, server)
     else:
