@@ -208,9 +208,10 @@ class PostgresBackend:
         raw = conn.raw
         if raw.closed or raw.broken:
             return False
-        if conn.in_transaction:
-            return True  # its next statement says what became of it, and the caller handles it
-        readable, _, _ = select.select([raw.pgconn.socket], [], [], 0)
+        pgconn = raw.pgconn
+        if pgconn.transaction_status != 0:  # not idle (0): its next statement says what became
+            return True  # of it, and the caller handles that
+        readable, _, _ = select.select([pgconn.socket], [], [], 0)
         return not readable
 
     def check_database(self) -> None:
