@@ -300,10 +300,11 @@ def _writable(stamp: _Stamp) -> str | None:
 
 
 def _stamp(directory: Path, files: dict[str, str]) -> _Stamp:
-    """Mode, size, times and inode of each folder and file of a release (None: absent)."""
+    """Mode, size, times and inode of each folder and file of a release, its manifest
+    included (None: absent)."""
     folders = {"."} | {str(parent) for path in files for parent in PurePosixPath(path).parents}
     found: list[tuple[str, tuple[int, ...] | None]] = []
-    for rel in [*sorted(folders), *sorted(files)]:
+    for rel in [*sorted(folders), *sorted(files), MANIFEST]:
         try:
             info = os.lstat(directory / rel)
         except OSError:

@@ -27,7 +27,7 @@ from agentmend.infrastructure.files.links import seal_tree
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.releases.follower import ReleaseFollower
 from agentmend.infrastructure.releases.log import ReleaseLog
-from agentmend.infrastructure.releases.materialize import ReleaseDirectories
+from agentmend.infrastructure.releases.materialize import MANIFEST, ReleaseDirectories
 from agentmend.infrastructure.simulation import copy_team
 from agentmend.infrastructure.store.api import Store
 
@@ -77,6 +77,10 @@ def test_a_served_release_is_sealed_and_a_mode_made_writable_is_found_and_sealed
     assert _sealed(served.directory), _modes(served.directory)
     assert (served.directory / AGENT).read_bytes() == published
     assert follower.directories.check(served, full=True) is None
+    os.chmod(served.directory / MANIFEST, 0o644)  # the manifest is sealed too
+    assert follower.directories.check(served) == f"{MANIFEST} is writable (mode 644)"
+    follower.poll()
+    assert _sealed(served.directory), _modes(served.directory)
 
 
 def _as_nobody(base: Path) -> dict[str, object]:
