@@ -31,6 +31,8 @@ from agentmend.infrastructure.files.confined import (
 )
 
 __all__ = [
+    "READ_ONLY_FILE",
+    "READ_ONLY_FOLDER",
     "link_target",
     "open_tree",
     "remove_tree",
@@ -237,6 +239,7 @@ def write_new_tree(
     files: Mapping[str, bytes],
     *,
     same_as: Mapping[str, str] | None = None,
+    mode: int = 0o644,
 ) -> None:
     """Fill the new, private directory ``directory`` with ``files``, durably, for one rename.
 
@@ -245,6 +248,8 @@ def write_new_tree(
     no per-file rename), each file is synced, and each directory is synced once at the end.
     A file whose bytes are known to equal an existing file under ``root`` (``same_as``: path ->
     that file's path) is hard-linked to it instead of written, after checking its size.
+    New files are created with ``mode`` (less the umask; :data:`READ_ONLY_FILE` for a tree to
+    be sealed: the descriptor that creates a file writes it whatever its mode).
 
     Raises:
         PathNotAllowed: a symlink on the way, an odd path. FileOperationError: the disk
@@ -262,7 +267,7 @@ def write_new_tree(
             if source is not None and _linked(root, source, parent, parts[-1], len(data)):
                 continue
             try:
-                fd = os.open(parts[-1], _NEW_FILE, 0o644, dir_fd=parent)
+                fd = os.open(parts[-1], _NEW_FILE, mode, dir_fd=parent)
             except OSError as exc:
                 raise _failure(exc, root, where, "write") from None
             try:

@@ -39,6 +39,7 @@ from agentmend.infrastructure.errors import AgentmendError, StoreError
 from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.files.atomic import sha256_bytes
 from agentmend.infrastructure.files.links import (
+    READ_ONLY_FILE,
     link_target,
     open_tree,
     remove_tree,
@@ -188,7 +189,7 @@ class ReleaseDirectories:
         root = str(self.root)
         # every file written anew: a file shared with another release would carry an edit of
         # one into the other
-        write_new_tree(root, staging, files)
+        write_new_tree(root, staging, files, mode=READ_ONLY_FILE)
         confined.write(root, f"{staging}/{MANIFEST}", json.dumps(_manifest(release)))
         seal_tree(root, staging)  # read-only from the moment it has its final name
         rename_directory(root, staging, f"{self.store_dir}/{name}")
