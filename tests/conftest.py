@@ -11,7 +11,9 @@
 - ``pg_server`` is one throwaway PostgreSQL server for the whole run, shared by the workers and
   stopped by pid at the end (``tests/pg_server.py``); ``pg_url`` is a fresh database on it for
   one test, and ``store_url`` runs a test once per backend (a SQLite file, then a PostgreSQL
-  database). ``own_pg_server`` is a server of the test's own, for tests that restart it.
+  database). ``own_pg_server`` is a server of the test's own, for tests that restart it;
+  ``restartable_pg_server`` one per pytest-xdist worker for tests that stop and start it and
+  leave it running (each on a database of its own), which saves the ``initdb`` per test.
   Without the binaries these skip, or fail under ``AGENTMEND_REQUIRE_SERVICES=1``.
 - ``fake_api`` yields a started ``FakeMessagesAPI`` (``tests/fake_messages_api.py``) and closes
   it after the test. Test modules import the helpers with
@@ -123,6 +125,21 @@ def pg_server() -> PgServer:
 @pytest.fixture
 def own_pg_server() -> Iterator[PgServer]:
     """A server of this test's own, which it may restart without disturbing other workers."""
+    _require_psycopg()
+    try:
+        server = PgServer()
+    except PgUnavailable as exc:
+        unavailable(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def restartable_pg_server() -> Iterator[PgServer]:
+    """A server this worker's tests may stop and start again (never the run's shared one);
+    each test that stops it starts it again before it ends, even when failing."""
     _require_psycopg()
     try:
         server = PgServer()

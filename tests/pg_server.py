@@ -140,6 +140,19 @@ class PgServer:
         )
         self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
 
+    def shut_down(self) -> None:
+        """Stop the server by its pid with a fast shutdown (every session ends, the cluster is
+        kept): :meth:`start` brings it back on the same port with the same data."""
+        pid = self.pid
+        assert pid is not None, "the server is not running"
+        os.kill(pid, signal.SIGINT)  # the postmaster's "fast" shutdown
+        deadline = time.monotonic() + 60
+        while _alive(pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server (pid {pid}) did not stop within 60 s")
+            time.sleep(0.05)
+        self.pid = None
+
     def restart_immediate(self) -> None:
         """``pg_ctl restart -m immediate``: the server dies without a checkpoint and recovers."""
         self._run(

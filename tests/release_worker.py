@@ -1,7 +1,7 @@
 """A worker process for the fleet tests: follows a team's releases and serves live runs.
 
     python tests/release_worker.py STORE TEAM_ID ROOT STATUS_FILE [--serve] [--fault-tokens F]
-        [--interval S] [--seed N] [--files-dir DIR] [--verify-interval S]
+        [--interval S] [--seed N] [--files-dir DIR] [--verify-interval S] [--run-pause S]
 
 STORE is a SQLite path or a PostgreSQL URL (then ``--files-dir`` is the host's folder for the
 store's files, the audit head among them; workers of one host share it).
@@ -10,12 +10,16 @@ It follows the team's releases into ROOT (a :class:`ReleaseFollower` polling eve
 seconds, which also carries the team's rollout on), and with ``--serve`` runs the simulated
 research agent continuously through ``AgentTeam`` (each run routed by a random run id),
 recording every run into STORE. ``--fault-tokens`` gives the agents answers that many times
-longer than usual (a truncation fault that a larger ``max_tokens`` fixes).
+longer than usual (a truncation fault that a larger ``max_tokens`` fixes). ``--run-pause`` sleeps
+that long after each batch of ten runs (a slower stream of runs, for a rollout that must stay
+undecided while a test acts on it).
 
 About every 50 ms it replaces STATUS_FILE with JSON: pid, the follower's status, runs served,
 whether a ``LISTEN`` connection wakes it, and the wall-clock time at which the follower began
 serving each stable release. It runs
-until killed (SIGTERM: a clean stop; the tests also SIGKILL it).
+until killed (SIGTERM: a clean stop, after which the status is written once more with
+``stopped`` true, once every run it served was written to the store; the tests also SIGKILL
+it).
 """
 
 from __future__ import annotations
@@ -67,6 +71,26 @@ async def _main(args: argparse.Namespace) -> None:
     status_path = Path(args.status)
     last_status = 0.0
     i = 0
+
+    def report(**more: object) -> None:
+        status = follower.status()
+        _write_status(
+            status_path,
+            {
+                "pid": os.getpid(),
+                "stable": status.stable,
+                "canary": status.canary,
+                "connected": status.connected,
+                "problem": status.problem,
+                "runs": i,
+                "listening": follower.listening,
+                "first_served": first_served,
+                "mismatch": status.mismatch,
+                "mismatch_at": status.mismatch_at,
+                **more,
+            },
+        )
+
     while not stop.is_set():
         status = follower.status()
         if status.stable is not None and str(status.stable) not in first_served:
@@ -75,27 +99,16 @@ async def _main(args: argparse.Namespace) -> None:
             for _ in range(10):  # each run's release is in its record (extra.release)
                 await team.run(AGENT, f"Explain concept {i}")
                 i += 1
+            if args.run_pause:
+                await asyncio.sleep(args.run_pause)
         now = time.monotonic()
         if now - last_status > 0.05:
-            _write_status(
-                status_path,
-                {
-                    "pid": os.getpid(),
-                    "stable": status.stable,
-                    "canary": status.canary,
-                    "connected": status.connected,
-                    "problem": status.problem,
-                    "runs": i,
-                    "listening": follower.listening,
-                    "first_served": first_served,
-                    "mismatch": status.mismatch,
-                    "mismatch_at": status.mismatch_at,
-                },
-            )
+            report()
             last_status = now
         await asyncio.sleep(0.005)
     follower.stop()
-    monitor.close()
+    unwritten = monitor.close()  # writes every run still buffered
+    report(stopped=True, unwritten=unwritten)
     store.close()
 
 
@@ -111,6 +124,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--files-dir", default=None)
     parser.add_argument("--verify-interval", type=float, default=None)
+    parser.add_argument("--run-pause", type=float, default=0.0)
     asyncio.run(_main(parser.parse_args()))
 
 

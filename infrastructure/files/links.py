@@ -30,7 +30,21 @@ from agentmend.infrastructure.files.confined import (
     relative_parts,
 )
 
-__all__ = ["link_target", "remove_tree", "rename_directory", "swap_link", "write_new_tree"]
+__all__ = [
+    "READ_ONLY_FILE",
+    "READ_ONLY_FOLDER",
+    "link_target",
+    "open_tree",
+    "remove_tree",
+    "rename_directory",
+    "seal_tree",
+    "swap_link",
+    "write_new_tree",
+]
+
+READ_ONLY_FILE = 0o444
+READ_ONLY_FOLDER = 0o555
+_OWN_FOLDER = 0o755
 
 
 def link_target(root: str, link: str) -> str | None:
@@ -148,11 +162,72 @@ def _remove_entry(parent: int, name: str) -> None:
         return
     fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
     try:
+        if not mode & stat.S_IWUSR:  # a sealed folder (see seal_tree): its entries go first
+            os.fchmod(fd, _OWN_FOLDER)
         for entry in os.listdir(fd):
             _remove_entry(fd, entry)
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent)
+
+
+def seal_tree(root: str, path: str) -> None:
+    """Make every file under directory ``path`` read-only (0444) and every folder in it
+    unwritable (0555), following no symlink (one inside is left as it is).
+
+    A sealed tree cannot be edited in place, nor a file in it replaced by a rename, nor one
+    added, by anyone but root or its owner changing a mode first (which changes its ctime).
+
+    Raises:
+        PathNotAllowed: a symlink on the way to ``path``. FileOperationError: refused.
+    """
+    _set_modes(root, path, READ_ONLY_FILE, READ_ONLY_FOLDER)
+
+
+def open_tree(root: str, path: str) -> None:
+    """Make the folders of a sealed tree writable by their owner again (0755), its files
+    staying read-only: for a repair, which renames files into them and removes files.
+
+    Raises:
+        as :func:`seal_tree`.
+    """
+    _set_modes(root, path, None, _OWN_FOLDER)
+
+
+def _set_modes(root: str, path: str, file_mode: int | None, folder_mode: int) -> None:
+    parts = relative_parts(root, path)
+    where = _display(root, parts)
+    with _directory(root, parts, create=False, operation="set modes") as top:
+        if top is None:
+            raise PathNotAllowed(path, root, "the directory does not exist")
+        try:
+            _set_modes_below(top, file_mode, folder_mode)
+        except OSError as exc:
+            raise _failure(exc, root, where, "set modes") from None
+
+
+def _set_modes_below(folder: int, file_mode: int | None, folder_mode: int) -> None:
+    """Set the modes of the entries of the open ``folder``, then of ``folder`` itself."""
+    for name in os.listdir(folder):
+        mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode
+        if stat.S_ISDIR(mode):
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            below = os.open(name, flags, dir_fd=folder)
+            try:
+                _set_modes_below(below, file_mode, folder_mode)
+            finally:
+                os.close(below)
+        elif stat.S_ISREG(mode) and file_mode is not None and stat.S_IMODE(mode) != file_mode:
+            # by descriptor, opened without following: a link swapped in is never chmodded
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(name, flags, dir_fd=folder)
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.fchmod(fd, file_mode)
+            finally:
+                os.close(fd)
+    if stat.S_IMODE(os.fstat(folder).st_mode) != folder_mode:  # a chmod changes the ctime
+        os.fchmod(folder, folder_mode)
 
 
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -164,6 +239,7 @@ def write_new_tree(
     files: Mapping[str, bytes],
     *,
     same_as: Mapping[str, str] | None = None,
+    mode: int = 0o644,
 ) -> None:
     """Fill the new, private directory ``directory`` with ``files``, durably, for one rename.
 
@@ -172,6 +248,8 @@ def write_new_tree(
     no per-file rename), each file is synced, and each directory is synced once at the end.
     A file whose bytes are known to equal an existing file under ``root`` (``same_as``: path ->
     that file's path) is hard-linked to it instead of written, after checking its size.
+    New files are created with ``mode`` (less the umask; :data:`READ_ONLY_FILE` for a tree to
+    be sealed: the descriptor that creates a file writes it whatever its mode).
 
     Raises:
         PathNotAllowed: a symlink on the way, an odd path. FileOperationError: the disk
@@ -189,7 +267,7 @@ def write_new_tree(
             if source is not None and _linked(root, source, parent, parts[-1], len(data)):
                 continue
             try:
-                fd = os.open(parts[-1], _NEW_FILE, 0o644, dir_fd=parent)
+                fd = os.open(parts[-1], _NEW_FILE, mode, dir_fd=parent)
             except OSError as exc:
                 raise _failure(exc, root, where, "write") from None
             try:

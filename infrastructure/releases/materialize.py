@@ -17,10 +17,14 @@ reused, never rewritten.
 
 What was published is what is served: every release has files of its own (no file is shared
 between two releases, so an edit of one never reaches another), its bytes are checked against
-the release's content address before they are written, and :meth:`ReleaseDirectories.check`
-compares a served directory with its manifest (cheaply: the size, times and inode of each file
-and folder, hashing only when one of them changed). A directory found different is replaced
-from the store (:meth:`ReleaseDirectories.replace`).
+the release's content address before they are written, and its files are read-only (0444) in
+folders nobody may write (0555) before it gets its final name, so an edit, an editor's save by
+rename or an added file is refused to anyone but root or the worker's own user changing a mode
+first. :meth:`ReleaseDirectories.check` compares a served directory with its manifest (cheaply:
+the mode, size, times and inode of each file and folder, hashing only when one of them changed),
+and finds a file or folder made writable again. A directory found different is replaced from
+the store (:meth:`ReleaseDirectories.replace`), and sealed again; removing one (an old release,
+a staging left by a kill) makes its folders writable first.
 """
 
 from __future__ import annotations
@@ -35,9 +39,12 @@ from agentmend.infrastructure.errors import AgentmendError, StoreError
 from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.files.atomic import sha256_bytes
 from agentmend.infrastructure.files.links import (
+    READ_ONLY_FILE,
     link_target,
+    open_tree,
     remove_tree,
     rename_directory,
+    seal_tree,
     swap_link,
     write_new_tree,
 )
@@ -166,12 +173,14 @@ class ReleaseDirectories:
         except AgentmendError:
             found = {}  # unreadable as a team (a symlink inside): every file written again
         expected = dict(release.files)
+        open_tree(root, where)  # files are renamed into its folders, added ones removed
         for path, data in files.items():
             if found.get(path) != expected[path]:
                 confined.write(root, f"{where}/{path}", data)
         for path in sorted(set(found) - set(files)):
             confined.delete(root, f"{where}/{path}")
         confined.write(root, f"{where}/{MANIFEST}", json.dumps(_manifest(release)))
+        seal_tree(root, where)
 
     def _write(self, release: Release, files: dict[str, bytes], name: str) -> None:
         """Write ``release`` into a new staging directory, then rename it to ``name``."""
@@ -180,8 +189,9 @@ class ReleaseDirectories:
         root = str(self.root)
         # every file written anew: a file shared with another release would carry an edit of
         # one into the other
-        write_new_tree(root, staging, files)
+        write_new_tree(root, staging, files, mode=READ_ONLY_FILE)
         confined.write(root, f"{staging}/{MANIFEST}", json.dumps(_manifest(release)))
+        seal_tree(root, staging)  # read-only from the moment it has its final name
         rename_directory(root, staging, f"{self.store_dir}/{name}")
         log.info("release_materialized", version=release.version, directory=name, files=len(files))
 
@@ -189,9 +199,10 @@ class ReleaseDirectories:
         """What differs between ``served``'s directory and what was published (None: nothing).
 
         Compares the directory with its manifest, and the manifest with the content address in
-        the directory's name. Cheap when nothing changed since the last check that found it
-        whole (the size, times and inode of each file and folder); ``full``, or any of those
-        changed, reads and hashes every file (a file added, removed or edited is found).
+        the directory's name, and finds a file or folder of it that is writable. Cheap when
+        nothing changed since the last check that found it whole (the mode, size, times and
+        inode of each file and folder); ``full``, or any of those changed, reads and hashes
+        every file (a file added, removed or edited is found).
         """
         directory = served.directory
         raw = confined.read(str(self.root), f"{self.store_dir}/{directory.name}/{MANIFEST}")
@@ -211,7 +222,7 @@ class ReleaseDirectories:
             found = file_hashes(read_team_files(directory))
         except AgentmendError as exc:
             return f"unreadable: {exc}"
-        problem = _difference(expected, found)
+        problem = _difference(expected, found) or _writable(stamp)
         if problem is None:
             self._stamps[directory] = stamp
         return problem
@@ -281,11 +292,20 @@ def _difference(expected: dict[str, str], found: dict[str, str]) -> str | None:
     return None
 
 
+def _writable(stamp: _Stamp) -> str | None:
+    """The first file or folder of a release that anyone may write (it should be sealed)."""
+    for rel, info in stamp:
+        if info is not None and info[0] & 0o222:
+            return f"{rel} is writable (mode {info[0] & 0o777:o})"
+    return None
+
+
 def _stamp(directory: Path, files: dict[str, str]) -> _Stamp:
-    """Mode, size, times and inode of each folder and file of a release (None: absent)."""
+    """Mode, size, times and inode of each folder and file of a release, its manifest
+    included (None: absent)."""
     folders = {"."} | {str(parent) for path in files for parent in PurePosixPath(path).parents}
     found: list[tuple[str, tuple[int, ...] | None]] = []
-    for rel in [*sorted(folders), *sorted(files)]:
+    for rel in [*sorted(folders), *sorted(files), MANIFEST]:
         try:
             info = os.lstat(directory / rel)
         except OSError:

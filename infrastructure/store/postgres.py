@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import select
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -254,8 +255,9 @@ class PostgresBackend:
 
     def connection(self) -> PgConnection:
         conn: PgConnection | None = getattr(self._local, "conn", None)
-        if conn is not None and (conn.raw.closed or conn.raw.broken):
-            conn = None  # the server went away (a restart): the next statement reconnects
+        if conn is not None and not self._usable(conn):
+            conn.raw.close()
+            conn = None  # the server went away (a restart): this statement reconnects
         if conn is None:
             conn = self._connect()
             self._local.conn = conn
@@ -263,6 +265,22 @@ class PostgresBackend:
                 self._connections = [c for c in self._connections if not c.raw.closed]
                 self._connections.append(conn)
         return conn
+
+    def _usable(self, conn: PgConnection) -> bool:
+        """False when ``conn`` is closed, broken by a failed statement, or idle with something
+        on its socket: an idle session of ours (no ``LISTEN``: listeners have connections of
+        their own) is sent nothing unasked but the server's goodbye, after a restart or an
+        administrator's termination. Looked at without blocking, so the first statement after
+        a restart runs on a new session instead of failing on the old one (a rare unasked
+        message otherwise costs a reconnect)."""
+        raw = conn.raw
+        if raw.closed or raw.broken:
+            return False
+        pgconn = raw.pgconn
+        if pgconn.transaction_status != 0:  # not idle (0): its next statement says what became
+            return True  # of it, and the caller handles that
+        readable, _, _ = select.select([pgconn.socket], [], [], 0)
+        return not readable
 
     def check_database(self) -> None:
         """Make the version table if missing; a store that has it is only read (no wait for

@@ -5,8 +5,9 @@ the simulated research agent through ``AgentTeam``); the test process publishes 
 rollouts, and reads what the workers report and record. Workers are stopped by pid. Every test
 runs on a SQLite file and on a PostgreSQL database of the test server (the workers of one test
 share one folder for the store's files, as the processes of one host do); a worker cut off
-from its store is cut off by a detached volume on SQLite and by a stopped server (one of its
-own) on PostgreSQL.
+from its store is cut off by a detached volume on SQLite and by a stopped server (not the
+run's shared one) on PostgreSQL, a rollout under way included. Workers are also SIGKILLed
+mid-materialization and mid-rollout, and come back on whole releases.
 """
 
 from __future__ import annotations
@@ -14,26 +15,31 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
-from pg_server import PgServer, _alive
+from pg_server import PgServer
 from release_followers import FollowingWorkers
 
 from agentmend.infrastructure.changes.audit.log import AuditLog
 from agentmend.infrastructure.files.atomic import sha256_bytes
-from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.principal import ADMIN, Principal
 from agentmend.infrastructure.releases.follower import ReleaseFollower
 from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.releases.materialize import ReleaseDirectories
 from agentmend.infrastructure.releases.rollout import Rollouts
+from agentmend.infrastructure.releases.rollout_evidence import RolloutLimits
 from agentmend.infrastructure.simulation import copy_team
 from agentmend.infrastructure.store.api import Store
 
 CYCLE = Principal("cycle", "improvement cycle")
+OPS = Principal("ops", "Operator", frozenset({ADMIN}))
+# a rollout that stays undecided on a canary no different from stable (no margin to show "no
+# worse" by, a boundary of a million, no latency guard to speak of) while a test acts on it
+UNDECIDED = RolloutLimits(margin=0.0, alpha=1e-6, latency_factor=1000.0)
 AGENT = "research-agent"
 TEAM = "team-fleet"
 
@@ -254,18 +260,16 @@ def _cut_off_by_a_detached_volume(fleet: Fleet) -> None:
 
 @pytest.mark.slow
 def test_a_worker_cut_off_from_a_stopped_server_keeps_its_release(
-    pg_server: PgServer, tmp_path: Path
+    restartable_pg_server: PgServer, tmp_path: Path
 ) -> None:
-    server = PgServer()  # a server of its own, stopped under the worker
+    fleet = Fleet(tmp_path, restartable_pg_server.create_database())
     try:
-        fleet = Fleet(tmp_path, server.create_database())
-        try:
-            _cut_off_by_a_stopped_server(fleet, server)
-        finally:
-            fleet.stop()
-            fleet.store.close()
+        _cut_off_by_a_stopped_server(fleet, restartable_pg_server)
     finally:
-        server.stop()
+        fleet.stop()
+        fleet.store.close()
+        if restartable_pg_server.pid is None:
+            restartable_pg_server.start()  # for the next test that uses it
 
 
 def _cut_off_by_a_stopped_server(fleet: Fleet, server: PgServer) -> None:
@@ -274,10 +278,7 @@ def _cut_off_by_a_stopped_server(fleet: Fleet, server: PgServer) -> None:
     wait_for("the worker serving", lambda: fleet.status(k).get("runs", 0) > 0)
     wait_for("the worker listening", lambda: fleet.status(k).get("listening") is True)
     fleet.store.close()  # the test's own connections would only break
-    pid = server.pid
-    assert pid is not None
-    os.kill(pid, signal.SIGINT)  # the postmaster's fast shutdown: every session ends
-    wait_for("the server to stop", lambda: not _alive(pid))
+    server.shut_down()  # every session ends
     wait_for("the worker to notice", lambda: fleet.status(k).get("connected") is False)
     runs = fleet.status(k)["runs"]
     wait_for("runs to go on", lambda: fleet.status(k)["runs"] > runs + 50)
@@ -291,3 +292,202 @@ def _cut_off_by_a_stopped_server(fleet: Fleet, server: PgServer) -> None:
     wait_for("the worker on 2", lambda: fleet.status(k).get("stable") == v2)
     wait_for("the worker listening again", lambda: fleet.status(k).get("listening") is True)
     assert fleet.runs_by_release()[1] > 0  # runs served while cut off reached the store later
+
+
+def _add_docs(fleet: Fleet, tag: str, count: int = 400) -> None:
+    """A large release (``count`` docs files): materializing it takes a while to kill into."""
+    docs = fleet.source / AGENT / "docs"
+    docs.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        (docs / f"ref-{i:03}.md").write_text(f"reference {tag}.{i}\n" * 200)
+
+
+def _whole(fleet: Fleet, directory: Path, version: int) -> None:
+    """Every file of release ``version`` in ``directory`` is as published, and nothing else."""
+    on_disk = {
+        p.relative_to(directory).as_posix(): sha256_bytes(p.read_bytes())
+        for p in directory.rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+    }
+    assert on_disk == dict(fleet.log.get(version).files)
+
+
+def _no_staging(fleet: Fleet, k: int) -> bool:
+    return not any(n.name.startswith(".staging") for n in (fleet.root(k) / ".releases").iterdir())
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_rollout_comes_back_on_whole_releases_and_follows_the_promotion(
+    fleet: Fleet,
+) -> None:
+    fleet.log.publish_directory(fleet.source, by=CYCLE)
+    workers = fleet.start(2, "--serve", "--run-pause", "0.2")
+    wait_for("workers serving", lambda: all(fleet.status(k).get("runs", 0) > 0 for k in workers))
+    _add_docs(fleet, "canary")
+    canary = fleet.log.publish_directory(fleet.source, by=CYCLE).version
+    record = fleet.rollouts.start(canary, by=CYCLE, share=0.5, limits=UNDECIDED)
+    victim = workers[0]
+    wait_for(
+        "the canary's materialization to start",
+        lambda: not _no_staging(fleet, victim) or fleet.status(victim).get("canary") == canary,
+        timeout=30,
+    )
+    time.sleep(random.Random(30).uniform(0.0, 0.1))
+    fleet.kill(victim)  # SIGKILL, mid-rollout (and, most often, mid-materialization)
+    assert _whole_release(fleet, fleet.root(victim)) == 1  # the link never left stable
+    fleet.start(1, "--serve", "--run-pause", "0.2", first=victim)  # it comes back
+    wait_for(
+        "both workers serving stable and canary",
+        lambda: all(
+            fleet.status(k).get("stable") == 1 and fleet.status(k).get("canary") == canary
+            for k in workers
+        ),
+    )
+    wait_for("canary runs recorded", lambda: fleet.runs_by_release().get(canary, 0) >= 10)
+    for k in workers:
+        assert _no_staging(fleet, k)  # what the kill left is gone
+        directories = ReleaseDirectories(fleet.root(k))
+        _whole(fleet, directories.materialize(fleet.log, canary).directory, canary)
+    assert fleet.rollouts.get(record.rollout_id).state == "canary"
+    fleet.rollouts.promote(canary, by=OPS)
+    wait_for(
+        "every worker on the promoted canary",
+        lambda: all(
+            fleet.status(k).get("stable") == canary and fleet.status(k).get("canary") is None
+            for k in workers
+        ),
+    )
+    for k in workers:
+        assert _whole_release(fleet, fleet.root(k)) == canary
+    settled = fleet.rollouts.get(record.rollout_id)
+    assert (settled.state, settled.reason) == ("promoted", "by_hand")
+    steps = [e.edit_type for e in fleet.audit.entries()]
+    assert steps.count("rollout_started") == 1
+    assert steps.count("rollout_promoted") == 1
+    assert fleet.audit.verify_chain().ok
+
+
+@contextmanager
+def _server_down(fleet: Fleet, server: PgServer) -> Iterator[None]:
+    """The store's server stopped (fast shutdown: every session ends), then started again."""
+    server.shut_down()
+    try:
+        yield
+    finally:
+        server.start()
+
+
+@contextmanager
+def _volume_detached(fleet: Fleet) -> Iterator[None]:
+    """The store's volume (database, WAL, audit head) gone from under the workers, then back."""
+    volume = fleet.store_path.parent
+    away = volume.with_name("detached")
+    volume.rename(away)
+    try:
+        yield
+    finally:
+        away.rename(volume)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_store_outage_mid_rollout_loses_nothing_and_the_fleet_follows_after(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if backend == "postgresql":
+        server: PgServer = request.getfixturevalue("restartable_pg_server")
+        fleet = Fleet(tmp_path, server.create_database())
+        outage: AbstractContextManager[None] = _server_down(fleet, server)
+    else:
+        fleet = Fleet(tmp_path)
+        outage = _volume_detached(fleet)
+    try:
+        _outage_mid_rollout(fleet, outage)
+    finally:
+        fleet.stop()
+        fleet.store.close()
+
+
+def _outage_mid_rollout(fleet: Fleet, outage: AbstractContextManager[None]) -> None:
+    listening = fleet.store.backend == "postgresql"
+    fleet.log.publish_directory(fleet.source, by=CYCLE)
+    workers = fleet.start(2, "--serve", "--run-pause", "0.2")
+    wait_for("workers serving", lambda: all(fleet.status(k).get("runs", 0) > 0 for k in workers))
+    canary = fleet.publish_edit("max_tokens: 2048", "max_tokens: 2100")
+    record = fleet.rollouts.start(canary, by=CYCLE, share=0.5, limits=UNDECIDED)
+    wait_for(
+        "both arms served",
+        lambda: (
+            all(fleet.status(k).get("canary") == canary for k in workers)
+            and fleet.runs_by_release().get(canary, 0) > 0
+        ),
+    )
+    with outage:
+        wait_for(
+            "the workers to notice",
+            lambda: all(fleet.status(k).get("connected") is False for k in workers),
+        )
+        runs = {k: fleet.status(k)["runs"] for k in workers}
+        wait_for(
+            "runs to go on while cut off",
+            lambda: all(fleet.status(k)["runs"] >= runs[k] + 30 for k in workers),
+        )
+        for k in workers:
+            status = fleet.status(k)
+            assert (status["stable"], status["canary"]) == (1, canary), json.dumps(status)
+            assert "unreachable" in str(status["problem"]), json.dumps(status)
+            served = ReleaseDirectories(fleet.root(k)).linked()  # the disk alone: no store
+            assert served is not None
+            assert served.version == 1
+            assert ReleaseDirectories(fleet.root(k)).check(served, full=True) is None
+    wait_for(
+        "the workers to reconnect",
+        lambda: all(
+            fleet.status(k).get("connected") is True
+            and fleet.status(k).get("listening") is listening
+            for k in workers
+        ),
+    )
+    # the test's own store reconnects too: the rollout is where the outage found it
+    assert fleet.rollouts.get(record.rollout_id).state == "canary"
+    heads = fleet.log.heads()
+    assert (heads.stable, heads.canary) == (1, canary)
+    fleet.rollouts.promote(canary, by=OPS)
+    wait_for(
+        "every worker on the promoted canary",
+        lambda: all(
+            fleet.status(k).get("stable") == canary and fleet.status(k).get("canary") is None
+            for k in workers
+        ),
+    )
+    latest = fleet.publish_edit("max_tokens: 2100", "max_tokens: 4096", stable=True)
+    wait_for(
+        "every worker on the next publication",
+        lambda: all(fleet.status(k).get("stable") == latest for k in workers),
+    )
+    fleet.stop()  # a clean stop: each worker writes what it still holds, then says so
+    final = {k: fleet.status(k) for k in workers}
+    assert all(s.get("stopped") is True and s.get("unwritten") == 0 for s in final.values())
+    counts = fleet.runs_by_release()
+    # nothing lost, nothing twice: every run a worker served is one row
+    assert sum(counts.values()) == sum(s["runs"] for s in final.values()), (counts, final)
+    assert set(counts) <= {1, canary, latest}
+    for k in workers:
+        assert _whole_release(fleet, fleet.root(k)) == latest
+        assert _no_staging(fleet, k)
+    settled = fleet.rollouts.get(record.rollout_id)
+    assert (settled.state, settled.reason) == ("promoted", "by_hand")
+    mine = [
+        json.loads(extra)
+        for (extra,) in fleet.store.connection().execute(
+            "SELECT extra FROM executions WHERE id <= ?", (settled.cursor,)
+        )
+    ]
+    mine = [t for t in mine if t.get("rollout") == record.rollout_id]
+    # the runs served while cut off were counted once the store was back, each once
+    assert settled.evidence.canary_runs == sum(t["release"] == canary for t in mine)
+    assert settled.evidence.stable_runs == sum(t["release"] == 1 for t in mine)
+    steps = [e.edit_type for e in fleet.audit.entries()]
+    assert steps.count("rollout_started") == 1
+    assert steps.count("rollout_promoted") == 1
+    assert fleet.audit.verify_chain().ok

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pg_server import PgServer
 from release_followers import FollowingWorkers
 
 from agentmend.infrastructure.changes.audit.log import AuditLog
@@ -187,9 +188,17 @@ def test_a_worker_reports_an_edited_release_and_replaces_it_within_one_interval(
         )
 
 
-def test_a_worker_cut_off_from_its_store_still_reports_an_edited_release(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
+def test_a_worker_cut_off_from_its_store_still_reports_an_edited_release(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     volume = tmp_path / "volume"
-    published = Published(tmp_path, str(volume / "agentmend.db"))  # the store on its own volume
+    server: PgServer | None = None
+    if backend == "postgresql":
+        server = request.getfixturevalue("restartable_pg_server")  # stopped under the worker
+        published = Published(tmp_path, server.create_database())
+    else:
+        published = Published(tmp_path, str(volume / "agentmend.db"))  # on its own volume
     try:
         root = tmp_path / "worker"
         follower = ReleaseFollower(published.log, root, verify_interval_s=0.0)
@@ -197,17 +206,25 @@ def test_a_worker_cut_off_from_its_store_still_reports_an_edited_release(tmp_pat
         served = ReleaseDirectories(root).linked()
         assert served is not None
         _edit_in_place(served.directory / AGENT)
-        volume.rename(tmp_path / "detached")  # the volume is gone under the worker
+        if server is not None:
+            server.shut_down()  # the server is gone under the worker
+        else:
+            volume.rename(tmp_path / "detached")  # the volume is gone under the worker
         status = follower.poll()
         assert status.connected is False
         assert status.mismatch == (
             f"release 1 on disk is not what was published: {AGENT} does not match its hash"
         )
-        (tmp_path / "detached").rename(volume)
-        follower.poll()  # back in touch: put back from the store
+        if server is not None:
+            server.start()
+        else:
+            (tmp_path / "detached").rename(volume)
+        assert follower.poll().connected is True  # back in touch: put back from the store
         assert published.on_disk(served.directory) == dict(published.log.get(1).files)
     finally:
         published.store.close()
+        if server is not None and server.pid is None:
+            server.start()  # for the next test that uses it
 
 
 def test_an_edited_manifest_is_reported_at_start_and_put_back(published: Published) -> None:

@@ -197,15 +197,25 @@ def test_team_lock_excludes_across_connections(pg_url: str, tmp_path: Path) -> N
         assert overlapped  # the two teams' locks did not exclude each other
 
 
+def _insert_across_a_restart(store: Store, server: PgServer) -> None:
+    with store.transaction() as conn:
+        conn.execute("INSERT INTO tally (name, n) VALUES ('lost', 1)")
+        server.restart_immediate()
+        conn.execute("INSERT INTO tally (name, n) VALUES ('lost too', 1)")
+
+
 def test_reconnects_after_a_server_restart(own_pg_server: PgServer, tmp_path: Path) -> None:
     pg_server = own_pg_server  # restarted below: not the run's shared server
     url = pg_server.create_database()
     with _open(url, tmp_path) as store:
         with store.transaction() as conn:
             conn.execute("INSERT INTO tally (name, n) VALUES ('before', 1)")
+        session = store.connection().execute("SELECT pg_backend_pid()").fetchone()
         pg_server.restart_immediate()
-        with pytest.raises(StoreError):  # the statement in flight fails with a named error
-            store.connection().execute("SELECT 1")
+        # an idle session the server ended is replaced before the next statement, not failed
+        assert store.connection().execute("SELECT pg_backend_pid()").fetchone() != session
+        with pytest.raises(StoreError):  # in flight: a named error, nothing half-committed
+            _insert_across_a_restart(store, pg_server)
         with store.transaction() as conn:  # the next one reconnects
             conn.execute("INSERT INTO tally (name, n) VALUES ('after', 1)")
         names = {r[0] for r in store.connection().execute("SELECT name FROM tally")}
@@ -242,8 +252,7 @@ def test_team_locks_reuse_pooled_sessions_and_survive_a_restart(
         assert len(set(pids)) == 1
         assert pids[0] != store.connection().execute("SELECT pg_backend_pid()").fetchone()[0]
         pg_server.restart_immediate()
-        with pytest.raises(StoreError):  # the store's own connection died with the server
-            store.connection().execute("SELECT 1")
+        store.connection().execute("SELECT 1")  # the store's own session: replaced at once
         with store.team_lock("team-1"):  # the pooled one too: replaced, not reported
             assert _holder_pid(store) != pids[0]
         with store.team_lock("team-1"):
