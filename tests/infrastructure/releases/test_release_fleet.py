@@ -38,8 +38,8 @@ from agentmend.infrastructure.store.api import Store
 CYCLE = Principal("cycle", "improvement cycle")
 OPS = Principal("ops", "Operator", frozenset({ADMIN}))
 # a rollout that stays undecided on a canary no different from stable (no margin to show "no
-# worse" by, a boundary of a million, no latency guard to speak of) while a test acts on it
-UNDECIDED = RolloutLimits(margin=0.0, alpha=1e-6, latency_factor=1000.0)
+# worse" by, a boundary of a million, a guard that almost never fires) while a test acts on it
+UNDECIDED = RolloutLimits(margin=0.0, alpha=1e-6, guard_alpha=1e-9)
 AGENT = "research-agent"
 TEAM = "team-fleet"
 
