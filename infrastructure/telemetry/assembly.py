@@ -337,13 +337,13 @@ class TraceAssembler:
                 children.pop(agent.span_id, None)
             trace.agents.clear()
         if trace.root_seen:
-            chats: list[SpanData] = []
+            lone: list[SpanData] = []
             for span in trace.spans.values():
                 if is_chat_span(span):
-                    chats.append(span)
+                    lone.append(span)
                 else:
                     self._ignored += 1
-            for call in model_calls(chats):
+            for call in model_calls(lone):
                 if self._first_time(call):
                     self._keep(self.mapping.chat_execution(call), records)
             trace.spans.clear()

@@ -9,7 +9,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from _otel import API_URL, global_provider, run_each
-from anthropic import Anthropic  # type: ignore[import-not-found]
+from anthropic import Anthropic
 
 
 def main(calls: int, parallel: bool) -> None:

@@ -13,7 +13,8 @@ import sys
 from _otel import API_URL, global_provider, run_each
 from openai import AsyncOpenAI  # type: ignore[import-not-found]
 
-from agents import (  # type: ignore[import-not-found]
+# openai-agents' package is ``agents``: in the apps' venv it is that, not this repository's
+from agents import (
     Agent,
     Runner,
     function_tool,

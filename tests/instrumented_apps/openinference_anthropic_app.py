@@ -11,7 +11,8 @@ import sys
 from collections.abc import Callable
 
 from _otel import API_URL, global_provider, run_each
-from anthropic import Anthropic  # type: ignore[import-not-found]
+from anthropic import Anthropic
+from anthropic.types import TextBlock
 from openinference.instrumentation import OITracer, TraceConfig  # type: ignore[import-not-found]
 from openinference.instrumentation.anthropic import (  # type: ignore[import-not-found]
     AnthropicInstrumentor,
@@ -30,13 +31,13 @@ def main(agents: list[str]) -> None:
             max_tokens=64,
             messages=[{"role": "user", "content": prompt}],
         )
-        return str(reply.content[0].text)
+        return "".join(block.text for block in reply.content if isinstance(block, TextBlock))
+
+    def answer(question: str) -> str:
+        return ask(f"answer: {ask(f'plan: {question}')}")
 
     def agent_named(name: str) -> Callable[[str], str]:
-        @tracer.agent(name=name)  # type: ignore[untyped-decorator]
-        def agent(question: str) -> str:
-            return ask(f"answer: {ask(f'plan: {question}')}")
-
+        agent: Callable[[str], str] = tracer.agent(name=name)(answer)
         return agent
 
     run_each(agents, lambda name: agent_named(name)("go"))

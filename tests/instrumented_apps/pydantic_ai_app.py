@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from _otel import API_URL, global_provider, run_each
-from anthropic import AsyncAnthropic  # type: ignore[import-not-found]
+from anthropic import AsyncAnthropic
 from pydantic_ai import Agent  # type: ignore[import-not-found]
 from pydantic_ai.models.anthropic import AnthropicModel  # type: ignore[import-not-found]
 from pydantic_ai.providers.anthropic import AnthropicProvider  # type: ignore[import-not-found]
