@@ -48,11 +48,13 @@ def span(
 
 def sdk(start: int, end: int, **kw: Any) -> SpanData:
     """The anthropic SDK's own span of one call."""
-    usage = {} if kw.pop("failed", False) else {"gen_ai__usage__input_tokens": 10}
+    failed = bool(kw.pop("failed", False))
+    if not failed:
+        kw.setdefault("gen_ai__usage__input_tokens", 10)
     return span(
-        "anthropic.messages.create", start, end,
+        "anthropic.messages.create", start, end, failed=failed,
         gen_ai__operation__name="chat", http__request__method="POST",
-        gen_ai__request__model="m", **usage, **kw,
+        gen_ai__request__model="m", **kw,
     )  # fmt: skip
 
 
