@@ -180,7 +180,9 @@ class TraceAssembler:
         # calls recorded without an agent: their response ids, and those without one not
         # paired yet (oldest first, a bounded few: a pair's two spans end moments apart)
         self._answered: OrderedDict[str, None] = OrderedDict()
-        self._unpaired: OrderedDict[bytes, ModelCall] = OrderedDict()
+        # the SDK's spans and the frameworks' apart: each looks only among the other side's
+        self._unpaired_sdk: OrderedDict[bytes, ModelCall] = OrderedDict()
+        self._unpaired_framework: OrderedDict[bytes, ModelCall] = OrderedDict()
         self.dropped_queue_full = 0
         self.rejected = 0
 
@@ -375,22 +377,27 @@ class TraceAssembler:
             while len(self._answered) > self._REMEMBERED_ANSWERS:
                 self._answered.popitem(last=False)
             return True
-        partner = closest(
-            call,
-            (
-                earlier
-                for earlier in self._unpaired.values()
-                # within a trace the grouping has decided already
-                if earlier.span.trace_id != call.span.trace_id
-                and _same_resource(earlier.span, call.span)
-            ),
-        )
-        if partner is not None:
-            del self._unpaired[partner.span.key]  # one partner each: parallel calls stay apart
-            return False
-        self._unpaired[call.span.key] = call
-        while len(self._unpaired) > self._REMEMBERED_UNPAIRED:
-            self._unpaired.popitem(last=False)
+        if call.sdk_only:
+            mine, theirs = self._unpaired_sdk, self._unpaired_framework
+        else:
+            mine, theirs = self._unpaired_framework, self._unpaired_sdk
+        if theirs:
+            partner = closest(
+                call,
+                (
+                    earlier
+                    for earlier in theirs.values()
+                    # within a trace the grouping has decided already
+                    if earlier.span.trace_id != call.span.trace_id
+                    and _same_resource(earlier.span, call.span)
+                ),
+            )
+            if partner is not None:
+                del theirs[partner.span.key]  # one partner each: parallel calls stay apart
+                return False
+        mine[call.span.key] = call
+        while len(mine) > self._REMEMBERED_UNPAIRED:
+            mine.popitem(last=False)
         return True
 
     def _take(self, trace: _Trace, span_id: bytes) -> None:

@@ -21,7 +21,6 @@ spans, are always two calls.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from agentmend.infrastructure.telemetry.span import SpanData
@@ -87,22 +86,28 @@ def is_sdk_call(span: SpanData) -> bool:
     return "http.request.method" in span.attributes
 
 
-@dataclass(frozen=True, slots=True)
 class ModelCall:
-    """The spans of one model call; ``span`` (a framework's, if any) stands for it."""
+    """The spans of one model call; ``span`` (a framework's, if any) stands for it.
 
-    spans: tuple[SpanData, ...]
+    ``tokens`` (input, output) are each the largest any of its spans reports (a failed
+    framework span may report none; the SDK's may lack a detail the framework adds).
+    """
 
-    @property
-    def span(self) -> SpanData:
-        return self.spans[0]
+    __slots__ = ("response_ids", "sdk_only", "span", "spans", "tokens")
 
-    @property
-    def tokens(self) -> tuple[int, int]:
-        """(input, output): each the largest any of its spans reports (a failed framework span
-        may report none; the SDK's may lack a detail the framework adds)."""
-        counted = [usage(span) for span in self.spans]
-        return max(c[0] for c in counted), max(c[1] for c in counted)
+    def __init__(self, spans: tuple[SpanData, ...]) -> None:
+        self.spans = spans
+        self.span = spans[0]
+        if len(spans) == 1:
+            self.tokens = usage(self.span)
+            answer = response_id(self.span)
+            self.response_ids = frozenset((answer,)) if answer else frozenset()
+            self.sdk_only = is_sdk_call(self.span)
+            return
+        counted = [usage(span) for span in spans]
+        self.tokens = (max(c[0] for c in counted), max(c[1] for c in counted))
+        self.response_ids = frozenset(r for r in map(response_id, spans) if r)
+        self.sdk_only = all(is_sdk_call(span) for span in spans)
 
     @property
     def model(self) -> str | None:
@@ -111,14 +116,6 @@ class ModelCall:
             if found:
                 return found
         return None
-
-    @property
-    def response_ids(self) -> frozenset[str]:
-        return frozenset(r for r in map(response_id, self.spans) if r)
-
-    @property
-    def sdk_only(self) -> bool:
-        return all(is_sdk_call(span) for span in self.spans)
 
 
 def same_call(sdk: ModelCall, framework: ModelCall) -> bool:
@@ -156,7 +153,7 @@ def closest(call: ModelCall, candidates: Iterable[ModelCall]) -> ModelCall | Non
 
 def model_calls(chats: Sequence[SpanData]) -> list[ModelCall]:
     """``chats`` (the chat spans of one run, or of one trace) as distinct model calls."""
-    if len(chats) < 2:
+    if len(chats) < 2 or _all_distinct(chats):
         return [ModelCall((chat,)) for chat in chats]
     ids = {chat.span_id: index for index, chat in enumerate(chats)}
     parent = list(range(len(chats)))
@@ -191,6 +188,25 @@ def model_calls(chats: Sequence[SpanData]) -> list[ModelCall]:
     return sorted(calls, key=lambda call: min(ids[span.span_id] for span in call.spans))
 
 
+def _all_distinct(chats: Sequence[SpanData]) -> bool:
+    """No rule can join two of ``chats`` (the common case: one span per call), checked fast."""
+    ids: set[bytes] = set()
+    answers: set[object] = set()
+    sdk = False
+    for chat in chats:
+        ids.add(chat.span_id)
+        attributes = chat.attributes
+        answer = attributes.get("gen_ai.response.id")
+        if answer is not None:
+            if answer in answers:
+                return False
+            answers.add(answer)
+        sdk = sdk or "http.request.method" in attributes
+    if sdk:
+        return False  # an SDK's span may pair with a framework's (rule 3)
+    return not any(chat.parent_span_id in ids for chat in chats)
+
+
 def _ordered(spans: list[SpanData]) -> tuple[SpanData, ...]:
     """A framework's span first (it knows the run's context), then the outermost."""
     return tuple(sorted(spans, key=lambda s: (is_sdk_call(s), s.start_ns, -s.end_ns)))
@@ -198,14 +214,19 @@ def _ordered(spans: list[SpanData]) -> tuple[SpanData, ...]:
 
 def _pair_sdk_spans(calls: list[ModelCall]) -> list[ModelCall]:
     """Rule 3 within one set of calls: each SDK-only call joins at most one framework call."""
-    frameworks = [call for call in calls if not call.sdk_only]
+    # only calls without a response id can pair (the same id has joined them already)
+    frameworks = [call for call in calls if not call.sdk_only and not call.response_ids]
     if not frameworks:
         return calls
+    pairable = {id(framework) for framework in frameworks}
     free = {id(framework): framework for framework in frameworks}
     merged: dict[int, ModelCall] = {}  # id of a framework call -> it with its SDK span
     kept: list[ModelCall] = []
     for call in calls:
-        if not call.sdk_only:
+        if id(call) in pairable:
+            continue  # a framework call that may pair: kept below, with its SDK span if any
+        if not call.sdk_only or call.response_ids:
+            kept.append(call)
             continue
         siblings = (f for f in free.values() if f.span.parent_span_id == call.span.parent_span_id)
         match = closest(call, siblings)
