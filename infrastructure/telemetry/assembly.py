@@ -27,7 +27,9 @@ run or a trace the spans of one call are grouped there; a call with no agent spa
 can also be described in two traces (the ``anthropic`` SDK's own span is the root of a trace of
 its own when an instrumentation does not make its span current), so the last calls recorded
 without an agent are remembered (their response ids, and the unpaired ones without), and a
-call arriving later that is the same call (``model_calls.same_call``) is not recorded again.
+call arriving later that is the same call (``model_calls.same_call``) is not recorded again
+(the last 100,000 response ids and 1,000 unpaired calls of each side: a few MB at most, outside
+``max_open_bytes``).
 
 Thread-safe: one lock around every call (the receiver serves requests on several threads).
 """
