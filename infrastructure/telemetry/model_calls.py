@@ -28,8 +28,11 @@ from agentmend.infrastructure.telemetry.span import SpanData
 __all__ = [
     "ModelCall",
     "closest",
+    "fit",
     "is_sdk_call",
+    "model",
     "model_calls",
+    "number",
     "response_id",
     "same_call",
     "usage",
