@@ -154,3 +154,19 @@ def test_an_unnamed_agent_span_with_its_own_calls_is_a_run() -> None:
     chat = framework(10, 90, parent=agent.span_id, gen_ai__usage__input_tokens=5)
     (run,) = record([chat, agent]).records
     assert (run.agent_name, run.input_tokens) == ("Agent workflow", 5)
+
+
+def test_under_an_agent_the_sdk_span_beside_the_framework_span_is_the_same_call() -> None:
+    # OpenLLMetry's span is not current: under an agent span the SDK's span is its sibling
+    agent = span("invoke_agent r", 0, 1000, gen_ai__operation__name="invoke_agent",
+                 gen_ai__agent__name="r")  # fmt: skip
+    ok = framework(10, 400, parent=agent.span_id, gen_ai__response__id="msg_a",
+                   gen_ai__usage__input_tokens=10, gen_ai__usage__output_tokens=2)  # fmt: skip
+    ok_sdk = sdk(20, 390, parent=agent.span_id, gen_ai__response__id="msg_a",
+                 gen_ai__usage__output_tokens=2)  # fmt: skip
+    failed = framework(500, 900, parent=agent.span_id, failed=True)
+    failed_sdk = sdk(510, 890, parent=agent.span_id, failed=True)
+    calls = model_calls([ok_sdk, ok, failed_sdk, failed])
+    assert sorted(len(call.spans) for call in calls) == [2, 2]
+    (run,) = record([ok_sdk, ok, failed_sdk, failed, agent]).records
+    assert (run.input_tokens, run.output_tokens) == (10, 2)
