@@ -7,7 +7,20 @@ STAMP := $(VENV)/.installed
 WHEELHOUSE := $(VENV)/wheelhouse
 WHEELHOUSE_PACKAGES := openai-agents==0.24.0
 
-.PHONY: run demo test test-fast lint typecheck bench clean
+.PHONY: run demo test test-fast lint typecheck bench clean instrumented-venv
+
+# The instrumentation packages users run, in a venv of their own (their dependencies are not
+# agentmend's): the telemetry tests run small apps with it as child processes and skip without it.
+APPS_VENV := .venv-apps
+APPS_STAMP := $(APPS_VENV)/.installed
+APPS_PACKAGES := \
+	'pydantic-ai-slim[anthropic,openai]==2.68.0' logfire==5.4.0 anthropic==2.14.0 \
+	openai==3.57.0 openai-agents==0.24.0 \
+	openinference-instrumentation-anthropic==3.1.0 \
+	openinference-instrumentation-openai-agents==2.6.0 \
+	opentelemetry-instrumentation-anthropic==0.62.4 \
+	opentelemetry-instrumentation-openai-agents==0.62.4 \
+	opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,6 +28,14 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	$(PY) -m pip download --quiet -c constraints.txt -d $(WHEELHOUSE) $(WHEELHOUSE_PACKAGES)
 	touch $(STAMP)
+
+$(APPS_STAMP): Makefile
+	test -x $(APPS_VENV)/bin/python || $(PYTHON) -m venv $(APPS_VENV)
+	$(APPS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(APPS_VENV)/bin/python -m pip install --quiet $(APPS_PACKAGES)
+	touch $(APPS_STAMP)
+
+instrumented-venv: $(APPS_STAMP)
 
 run: $(STAMP)
 	$(PY) main.py
@@ -45,4 +66,4 @@ bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(APPS_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -81,7 +81,7 @@ def _span(trace_id: bytes, span_id: bytes, parent: bytes, kind: str, n: int) -> 
             "gen_ai.request.max_tokens": 1024,
             "gen_ai.usage.input_tokens": 100 + n % 50,
             "gen_ai.usage.output_tokens": 20 + n % 10,
-            "gen_ai.response.id": f"msg_{n}",
+            "gen_ai.response.id": f"msg_{span_id.hex()}",  # two chats: two calls
             "server.address": "api.example.com",
             "server.port": 443,
         }
@@ -231,8 +231,8 @@ def _finished_spans(count: int) -> list[ReadableSpan]:
     while len(kept) < count:
         n += 1
         with tracer.start_as_current_span("invoke_agent", attributes=_agent_attributes(n)):
-            for _ in range(2):
-                with tracer.start_as_current_span("chat", attributes=_chat_attributes(n)):
+            for call in range(2):
+                with tracer.start_as_current_span("chat", attributes=_chat_attributes(n, call)):
                     pass
     provider.shutdown()
     return kept[:count]
@@ -253,7 +253,7 @@ def _agent_attributes(n: int) -> dict[str, str | int | bool]:
     }
 
 
-def _chat_attributes(n: int) -> dict[str, str | int | bool]:
+def _chat_attributes(n: int, call: int = 0) -> dict[str, str | int | bool]:
     return {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": "anthropic",
@@ -262,7 +262,7 @@ def _chat_attributes(n: int) -> dict[str, str | int | bool]:
         "gen_ai.request.max_tokens": 1024,
         "gen_ai.usage.input_tokens": 100 + n % 50,
         "gen_ai.usage.output_tokens": 20 + n % 10,
-        "gen_ai.response.id": f"msg_{n}",
+        "gen_ai.response.id": f"msg_{n}_{call}",  # each call its own answer
         "server.address": "api.example.com",
         "server.port": 443,
     }

@@ -1,4 +1,5 @@
-"""A scripted fake of the Anthropic Messages API on 127.0.0.1, for tests and benchmarks.
+"""A scripted fake of the Anthropic Messages API on 127.0.0.1, for tests and benchmarks; it
+also speaks OpenAI's chat completions and Responses API, from the same script.
 
 The real clients (the ``anthropic`` package, and the Claude Code CLI bundled with
 ``claude-agent-sdk``) talk to it over real HTTP, so the request building, response parsing, SSE
@@ -29,6 +30,12 @@ What it answers:
   ping, content_block_start / content_block_delta (text_delta, input_json_delta) /
   content_block_stop per block, message_delta with stop_reason and usage, message_stop), using
   chunked transfer encoding as the real API does.
+- ``POST /v1/chat/completions`` and ``POST /v1/responses`` (OpenAI; point a client's
+  ``base_url`` at ``api.base_url + "/v1"``): the same script, each ``Reply`` rendered in that
+  API's shape (text blocks become the message's text, tool_use blocks its tool or function
+  calls, usage ``prompt_tokens``/``completion_tokens`` or ``input_tokens``/``output_tokens``;
+  an error is OpenAI's ``{"error": {...}}`` body). Not streamed: a request asking for a stream
+  gets a 400 saying so, so a test cannot silently take a stream for an answer.
 - ``POST /v1/messages/count_tokens``: ``{"input_tokens": N}`` with N a rough count.
 - ``HEAD`` / ``GET`` anything: 200 with an empty body (``/api/hello`` and similar probes);
   other paths: 404 with the real API's ``not_found_error`` body.
@@ -45,7 +52,8 @@ answer). Content blocks for ``Reply.message`` are ``text_block(...)`` / ``tool_u
 dicts, the API's own shape.
 
 Every request is recorded (``api.requests``; ``api.message_requests()`` keeps only
-``POST /v1/messages``) with method, path, query, lower-cased headers, raw body and parsed JSON.
+``POST /v1/messages``, ``api.model_requests()`` the model calls of all three APIs) with method,
+path, query, lower-cased headers, raw body and parsed JSON.
 """
 
 from __future__ import annotations
@@ -257,6 +265,15 @@ class RecordedRequest:
         return self.method == "POST" and self.path == "/v1/messages"
 
     @property
+    def is_openai(self) -> bool:
+        return self.method == "POST" and self.path in _OPENAI_PATHS
+
+    @property
+    def is_model_call(self) -> bool:
+        """A model call in any of the three APIs."""
+        return self.is_messages or self.is_openai
+
+    @property
     def model(self) -> str | None:
         value = self._get("model")
         return value if isinstance(value, str) else None
@@ -309,6 +326,101 @@ def _message_json(reply: Reply, model: str) -> dict[str, Any]:
         "stop_reason": reply.stop_reason,
         "stop_sequence": None,
         "usage": _api_usage(reply.usage),
+    }
+
+
+_OPENAI_PATHS = ("/v1/chat/completions", "/v1/responses")
+_OPENAI_FINISH = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
+
+
+def _reply_text(reply: Reply) -> str:
+    return "".join(b["text"] for b in reply.blocks if b.get("type") == "text")
+
+
+def _reply_calls(reply: Reply) -> list[dict[str, Any]]:
+    return [b for b in reply.blocks if b.get("type") == "tool_use"]
+
+
+def _chat_completion_json(reply: Reply, model: str) -> dict[str, Any]:
+    """``reply`` as OpenAI's chat completion object."""
+    message: dict[str, Any] = {"role": "assistant", "content": _reply_text(reply) or None}
+    calls = _reply_calls(reply)
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": json.dumps(call["input"])},
+            }
+            for call in calls
+        ]
+    usage = reply.usage
+    return {
+        "id": _next_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": _OPENAI_FINISH.get(reply.stop_reason or "", "stop"),
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": usage.input_tokens,
+            "completion_tokens": usage.output_tokens,
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+        },
+    }
+
+
+def _response_json(reply: Reply, model: str) -> dict[str, Any]:
+    """``reply`` as the Responses API's response object."""
+    output: list[dict[str, Any]] = []
+    text = _reply_text(reply)
+    if text:
+        output.append(
+            {
+                "type": "message",
+                "id": _next_id("msg"),
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
+    for call in _reply_calls(reply):
+        output.append(
+            {
+                "type": "function_call",
+                "id": _next_id("fc"),
+                "call_id": call["id"],
+                "name": call["name"],
+                "arguments": json.dumps(call["input"]),
+                "status": "completed",
+            }
+        )
+    usage = reply.usage
+    return {
+        "id": _next_id("resp"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "error": None,
+        "incomplete_details": None,
+        "usage": {
+            "input_tokens": usage.input_tokens,
+            "input_tokens_details": {"cached_tokens": usage.cache_read_tokens},
+            "output_tokens": usage.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+        },
     }
 
 
@@ -418,6 +530,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         api._record(request)
         if request.is_messages:
             self._answer(api._reply_for(request), request)
+        elif request.is_openai:
+            self._answer_openai(api._reply_for(request), request)
         elif self.command == "POST" and request.path == "/v1/messages/count_tokens":
             self._send_json(200, {"input_tokens": max(1, len(body) // 4)})
         elif self.command in ("HEAD", "GET"):
@@ -454,6 +568,33 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send_sse(reply, model)
         else:
             self._send_json(200, _message_json(reply, model))
+
+    def _answer_openai(self, reply: Reply, request: RecordedRequest) -> None:
+        if request.stream:
+            reply = Reply.error(400, "invalid_request_error", "the fake API does not stream")
+        if reply.kind == "hang":
+            released = self.server.api._release.wait(reply.seconds)
+            closed = released and self.server.api._closed
+            reply = Reply.drop() if reply.then is None or closed else reply.then
+        if reply.kind == "drop":
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if reply.kind in ("error", "stream_error"):
+            error = {
+                "message": reply.error_message,
+                "type": reply.error_type,
+                "param": None,
+                "code": reply.error_type,
+            }
+            self._send_json(reply.status, {"error": error}, dict(reply.headers))
+            return
+        model = reply.model or request.model or "gpt-4.1"
+        if request.path == "/v1/responses":
+            self._send_json(200, _response_json(reply, model))
+        else:
+            self._send_json(200, _chat_completion_json(reply, model))
 
     def _send_json(self, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
         self._send_bytes(status, json.dumps(body).encode(), "application/json", headers)
@@ -567,6 +708,11 @@ class FakeMessagesAPI:
         """Only the ``POST /v1/messages`` requests, in arrival order."""
         with self._lock:
             return [r for r in self.requests if r.is_messages]
+
+    def model_requests(self) -> list[RecordedRequest]:
+        """The model calls of all three APIs, in arrival order."""
+        with self._lock:
+            return [r for r in self.requests if r.is_model_call]
 
     def wait_for_message_requests(self, count: int, timeout: float = 5.0) -> list[RecordedRequest]:
         """Block until ``count`` message requests have arrived (raises TimeoutError)."""

@@ -22,6 +22,15 @@ arrive, and an agent claims its subtree by walking it once (spans already claime
 never re-indexed), so an export of thousands of agent spans in one trace costs no more per span
 than one of a few.
 
+Each model call is recorded once however many spans describe it (``model_calls``). Within a
+run or a trace the spans of one call are grouped there; a call with no agent span above it
+can also be described in two traces (the ``anthropic`` SDK's own span is the root of a trace of
+its own when an instrumentation does not make its span current), so the last calls recorded
+without an agent are remembered (their response ids, and the unpaired ones without), and a
+call arriving later that is the same call (``model_calls.same_call``) is not recorded again
+(the last 100,000 response ids and 1,000 unpaired calls of each side: a few MB at most, outside
+``max_open_bytes``).
+
 Thread-safe: one lock around every call (the receiver serves requests on several threads).
 """
 
@@ -43,7 +52,9 @@ from agentmend.infrastructure.telemetry.mapping import (
     is_agent_span,
     is_chat_span,
     is_recorded_by_agentmend,
+    names_itself,
 )
+from agentmend.infrastructure.telemetry.model_calls import ModelCall, closest, model_calls
 from agentmend.infrastructure.telemetry.span import SpanData
 
 __all__ = ["DEFAULT_MAX_OPEN_BYTES", "TelemetryCounts", "TraceAssembler", "span_bytes"]
@@ -91,6 +102,7 @@ class TelemetryCounts:
 
 class _Trace:
     __slots__ = (
+        "agent_parents",
         "agents",
         "bytes",
         "children",
@@ -111,6 +123,8 @@ class _Trace:
         self.children: dict[bytes, list[SpanData]] = {}
         self.claimed = 0  # spans claimed since the index was last rebuilt (stale entries in it)
         self.agents: list[SpanData] = []
+        # parents of the agent runs recorded: an unnamed agent span above them only wraps them
+        self.agent_parents: set[bytes] = set()
         self.own: set[bytes] = set()
         self.own_new: list[SpanData] = []
         self.new: list[SpanData] = []  # added by the current call, not sized yet
@@ -165,6 +179,12 @@ class TraceAssembler:
         self._seen_before: set[bytes] = set()
         self._received = self._recorded = self._duplicates = self._own = 0
         self._unmappable = self._orphans = self._ignored = self._over_bound = 0
+        # calls recorded without an agent: their response ids, and those without one not
+        # paired yet (oldest first, a bounded few: a pair's two spans end moments apart)
+        self._answered: OrderedDict[str, None] = OrderedDict()
+        # the SDK's spans and the frameworks' apart: each looks only among the other side's
+        self._unpaired_sdk: OrderedDict[bytes, ModelCall] = OrderedDict()
+        self._unpaired_framework: OrderedDict[bytes, ModelCall] = OrderedDict()
         self.dropped_queue_full = 0
         self.rejected = 0
 
@@ -308,8 +328,12 @@ class TraceAssembler:
             for agent in sorted(trace.agents, key=lambda s: s.end_ns):
                 subtree = _subtree(agent, children, trace.spans)
                 chats = [s for s in subtree if is_chat_span(s)]
-                record = self.mapping.execution(agent, chats)
-                self._keep(record, records)
+                if not chats and not names_itself(agent) and _wraps(agent, subtree, trace):
+                    self._ignored += 1 + len(subtree)  # a workflow around agent runs
+                else:
+                    self._keep(self.mapping.execution(agent, chats), records)
+                    if agent.parent_span_id:
+                        trace.agent_parents.add(agent.parent_span_id)
                 for span in subtree:
                     self._take(trace, span.span_id)
                     children.pop(span.span_id, None)
@@ -317,17 +341,22 @@ class TraceAssembler:
                 children.pop(agent.span_id, None)
             trace.agents.clear()
         if trace.root_seen:
+            lone: list[SpanData] = []
             for span in trace.spans.values():
                 if is_chat_span(span):
-                    self._keep(self.mapping.chat_execution(span), records)
+                    lone.append(span)
                 else:
                     self._ignored += 1
+            for call in model_calls(lone):
+                if self._first_time(call):
+                    self._keep(self.mapping.chat_execution(call), records)
             trace.spans.clear()
             trace.children.clear()
             self._bytes -= trace.bytes
             trace.bytes = 0
             trace.sizes.clear()
-        if not trace.spans:
+        if not trace.spans and (trace.root_seen or not trace.agent_parents):
+            # (a trace whose agent runs are recorded waits for its root, which may wrap them)
             if trace_id in self._traces:
                 del self._traces[trace_id]
         elif trace.claimed > 2 * len(trace.spans) + 64:
@@ -335,6 +364,43 @@ class TraceAssembler:
             # they outnumber them, so an open trace never holds what it has recorded
             trace.children = _children(trace.spans.values())
             trace.claimed = 0
+
+    _REMEMBERED_ANSWERS = 100_000
+    _REMEMBERED_UNPAIRED = 1_000
+
+    def _first_time(self, call: ModelCall) -> bool:
+        """False for a call recorded already through another of its spans (another trace)."""
+        answers = call.response_ids
+        if answers:
+            if any(answer in self._answered for answer in answers):
+                return False
+            for answer in answers:
+                self._answered[answer] = None
+            while len(self._answered) > self._REMEMBERED_ANSWERS:
+                self._answered.popitem(last=False)
+            return True
+        if call.sdk_only:
+            mine, theirs = self._unpaired_sdk, self._unpaired_framework
+        else:
+            mine, theirs = self._unpaired_framework, self._unpaired_sdk
+        if theirs:
+            partner = closest(
+                call,
+                (
+                    earlier
+                    for earlier in theirs.values()
+                    # within a trace the grouping has decided already
+                    if earlier.span.trace_id != call.span.trace_id
+                    and _same_resource(earlier.span, call.span)
+                ),
+            )
+            if partner is not None:
+                del theirs[partner.span.key]  # one partner each: parallel calls stay apart
+                return False
+        mine[call.span.key] = call
+        while len(mine) > self._REMEMBERED_UNPAIRED:
+            mine.popitem(last=False)
+        return True
 
     def _take(self, trace: _Trace, span_id: bytes) -> None:
         """Remove a claimed span from the buffer (and its bytes from the bound)."""
@@ -390,6 +456,16 @@ class TraceAssembler:
         trace.agents.clear()
         trace.sizes.clear()
         trace.bytes = 0
+
+
+def _same_resource(a: SpanData, b: SpanData) -> bool:
+    return a.resource is b.resource or a.resource == b.resource
+
+
+def _wraps(agent: SpanData, subtree: list[SpanData], trace: _Trace) -> bool:
+    """``agent`` (or a span below it) is the parent of an agent run recorded already."""
+    parents = trace.agent_parents
+    return agent.span_id in parents or any(span.span_id in parents for span in subtree)
 
 
 def _children(spans: Iterable[SpanData]) -> dict[bytes, list[SpanData]]:

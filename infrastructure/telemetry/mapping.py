@@ -1,16 +1,19 @@
 """One mapping from spans to agent executions, for every dialect agentmend reads.
 
 **The agent span** is the span whose ``gen_ai.operation.name`` is ``invoke_agent`` (GenAI
-semantic conventions; the Claude Code CLI's ``claude_code.interaction`` carries it too),
-OpenInference's ``openinference.span.kind = AGENT``, OpenLLMetry's ``traceloop.span.kind =
-agent`` or Logfire's agent-run span (an ``agent_name`` attribute on a span with a
-``logfire.msg_template``). Its subtree is one execution:
+semantic conventions, as pydantic-ai with or without logfire and OpenLLMetry emit it; the
+Claude Code CLI's ``claude_code.interaction`` carries it too), OpenInference's
+``openinference.span.kind = AGENT`` or OpenLLMetry's ``traceloop.span.kind = agent``. Its
+subtree is one execution:
 
 - agent name: ``gen_ai.agent.name``, then ``gen_ai.agent.id``, then the dialects' own
-  (``agent.name`` of Claude Code and OpenInference, ``traceloop.entity.name``, Logfire's
-  ``agent_name``), then the user's rule, then a resource attribute (``service.name`` unless
-  configured otherwise; the SDKs' ``unknown_service`` placeholder names nothing). A span none
-  of these name is unmappable and counted.
+  (``agent.name`` of Claude Code and OpenInference, ``traceloop.entity.name``), then the user's
+  rule, then, for an OpenInference AGENT span (``@tracer.agent(name=...)`` names the agent only
+  there), the span's name, then a resource attribute (``service.name`` unless configured
+  otherwise; the SDKs' ``unknown_service`` placeholder names nothing). A span none of these
+  name is unmappable and counted. An agent span that names no agent by its attributes and only
+  wraps other agent runs (OpenInference's ``Agent workflow`` root of an openai-agents run) is
+  not a run (``TraceAssembler`` drops it).
 - success: the span's status is not ERROR and it has no ``error.type``; a failed chat inside a
   successful agent run does not fail the run (the agent may have recovered). Claude Code sets
   no status on its interaction span, so there the run failed when its last
@@ -18,8 +21,11 @@ agent`` or Logfire's agent-run span (an ``agent_name`` attribute on a span with 
 - error text: the status message, else the first exception event
   (``exception.type: exception.message``), else ``error.type``.
 - duration: the agent span's own.
-- tokens: the agent span's own usage if it has any, else the sum over its chat descendants
-  (nested agent spans excluded: their tokens are theirs). Usage is read from
+- tokens: the run's total the agent span reports (pydantic-ai's
+  ``gen_ai.aggregated_usage.input_tokens``/``output_tokens``), else its own usage, else the sum
+  over the model calls of its subtree (nested agent spans excluded: their tokens are theirs),
+  each call counted once however many spans describe it
+  (``agentmend.infrastructure.telemetry.model_calls``). Usage is read from
   ``gen_ai.usage.input_tokens``/``output_tokens`` (older ``prompt_tokens``/
   ``completion_tokens``), Claude Code's flat ``input_tokens``/``output_tokens`` and
   OpenInference's ``llm.token_count.prompt``/``completion``. Cache reads are not added: the
@@ -30,19 +36,21 @@ agent`` or Logfire's agent-run span (an ``agent_name`` attribute on a span with 
   resolved to the release, arm and rollout when the run is recorded
   (``agentmend.infrastructure.releases.attribution``); the run is observed, never routed.
 
-**A chat span with no agent span above it** (a plain ``anthropic`` app) is one execution by
-itself, named by its own ``gen_ai.agent.name``, the user's rule, or the resource attribute.
+**A model call with no agent span above it** (a plain ``anthropic`` app, with or without an
+instrumentation) is one execution by itself, named by its own ``gen_ai.agent.name``, the user's
+rule, or the resource attribute.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from agentmend.infrastructure.models import ExecutionRecord
 from agentmend.infrastructure.release_labels import RELEASE_ATTRIBUTE, TEAM_ATTRIBUTE
+from agentmend.infrastructure.telemetry.model_calls import ModelCall, model_calls, number, usage
 from agentmend.infrastructure.telemetry.span import STATUS_ERROR, SpanData
 from agentmend.infrastructure.tracing import RECORDED_ATTRIBUTE
 
@@ -54,6 +62,7 @@ __all__ = [
     "is_agent_span",
     "is_chat_span",
     "is_recorded_by_agentmend",
+    "names_itself",
 ]
 
 AgentNameRule = Callable[[SpanData], str | None]
@@ -86,7 +95,6 @@ def is_agent_span(span: SpanData) -> bool:
         or attributes.get("openinference.span.kind") == "AGENT"
         or attributes.get("traceloop.span.kind") == "agent"
         or span.name == "claude_code.interaction"
-        or ("agent_name" in attributes and "logfire.msg_template" in attributes)
     )
 
 
@@ -98,8 +106,29 @@ def is_chat_span(span: SpanData) -> bool:
         or attributes.get("openinference.span.kind") == "LLM"
         or attributes.get("llm.request.type") == "chat"
         or span.name == "claude_code.llm_request"
-        or ("gen_ai.request.model" in attributes and "logfire.msg_template" in attributes)
     )
+
+
+_NAME_KEYS = (
+    "gen_ai.agent.name",
+    "gen_ai.agent.id",
+    "agent.name",
+    "traceloop.entity.name",
+    "agent_name",
+)
+
+
+def _named(span: SpanData) -> str | None:
+    for key in _NAME_KEYS:
+        value = span.attributes.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def names_itself(span: SpanData) -> bool:
+    """The agent span names its agent by an attribute (not by its span name or resource)."""
+    return _named(span) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,17 +144,9 @@ class SpanMapping:
     resource_attribute: str = "service.name"
 
     def agent_name(self, span: SpanData, chats: Sequence[SpanData] = ()) -> str | None:
-        attributes = span.attributes
-        for key in (
-            "gen_ai.agent.name",
-            "gen_ai.agent.id",
-            "agent.name",
-            "traceloop.entity.name",
-            "agent_name",
-        ):
-            value = attributes.get(key)
-            if isinstance(value, str) and value:
-                return value
+        named = _named(span)
+        if named is not None:
+            return named
         for chat in chats:  # Claude Code puts a subagent's agent.name on its requests
             value = chat.attributes.get("agent.name")
             if isinstance(value, str) and value:
@@ -134,6 +155,8 @@ class SpanMapping:
             named = self.agent_name_rule(span)
             if named:
                 return named
+        if span.attributes.get("openinference.span.kind") == "AGENT" and span.name:
+            return span.name  # @tracer.agent(name=...) names the agent here only
         return self._resource_name(span)
 
     def _resource_name(self, span: SpanData) -> str | None:
@@ -148,12 +171,15 @@ class SpanMapping:
         name = self.agent_name(agent, chats)
         if name is None:
             return None
-        input_tokens, output_tokens = _usage(agent)
+        input_tokens = number(agent.attributes, _AGGREGATED_INPUT)
+        output_tokens = number(agent.attributes, _AGGREGATED_OUTPUT)
         if not (input_tokens or output_tokens):
-            for chat in chats:
-                chat_in, chat_out = _usage(chat)
-                input_tokens += chat_in
-                output_tokens += chat_out
+            input_tokens, output_tokens = usage(agent)
+        if not (input_tokens or output_tokens):
+            for call in model_calls(chats):
+                call_in, call_out = call.tokens
+                input_tokens += call_in
+                output_tokens += call_out
         return _record(
             name,
             agent,
@@ -164,18 +190,21 @@ class SpanMapping:
             _cli_error(agent, chats),
         )
 
-    def chat_execution(self, chat: SpanData) -> ExecutionRecord | None:
-        """The execution of a chat span with no agent span above it (None: unnamed)."""
-        value = chat.attributes.get("gen_ai.agent.name")
+    def chat_execution(self, chat: SpanData | ModelCall) -> ExecutionRecord | None:
+        """The execution of a model call with no agent span above it (None: unnamed)."""
+        call = chat if isinstance(chat, ModelCall) else ModelCall((chat,))
+        span = call.span
+        value = span.attributes.get("gen_ai.agent.name")
         name: str | None = value if isinstance(value, str) and value else None
         if name is None and self.agent_name_rule is not None:
-            name = self.agent_name_rule(chat)
+            name = self.agent_name_rule(span)
         if name is None:
-            name = self._resource_name(chat)
+            name = self._resource_name(span)
         if name is None:
             return None
-        input_tokens, output_tokens = _usage(chat)
-        return _record(name, chat, input_tokens, output_tokens, _model((chat,)), "chat")
+        input_tokens, output_tokens = call.tokens
+        failure = next(filter(None, map(_error, call.spans[1:])), None)
+        return _record(name, span, input_tokens, output_tokens, call.model, "chat", failure)
 
 
 def _cli_error(agent: SpanData, chats: Sequence[SpanData]) -> str | None:
@@ -248,35 +277,8 @@ def _error(span: SpanData) -> str | None:
     return text[:_MAX_ERROR_CHARS]
 
 
-_NUMBERS = (int, float)  # a tuple: isinstance with ``int | float`` builds a union per call
-
-
-def _number(attributes: Mapping[str, Any], keys: Iterable[str]) -> int:
-    for key in keys:
-        value = attributes.get(key)
-        if value is None or value is True or value is False:
-            continue
-        if isinstance(value, _NUMBERS) and value > 0:
-            return int(value)
-    return 0
-
-
-_INPUT_KEYS = (
-    "gen_ai.usage.input_tokens",
-    "gen_ai.usage.prompt_tokens",
-    "input_tokens",
-    "llm.token_count.prompt",
-)
-_OUTPUT_KEYS = (
-    "gen_ai.usage.output_tokens",
-    "gen_ai.usage.completion_tokens",
-    "output_tokens",
-    "llm.token_count.completion",
-)
-
-
-def _usage(span: SpanData) -> tuple[int, int]:
-    return _number(span.attributes, _INPUT_KEYS), _number(span.attributes, _OUTPUT_KEYS)
+_AGGREGATED_INPUT = ("gen_ai.aggregated_usage.input_tokens",)
+_AGGREGATED_OUTPUT = ("gen_ai.aggregated_usage.output_tokens",)
 
 
 def _model(chats: Sequence[SpanData]) -> str | None:

@@ -4,8 +4,8 @@
 
 Each dialect's spans are produced by its real instrumentation where it installs beside the
 locked ``anthropic`` (the instrumentation packages are not dependencies of agentmend: install
-``openinference-instrumentation-anthropic``, ``opentelemetry-instrumentation-anthropic`` and
-``logfire`` into a scratch environment with agentmend to run this). The real ``anthropic``
+``openinference-instrumentation-anthropic`` and ``opentelemetry-instrumentation-anthropic``
+into a scratch environment with agentmend to run this). The real ``anthropic``
 client talks to ``tests/fake_messages_api.py``; the Claude Code CLI bundled with
 ``claude-agent-sdk`` exports its own spans to a loopback collector. Spans an instrumentation does
 not make (the agent span of OpenInference and OpenLLMetry, which come from their frameworks'
@@ -165,32 +165,6 @@ def openllmetry(api: FakeMessagesAPI) -> None:
     )
 
 
-def logfire_dialect(api: FakeMessagesAPI) -> None:
-    import anthropic
-    import logfire  # type: ignore[import-not-found]
-
-    exporter = InMemorySpanExporter()
-    logfire.configure(
-        send_to_logfire=False,
-        service_name="researcher-service",
-        console=False,
-        additional_span_processors=[SimpleSpanProcessor(exporter)],
-    )
-    client = anthropic.Anthropic(
-        api_key="k", base_url=api.base_url, open_telemetry={"traces": False}
-    )
-    logfire.instrument_anthropic(client)
-    with logfire.span("{agent_name} run", agent_name="researcher"):
-        two_calls(api, client)
-    logfire.force_flush()
-    write(
-        "logfire",
-        exporter.get_finished_spans(),
-        f"generated: by logfire {version('logfire')} (instrument_anthropic for the calls, "
-        "logfire.span with agent_name for the agent run, as pydantic-ai's agent run span has)",
-    )
-
-
 def claude_code(api: FakeMessagesAPI) -> None:
     from claude_agent_sdk import ClaudeAgentOptions, query
 
@@ -255,7 +229,6 @@ DIALECTS: dict[str, Callable[[FakeMessagesAPI], None]] = {
     "gen_ai": gen_ai,
     "openinference": openinference,
     "openllmetry": openllmetry,
-    "logfire": logfire_dialect,
     "claude_code": claude_code,
 }
 

@@ -239,3 +239,53 @@ async def test_beta_query_is_a_messages_request(fake_api: FakeMessagesAPI) -> No
     assert json.loads(body)["content"][0]["name"] == "t"
     [request] = fake_api.message_requests()
     assert request.query == {"beta": ["true"]}
+
+
+def test_one_script_answers_openai_chat_completions_and_the_responses_api(
+    fake_api: FakeMessagesAPI,
+) -> None:
+    # (the real openai client parses these in tests/infrastructure/telemetry/
+    # test_instrumented_apps.py, with the instrumented apps' venv)
+    fake_api.enqueue(
+        Reply.tool_use(
+            "lookup", {"q": "x"}, text="looking", usage=Usage(input_tokens=9, output_tokens=4)
+        ),
+        Reply.text("done", usage=Usage(input_tokens=12, output_tokens=3)),
+    )
+    body = {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]}
+    status, raw = _raw(fake_api, "POST", "/v1/chat/completions", body)
+    assert status == 200
+    completion = json.loads(raw)
+    (choice,) = completion["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "looking"
+    (call,) = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == (
+        "lookup",
+        {"q": "x"},
+    )
+    assert completion["usage"] == {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}
+    assert completion["model"] == "gpt-4.1"
+
+    status, raw = _raw(fake_api, "POST", "/v1/responses", {"model": "gpt-4.1", "input": "hi"})
+    assert status == 200
+    response = json.loads(raw)
+    assert response["object"] == "response"
+    (message,) = response["output"]
+    assert message["content"][0] == {"type": "output_text", "text": "done", "annotations": []}
+    assert (response["usage"]["input_tokens"], response["usage"]["output_tokens"]) == (12, 3)
+    assert [r.path for r in fake_api.model_requests()] == ["/v1/chat/completions", "/v1/responses"]
+    assert fake_api.message_requests() == []
+
+
+def test_openai_errors_have_openais_shape_and_streams_are_refused(
+    fake_api: FakeMessagesAPI,
+) -> None:
+    fake_api.enqueue(Reply.rate_limited(2), Reply.text("never streamed"))
+    status, raw = _raw(fake_api, "POST", "/v1/responses", {"model": "m", "input": "hi"})
+    assert status == 429
+    assert json.loads(raw)["error"]["type"] == "rate_limit_error"
+    body = {"model": "m", "messages": [], "stream": True}
+    status, raw = _raw(fake_api, "POST", "/v1/chat/completions", body)
+    assert status == 400
+    assert "does not stream" in json.loads(raw)["error"]["message"]
