@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,7 +41,9 @@ from agentmend.infrastructure.changes.improvement_manager import ImprovementMana
 from agentmend.infrastructure.changes.proposal import ApprovalCallback, ChangeReviewer, Gate
 from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, ChangeRow
 from agentmend.infrastructure.changes.protocol.decisions import record_decision
+from agentmend.infrastructure.changes.protocol.team_registry import team_id
 from agentmend.infrastructure.changes.watch import ChangeWatch
+from agentmend.infrastructure.detection.checker_seat import SeatHolder, read_checkers
 from agentmend.infrastructure.detection.detector import IssueDetector
 from agentmend.infrastructure.errors import (
     ChangeNotFound,
@@ -350,9 +353,16 @@ class MetaOrchestrator:
         )
         issues = self._unless_store_fails("detection", self.check_all_issues, skipped) or []
         task = TaskResult(query=query, results=results, issues=issues)
+        if issues:
+            task.checker = self._unless_store_fails("fleet checker", self.fleet_checker, skipped)
         if skipped:
             why = list(skipped.values())[-1]
             task.store_notice = f"store unreachable, skipped {', '.join(skipped)}: {why}"
+        if task.checker is not None:
+            # the checker holds the team: its policy deals with the issues (a cycle asked for
+            # by name still runs, and the issue's claim decides between the two)
+            task.left_to_checker = list(issues)
+            return task
         for issue in issues:
             if issue.agent_name not in self._pending:
                 continue  # a cycle for an earlier issue of this task dealt with it
@@ -491,6 +501,16 @@ class MetaOrchestrator:
         except TimeoutError:
             log.info("cycle_not_confirmed", agent=issue.agent_name, reason="no answer in time")
             return False
+
+    def fleet_checker(self) -> SeatHolder | None:
+        """The fleet checker holding this team's seat now (None: none, or silent past its
+        term). While one does, ``execute_task`` leaves the issues it finds to it."""
+        now = time.time()
+        live = [seat for seat in read_checkers(self.store) if not seat.lapsed(now)]
+        if not live:  # the common case: no checker, and no team id to look up
+            return None
+        team = team_id(Path(self.team.directory), self.store)
+        return next((seat for seat in live if seat.team_id == team), None)
 
     def check_all_issues(self) -> list[IssueReport]:
         """Every open issue, most severe first (new detections merged with unhandled ones).
