@@ -71,7 +71,11 @@ class AlreadyAnswered(AgentmendError):
 
     def __init__(self, issue_id: str, state: str, by: str | None) -> None:
         self.issue_id, self.state, self.by = issue_id, state, by
-        super().__init__(f"issue {issue_id} is {state} already" + (f" (by {by})" if by else ""))
+        super().__init__(
+            f"the question about issue {issue_id} was answered already"
+            + (f" by {by}" if by else "")
+            + f" (it is {state} now)"
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.issue_id, self.state, self.by))
