@@ -104,7 +104,8 @@ class Checker:
             self.process.kill()
             self.process.wait(timeout=20)
         self._reader.join(timeout=20)
-        assert self.process.stdout is not None and self.process.stderr is not None
+        assert self.process.stdout is not None
+        assert self.process.stderr is not None
         self.process.stdout.close()
         err = self.process.stderr.read()
         self.process.stderr.close()
@@ -201,9 +202,7 @@ def test_ask_runs_one_cycle_once_a_person_approves(
         assert {r.state for r in requests.values()} <= {"asked"}  # never approved: never run
         (row,) = (
             store.connection()
-            .execute(
-                "SELECT user_id FROM audit_log WHERE edit_type = 'issue_cycle_approved'"
-            )
+            .execute("SELECT user_id FROM audit_log WHERE edit_type = 'issue_cycle_approved'")
             .fetchall()
         )
         assert row[0] == who

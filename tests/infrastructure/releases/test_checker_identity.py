@@ -5,6 +5,7 @@ writes nothing. On both backends."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,16 +48,17 @@ def test_the_checker_publishes_a_canary_and_is_refused_everything_else(
 
         admin_checker = replace(CHECKER, permissions=frozenset({ADMIN}))
         for who in (CHECKER, admin_checker):
-            for refused in (
-                lambda: rollouts.promote(canary, by=who),
-                lambda: rollouts.abort(canary, by=who),
-                lambda: rollouts.pause(canary, by=who),
-                lambda: log.publish_directory(team, by=who, stable=True),
-                lambda: log.publish_rollback(canary, by=who),
-                lambda: audit.acknowledge_breaks(who, note="not mine to give"),
-            ):
+            refusals: list[Callable[[Principal], object]] = [
+                lambda p: rollouts.promote(canary, by=p),
+                lambda p: rollouts.abort(canary, by=p),
+                lambda p: rollouts.pause(canary, by=p),
+                lambda p: log.publish_directory(team, by=p, stable=True),
+                lambda p: log.publish_rollback(canary, by=p),
+                lambda p: audit.acknowledge_breaks(p, note="not mine to give"),
+            ]
+            for refused in refusals:
                 with pytest.raises(PermissionRequired, match=r"fleet-checker:team-1"):
-                    refused()
+                    refused(who)
         assert (log.heads(), _audit_rows(store)) == before  # nothing written
         assert rollouts.advance() is not None  # settling by the evidence needs no one's right
         assert rollouts.promote(canary, by=OPS).state == "promoted"  # an admin still may
