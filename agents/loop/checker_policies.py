@@ -21,15 +21,20 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from agentmend.infrastructure.changes.cycle_requests import CycleRequest, CycleRequests
+from agentmend.infrastructure.changes.protocol.team_registry import team_id
+from agentmend.infrastructure.detection.checker_seat import SeatHolder, read_checkers
 from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
 from agentmend.infrastructure.models import IssueReport
 from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
@@ -44,6 +49,7 @@ __all__ = [
     "PolicyNote",
     "ReportPolicy",
     "check_unattended",
+    "holding_checker",
 ]
 
 log = get_logger(__name__)
@@ -90,6 +96,18 @@ class ReportPolicy:
 
     def close(self) -> None:
         return None
+
+
+def holding_checker(store: Store, team_dir: Path) -> SeatHolder | None:
+    """The fleet checker holding the seat of the team at ``team_dir`` now (None: none, or one
+    silent past its term): while one does, the session and the MCP server leave it the
+    team's issues."""
+    now = time.time()
+    live = [seat for seat in read_checkers(store) if not seat.lapsed(now)]
+    if not live:  # the common case: no checker, and no team id to look up
+        return None
+    team = team_id(team_dir, store)
+    return next((seat for seat in live if seat.team_id == team), None)
 
 
 def check_unattended(yolo_mode: bool, has_release: bool, team_id: str) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,9 +40,8 @@ from agentmend.infrastructure.changes.improvement_manager import ImprovementMana
 from agentmend.infrastructure.changes.proposal import ApprovalCallback, ChangeReviewer, Gate
 from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, ChangeRow
 from agentmend.infrastructure.changes.protocol.decisions import record_decision
-from agentmend.infrastructure.changes.protocol.team_registry import team_id
 from agentmend.infrastructure.changes.watch import ChangeWatch
-from agentmend.infrastructure.detection.checker_seat import SeatHolder, read_checkers
+from agentmend.infrastructure.detection.checker_seat import SeatHolder
 from agentmend.infrastructure.detection.detector import IssueDetector
 from agentmend.infrastructure.errors import (
     ChangeNotFound,
@@ -69,6 +67,7 @@ from agentmend.infrastructure.simulation import SimulatedRuntime
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.infrastructure.tracing import set_outcome, work_span
+from agentmend.loop.checker_policies import holding_checker
 from agentmend.loop.collaborators import LoopCollaborators
 from agentmend.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
 from agentmend.loop.cycle_verification import baseline_agents
@@ -505,12 +504,7 @@ class MetaOrchestrator:
     def fleet_checker(self) -> SeatHolder | None:
         """The fleet checker holding this team's seat now (None: none, or silent past its
         term). While one does, ``execute_task`` leaves the issues it finds to it."""
-        now = time.time()
-        live = [seat for seat in read_checkers(self.store) if not seat.lapsed(now)]
-        if not live:  # the common case: no checker, and no team id to look up
-            return None
-        team = team_id(Path(self.team.directory), self.store)
-        return next((seat for seat in live if seat.team_id == team), None)
+        return holding_checker(self.store, Path(self.team.directory))
 
     def check_all_issues(self) -> list[IssueReport]:
         """Every open issue, most severe first (new detections merged with unhandled ones).
