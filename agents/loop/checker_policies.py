@@ -38,12 +38,13 @@ from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.structured_logger import get_logger
 
 if TYPE_CHECKING:
+    from agentmend.infrastructure.detection.detector import IssueDetector
     from agentmend.loop.cycle import CycleResult
-    from agentmend.loop.meta_orchestrator import MetaOrchestrator
 
 __all__ = [
     "POLICIES",
     "CyclePolicy",
+    "CycleRunner",
     "IssuePolicy",
     "PolicyName",
     "PolicyNote",
@@ -81,6 +82,15 @@ class IssuePolicy(Protocol):
 
     def close(self) -> None:
         """Stop: a running cycle is waited for (it ends on its own bounds)."""
+
+
+class CycleRunner(Protocol):
+    """What runs the checker's cycles: a ``MetaOrchestrator`` on the checker's workspace."""
+
+    @property
+    def detector(self) -> IssueDetector: ...
+
+    async def run_improvement_cycle(self, issue: IssueReport) -> CycleResult: ...
 
 
 class ReportPolicy:
@@ -151,7 +161,7 @@ class CyclePolicy:
         requests: CycleRequests,
         team_id: str,
         principal: Principal,
-        orchestrator: MetaOrchestrator,
+        orchestrator: CycleRunner,
         *,
         advance_rollouts: Callable[[], object] | None = None,
     ) -> None:
