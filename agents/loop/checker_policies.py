@@ -153,6 +153,9 @@ class CyclePolicy:
             only, once the policy is given it.
         advance_rollouts: called at each turn to carry the team's running rollout on by its
             evidence (settling it), or None.
+        stale_after_s: a request started this long ago by a checker that is gone is approved
+            again, for this checker to run (``AGENTMEND_ISSUE_CLAIM_STALE_S``, the bound after
+            which its cycle's claim on the issue may be taken over too).
     """
 
     def __init__(
@@ -164,6 +167,7 @@ class CyclePolicy:
         orchestrator: CycleRunner,
         *,
         advance_rollouts: Callable[[], object] | None = None,
+        stale_after_s: float = 3600.0,
     ) -> None:
         self.name: PolicyName = name
         self.requests = requests
@@ -171,6 +175,7 @@ class CyclePolicy:
         self.principal = principal
         self.orchestrator = orchestrator
         self._advance = advance_rollouts
+        self._stale_after_s = stale_after_s
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="agentmend-checker-cycles", daemon=True
@@ -212,6 +217,8 @@ class CyclePolicy:
                 return notes
             self._running = None
             notes.append(self._ended(request, future))
+        # (none of this process's is running: a running cycle returned above)
+        self.requests.restart_stale(self.team_id, older_than_s=self._stale_after_s)
         for declined in self.requests.of_team(self.team_id, "declined"):
             notes.append(self._hold(declined))
         for approved in self.requests.of_team(self.team_id, "approved"):

@@ -11,7 +11,8 @@ the audit row says so. A request moves once along::
           -> declined -> done                   (the checker held the issue)
 
 Each move is a compare-and-set on the row's state, so two checkers never both start a cycle for
-one approval and a question is answered once. Plain SQL that SQLite and PostgreSQL both accept.
+one approval and a question is answered once. A request ``started`` by a checker that died
+mid-cycle goes back to ``approved`` once it is as old as a stale claim, for the next checker. Plain SQL that SQLite and PostgreSQL both accept.
 """
 
 from __future__ import annotations
@@ -54,13 +55,14 @@ MIGRATIONS = [
         state TEXT NOT NULL,
         answered_by TEXT,
         answered_at REAL,
+        started_at REAL,
         outcome TEXT
     )
     """
 ]
 _COLUMNS = (
     "issue_id, team_id, agent, kind, report, asked_by, asked_at, state, answered_by,"
-    " answered_at, outcome"
+    " answered_at, started_at, outcome"
 )
 UNATTENDED = "unattended (AGENTMEND_YOLO_MODE)"
 """Who ``answered_by`` names for a request the checker approved itself under ``improve``."""
@@ -95,6 +97,7 @@ class CycleRequest:
     state: RequestState
     answered_by: str | None
     answered_at: float | None
+    started_at: float | None
     outcome: str | None
 
     @property
@@ -112,6 +115,7 @@ class CycleRequest:
             "state": self.state,
             "answered_by": self.answered_by,
             "answered_at": self.answered_at,
+            "started_at": self.started_at,
             "outcome": self.outcome,
         }
 
@@ -155,9 +159,11 @@ class CycleRequests:
                 UNATTENDED if approved else None,
                 now if approved else None,
                 None,
+                None,
             )
             conn.execute(
-                f"INSERT INTO cycle_requests ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO cycle_requests ({_COLUMNS})"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 _values(fresh),
             )
         return fresh, True
@@ -211,11 +217,32 @@ class CycleRequests:
         """Take an approved request to run its cycle: False if another checker took it."""
         with self.store.transaction() as conn:
             done = conn.execute(
-                "UPDATE cycle_requests SET state = 'started'"
+                "UPDATE cycle_requests SET state = 'started', started_at = ?"
                 " WHERE issue_id = ? AND state = 'approved'",
-                (issue_id,),
+                (time.time(), issue_id),
             )
             return int(done.rowcount) == 1
+
+    def restart_stale(self, team_id: str, *, older_than_s: float) -> list[str]:
+        """Approve again the team's requests started more than ``older_than_s`` ago (call it
+        with none of this process's cycles running): their checker is gone, and the next one
+        runs their cycles. Their cycles' claims on the issues are as old, so the new cycle
+        takes them over. Returns the issue ids approved again."""
+        cutoff = time.time() - older_than_s
+        again: list[str] = []
+        with self.store.transaction() as conn:
+            for (issue_id,) in conn.execute(
+                "SELECT issue_id FROM cycle_requests"
+                " WHERE team_id = ? AND state = 'started' AND started_at < ?",
+                (team_id, cutoff),
+            ).fetchall():
+                conn.execute(
+                    "UPDATE cycle_requests SET state = 'approved', started_at = NULL"
+                    " WHERE issue_id = ? AND state = 'started'",
+                    (issue_id,),
+                )
+                again.append(str(issue_id))
+        return again
 
     def finish(self, issue_id: str, outcome: str) -> bool:
         """The cycle ran (``outcome``: its status), or the declined issue was held."""
@@ -260,7 +287,7 @@ def read_requests(
 
 
 def _request(row: tuple[Any, ...]) -> CycleRequest:
-    (issue, team, agent, kind, report, asked_by, asked_at, state, by, at, outcome) = row
+    (issue, team, agent, kind, report, asked_by, asked_at, state, by, at, started, outcome) = row
     return CycleRequest(
         str(issue),
         str(team),
@@ -272,6 +299,7 @@ def _request(row: tuple[Any, ...]) -> CycleRequest:
         state,
         None if by is None else str(by),
         None if at is None else float(at),
+        None if started is None else float(started),
         None if outcome is None else str(outcome),
     )
 
@@ -288,5 +316,6 @@ def _values(r: CycleRequest) -> tuple[object, ...]:
         r.state,
         r.answered_by,
         r.answered_at,
+        r.started_at,
         r.outcome,
     )

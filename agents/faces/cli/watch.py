@@ -117,6 +117,7 @@ def checker_policy(workspace: Workspace, team: str, name: str) -> Iterator[Issue
         principal,
         orchestrator,
         advance_rollouts=Rollouts(log).advance if has_release else None,
+        stale_after_s=workspace.settings.issue_claim_stale_s,
     )
     try:
         yield policy

@@ -58,6 +58,10 @@ def test_a_request_is_asked_once_answered_once_and_started_once(
         other = CycleRequests(store)  # a second checker on the same store
         assert requests.start("i-1")
         assert not other.start("i-1")  # one cycle per approval
+        assert other.restart_stale("team-1", older_than_s=3600) == []  # started just now
+        # its checker died mid-cycle: once as old as a stale claim, the next checker runs it
+        assert other.restart_stale("team-1", older_than_s=-1) == ["i-1"]
+        assert other.start("i-1")
         assert requests.finish("i-1", "kept")
         (done,) = read_requests(store, team_id="team-1")
         assert (done.state, done.outcome) == ("done", "kept")
