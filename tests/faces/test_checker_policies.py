@@ -169,7 +169,7 @@ def test_ask_runs_one_cycle_once_a_person_approves(
     assert "no question about issue with id 'nope'" in err
     checker = Checker(folder, store_url, "ask", {})
     try:
-        checker.wait_for(r"checking team .* \(on an issue: ask\)")
+        team = checker.wait_for(r"checking team (\S+)'s runs .* \(on an issue: ask\)").group(1)
         _record_fault(folder, store_url)
         issue_id = checker.wait_for(rf"issue (\w+): run a cycle for {AGENT}\? ").group(1)
         time.sleep(5 * INTERVAL_S)  # asked, not waiting: the checker judges on, runs nothing
@@ -179,6 +179,11 @@ def test_ask_runs_one_cycle_once_a_person_approves(
         requests = json.loads(out)["requests"]
         assert {r["issue_id"]: r["state"] for r in requests}[issue_id] == "asked", requests
         assert {r["state"] for r in requests} == {"asked"}
+        code, out, _ = run_cli(capsys, "status", "--json", *where)
+        assert code == 0
+        status = json.loads(out)
+        assert [c["principal"] for c in status["checkers"]] == [f"fleet-checker:{team}"]
+        assert issue_id in {q["issue_id"] for q in status["checker_questions"]}
 
         code, out, err = run_cli(capsys, "issue", "approve", issue_id, *where)
         assert code == 0, err
