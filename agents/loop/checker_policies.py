@@ -20,9 +20,10 @@ for the issue first wins. The checker acts as its own principal
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,8 @@ class CycleRunner(Protocol):
 
     async def run_improvement_cycle(self, issue: IssueReport) -> CycleResult: ...
 
+    def advance_watches(self, agent_name: str | None = None) -> Sequence[object]: ...
+
 
 class ReportPolicy:
     """Open the issue, nothing else."""
@@ -149,8 +152,8 @@ class CyclePolicy:
         team_id: the team the checker judges.
         principal: the checker's identity (:meth:`Principal.fleet_checker`).
         orchestrator: runs the cycles (built on the checker's workspace, as that principal,
-            with its publisher, if the team publishes releases). Used from the cycle thread
-            only, once the policy is given it.
+            with its publisher, if the team publishes releases). One thread at a time uses
+            it: the cycle thread while a cycle runs, the checker's otherwise.
         advance_rollouts: called at each turn to carry the team's running rollout on by its
             evidence (settling it), or None.
         stale_after_s: a request started this long ago by a checker that is gone is approved
@@ -219,6 +222,10 @@ class CyclePolicy:
             notes.append(self._ended(request, future))
         # (none of this process's is running: a running cycle returned above)
         self.requests.restart_stale(self.team_id, older_than_s=self._stale_after_s)
+        try:  # a change a cycle here keeps on live runs (no eval suite) is judged here
+            self.orchestrator.advance_watches()
+        except AgentmendError as exc:  # the next turn tries again
+            log.warning("checker_watch_not_advanced", team=self.team_id, error=str(exc))
         for declined in self.requests.of_team(self.team_id, "declined"):
             notes.append(self._hold(declined))
         for approved in self.requests.of_team(self.team_id, "approved"):
@@ -271,13 +278,8 @@ class CyclePolicy:
     def close(self) -> None:
         if self._running is not None:
             request, future = self._running
-            try:
-                future.result()
-            except Exception as exc:
-                log.error("checker_cycle_failed", issue_id=request.issue_id, error=str(exc))
-                self.requests.finish(request.issue_id, "error")
-            else:
-                self.requests.finish(request.issue_id, future.result().status)
+            concurrent.futures.wait([future])
+            self._ended(request, future)  # its end is recorded on its request
             self._running = None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
