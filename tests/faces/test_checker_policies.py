@@ -29,6 +29,7 @@ from cli_run import run_cli
 
 from agentmend.faces.workspace import Workspace
 from agentmend.infrastructure.changes.cycle_requests import read_requests
+from agentmend.infrastructure.detection.checker_seat import read_checkers
 from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import FaultKind, SimulatedRuntime
 from agentmend.infrastructure.store.api import Store
@@ -137,6 +138,12 @@ def _record_fault(folder: Path, store_url: str) -> None:
     asyncio.run(drive())
 
 
+def _checks(store_url: str, folder: Path) -> int:
+    with Store(store_url, files_dir=folder) as store:
+        (seat,) = read_checkers(store)
+        return seat.checks
+
+
 def _cycles(store_url: str, folder: Path) -> list[str]:
     with Store(store_url, files_dir=folder) as store:
         return list_cycle_ids(store)
@@ -172,7 +179,9 @@ def test_ask_runs_one_cycle_once_a_person_approves(
         team = checker.wait_for(r"checking team (\S+)'s runs .* \(on an issue: ask\)").group(1)
         _record_fault(folder, store_url)
         issue_id = checker.wait_for(rf"issue (\w+): run a cycle for {AGENT}\? ").group(1)
+        checks = _checks(store_url, folder)
         time.sleep(5 * INTERVAL_S)  # asked, not waiting: the checker judges on, runs nothing
+        assert _checks(store_url, folder) > checks
         assert _cycles(store_url, folder) == []
         code, out, _ = run_cli(capsys, "issue", "list", "--json", *where)
         assert code == 0
