@@ -12,7 +12,8 @@ the audit row says so. A request moves once along::
 
 Each move is a compare-and-set on the row's state, so two checkers never both start a cycle for
 one approval and a question is answered once. A request ``started`` by a checker that died
-mid-cycle goes back to ``approved`` once it is as old as a stale claim, for the next checker. Plain SQL that SQLite and PostgreSQL both accept.
+mid-cycle goes back to ``approved`` once it is as old as a stale claim, for the next checker.
+Plain SQL that SQLite and PostgreSQL both accept.
 """
 
 from __future__ import annotations
