@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from agentmend.faces.release_serving import NoReleases
     from agentmend.faces.workspace import TeamDirError, Workspace, WorkspaceError
     from agentmend.infrastructure.changes.audit.log import AuditChainBroken, verify_audit_chain
+    from agentmend.infrastructure.changes.cycle_requests import CycleRequests
     from agentmend.infrastructure.changes.effectors import InvalidChange
     from agentmend.infrastructure.changes.gates import ChangeRefused
     from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
@@ -120,6 +121,7 @@ if TYPE_CHECKING:
     from agentmend.infrastructure.telemetry.otlp_decode import OtlpDecodeError
     from agentmend.infrastructure.telemetry.span import OtelExtraMissing
     from agentmend.infrastructure.telemetry.span_processor import AgentmendSpanProcessor
+    from agentmend.loop.checker_policies import CyclePolicy, ReportPolicy
     from agentmend.loop.collaborators import LoopCollaborators
     from agentmend.loop.cycle import (
         CycleResult,
@@ -187,6 +189,8 @@ __all__ = [
     "CodeUpdateError",
     "ConfigurationError",
     "ConformanceReport",
+    "CyclePolicy",
+    "CycleRequests",
     "CycleResult",
     "DiffError",
     "ErrorKind",
@@ -243,6 +247,7 @@ __all__ = [
     "ReleaseRefused",
     "ReplayRuntime",
     "ReportParseError",
+    "ReportPolicy",
     "RoleNameClash",
     "RollbackConflict",
     "RolloutConflict",
@@ -303,6 +308,9 @@ _EXPORTS: dict[str, str] = {
     "IssueLedger": "agentmend.infrastructure.detection.issue_ledger",
     "CheckerSeat": "agentmend.infrastructure.detection.checker_seat",
     "FleetChecker": "agentmend.loop.fleet_checker",
+    "CyclePolicy": "agentmend.loop.checker_policies",
+    "ReportPolicy": "agentmend.loop.checker_policies",
+    "CycleRequests": "agentmend.infrastructure.changes.cycle_requests",
     "ImprovementManager": "agentmend.infrastructure.changes.improvement_manager",
     "verify_audit_chain": "agentmend.infrastructure.changes.audit.log",
     "AuditChainBroken": "agentmend.infrastructure.changes.audit.log",

@@ -9,10 +9,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["ADMIN", "IMPROVER_VIA", "ChangeAuthor", "Principal"]
+from agentmend.infrastructure.errors import PermissionRequired
+
+__all__ = [
+    "ADMIN",
+    "CHECKER_ACTIONS",
+    "IMPROVER_VIA",
+    "PUBLISH_CANARY",
+    "PUBLISH_STABLE",
+    "SETTLE_ROLLOUT",
+    "ChangeAuthor",
+    "Principal",
+]
 
 ADMIN = "admin"
 """The permission that may grant ``open`` or custom profiles (a server manager's right)."""
+
+PUBLISH_CANARY = "publish_canary"
+"""Publish a release to be served as a canary, and start its rollout."""
+PUBLISH_STABLE = "publish_stable"
+"""Publish a release served to the whole fleet at once (a team's first, or a rollback)."""
+SETTLE_ROLLOUT = "settle_rollout"
+"""Carry a rollout on by its evidence: promote or roll back as its sequential test decides."""
+CHECKER_ACTIONS = frozenset({PUBLISH_CANARY, SETTLE_ROLLOUT})
+"""All a fleet checker may do with releases: never promote, abort or acknowledge by itself."""
 
 IMPROVER_VIA = "self-improver"
 """How the history records a change the improver proposed, and any change whose author names no
@@ -26,10 +46,32 @@ class Principal:
     user_id: str
     name: str
     permissions: frozenset[str] = frozenset()
+    only: frozenset[str] | None = None
+    """None: every action its permissions allow; else only these actions (``CHECKER_ACTIONS``
+    for a fleet checker), and never an administrator's."""
 
     @property
     def is_admin(self) -> bool:
-        return ADMIN in self.permissions
+        return ADMIN in self.permissions and self.only is None
+
+    @classmethod
+    def fleet_checker(cls, team_id: str) -> Principal:
+        """The identity a team's fleet checker acts under: it may publish canaries and settle
+        rollouts, nothing else (no promotion, no stable publication, no acknowledgement)."""
+        return cls(
+            user_id=f"fleet-checker:{team_id}",
+            name=f"fleet checker of team {team_id}",
+            only=CHECKER_ACTIONS,
+        )
+
+    def may(self, action: str) -> bool:
+        """Whether this principal may take ``action`` (``PUBLISH_STABLE``, ...)."""
+        return self.only is None or action in self.only
+
+    def require(self, action: str, what: str) -> None:
+        """Raise ``PermissionRequired`` naming ``what`` unless this principal ``may(action)``."""
+        if not self.may(action):
+            raise PermissionRequired(self.user_id, action, what)
 
 
 @dataclass(frozen=True, slots=True)

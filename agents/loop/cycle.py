@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentmend.infrastructure.changes.proposal import GateVerdict
 from agentmend.infrastructure.changes.protocol.decisions import list_decisions, record_decision
 from agentmend.infrastructure.changes.watch import ChangeWatch, WatchVerdict, read_watch
+from agentmend.infrastructure.detection.checker_seat import SeatHolder
 from agentmend.infrastructure.errors import InvalidArgument, NotFound
 from agentmend.infrastructure.evaluation.verification import VerificationVerdict
 from agentmend.infrastructure.frozen import FrozenDict
@@ -244,6 +245,10 @@ class TaskResult:
     issues: list[IssueReport] = field(default_factory=list)
     cycles: list[CycleResult] = field(default_factory=list)
     declined: list[IssueReport] = field(default_factory=list)
+    left_to_checker: list[IssueReport] = field(default_factory=list)
+    """Issues no cycle was started or offered for: the team's fleet checker holds the team
+    (``checker``) and deals with them by its policy; asking for a cycle still runs one."""
+    checker: SeatHolder | None = None
     store_notice: str | None = None
     """Set when the store could not be reached: the steps skipped and why (the question was
     answered all the same, its runs kept to be written)."""

@@ -27,6 +27,7 @@ from agentmend.infrastructure.detection.detector import IssueDetector
 from agentmend.infrastructure.models import IssueReport
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.loop.checker_policies import IssuePolicy, PolicyNote, ReportPolicy
 
 __all__ = ["CheckerStep", "FleetChecker"]
 
@@ -35,11 +36,13 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class CheckerStep:
-    """What one step did: judged the runs (``issues`` it opened) or stood by for ``holder``."""
+    """What one step did: judged the runs (``issues`` it opened, what its policy did:
+    ``notes``) or stood by for ``holder``."""
 
     holder: SeatHolder
     judging: bool
     issues: tuple[IssueReport, ...] = ()
+    notes: tuple[PolicyNote, ...] = ()
 
 
 class FleetChecker:
@@ -49,7 +52,11 @@ class FleetChecker:
         seat: this process's claim on the team's checker seat.
         monitor: reads every writer's runs from the seat's store.
         detector: builds the detector when the seat is taken (bound to ``monitor``).
-        on_issue: the policy: called once for each issue the detector opens or raises again.
+        on_issue: called once for each issue the detector opens or raises again (to show it).
+        policy: what to do with those issues (:mod:`agentmend.loop.checker_policies`):
+            ``ReportPolicy`` (the default) only opens them; ``CyclePolicy`` asks, or runs
+            cycles unattended. Its turn comes after each check, while the seat is held; the
+            caller closes it.
         interval_s: seconds between checks (and between a standby's asks for the seat).
     """
 
@@ -59,7 +66,8 @@ class FleetChecker:
         monitor: PerformanceMonitor,
         detector: Callable[[PerformanceMonitor], IssueDetector],
         *,
-        on_issue: Callable[[IssueReport], None],
+        on_issue: Callable[[IssueReport], None] | None = None,
+        policy: IssuePolicy | None = None,
         interval_s: float = 5.0,
     ) -> None:
         if interval_s <= 0:
@@ -75,6 +83,7 @@ class FleetChecker:
         self._make_detector = detector
         self._detector: IssueDetector | None = None
         self._on_issue = on_issue
+        self.policy: IssuePolicy = policy if policy is not None else ReportPolicy()
 
     def step(self) -> CheckerStep:
         """Ask for the seat; while held, read the fleet's new runs and judge them."""
@@ -93,9 +102,15 @@ class FleetChecker:
         if not self.seat.checked(len(issues)):  # taken over while this check ran
             self._detector = None
             return CheckerStep(self.seat.take(), judging=False)
+        notes: list[PolicyNote] = []
         for issue in issues:
-            self._on_issue(issue)
-        return CheckerStep(holder, judging=True, issues=issues)
+            if self._on_issue is not None:
+                self._on_issue(issue)
+            note = self.policy.opened(issue)
+            if note is not None:
+                notes.append(note)
+        notes.extend(self.policy.act())
+        return CheckerStep(holder, judging=True, issues=issues, notes=tuple(notes))
 
     def run(
         self,

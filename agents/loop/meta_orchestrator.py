@@ -41,6 +41,7 @@ from agentmend.infrastructure.changes.proposal import ApprovalCallback, ChangeRe
 from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, ChangeRow
 from agentmend.infrastructure.changes.protocol.decisions import record_decision
 from agentmend.infrastructure.changes.watch import ChangeWatch
+from agentmend.infrastructure.detection.checker_seat import SeatHolder
 from agentmend.infrastructure.detection.detector import IssueDetector
 from agentmend.infrastructure.errors import (
     ChangeNotFound,
@@ -66,6 +67,7 @@ from agentmend.infrastructure.simulation import SimulatedRuntime
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.infrastructure.tracing import set_outcome, work_span
+from agentmend.loop.checker_policies import holding_checker
 from agentmend.loop.collaborators import LoopCollaborators
 from agentmend.loop.cycle import CycleResult, OnProgress, TaskResult, replay_cycle
 from agentmend.loop.cycle_verification import baseline_agents
@@ -350,9 +352,16 @@ class MetaOrchestrator:
         )
         issues = self._unless_store_fails("detection", self.check_all_issues, skipped) or []
         task = TaskResult(query=query, results=results, issues=issues)
+        if issues:
+            task.checker = self._unless_store_fails("fleet checker", self.fleet_checker, skipped)
         if skipped:
             why = list(skipped.values())[-1]
             task.store_notice = f"store unreachable, skipped {', '.join(skipped)}: {why}"
+        if task.checker is not None:
+            # the checker holds the team: its policy deals with the issues (a cycle asked for
+            # by name still runs, and the issue's claim decides between the two)
+            task.left_to_checker = list(issues)
+            return task
         for issue in issues:
             if issue.agent_name not in self._pending:
                 continue  # a cycle for an earlier issue of this task dealt with it
@@ -491,6 +500,11 @@ class MetaOrchestrator:
         except TimeoutError:
             log.info("cycle_not_confirmed", agent=issue.agent_name, reason="no answer in time")
             return False
+
+    def fleet_checker(self) -> SeatHolder | None:
+        """The fleet checker holding this team's seat now (None: none, or silent past its
+        term). While one does, ``execute_task`` leaves the issues it finds to it."""
+        return holding_checker(self.store, Path(self.team.directory))
 
     def check_all_issues(self) -> list[IssueReport]:
         """Every open issue, most severe first (new detections merged with unhandled ones).

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentmend.infrastructure.errors import PermissionRequired
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.releases.errors import RolloutConflict
 from agentmend.infrastructure.releases.log import Release, ReleaseLog
@@ -44,14 +45,16 @@ class ReleasePublisher:
 
         The team's first release is stable at once. While another canary is being judged
         nothing is published (None; the log names the running canary): a release published
-        beside it would carry that canary's unjudged change. The kept change stays in the
-        team folder and rides with the next publication.
+        beside it would carry that canary's unjudged change. Nor is anything published when
+        ``by`` may not publish such a release (a fleet checker, before the team's first
+        release: it publishes canaries only). The kept change stays in the team folder and
+        rides with the next publication.
         """
         try:
             release = self.releases.publish_directory(
                 directory, by=by, change_ids=change_ids, reason=reason, refuse_during_rollout=True
             )
-        except RolloutConflict as exc:
+        except (RolloutConflict, PermissionRequired) as exc:
             log.warning("release_not_published", changes=list(change_ids), reason=str(exc))
             return None
         if release.parent is None:

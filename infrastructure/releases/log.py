@@ -33,7 +33,7 @@ from agentmend.infrastructure.changes.audit.log import (
 )
 from agentmend.infrastructure.changes.protocol.leases import Leases
 from agentmend.infrastructure.errors import NotFound, StoreError
-from agentmend.infrastructure.principal import Principal
+from agentmend.infrastructure.principal import PUBLISH_CANARY, PUBLISH_STABLE, Principal
 from agentmend.infrastructure.releases.content import (
     check_release,
     content_hash,
@@ -192,6 +192,8 @@ class ReleaseLog:
             ReleaseRefused: a file fails to parse (named); nothing is written.
             RolloutConflict: a running rollout refuses the publication (see above); nothing
                 is written.
+            PermissionRequired: ``by`` may not publish such a release (a fleet checker
+                publishes canaries only); nothing is written.
         """
         return self._publish(
             files,
@@ -227,6 +229,10 @@ class ReleaseLog:
             ).fetchone()
             version = int(row[0] or 0) + 1
             parent = heads.stable
+            if parent is None or stable:  # served to the whole fleet at once
+                by.require(PUBLISH_STABLE, "publish a stable release")
+            else:
+                by.require(PUBLISH_CANARY, "publish a release")
             running = (
                 read_record(conn, self.team_id, heads.rollout_id)
                 if heads.rollout_id is not None

@@ -30,7 +30,7 @@ from agentmend.infrastructure.changes.protocol.owners import LeaseTerms, RecordO
 from agentmend.infrastructure.errors import NotFound, PermissionRequired
 from agentmend.infrastructure.monitoring.agent_window import RUN
 from agentmend.infrastructure.monitoring.run_reader import RunRow, last_run_id, runs_after
-from agentmend.infrastructure.principal import ADMIN, Principal
+from agentmend.infrastructure.principal import ADMIN, PUBLISH_CANARY, Principal
 from agentmend.infrastructure.releases.errors import RolloutConflict
 from agentmend.infrastructure.releases.log import Release, ReleaseLog
 from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
@@ -77,6 +77,7 @@ class Rollouts:
             RolloutConflict: no stable release yet, ``version`` is the stable one, or another
                 canary is in progress.
         """
+        by.require(PUBLISH_CANARY, "start a canary")
         share = check_share(share)
         limits = limits or RolloutLimits()
         release = self.releases.get(version)

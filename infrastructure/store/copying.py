@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentmend.infrastructure.changes import watch
+from agentmend.infrastructure.changes import cycle_requests, watch
 from agentmend.infrastructure.changes.audit.head import write_head
 from agentmend.infrastructure.changes.audit.log import _MIGRATIONS as AUDIT_MIGRATIONS
 from agentmend.infrastructure.changes.audit.log import AuditLog, ChainVerification
@@ -53,6 +53,7 @@ _COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
     (release_tables.COMPONENT, release_tables._MIGRATIONS),
     (receiver_counts.COMPONENT, receiver_counts.MIGRATIONS),
     (checker_seat.COMPONENT, checker_seat.MIGRATIONS),
+    (cycle_requests.COMPONENT, cycle_requests.MIGRATIONS),
     (quarantine.COMPONENT, quarantine.MIGRATIONS),
 )
 
@@ -84,6 +85,7 @@ _TABLES: tuple[tuple[str, str | None], ...] = (
     ("rollouts", None),
     ("telemetry_receivers", None),
     ("fleet_checker", None),
+    ("cycle_requests", None),
     ("quarantined_rows", "id"),
     ("plans", None),
     ("decisions", "id"),

@@ -32,7 +32,11 @@ from otel_helpers import SpanFactory, post
 from agentmend.faces.cli.app import _subcommands
 from agentmend.faces.mcp.server import build_server
 from agentmend.faces.mcp.tools import AgentmendTools
+from agentmend.infrastructure.changes.cycle_requests import CycleRequests
+from agentmend.infrastructure.models import IssueReport
+from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.settings import Settings
+from agentmend.infrastructure.store.api import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = {"AGENTMEND_PRINCIPAL_ADMIN": "true"}
@@ -255,10 +259,29 @@ def _agents(j: Journey) -> dict[str, Any]:
 
 
 def watch(j: Journey) -> None:
-    code, out, err = j.run("watch", "--interval", "0.05", "--term", "5", "--max-checks", "3")
-    assert code == 0, out + err
-    assert "checking team" in out
-    assert j.json("status")["checkers"] == []  # the seat is left on the way out
+    for policy in ("report", "ask"):  # ask builds its cycles' orchestrator on the store
+        code, out, err = j.run(
+            "watch", "--on-issue", policy, "--interval", "0.05", "--term", "5", "--max-checks", "3"
+        )
+        assert code == 0, out + err
+        assert f"(on an issue: {policy})" in out
+        assert j.json("status")["checkers"] == []  # the seat is left on the way out
+
+
+def issues(j: Journey) -> None:
+    # two questions a checker asked (as --on-issue ask does), answered through the command
+    with Store(j.store, files_dir=j.workspace) as store:
+        requests = CycleRequests(store)
+        for issue_id in ("contract-1", "contract-2"):
+            report = IssueReport(
+                agent_name="research-agent", error_type="low_success_rate", issue_id=issue_id
+            )
+            requests.ask("team-contract", report, by=Principal.fleet_checker("team-contract"))
+    assert j.json("issue", "approve", "contract-1")["request"]["state"] == "approved"
+    assert j.json("issue", "decline", "contract-2")["request"]["state"] == "declined"
+    listed = {r["issue_id"]: r["state"] for r in j.json("issue", "list")["requests"]}
+    assert listed == {"contract-1": "approved", "contract-2": "declined"}
+    assert j.json("audit", "verify")["verified"] is True
 
 
 def session(j: Journey) -> None:
@@ -368,6 +391,7 @@ STEPS: dict[tuple[str, ...], Step] = {
     ("code", "approve-tests"): code_approve_tests,
     ("otel", "receive"): otel_receive,
     ("watch",): watch,
+    ("issue", "list"): issues,  # the issue steps run as one story, in this step
     ("session",): session,
     ("mcp",): mcp_tools,
     ("store",): store_sizes,
@@ -379,11 +403,12 @@ STEPS: dict[tuple[str, ...], Step] = {
 IN_THE_RELEASE_STEP = {("release", name) for name in ("list", "show", "diff", "canary")} | {
     ("release", name) for name in ("promote", "abort", "pause")
 }
+IN_THE_ISSUE_STEP = {("issue", "approve"), ("issue", "decline")}
 
 
 def test_every_subcommand_has_a_step() -> None:
     leaves = {command.path for command in _subcommands()}
-    assert leaves == set(STEPS) | IN_THE_RELEASE_STEP
+    assert leaves == set(STEPS) | IN_THE_RELEASE_STEP | IN_THE_ISSUE_STEP
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from agentmend.infrastructure.settings import Settings
 from agentmend.infrastructure.simulation import FaultKind
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = {"self_improve", "analyze", "run", "status", "memory"}
+TOOLS = {"self_improve", "analyze", "run", "status", "memory", "issue"}
 TIMEOUT_S = 60.0
 
 DIFF_EXTEND = (

@@ -113,3 +113,93 @@ def test_check_without_a_team_is_one_line_and_exit_2(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "--check needs the team whose runs it judges" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_receivers_checker_asks_and_runs_the_cycle_a_person_approved(
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workspace = tmp_path / "ws"
+    Workspace.open(workspace, settings=Settings(store_url=store_url), create=True).close()
+    where = ("--workspace", str(workspace), "--store", store_url)
+    port = _free_port()
+    command = [sys.executable, "-m", "agentmend.faces.cli", "otel", "receive", *where]
+    command += ["--port", str(port), "--token", TOKEN, "--check", "--check-interval", "0.2"]
+    process = subprocess.Popen(
+        [*command, "--on-issue", "ask"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "AGENTMEND_BASELINE_N": "60", "AGENTMEND_MIN_BASELINE_N": "30"},
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def wait_for(text: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if text in line:
+                return line
+        pytest.fail(f"the receiver said no line with {text!r} in {timeout} s")
+
+    rng = random.Random(5)
+    spans = SpanFactory(service="fleet-app")
+    try:
+        wait_for("(on an issue: ask)")
+        endpoint = f"http://127.0.0.1:{port}/v1/traces"
+        for n, rate in ((80, 0.97), (150, 0.5)):
+            for _ in range(n):
+                fail = None if rng.random() < rate else "the tool returned 503"
+                spans.agent_run("research-agent", fail=fail)
+            assert post(endpoint, spans.body(), headers=auth(TOKEN))[0] == 200
+        asked = wait_for("run a cycle for research-agent?")
+        issue_id = asked.split("issue ", 1)[1].split(":", 1)[0]
+        code, _, err = run_cli(capsys, "issue", "approve", issue_id, *where)
+        assert code == 0, err
+        wait_for(f"issue {issue_id}: cycle for research-agent started")
+        ended = wait_for(f"issue {issue_id}: cycle for research-agent ended")
+    finally:
+        spans.close()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+        reader.join(timeout=10)
+        if process.stderr is not None:
+            process.stderr.close()
+    assert process.returncode == 0
+    assert "cycle" in ended
+    code, out, _ = run_cli(capsys, "issue", "list", "--json", *where)
+    assert code == 0
+    states = {r["issue_id"]: (r["state"], r["outcome"]) for r in json.loads(out)["requests"]}
+    assert states[issue_id][0] == "done"
+
+
+def test_a_policy_the_receiver_cannot_follow_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workspace = tmp_path / "ws"
+    Workspace.open(workspace, create=True).close()
+    monkeypatch.delenv("AGENTMEND_YOLO_MODE", raising=False)
+    for extra, said in (
+        (["--on-issue", "ask"], "--on-issue ask needs --check"),
+        (["--check", "--on-issue", "improve"], "AGENTMEND_YOLO_MODE=true"),
+    ):
+        code, out, err = run_cli(
+            capsys, "otel", "receive", "--port", "0", "--workspace", str(workspace),
+            "--token", TOKEN, *extra,
+        )  # fmt: skip
+        assert (code, out) == (2, "")
+        # one line, the receiver's own (its log lines aside), naming what to do
+        (said_line,) = [line for line in err.splitlines() if line.startswith("agentmend:")]
+        assert said in said_line
+        assert "Traceback" not in err

@@ -22,7 +22,7 @@ import pytest
 from cli_run import demo_workspace, fresh_demo_workspace, run_cli
 
 from agentmend.faces.cli.app import main
-from agentmend.faces.cli.common import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, EXIT_USAGE
+from agentmend.faces.cli.common import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from agentmend.faces.report.data import STATUS_SCHEMA
 from agentmend.faces.report.server import LatestPage
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentmend.faces.cli.common import Subcommand
+from agentmend.faces.cli.watch import add_policy_argument
 from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
 from agentmend.infrastructure.local_http import is_loopback
 from agentmend.infrastructure.redaction import redact, redact_url
@@ -85,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also judge the store's runs as the team's fleet checker (see agentmend watch); "
         "the team is --team, else the workspace's team folder",
     )
+    add_policy_argument(parser)
     parser.add_argument(
         "--check-interval",
         type=float,
@@ -284,7 +286,7 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
     )
 
     try:
-        checking = _fleet_checker(args, store, folder, monitor)
+        checking = _fleet_checker(args, store, location, folder, monitor)
     except AgentmendError as exc:
         sys.stderr.write(f"agentmend: {redact(str(exc))}\n")
         receiver.close()
@@ -323,37 +325,59 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
 
 
 class _CheckerThread:
-    """The fleet checker beside the receiver, on the receiver's monitor, in a thread."""
+    """The fleet checker beside the receiver, on the receiver's monitor, in a thread; what it
+    opened (its policy, the workspace its cycles run on) is closed when it stops."""
 
-    def __init__(self, checker: Any) -> None:
+    def __init__(self, checker: Any, opened: contextlib.ExitStack) -> None:
         self._stop = threading.Event()
+        self._opened = opened
         self._thread = threading.Thread(
-            target=checker.run, args=(self._stop,), name="agentmend-fleet-checker", daemon=True
+            target=checker.run,
+            args=(self._stop,),
+            kwargs={"on_step": _say_notes},
+            name="agentmend-fleet-checker",
+            daemon=True,
         )
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+        self._opened.close()
+
+
+def _say_notes(step: Any) -> None:
+    from agentmend.infrastructure.terminal_text import terminal_text
+
+    for note in step.notes:
+        sys.stderr.write(f"agentmend: {terminal_text(note.text)}\n")
+    if step.notes:
+        sys.stderr.flush()
 
 
 def _fleet_checker(
-    args: argparse.Namespace, store: Any, folder: Path, monitor: Any
+    args: argparse.Namespace, store: Any, location: str | Path, folder: Path, monitor: Any
 ) -> _CheckerThread | None:
     """With ``--check``: the team's fleet checker, started (None without it).
 
     Raises:
-        ConfigurationError: no team to check for, or a bad interval.
+        ConfigurationError: no team to check for, a bad interval, or a policy that cannot run
+            (``ask`` and ``improve`` run cycles on the workspace's team, which must be the
+            team checked; ``improve`` needs yolo mode and a published release).
     """
     if not args.check:
+        if args.on_issue != "report":
+            raise ConfigurationError(f"--on-issue {args.on_issue} needs --check")
         return None
-    from agentmend.faces.cli.watch import issue_line
-    from agentmend.faces.workspace import TEAM_DIR_NAME
+    from agentmend.faces.cli.watch import checker_policy, issue_line
+    from agentmend.faces.workspace import TEAM_DIR_NAME, Workspace
     from agentmend.infrastructure.changes.protocol.team_registry import team_id
     from agentmend.infrastructure.detection.checker_seat import CheckerSeat
     from agentmend.infrastructure.detection.team_baseline import settle_team_baseline
+    from agentmend.infrastructure.principal import Principal
     from agentmend.infrastructure.settings import load_settings
     from agentmend.infrastructure.terminal_text import terminal_text
+    from agentmend.loop.checker_policies import ReportPolicy
     from agentmend.loop.collaborators import default_detector
     from agentmend.loop.fleet_checker import FleetChecker
 
@@ -367,10 +391,32 @@ def _fleet_checker(
     if args.check_interval <= 0:
         raise ConfigurationError(f"--check-interval must be positive, not {args.check_interval}")
     settings = settle_team_baseline(store, load_settings())
+    opened = contextlib.ExitStack()
+    policy: Any = ReportPolicy()
+    try:
+        if args.on_issue != "report":
+            workspace = opened.enter_context(
+                Workspace.open(
+                    folder,
+                    settings=load_settings(store_url=str(location)),
+                    create=False,
+                )
+            )
+            mine = team_id(workspace.team_dir, workspace.store)
+            if mine != team:
+                raise ConfigurationError(
+                    f"--on-issue {args.on_issue} runs cycles on the workspace's team "
+                    f"({mine}), not on --team {team}"
+                )
+            policy = opened.enter_context(checker_policy(workspace, team, args.on_issue))
+    except BaseException:
+        opened.close()
+        raise
+    principal = Principal.fleet_checker(team)
     seat = CheckerSeat(
         store,
         team,
-        principal=settings.default_principal.user_id,
+        principal=principal.user_id,
         term_s=max(15.0, 3 * args.check_interval),
     )
 
@@ -383,10 +429,14 @@ def _fleet_checker(
         monitor,
         lambda bound: default_detector(settings, store, bound),
         on_issue=report,
+        policy=policy,
         interval_s=args.check_interval,
     )
-    sys.stderr.write(f"agentmend: checking team {team}'s runs every {args.check_interval:g} s\n")
-    return _CheckerThread(checker)
+    sys.stderr.write(
+        f"agentmend: checking team {team}'s runs every {args.check_interval:g} s "
+        f"(on an issue: {args.on_issue})\n"
+    )
+    return _CheckerThread(checker, opened)
 
 
 @contextlib.contextmanager

@@ -126,6 +126,7 @@ def _run_status(args: argparse.Namespace) -> int:
 
     from agentmend.faces.release_serving import check_worker_folders
     from agentmend.faces.report.data import agent_statuses
+    from agentmend.infrastructure.changes.cycle_requests import read_requests
     from agentmend.infrastructure.detection.checker_seat import read_checkers
     from agentmend.infrastructure.models import ChangeStatus
     from agentmend.infrastructure.store.quarantine import quarantined_counts
@@ -141,6 +142,7 @@ def _run_status(args: argparse.Namespace) -> int:
         chain = opened.manager.verify_audit_chain(repair=False, head_wait_s=_HEAD_WAIT_S)
         receivers = read_receiver_counts(opened.store)
         checkers = read_checkers(opened.store)
+        questions = read_requests(opened.store, states=("asked",))
         quarantined = quarantined_counts(opened.store)
         workers = check_worker_folders(opened.folder, opened.store)
     problems = [{"row_id": p.row_id, "kind": p.kind, "detail": p.detail} for p in chain.problems]
@@ -156,6 +158,7 @@ def _run_status(args: argparse.Namespace) -> int:
                 },
                 "telemetry_receivers": [r.as_json() for r in receivers],
                 "checkers": [c.as_json() for c in checkers],
+                "checker_questions": [q.as_json() for q in questions],
                 "quarantined_rows": quarantined,
                 "workers": [
                     {"worker": w.worker, "release": w.version, "problem": w.problem}
@@ -221,6 +224,13 @@ def _run_status(args: argparse.Namespace) -> int:
             f"{ch.issues_opened} issues opened"
             + ("; silent past its term: a standby takes over" if ch.lapsed(now) else ""),
             style="red" if ch.lapsed(now) else None,
+            highlight=False,
+        )
+    for q in questions:
+        console().print(
+            f"the fleet checker asks: a cycle for issue {q.issue_id} of {q.agent} ({q.kind})? "
+            f"agentmend issue approve {q.issue_id} (or decline)",
+            style="yellow",
             highlight=False,
         )
     if not statuses:

@@ -283,9 +283,11 @@ def run_output(
     release: Mapping[str, object] | None,
     routing_key: str | None,
     store_notice: str | None = None,
+    checker: Mapping[str, Any] | None = None,
 ) -> ToolOutput:
     """The ``run`` tool's answer: each agent's outcome and text, the release that served it,
-    and (``store_notice``) the steps skipped because the store was out of reach."""
+    (``store_notice``) the steps skipped because the store was out of reach, and (``checker``)
+    the fleet checker the issues are left to."""
     runs = [
         {
             "agent": name,
@@ -302,6 +304,7 @@ def run_output(
         "runs": runs,
         "issues": [{"agent": i.agent_name, "kind": i.error_type} for i in issues],
         "storeNotice": store_notice,
+        "fleetChecker": dict(checker) if checker is not None else None,
     }
     served = (
         f"release v{release['release']} ({release['arm']})"
@@ -317,6 +320,11 @@ def run_output(
         lines.append(f"### {run['agent']} ({outcome})\n{run['text']}")
     for issue in data["issues"]:
         lines.append(f"Issue detected in {issue['agent']}: {issue['kind']}")
+    if checker is not None and issues:
+        lines.append(
+            f"The issues are left to the team's fleet checker ({checker['principal']} on "
+            f"{checker['host']} pid {checker['pid']})"
+        )
     return ToolOutput(text="\n\n".join(lines)[:MAX_TEXT_CHARS], data=data)
 
 
@@ -366,6 +374,17 @@ def status_text(
         f"Last execution: {last['planId']} ({last['status']})" if last else "Last execution: None"
     )
     lines.append(f"Last cycle: {cycle['summary']}" if cycle is not None else "Last cycle: None")
+    held = data.get("fleetChecker")
+    if held is not None:
+        lines.append(
+            f"Fleet checker: {held['principal']} on {held['host']} pid {held['pid']} holds the "
+            "team; its issues are left to it"
+        )
+        for q in data.get("checkerQuestions", []):
+            lines.append(
+                f"- it asks: a cycle for issue {q['issue_id']} of {q['agent']} ({q['kind']})? "
+                "(issue tool: approve or decline)"
+            )
     audit = data.get("audit")
     if audit is not None:
         problems = audit["problems"]

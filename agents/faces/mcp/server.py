@@ -76,6 +76,7 @@ SERVER_NAME = "agentmend"
 DEFAULT_WORKSPACE = ".agentmend"
 
 Action = Literal["plan", "approve", "execute", "status", "rollback"]
+IssueAction = Literal["list", "approve", "decline"]
 MemoryQuery = Literal["history", "decisions", "audit", "config"]
 
 
@@ -232,6 +233,28 @@ def build_server(tools: AgentmendTools) -> "MCPServer":
         """Each agent's health (runs, success rate, p95 latency, detector statistics), pending
         code plans, the last execution and the last improvement cycle."""
         return await answer(tools.status())
+
+    @server.tool(
+        name="issue",
+        annotations=ToolAnnotations(destructive_hint=False, open_world_hint=False),
+        structured_output=False,
+    )
+    async def issue(
+        action: Annotated[IssueAction, Field(description="list, approve or decline")],
+        issueId: Annotated[
+            str | None, Field(description="The issue the fleet checker asked about")
+        ] = None,
+    ) -> CallToolResult:
+        """The team's fleet checker's questions (agentmend watch --on-issue ask) and answers.
+
+        Actions:
+        - list: the questions waiting: may the checker run a cycle for this issue?
+        - approve: yes (this is the human approval; the checker runs the cycle at its next
+          check, and every other gate of the cycle still holds)
+        - decline: no (the checker holds the issue)
+        Each answer is an audit row naming who gave it.
+        """
+        return await answer(tools.issue(action, issueId))
 
     @server.tool(
         name="memory",

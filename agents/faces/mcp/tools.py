@@ -51,17 +51,30 @@ from agentmend.faces.release_serving import (
 )
 from agentmend.faces.store_record import is_server_url, sqlite_path, store_for
 from agentmend.faces.workspace import DB_NAME, Workspace
+from agentmend.infrastructure.changes.cycle_requests import (
+    AlreadyAnswered,
+    CycleRequests,
+    read_requests,
+)
 from agentmend.infrastructure.changes.proposal import GateVerdict, ProposedChange
 from agentmend.infrastructure.changes.protocol.decisions import list_decisions, record_decision
 from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
 from agentmend.infrastructure.definitions.spec import load_agent_specs
-from agentmend.infrastructure.errors import AgentmendError, SpecError, StoreError, WrongArgumentType
+from agentmend.infrastructure.errors import (
+    AgentmendError,
+    NotFound,
+    SpecError,
+    StoreError,
+    WrongArgumentType,
+)
 from agentmend.infrastructure.limits import InputLimits
 from agentmend.infrastructure.llm.base import AgentRuntime
+from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.redaction import redact_url
 from agentmend.infrastructure.releases.routing import new_run_key
 from agentmend.infrastructure.settings import Settings, load_settings
 from agentmend.infrastructure.structured_logger import get_logger
+from agentmend.loop.checker_policies import holding_checker
 from agentmend.roles.ask_agent_tool import AskAgentTool
 from agentmend.roles.code_review import CodeAnalyst, CodeReviewer
 from agentmend.roles.outcomes import QuestionAnswer
@@ -446,9 +459,11 @@ class AgentmendTools:
                 raise BadRequest(str(UnknownAgent(agent, orchestrator.team.names)))
             result = await orchestrator.team.run(agent, prompt, routing_key=key)
             results, issues, notice = {agent: result}, [], None
+            checker = None
         else:
             task = await orchestrator.execute_task(prompt, routing_key=key)
             results, issues, notice = task.results, task.issues, task.store_notice
+            checker = task.checker
         choice = self._served.follower.chosen(key) if self._served is not None else None
         return run_output(
             results,
@@ -456,6 +471,40 @@ class AgentmendTools:
             release=choice.tags() if choice is not None else None,
             routing_key=routing_key,
             store_notice=notice,
+            checker=checker.as_json() if agent is None and checker is not None else None,
+        )
+
+    async def issue(self, action: str, issue_id: str | None = None) -> ToolOutput:
+        """The fleet checker's questions (``list``), or a person's answer to one (``approve``,
+        ``decline``: audited as this server's ``approver``)."""
+        self._check_arguments(issueId=issue_id)
+        workspace = self.workspace(create=False)
+        if action == "list":
+            asked = read_requests(workspace.store, states=("asked",))
+            data = {"questions": [r.as_json() for r in asked]}
+            text = "\n".join(
+                f"issue {r.issue_id}: a cycle for {r.agent} ({r.kind})? asked by {r.asked_by}"
+                for r in asked
+            )
+            return ToolOutput(text=text or "No question from a fleet checker is waiting", data=data)
+        if action not in ("approve", "decline"):
+            raise BadRequest(f"unknown action {action!r}: use list, approve or decline")
+        if not issue_id:
+            raise BadRequest(f"issueId is required to {action}")
+        who = Principal(user_id=self.approver, name=f"{self.approver} (MCP)")
+        try:
+            request = await asyncio.to_thread(
+                CycleRequests(workspace.store).answer,
+                issue_id,
+                approve=action == "approve",
+                by=who,
+                audit=workspace.manager.audit,
+            )
+        except (NotFound, AlreadyAnswered) as exc:
+            raise BadRequest(str(exc)) from exc
+        return ToolOutput(
+            text=f"issue {request.issue_id}: a cycle for {request.agent} {request.state}",
+            data={"request": request.as_json()},
         )
 
     # -- status and memory -----------------------------------------------------------------
@@ -526,8 +575,17 @@ class AgentmendTools:
             StoreError: the store cannot be reached.
         """
         chain = workspace.manager.verify_audit_chain(repair=False)
+        holder = holding_checker(workspace.store, workspace.team_dir)
+        asked = (
+            read_requests(workspace.store, team_id=holder.team_id, states=("asked",))
+            if holder is not None
+            else []
+        )
         return {
             **(await self._code_status()).data,
+            # while a fleet checker holds the team, its issues are left to it
+            "fleetChecker": holder.as_json() if holder is not None else None,
+            "checkerQuestions": [r.as_json() for r in asked],
             "lastCycle": last_cycle(workspace.store),
             "changes": workspace.manager.get_statistics(),
             "audit": {

@@ -40,6 +40,7 @@ from agentmend.faces.release_serving import (
     release_status_line,
     serve_releases,
 )
+from agentmend.faces.session.checker import answer_checker, checker_status, left_to_checker
 from agentmend.faces.session.input import LineReader, add_arguments, parse_args, settings_overrides
 from agentmend.faces.session.lock import SessionLock
 from agentmend.faces.session.views import (
@@ -86,6 +87,7 @@ Type a question to run it through the team. Commands:
   /audit                  the audit trail, and whether its hash chain verifies
   /rollback [ID] [force|cascade]   undo a change (default: the latest applied or kept)
   /approve on|off         start a cycle on a detected issue without asking
+  /issue [approve|decline ID]   the fleet checker's questions (watch --on-issue ask); answer one
   /yolo on|off            skip the human approval of each change (the audit says so)
   /help, /quit"""
 
@@ -280,6 +282,7 @@ class Session:
             "/audit": self.audit,
             "/rollback": self.rollback,
             "/approve": self.approve,
+            "/issue": self.issue,
             "/yolo": self.yolo,
             "/help": self.help,
         }.get(command)
@@ -304,6 +307,8 @@ class Session:
             self.console.print(cycle_summary_line(cycle))
         for issue in task.declined:
             self.console.print(Text(f"cycle declined for {issue.agent_name}", style="yellow"))
+        for line in left_to_checker(task):
+            self.console.print(line, soft_wrap=True)
 
     def _print_store_notice(self, notice: str | None) -> None:
         """The steps a question skipped because the store was out of reach, on one line."""
@@ -369,6 +374,7 @@ class Session:
         for stem, error in orchestrator.team.broken.items():
             self.console.print(Text(f"{stem}: definition broken: {error}", style="red"))
         try:
+            self._print_checker()
             check = orchestrator.manager.verify_audit_chain(repair=False)
         except StoreError as exc:  # the runs and the release above hold without the store
             self.console.print(
@@ -378,6 +384,14 @@ class Session:
             return
         if not check:
             self._print_chain_problems(check)
+
+    def _print_checker(self) -> None:
+        for line in checker_status(self.orchestrator):
+            self.console.print(line, soft_wrap=True)
+
+    async def issue(self, args: list[str]) -> None:
+        for line in answer_checker(self.orchestrator, args):
+            self.console.print(line, soft_wrap=True)
 
     def _print_chain_problems(self, check: ChainVerification) -> None:
         self.console.print(Text("audit chain does NOT verify:", "bold red"))
