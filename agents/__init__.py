@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agentmend.faces.mcp.tools import BadRequest
     from agentmend.faces.release_serving import NoReleases
+    from agentmend.faces.store_record import StoreMismatch, UnrecordedServerStore
     from agentmend.faces.workspace import TeamDirError, Workspace, WorkspaceError
     from agentmend.infrastructure.changes.audit.log import AuditChainBroken, verify_audit_chain
-    from agentmend.infrastructure.changes.cycle_requests import CycleRequests
+    from agentmend.infrastructure.changes.cycle_requests import AlreadyAnswered, CycleRequests
     from agentmend.infrastructure.changes.effectors import InvalidChange
     from agentmend.infrastructure.changes.gates import ChangeRefused
     from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
@@ -168,6 +169,7 @@ __all__ = [
     "AgentTeam",
     "AgentmendError",
     "AgentmendSpanProcessor",
+    "AlreadyAnswered",
     "AnthropicRuntime",
     "AskAgentTool",
     "AuditChainBroken",
@@ -266,6 +268,7 @@ __all__ = [
     "Step",
     "Store",
     "StoreError",
+    "StoreMismatch",
     "SuiteMismatch",
     "Supervisor",
     "SupervisorReview",
@@ -276,6 +279,7 @@ __all__ = [
     "TurnInfo",
     "UnexpectedModelCall",
     "UnknownAgent",
+    "UnrecordedServerStore",
     "VerificationVerdict",
     "WatchOutcome",
     "Workspace",
@@ -311,6 +315,9 @@ _EXPORTS: dict[str, str] = {
     "CyclePolicy": "agentmend.loop.checker_policies",
     "ReportPolicy": "agentmend.loop.checker_policies",
     "CycleRequests": "agentmend.infrastructure.changes.cycle_requests",
+    "AlreadyAnswered": "agentmend.infrastructure.changes.cycle_requests",
+    "StoreMismatch": "agentmend.faces.store_record",
+    "UnrecordedServerStore": "agentmend.faces.store_record",
     "ImprovementManager": "agentmend.infrastructure.changes.improvement_manager",
     "verify_audit_chain": "agentmend.infrastructure.changes.audit.log",
     "AuditChainBroken": "agentmend.infrastructure.changes.audit.log",

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 from agentmend.infrastructure.errors import ConfigurationError, StoreError
+from agentmend.infrastructure.files.atomic import atomic_write
 from agentmend.infrastructure.redaction import redact_url
 
 __all__ = [
@@ -64,6 +65,7 @@ class UnrecordedServerStore(ConfigurationError):
     """The workspace keeps its history on a server but records no URL for it."""
 
     def __init__(self, folder: Path) -> None:
+        self.folder = folder
         super().__init__(
             f"its history is on a PostgreSQL server (per-host files in {folder}) but it records "
             "no store URL: run `agentmend store init URL` once (or give --store or "
@@ -167,16 +169,7 @@ def record_store(folder: Path, location: str | Path) -> str:
         OSError: the record cannot be written.
     """
     text = without_password(location)
-    path = folder / RECORD_FILE
-    partial = folder / f".{RECORD_FILE}.{os.getpid()}.tmp"
-    try:
-        with partial.open("w", encoding="utf-8") as out:
-            out.write(text + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    atomic_write(folder / RECORD_FILE, text + "\n")
     return text
 
 

@@ -80,9 +80,6 @@ class AlreadyAnswered(AgentmendError):
             + f" (it is {state} now)"
         )
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.issue_id, self.state, self.by))
-
 
 @dataclass(frozen=True, slots=True)
 class CycleRequest:

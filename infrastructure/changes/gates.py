@@ -58,14 +58,7 @@ from agentmend.infrastructure.changes.proposal import (
     GateVerdict,
     ProposedChange,
 )
-from agentmend.infrastructure.definitions.permissions import (
-    ANY_OTHER_TOOL,
-    SHELL_AND_WRITE_TOOLS,
-    SUBAGENT_TOOLS,
-    allowed_tools,
-    describe_profile,
-    is_privileged,
-)
+from agentmend.infrastructure.definitions.widening import definition_widening
 from agentmend.infrastructure.errors import AgentmendError, ConfigurationError, PathNotAllowed
 from agentmend.infrastructure.files.atomic import resolve_inside
 from agentmend.infrastructure.models import ChangeType
@@ -97,7 +90,6 @@ log = get_logger(__name__)
 DEFAULT_ALLOWED_SUFFIXES: frozenset[str] = frozenset({".md", ".yaml", ".yml", ".json", ".txt"})
 EVAL_SUITE_SUFFIXES: tuple[str, ...] = (".evals.yaml", ".evals.yml")
 _RESERVED_DIR = ".agent"
-_SAFE_PERMISSION_MODES = frozenset({None, "default", "plan"})
 
 
 class ChangeRefused(AgentmendError):
@@ -306,85 +298,7 @@ def admin_requirements(change: ProposedChange, *, read_only_tools: Iterable[str]
         if action.action_type is ChangeType.AGENT_DELETION:
             return []
         return ["make a change that carries no agent definition to judge"]
-    needs: list[str] = []
-    old_profile = old.permission_profile if old is not None else None
-    profile = new.permission_profile
-    if profile != old_profile and profile not in ("locked", "standard"):
-        needs.append(f"set the permission profile {describe_profile(profile)}")
-    old_tools = frozenset(old.tools or ()) if old is not None else frozenset()
-    if new.tools is None and (old is None or old.tools is not None):
-        needs.append("leave the tools undeclared (an agent that declares none gets every tool)")
-    added = sorted(frozenset(new.tools or ()) - old_tools)
-    listed = tuple(read_only_tools)
-    risky = [tool for tool in added if is_privileged(tool, listed) or _is_pattern(tool)]
-    if risky:
-        needs.append(
-            "add privileged (shell, file-writing, subagent, MCP or unclassed) or wildcard "
-            f"tools: {', '.join(risky)}"
-        )
-    granted = _newly_callable(old, new, tuple(read_only_tools))
-    if granted:
-        needs.append(f"let the agent call {', '.join(granted)}")
-    needs.extend(_widened_claude_code_keys(old, new))
-    return list(dict.fromkeys(needs))
-
-
-def _is_pattern(tool: str) -> bool:
-    return any(char in tool for char in "*?[")
-
-
-def _newly_callable(
-    old: AgentSpec | None, new: AgentSpec, read_only_tools: tuple[str, ...]
-) -> list[str]:
-    """Privileged tools the new definition lets the agent call that the old did not."""
-    universe = set(SHELL_AND_WRITE_TOOLS | SUBAGENT_TOOLS) | {ANY_OTHER_TOOL} | set(new.tools or ())
-    profiles = [new.permission_profile]
-    if old is not None:
-        universe |= set(old.tools or ())
-        profiles.append(old.permission_profile)
-    for profile in profiles:
-        if not isinstance(profile, str):
-            universe |= set(profile.allow) | set(profile.deny)
-    after = allowed_tools(
-        new.permission_profile, new.tools, universe, read_only_tools=read_only_tools
-    )
-    before = (
-        allowed_tools(old.permission_profile, old.tools, universe, read_only_tools=read_only_tools)
-        if old is not None
-        else set()
-    )
-    return sorted(tool for tool in after - before if is_privileged(tool, read_only_tools))
-
-
-def _widened_claude_code_keys(old: AgentSpec | None, new: AgentSpec) -> list[str]:
-    before: dict[str, Any] = old.extra if old is not None else {}
-    after = new.extra
-    needs: list[str] = []
-    mode = after.get("permissionMode")
-    if mode != before.get("permissionMode") and mode not in _SAFE_PERMISSION_MODES:
-        needs.append(f"set permissionMode {mode!r}")
-    known_servers = _as_list(before.get("mcpServers"))
-    if any(server not in known_servers for server in _as_list(after.get("mcpServers"))):
-        needs.append("add mcpServers")
-    if after.get("hooks") != before.get("hooks"):
-        needs.append("change hooks (they run commands)")
-    kept = set(_tool_names(after.get("disallowedTools")))
-    dropped = sorted(set(_tool_names(before.get("disallowedTools"))) - kept)
-    if dropped:
-        needs.append(f"remove disallowedTools entries: {', '.join(dropped)}")
-    return needs
-
-
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, list | tuple) else [value]
-
-
-def _tool_names(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return [str(item) for item in _as_list(value)]
+    return definition_widening(old, new, read_only_tools=read_only_tools)
 
 
 # -- 5. supervisor -------------------------------------------------------------------------

@@ -18,10 +18,10 @@ if TYPE_CHECKING:
     from agentmend.infrastructure.settings import Settings
     from agentmend.infrastructure.store.api import Store
 
-__all__ = ["read_team_baseline", "settle_team_baseline"]
+__all__ = ["COMPONENT", "MIGRATIONS", "read_team_baseline", "settle_team_baseline"]
 
-_COMPONENT = "detection_settings"
-_MIGRATIONS = [
+COMPONENT = "detection_settings"
+MIGRATIONS = [
     """
     CREATE TABLE detection_settings (
         name TEXT PRIMARY KEY,
@@ -35,7 +35,7 @@ _BASELINE = "baseline_n"
 
 def read_team_baseline(store: Store) -> int | None:
     """The store's baseline size, or None before any process recorded one (reads only)."""
-    if store.schema_version(_COMPONENT) < len(_MIGRATIONS):
+    if store.schema_version(COMPONENT) < len(MIGRATIONS):
         return None
     row = (
         store.connection()
@@ -57,7 +57,7 @@ def settle_team_baseline(
         default: the size to record when the store has none and nothing was set explicitly
             (a face's own default, such as the simulated team's); else ``settings.baseline_n``.
     """
-    store.migrate(_COMPONENT, _MIGRATIONS)
+    store.migrate(COMPONENT, MIGRATIONS)
     explicit = "baseline_n" in settings.model_fields_set
     with store.transaction() as conn:
         row = conn.execute(

@@ -18,13 +18,20 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
 from agentmend.infrastructure.definitions.spec import AgentSpec, SpecWarning
+from agentmend.infrastructure.definitions.widening import definition_widening
 from agentmend.infrastructure.errors import SpecError
 from agentmend.infrastructure.evaluation.evals import SUITE_SUFFIX, parse_eval_suite
 from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.files.atomic import sha256_bytes
 from agentmend.infrastructure.releases.errors import ReleaseRefused
 
-__all__ = ["MAX_FILE_BYTES", "check_release", "content_hash", "read_team_files"]
+__all__ = [
+    "MAX_FILE_BYTES",
+    "check_release",
+    "content_hash",
+    "read_team_files",
+    "release_widening",
+]
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
 """The largest file a release takes (a definition or a doc is text, a few KB)."""
@@ -111,3 +118,36 @@ def file_hashes(files: Mapping[str, bytes]) -> dict[str, str]:
 
 
 __all__ += ["file_hashes"]
+
+
+def _agent_specs(files: Mapping[str, bytes]) -> dict[str, AgentSpec]:
+    """The agent definitions among a release's files, by agent name (files that do not parse
+    are left out: ``check_release`` refuses them before anything is written)."""
+    specs: dict[str, AgentSpec] = {}
+    for path, data in files.items():
+        if "/" in path or not path.endswith(".md") or path.lower() == "readme.md":
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", SpecWarning)
+                spec = AgentSpec.from_markdown(data.decode("utf-8"))
+        except (SpecError, UnicodeDecodeError):
+            continue
+        specs[spec.name] = spec
+    return specs
+
+
+def release_widening(before: Mapping[str, bytes], after: Mapping[str, bytes]) -> list[str]:
+    """What the agents of ``after`` may do that those of ``before`` could not, a line per agent.
+
+    The rule is the role gate's (:func:`definition_widening`: a more open permission profile,
+    privileged or wildcard tools, undeclared tools, MCP servers, hooks, ...), so a release needs
+    an administrator exactly when making its change in a cycle would. Empty when nothing widens.
+    """
+    old, new = _agent_specs(before), _agent_specs(after)
+    lines: list[str] = []
+    for name, spec in sorted(new.items()):
+        widens = definition_widening(old.get(name), spec)
+        if widens:
+            lines.append(f"{name}: {'; '.join(widens)}")
+    return lines

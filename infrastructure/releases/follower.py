@@ -125,6 +125,7 @@ class ReleaseFollower:
         self._generation = -1
         self._stable: ServedRelease | None = None
         self._canary: ServedRelease | None = None
+        self._routing_salt: str | None = None  # the rollout's secret routing key
         self._status = FollowerStatus(releases.team_id, None, None, 0.0, None, False, pinned=pin)
         self.directories.remove_staging()
         linked = self.directories.linked()  # a restart serves its whole last release at once
@@ -231,8 +232,14 @@ class ReleaseFollower:
         if linked is None or linked.directory != stable.directory:
             self.directories.switch(stable)
         keep = {stable.version} | ({canary.version} if canary else set())
+        salt = (
+            self.rollouts.routing_key_of(heads.rollout_id)
+            if canary is not None and heads.rollout_id is not None
+            else None
+        )
         with self._lock:
             self._stable, self._canary = stable, canary
+            self._routing_salt = salt
             self._generation = heads.generation
             self._status = replace(
                 self._status,
@@ -282,11 +289,12 @@ class ReleaseFollower:
         key = new_run_key() if routing_key is None else routing_key
         with self._lock:
             stable, canary, status = self._stable, self._canary, self._status
+            salt = self._routing_salt
         if stable is None:
             raise NotFound("materialized release", self.releases.team_id, "(store not reached)")
         rollout = status.rollout_id
         if canary is not None and rollout is not None and status.share > 0.0:
-            if choose_arm(key, status.share, rollout) == "canary":
+            if choose_arm(key, status.share, salt or rollout) == "canary":
                 return ReleaseChoice(canary.version, canary.directory, "canary", rollout)
         else:
             choose_arm(key, 0.0, "")  # the key is checked whether or not a canary runs

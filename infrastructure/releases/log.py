@@ -32,13 +32,14 @@ from agentmend.infrastructure.changes.audit.log import (
     audit_key_from_env,
 )
 from agentmend.infrastructure.changes.protocol.leases import Leases
-from agentmend.infrastructure.errors import NotFound, StoreError
-from agentmend.infrastructure.principal import PUBLISH_CANARY, PUBLISH_STABLE, Principal
+from agentmend.infrastructure.errors import NotFound, PermissionRequired, StoreError
+from agentmend.infrastructure.principal import ADMIN, PUBLISH_CANARY, PUBLISH_STABLE, Principal
 from agentmend.infrastructure.releases.content import (
     check_release,
     content_hash,
     file_hashes,
     read_team_files,
+    release_widening,
 )
 from agentmend.infrastructure.releases.errors import RolloutConflict
 from agentmend.infrastructure.releases.settlement import (
@@ -229,6 +230,17 @@ class ReleaseLog:
             ).fetchone()
             version = int(row[0] or 0) + 1
             parent = heads.stable
+            # a release never widens what the agents may do without an administrator (an
+            # earlier release's content, re-published by a fleet-wide rollback, was served)
+            widens = (
+                []
+                if parent is None or judged
+                else release_widening(self.files_in(conn, parent), files)
+            )
+            if widens and not by.is_admin:
+                raise PermissionRequired(
+                    by.user_id, ADMIN, "publish a release that widens " + "; ".join(widens)
+                )
             if parent is None or stable:  # served to the whole fleet at once
                 by.require(PUBLISH_STABLE, "publish a stable release")
             else:
@@ -250,8 +262,8 @@ class ReleaseLog:
                         None
                         if judged
                         else canary_change_in(
-                            self._files_in(conn, running.stable),
-                            self._files_in(conn, running.canary),
+                            self.files_in(conn, running.stable),
+                            self.files_in(conn, running.canary),
                             files,
                         )
                     )
@@ -315,6 +327,7 @@ class ReleaseLog:
                             "changes": list(change_ids),
                             "stable": parent is None or stable,
                             "reason": reason[:120],
+                            **({"widens": widens} if widens else {}),
                         }
                     ),
                     user_id=by.user_id,
@@ -400,7 +413,8 @@ class ReleaseLog:
         )
         return {str(path): bytes(data) for path, data in rows}
 
-    def _files_in(self, conn: StoreConnection, version: int) -> dict[str, bytes]:
+    def files_in(self, conn: StoreConnection, version: int) -> dict[str, bytes]:
+        """Release ``version``'s files as ``conn`` sees them (inside a write, say)."""
         rows = conn.execute(
             "SELECT f.path, b.data FROM release_files f "
             "JOIN release_blobs b ON b.sha256 = f.sha256 "

@@ -22,6 +22,7 @@ need a principal with the admin permission.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import uuid
 from dataclasses import replace
@@ -31,6 +32,7 @@ from agentmend.infrastructure.errors import NotFound, PermissionRequired
 from agentmend.infrastructure.monitoring.agent_window import RUN
 from agentmend.infrastructure.monitoring.run_reader import RunRow, last_run_id, runs_after
 from agentmend.infrastructure.principal import ADMIN, PUBLISH_CANARY, Principal
+from agentmend.infrastructure.releases.content import release_widening
 from agentmend.infrastructure.releases.errors import RolloutConflict
 from agentmend.infrastructure.releases.log import Release, ReleaseLog
 from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
@@ -116,7 +118,18 @@ class Rollouts:
                 raise RolloutConflict(
                     version, f"release {heads.canary} is the canary now ({heads.rollout_id})"
                 )
+            widens = release_widening(
+                self.releases.files_in(conn, heads.stable), self.releases.files_in(conn, version)
+            )
+            if widens and not by.is_admin:
+                raise PermissionRequired(
+                    by.user_id, ADMIN, "start a canary that widens " + "; ".join(widens)
+                )
             cursor = last_run_id(conn)
+            conn.execute(
+                "INSERT INTO rollout_secrets (rollout_id, secret) VALUES (?, ?)",
+                (rollout_id, secrets.token_hex(16)),
+            )
             self.leases.hand_over(conn, lease_id, release.change_ids)
             conn.execute(
                 f"INSERT INTO rollouts ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -153,6 +166,7 @@ class Rollouts:
                             "share": share,
                             "claimed_fix": claimed_fix,
                             "limits": json.loads(limits.to_json()),
+                            **({"widens": widens} if widens else {}),
                         }
                     ),
                     user_id=by.user_id,
@@ -160,6 +174,17 @@ class Rollouts:
                 )
 
     # -- reading -----------------------------------------------------------------------------
+
+    def routing_key_of(self, rollout_id: str) -> str:
+        """The secret its routing hash is keyed with (for the workers that route its runs
+        alone: never shown, never recorded). A rollout started before rollouts had one is
+        keyed by its id, as it was then."""
+        row = (
+            self.releases.store.connection()
+            .execute("SELECT secret FROM rollout_secrets WHERE rollout_id = ?", (rollout_id,))
+            .fetchone()
+        )
+        return str(row[0]) if row is not None else rollout_id
 
     def get(self, rollout_id: str) -> RolloutRecord:
         """One rollout.

@@ -1,8 +1,10 @@
 """Which arm of a rollout serves a run: a stable hash of its routing key, so both arms see one mix.
 
 The key is the caller's (a user or conversation id: the same user stays on one arm for the whole
-rollout) or, when none is given, a random run id. The hash is salted with the rollout id, so a
-user who drew the canary in one rollout is not always the one who draws it in the next.
+rollout) or, when none is given, a random run id. The hash is keyed with the rollout's secret
+(``Rollouts.routing_key_of``; the rollout id for rollouts started before they had one), so a
+user who drew the canary in one rollout is not always the one who draws it in the next, and no
+caller can pick keys that land on an arm of their choosing.
 """
 
 from __future__ import annotations

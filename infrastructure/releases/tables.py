@@ -74,6 +74,14 @@ _MIGRATIONS = [
     );
     CREATE INDEX rollouts_by_team ON rollouts (team_id, state)
     """,
+    # the key of each rollout's routing hash: kept apart from the rollout's record, which
+    # status, show and the audit repeat, so no caller can learn which keys a canary serves
+    """
+    CREATE TABLE rollout_secrets (
+        rollout_id TEXT PRIMARY KEY,
+        secret TEXT NOT NULL
+    )
+    """,
 ]
 
 

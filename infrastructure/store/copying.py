@@ -19,7 +19,7 @@ from agentmend.infrastructure.changes.audit.head import write_head
 from agentmend.infrastructure.changes.audit.log import _MIGRATIONS as AUDIT_MIGRATIONS
 from agentmend.infrastructure.changes.audit.log import AuditLog, ChainVerification
 from agentmend.infrastructure.changes.protocol import change_log, decisions, leases, team_registry
-from agentmend.infrastructure.detection import checker_seat, issue_ledger
+from agentmend.infrastructure.detection import checker_seat, issue_ledger, team_baseline
 from agentmend.infrastructure.detection import series as detector_series
 from agentmend.infrastructure.errors import StoreError
 from agentmend.infrastructure.files.atomic import locked_file
@@ -55,6 +55,7 @@ _COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
     (checker_seat.COMPONENT, checker_seat.MIGRATIONS),
     (cycle_requests.COMPONENT, cycle_requests.MIGRATIONS),
     (quarantine.COMPONENT, quarantine.MIGRATIONS),
+    (team_baseline.COMPONENT, team_baseline.MIGRATIONS),
 )
 
 # tables in an order that keeps references valid, with their generated id column (if any)
@@ -83,10 +84,12 @@ _TABLES: tuple[tuple[str, str | None], ...] = (
     ("release_files", None),
     ("release_heads", None),
     ("rollouts", None),
+    ("rollout_secrets", None),
     ("telemetry_receivers", None),
     ("fleet_checker", None),
     ("cycle_requests", None),
     ("quarantined_rows", "id"),
+    ("detection_settings", None),
     ("plans", None),
     ("decisions", "id"),
     ("audit_log", "id"),

@@ -11,6 +11,7 @@ import copy
 import inspect
 import pickle
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +37,7 @@ _PACKAGES = ("agentmend",)
 _SAMPLES: dict[str, Callable[[str], Any]] = {
     "str": lambda name: f"the {name}",
     "str | None": lambda name: f"the {name}",
+    "Path": lambda name: Path(f"/work/{name}"),
     "str | Path": lambda name: f"/work/{name}",
     "str | Path | None": lambda name: f"/work/{name}",
     "OSError | None": lambda name: OSError(28, "No space left on device"),

@@ -212,6 +212,7 @@ def _make_workspace(folder: Path, url: str, settings: Any) -> None:
     from agentmend.faces.store_record import RECORD_FILE, record_store
     from agentmend.faces.workspace import Workspace
     from agentmend.infrastructure.errors import AgentmendError
+    from agentmend.infrastructure.files.atomic import atomic_write_or_delete
 
     made = not folder.exists()
     record = folder / RECORD_FILE
@@ -225,10 +226,8 @@ def _make_workspace(folder: Path, url: str, settings: Any) -> None:
     except (AgentmendError, OSError) as exc:
         if made:
             shutil.rmtree(folder, ignore_errors=True)
-        elif previous is None:
-            record.unlink(missing_ok=True)
-        else:
-            record.write_bytes(previous)
+        else:  # the record as it was, or none
+            atomic_write_or_delete(record, previous)
         raise CommandError(f"cannot make workspace {folder}: {exc}", EXIT_UNAVAILABLE) from exc
 
 

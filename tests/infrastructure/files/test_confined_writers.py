@@ -47,6 +47,10 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
     "infrastructure/store/sqlite.py": ({".mkdir("}, "the folder of the database file"),
     "infrastructure/changes/audit/head.py": ({"os.pwrite("}, "the audit head file, in place"),
     "agents/faces/workspace.py": ({".mkdir("}, "the workspace folder"),
+    "agents/faces/cli/store.py": (
+        {".mkdir(", "shutil."},
+        "the workspace folder `store init` makes, removed again when its first open fails",
+    ),
     "agents/faces/cli/app.py": ({"os.open("}, "/dev/null, for stdout after a broken pipe"),
     "agents/faces/session/lock.py": (
         {"os.open(", "os.ftruncate(", "os.write("},
