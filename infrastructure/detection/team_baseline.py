@@ -59,18 +59,22 @@ def settle_team_baseline(
     """
     store.migrate(COMPONENT, MIGRATIONS)
     explicit = "baseline_n" in settings.model_fields_set
+    wanted = settings.baseline_n if explicit or default is None else default
+    # a plain read first: an open that changes nothing takes no write lock (a writer stopped
+    # inside a transaction must not stop `status` or `release publish` from opening)
+    kept = read_team_baseline(store)
+    if kept is not None and (not explicit or kept == wanted):
+        return settings.model_copy(update={"baseline_n": kept})
     with store.transaction() as conn:
         row = conn.execute(
             "SELECT value FROM detection_settings WHERE name = ?", (_BASELINE,)
         ).fetchone()
-        if row is not None and not explicit:
+        if row is not None and not explicit:  # another process recorded it meanwhile
             return settings.model_copy(update={"baseline_n": int(row[0])})
-        value = settings.baseline_n if explicit or default is None else default
-        if row is None or int(row[0]) != value:
-            conn.execute(
-                "INSERT INTO detection_settings (name, value, updated_ts) VALUES (?, ?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
-                " updated_ts = excluded.updated_ts",
-                (_BASELINE, value, time.time()),
-            )
-    return settings.model_copy(update={"baseline_n": value})
+        conn.execute(
+            "INSERT INTO detection_settings (name, value, updated_ts) VALUES (?, ?, ?)"
+            " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
+            " updated_ts = excluded.updated_ts",
+            (_BASELINE, wanted, time.time()),
+        )
+    return settings.model_copy(update={"baseline_n": wanted})

@@ -476,7 +476,7 @@ def _run_report(args: argparse.Namespace) -> int:
         except webbrowser.Error:
             shown = False
         if not shown:  # no browser here (a server, a container): say so, and where it is
-            out.print(f"no browser could be opened here; open {uri} yourself")
+            out.print(f"no browser could be opened here; open {uri} yourself", soft_wrap=True)
     return EXIT_OK
 
 
