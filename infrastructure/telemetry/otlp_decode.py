@@ -20,6 +20,7 @@ from agentmend.infrastructure.telemetry.span import OtelExtraMissing, SpanData, 
 __all__ = [
     "DecodedBatch",
     "OtlpDecodeError",
+    "Rejections",
     "decode_attributes",
     "decode_json",
     "decode_json_attributes",
@@ -43,10 +44,9 @@ class OtlpDecodeError(AgentmendError):
 
 
 @dataclass
-class DecodedBatch:
-    """The spans of one export request, and how many were rejected (with a few reasons)."""
+class Rejections:
+    """How many items of one export request were rejected, with a few distinct reasons."""
 
-    spans: list[SpanData] = field(default_factory=list)
     rejected: int = 0
     reasons: list[str] = field(default_factory=list)
 
@@ -54,6 +54,13 @@ class DecodedBatch:
         self.rejected += 1
         if len(self.reasons) < _MAX_REASONS and reason not in self.reasons:
             self.reasons.append(reason)
+
+
+@dataclass
+class DecodedBatch(Rejections):
+    """The spans of one export request, and how many were rejected (with a few reasons)."""
+
+    spans: list[SpanData] = field(default_factory=list)
 
 
 def require_proto() -> None:

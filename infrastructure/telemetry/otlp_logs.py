@@ -16,6 +16,7 @@ from typing import Any
 
 from agentmend.infrastructure.telemetry.otlp_decode import (
     OtlpDecodeError,
+    Rejections,
     decode_attributes,
     decode_json_attributes,
 )
@@ -31,7 +32,6 @@ __all__ = [
     "metrics_answer",
 ]
 
-_MAX_REASONS = 5
 _POINT_KINDS = ("gauge", "sum", "histogram", "exponential_histogram", "summary")
 _JSON_POINT_KINDS = ("gauge", "sum", "histogram", "exponentialHistogram", "summary")
 
@@ -47,17 +47,10 @@ class LogEvent:
 
 
 @dataclass
-class DecodedLogs:
+class DecodedLogs(Rejections):
     """The events of one export request, and how many records were rejected."""
 
     events: list[LogEvent] = field(default_factory=list)
-    rejected: int = 0
-    reasons: list[str] = field(default_factory=list)
-
-    def reject(self, reason: str) -> None:
-        self.rejected += 1
-        if len(self.reasons) < _MAX_REASONS and reason not in self.reasons:
-            self.reasons.append(reason)
 
 
 def _event_name(attributes: Mapping[str, Any], record_name: str, body: Any) -> str:
