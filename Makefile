@@ -48,7 +48,7 @@ demo: $(STAMP)
 TEST_PY := env -u PYTHONDONTWRITEBYTECODE $(PY)
 
 # every test, on every core (pytest-xdist); what a run builds once is shared by its workers
-test: $(STAMP)
+test: $(STAMP) $(APPS_STAMP)
 	$(TEST_PY) -m pytest -q -n auto --dist worksteal
 
 # the inner loop: everything but the tests marked slow (crash trials, the real CLI, wheels)
