@@ -17,7 +17,12 @@ from typing import Any
 from agentmend.infrastructure.changes import cycle_requests, watch
 from agentmend.infrastructure.changes.audit.head import write_head
 from agentmend.infrastructure.changes.audit.log import _MIGRATIONS as AUDIT_MIGRATIONS
-from agentmend.infrastructure.changes.audit.log import AuditLog, ChainVerification
+from agentmend.infrastructure.changes.audit.log import (
+    AuditLog,
+    ChainVerification,
+    last_audit_id,
+    note_audit_id,
+)
 from agentmend.infrastructure.changes.protocol import change_log, decisions, leases, team_registry
 from agentmend.infrastructure.detection import checker_seat, issue_ledger, team_baseline
 from agentmend.infrastructure.detection import series as detector_series
@@ -137,7 +142,9 @@ def copy_store(source: Store, target: Store, *, hmac_key: bytes | str | None = N
                 continue
             counts[table] = _copy_table(sconn, target, table, id_column)
         sequences = {
-            table: next_id(sconn, table, column) - 1
+            table: last_audit_id(sconn)
+            if table == "audit_log"
+            else next_id(sconn, table, column) - 1
             for table, column in _TABLES
             if column is not None and table in counts
         }
@@ -148,6 +155,8 @@ def copy_store(source: Store, target: Store, *, hmac_key: bytes | str | None = N
                 continue  # SQLite takes max(id) + 1 for these
             newest = conn.execute(f"SELECT COALESCE(MAX({column}), 0) FROM {table}").fetchone()
             set_next_id(conn, table, max(last, int(newest[0])), column)
+            if table == "audit_log":
+                note_audit_id(conn, max(last, int(newest[0])))
     _write_audit_head(target)
     report = CopyReport(
         counts,

@@ -107,7 +107,13 @@ from agentmend.infrastructure.files.lock_wait import LockWait
 from agentmend.infrastructure.models import utc_now
 from agentmend.infrastructure.principal import ADMIN, Principal
 from agentmend.infrastructure.store.api import Store
-from agentmend.infrastructure.store.sql import Backend, StoreConnection, next_id, note_id_used
+from agentmend.infrastructure.store.sql import (
+    Backend,
+    StoreConnection,
+    backend_of,
+    next_id,
+    note_id_used,
+)
 from agentmend.infrastructure.store.timeouts import LOCK_SETTING
 from agentmend.infrastructure.structured_logger import get_logger
 
@@ -122,6 +128,8 @@ __all__ = [
     "ChainProblem",
     "ChainVerification",
     "audit_key_from_env",
+    "last_audit_id",
+    "note_audit_id",
     "verify_audit_chain",
 ]
 
@@ -176,7 +184,35 @@ _MIGRATIONS: list[str | dict[Backend, str]] = [
         " CREATE UNIQUE INDEX audit_log_one_successor ON audit_log (prev_hash)"
         f" WHERE edit_type <> '{BREAK_EDIT_TYPE}'",
     },
+    # The highest id ever handed out, so that rows cut off the end leave a gap verification
+    # sees. SQLite's AUTOINCREMENT counter is part of its transactions already; PostgreSQL's
+    # sequences are not (a setval survives the rollback of the transaction that made it), and
+    # a writer killed between its setval and its commit left a gap that read as rows removed.
+    # This counter is a row, written in the transaction that appends.
+    {
+        "sqlite": "",
+        "postgresql": "CREATE TABLE audit_counter (last_id BIGINT NOT NULL);"
+        " INSERT INTO audit_counter (last_id) SELECT GREATEST("
+        "COALESCE((SELECT MAX(id) FROM audit_log), 0), COALESCE(pg_sequence_last_value("
+        "CAST(pg_get_serial_sequence('audit_log', 'id') AS regclass)), 0))",
+    },
 ]
+
+
+def last_audit_id(conn: StoreConnection) -> int:
+    """The highest audit row id ever handed out (0 before the first), inside a transaction."""
+    if backend_of(conn) == "sqlite":
+        return next_id(conn, "audit_log") - 1
+    row = conn.execute("SELECT last_id FROM audit_counter").fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+def note_audit_id(conn: StoreConnection, row_id: int) -> None:
+    """Record in the caller's transaction that ids up to ``row_id`` were handed out."""
+    if backend_of(conn) == "sqlite":
+        return  # AUTOINCREMENT keeps its counter in the same transaction
+    conn.execute("UPDATE audit_counter SET last_id = ? WHERE last_id < ?", (row_id, row_id))
+
 
 _COLUMNS = (
     "id, timestamp, agent_name, edit_type, old_value, new_value, user_id, user_name, "
@@ -351,6 +387,8 @@ class AuditLog:
                 txn = AuditTransaction(self, conn, tail, found)
                 yield txn
                 if txn.last is not None:  # rows cut off the end later leave this gap
+                    note_audit_id(conn, txn.last[0])
+                    # and an insert that takes the table's default id comes after them
                     note_id_used(conn, "audit_log", txn.last[0])
             newest = txn.last or ((ahead.id, ahead.row_hash) if ahead is not None else None)
             if newest is not None:
@@ -374,9 +412,9 @@ class AuditLog:
         on a fleet the newer row the head should move to (rows other hosts appended)."""
         if self._fleet:
             return self._fleet_tail_state(conn, head, unreadable, fresh)
-        # The next id comes from the table's id sequence, not max(id): rows cut off the end
-        # leave a gap that verification reports even after new rows are appended.
-        seq = next_id(conn, "audit_log") - 1
+        # The next id comes from the highest id ever handed out, not max(id): rows cut off the
+        # end leave a gap that verification reports even after new rows are appended.
+        seq = last_audit_id(conn)
         # The newest commit's rows (they share its first row's id as ``batch``) and the row
         # before them, in one statement.
         tail = [_entry(r) for r in conn.execute(_TAIL_QUERY)]
@@ -393,7 +431,7 @@ class AuditLog:
         fresh: bool,
     ) -> tuple[tuple[int, str], HeadBreak | None, AuditEntry | None]:
         """:meth:`_tail_state` on a fleet: the head vouches for its row, the key for the rest."""
-        seq = next_id(conn, "audit_log") - 1
+        seq = last_audit_id(conn)
         found = conn.execute(
             f"SELECT {_COLUMNS} FROM audit_log ORDER BY id DESC LIMIT 1"
         ).fetchone()

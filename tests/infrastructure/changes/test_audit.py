@@ -389,6 +389,8 @@ def test_a_forged_unkeyed_chain_passes_without_a_key_and_fails_with_one(store: S
     _raw(store, "DELETE FROM audit_log")
     with store.transaction() as conn:  # the ids start again at 1
         set_next_id(conn, "audit_log", 0)
+    if store.backend == "postgresql":  # and the counter of ids handed out
+        _raw(store, "UPDATE audit_counter SET last_id = 0")
     forger.head_path.write_bytes(b"")  # the head file too: this attacker writes both
     for i in range(len(rows)):
         forger.append(
@@ -498,3 +500,41 @@ def test_verify_audit_chain_accepts_a_path_or_a_store(tmp_path: Path) -> None:
         _fill(AuditLog(store), 2)
         assert verify_audit_chain(store)
         assert verify_audit_chain(store.path).rows_checked == 2
+
+
+def test_a_commit_that_fails_leaves_no_gap_that_reads_as_rows_removed(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """PostgreSQL: an append whose commit fails (a writer killed or cut off by the server before
+    it commits) hands out no id for good: the next append follows on, and the chain verifies.
+
+    The commit fails for real: a deferred constraint trigger refuses one row at COMMIT, after
+    every statement of the transaction (the id counter's update included) has run."""
+    with Store(pg_url, files_dir=tmp_path) as store:
+        audit = AuditLog(store, hmac_key=KEY)
+        _fill(audit, 2)
+        raw_execute(
+            pg_url,
+            "CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.new_value = 'refused at commit' THEN RAISE EXCEPTION 'refused at commit'; "
+            "END IF; RETURN NULL; END $$",
+        )
+        raw_execute(
+            pg_url,
+            "CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON audit_log "
+            "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit()",
+        )
+        with pytest.raises(StoreError):
+            audit.append(
+                agent_name="agent-0",
+                edit_type="prompt_modification",
+                old_value="old",
+                new_value="refused at commit",
+                user_id="u1",
+            )
+        _fill(audit, 1)
+        ids = [
+            int(r[0]) for r in store.connection().execute("SELECT id FROM audit_log ORDER BY id")
+        ]
+        assert ids == [1, 2, 3]
+        assert audit.verify_chain().ok, audit.verify_chain().problems
