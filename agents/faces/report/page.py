@@ -334,9 +334,12 @@ def _agent_table(agents: Sequence[AgentStatus]) -> str:
             f'<td class="num">{len(a.open_issues)}</td></tr>'
         )
     return (
-        '<table id="agents"><tr><th>agent</th><th>runs</th><th>success (all)</th>'
-        "<th>success (recent)</th><th>p95 ms (recent)</th><th>detector (statistic / "
-        "threshold)</th><th>state</th><th>open issues</th></tr>" + "".join(rows) + "</table>"
+        # a numeric column's header is right-aligned as its figures are: else, in a wide
+        # column, the figures sit under the next column's header
+        '<table id="agents"><tr><th>agent</th><th class="num">runs</th>'
+        '<th class="num">success (all)</th><th class="num">success (recent)</th>'
+        '<th class="num">p95 ms (recent)</th><th>detector (statistic / threshold)</th>'
+        '<th>state</th><th class="num">open issues</th></tr>' + "".join(rows) + "</table>"
     )
 
 
@@ -418,8 +421,8 @@ def _cycle(cycle: CycleResult) -> str:
         )
         if check.cases:
             parts.append(
-                "<table class='cases'><tr><th>case</th><th>before</th><th>after</th>"
-                "<th>change</th></tr>"
+                "<table class='cases'><tr><th>case</th><th class='num'>before</th>"
+                "<th class='num'>after</th><th>change</th></tr>"
             )
             for case in check.cases:
                 parts.append(
@@ -471,7 +474,7 @@ def _audit(data: ReportData) -> str:
         for entry in reversed(data.audit)
     )
     return (
-        verdict + "<table id='audit'><tr><th>#</th><th>when (UTC)</th><th>agent</th>"
+        verdict + "<table id='audit'><tr><th class='num'>#</th><th>when (UTC)</th><th>agent</th>"
         f"<th>edit</th><th>by</th><th>change</th></tr>{rows}</table>"
     )
 
