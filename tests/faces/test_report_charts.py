@@ -219,11 +219,12 @@ def test_points_drawn_from_runs_break_where_no_run_happened_for_a_step(
     demo: ReportData,
 ) -> None:
     """Points of runs themselves (each from its first to its last run): a line where the
-    runs went on, a break across more than a minute without one, the statistic too."""
+    runs went on, a break across a whole minute without one, the statistic too."""
     series = [
         _point(T0, last_ts=T0 + 50),
         _point(T0 + 70, last_ts=T0 + 100),  # 20 s on from the last run: one line
-        _point(T0 + 100 + BUCKET_S + 5, failures=10, last_ts=T0 + 300),  # past a minute
+        # the minute after that of the last run had none: a break
+        _point(T0 + 3 * BUCKET_S + 5, failures=10, last_ts=T0 + 300),
     ]
     steps = [StatisticStep(T0 + s, 0.2, 1.0, 5.0) for s in (0, 90, 250)]
     agent = demo.changes[0].action.target_agent

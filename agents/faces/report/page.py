@@ -93,12 +93,20 @@ Gap = tuple[float, float]
 
 
 def _gaps(series: Sequence[SeriesPoint], step_s: float) -> list[Gap]:
-    """Where consecutive points are more than one step apart: a point summed from stored
-    buckets stands for its step, a point drawn from runs ends at its last run."""
+    """Where a whole step with no run lies between consecutive points, counting steps from
+    the first point: as the stored buckets would show it (a point summed from them stands
+    for its step; a point drawn from runs ends at its last run)."""
+    if not series:
+        return []
+    origin = series[0].start_ts
+
+    def step(ts: float) -> int:
+        return math.floor((ts - origin) / step_s + 1e-9)
+
     gaps = []
     for before, after in itertools.pairwise(series):
         last = before.start_ts if before.last_ts is None else before.last_ts
-        if after.start_ts - last > step_s * (1 + 1e-9):
+        if step(after.start_ts) - step(last) > 1:
             gaps.append((last, after.start_ts))
     return gaps
 
@@ -136,7 +144,8 @@ def _duration(ms: float) -> str:
     for unit, size in (("h", 3_600_000.0), ("min", 60_000.0), ("s", 1000.0)):
         if ms >= size:
             value = ms / size
-            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+            shown = f"{value:.1f}".removesuffix(".0") if value < 10 else f"{value:.0f}"
+            return f"{shown} {unit}"
     return f"{ms:.0f} ms"
 
 
@@ -557,7 +566,9 @@ def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
         "<br>beneath: the detector's statistic as a share of its threshold, its peak per step "
         "(<span style='color:#6a4c93'>━ failures</span>"
         "<span style='color:#2a9d8f'>━ latency</span>"
-        "<span style='color:#c62828'>┅ threshold: an alarm</span>)</p>"
+        "<span style='color:#c62828'>┅ threshold: an alarm</span>)"
+        "<br>across: when the runs were recorded, in UTC; a line breaks where a whole step of "
+        f"the series ({_e(_duration(data.step_s * 1000))}) had no run</p>"
         f"{''.join(charts) or '<p>no runs recorded yet</p>'}</section>"
         f"<section id='cycles'><h2>Improvement cycles</h2>"
         f"{''.join(_cycle(c) for c in data.cycles) or '<p>no cycles yet</p>'}"
