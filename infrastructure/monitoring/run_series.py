@@ -35,6 +35,7 @@ __all__ = [
     "add_runs",
     "duration_quantile",
     "read_series",
+    "series_step",
     "series_width",
 ]
 
@@ -257,6 +258,9 @@ class SeriesPoint:
     failures: int
     mean_ms: float
     p95_ms: float
+    last_ts: float | None = None
+    """The time of the point's last run, for a point drawn from the runs themselves; None for
+    one summed from stored buckets, which stands for its whole step."""
 
     @property
     def success_rate(self) -> float:
@@ -308,8 +312,7 @@ def read_series(
         widths = ROLLUP_WIDTHS if _has_table(conn, "run_rollups") else ()
         width = series_width(float(first_ts), float(last_ts), max_points, widths)
         first = int(float(first_ts) // width)
-        count = int(float(last_ts) // width) - first + 1
-        step = max(1, math.ceil(count / max(1, max_points)))
+        step = _buckets_per_step(float(first_ts), float(last_ts), width, max_points)
         table, where = "run_series", ""
         params: list[object] = [first, step]
         if width != BUCKET_S:
@@ -336,6 +339,29 @@ def read_series(
             )
         )
     return series
+
+
+def _buckets_per_step(first_ts: float, last_ts: float, width: int, max_points: int) -> int:
+    count = int(last_ts // width) - int(first_ts // width) + 1
+    return max(1, math.ceil(count / max(1, max_points)))
+
+
+def series_step(store: Store, *, max_points: int = 200, raw_runs: int = RAW_RUNS) -> float:
+    """Seconds per step of what ``read_series`` returns with the same arguments: the
+    width of its stored buckets times how many it sums per point; for a series drawn from the
+    runs themselves (points at their runs' own times), a minute, the finest bucket. Points
+    further apart than this have no runs between them."""
+    with read_snapshot(store) as conn:
+        if not _has_table(conn, "run_series"):
+            return float(BUCKET_S)
+        total, first_ts, last_ts = conn.execute(
+            "SELECT COALESCE(SUM(runs), 0), MIN(first_ts), MAX(last_ts) FROM run_totals"
+        ).fetchone()
+        if int(total) <= raw_runs or first_ts is None:
+            return float(BUCKET_S)
+        widths = ROLLUP_WIDTHS if _has_table(conn, "run_rollups") else ()
+    width = series_width(float(first_ts), float(last_ts), max_points, widths)
+    return float(width * _buckets_per_step(float(first_ts), float(last_ts), width, max_points))
 
 
 def series_width(
@@ -371,6 +397,7 @@ def _raw_series(
                     failures=sum(1 for ok, _, _ in group if not ok),
                     mean_ms=sum(durations) / len(durations),
                     p95_ms=durations[min(len(durations) - 1, int(0.95 * len(durations)))],
+                    last_ts=group[-1][2],
                 )
             )
         series[agent] = points

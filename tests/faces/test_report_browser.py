@@ -9,6 +9,7 @@ Playwright the tests skip with the reason; CI (``AGENTMEND_REQUIRE_SERVICES=1``)
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sqlite3
@@ -147,3 +148,70 @@ def test_the_served_page_in_chromium(browser: Any, workspace: Path) -> None:
     finally:
         stop_server(process)
     _check(seen, _agents(workspace))
+
+
+_LAYOUT = """() => {
+  const box = (el) => el.getBoundingClientRect();
+  const textBox = (cell) => {
+    const range = document.createRange();
+    range.selectNodeContents(cell);
+    return range.getBoundingClientRect();
+  };
+  const charts = [...document.querySelectorAll('svg.chart')].map((svg) => {
+    const plot = box(svg.querySelector('line.threshold'));
+    const inMargin = [...svg.querySelectorAll('text')].filter((t) => box(t).left < plot.left);
+    return {
+      plotLeft: plot.left,
+      marginLabels: inMargin.map((t) => ({text: t.textContent, right: box(t).right})),
+      ticks: [...svg.querySelectorAll('text.tick')].map((t) => {
+        const b = box(t);
+        return {text: t.textContent, left: b.left, right: b.right};
+      }),
+    };
+  });
+  const tables = [...document.querySelectorAll('table')].map((table) => {
+    const rows = [...table.rows];
+    const header = [...rows[0].cells].map(textBox);
+    return rows.slice(1).map((row) => [...row.cells].map((cell, i) => {
+      const b = textBox(cell);
+      const h = header[i];
+      const under = b.width === 0 || (b.left < h.right && h.left < b.right);
+      return {text: cell.textContent, under};
+    }));
+  });
+  return {charts, tables};
+}"""
+
+
+@pytest.mark.slow
+def test_labels_keep_off_the_plot_and_figures_sit_under_their_headers(
+    browser: Any, workspace: Path, tmp_path: Path
+) -> None:
+    """As laid out by Chromium: every y-axis label ends left of the plot, the time axis's
+    labels do not overlap, and each table cell's text is under its own header's text."""
+    target = tmp_path / "report.html"
+    assert main(["report", "--workspace", str(workspace), "-o", str(target)]) == 0
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    try:
+        page = context.new_page()
+        page.goto(target.as_uri(), wait_until="load")
+        layout = page.evaluate(_LAYOUT)
+    finally:
+        context.close()
+    assert layout["charts"]
+    for chart in layout["charts"]:
+        assert {label["text"] for label in chart["marginLabels"]} >= {"100%", "0%", "alarm"}
+        for label in chart["marginLabels"]:
+            assert label["right"] <= chart["plotLeft"], label
+        ticks = chart["ticks"]
+        assert len(ticks) >= 3
+        for left, right in itertools.pairwise(ticks):
+            assert left["right"] < right["left"], (left, right)
+    misplaced = [
+        cell["text"]
+        for table in layout["tables"]
+        for row in table
+        for cell in row
+        if not cell["under"]
+    ]
+    assert misplaced == []

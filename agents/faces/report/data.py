@@ -27,7 +27,12 @@ from agentmend.infrastructure.detection.series import StatisticStep, read_statis
 from agentmend.infrastructure.models import ChangeRecord
 from agentmend.infrastructure.monitoring.execution_rollup import baseline_runs
 from agentmend.infrastructure.monitoring.run_reader import recent_runs
-from agentmend.infrastructure.monitoring.run_series import SeriesPoint, read_series
+from agentmend.infrastructure.monitoring.run_series import (
+    BUCKET_S,
+    SeriesPoint,
+    read_series,
+    series_step,
+)
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.snapshot import read_snapshot
 from agentmend.infrastructure.store.sql import StoreConnection, has_table
@@ -186,6 +191,9 @@ class ReportData:
     chain_ms: float = 0.0
     """How long verifying the whole chain took: every row's hash and link, and the head."""
     notes: list[str] = field(default_factory=list)
+    step_s: float = float(BUCKET_S)
+    """Seconds per step of ``series`` (``run_series.series_step``): points further apart had
+    no runs between them, and the chart's line breaks there."""
 
 
 def collect_report(
@@ -218,4 +226,5 @@ def collect_report(
         audit=manager.audit.entries(limit=max_audit_rows),
         chain=chain,
         chain_ms=chain_ms,
+        step_s=series_step(store, max_points=max_points),
     )

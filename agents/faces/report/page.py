@@ -8,7 +8,9 @@ external images, so the file opens on a locked-down machine and travels as an at
 from __future__ import annotations
 
 import html
+import itertools
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -22,9 +24,23 @@ from agentmend.loop.cycle_history import CycleSummary
 
 __all__ = ["render_report"]
 
-_W, _H, _PAD = 720, 210, 36
+_W, _H = 720, 232
+_LEFT, _RIGHT = 60, 40
+"""The plot's margins: the left one holds the y-axis labels (right-aligned against the plot),
+the right one the time axis's "UTC"."""
 _RATE, _LATENCY, _STATISTIC = (10, 67), (75, 132), (148, 192)
 """Each band's top and bottom: success rate, p95 latency, the detector's statistic."""
+_AXIS_Y = 200
+"""The time axis: its line, and its tick labels beneath it."""
+_TICKS_S = (
+    *(0.001 * m for m in (1, 2, 5, 10, 20, 50, 100, 200, 500)),
+    *(1, 2, 5, 10, 15, 30),
+    *(60 * m for m in (1, 2, 5, 10, 15, 30)),
+    *(3600 * h for h in (1, 2, 3, 6, 12)),
+    *(86_400 * d for d in (1, 2, 7, 14, 30, 61, 91, 183, 365)),
+)
+"""Tick intervals a time axis may use, finest first: each a round number on a clock."""
+_MAX_TICKS = 6
 _STAT_COLOURS = {LOW_SUCCESS: "#6a4c93", SLOWDOWN: "#2a9d8f"}
 
 _STYLE = """
@@ -68,12 +84,120 @@ def _when(moment: datetime | float | None) -> str:
 
 
 def _x(ts: float, start: float, end: float) -> float:
-    span = max(end - start, 1.0)
-    return _PAD + (ts - start) / span * (_W - 2 * _PAD)
+    span = end - start if end > start else 1.0
+    return _LEFT + (ts - start) / span * (_W - _LEFT - _RIGHT)
 
 
-def _path(points: Sequence[tuple[float, float]]) -> str:
-    return " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(points))
+Gap = tuple[float, float]
+"""A stretch with no run: from the previous point's last run to the next point's first."""
+
+
+def _gaps(series: Sequence[SeriesPoint], step_s: float) -> list[Gap]:
+    """Where a whole step with no run lies between consecutive points, counting steps from
+    the first point: as the stored buckets would show it (a point summed from them stands
+    for its step; a point drawn from runs ends at its last run)."""
+    if not series:
+        return []
+    origin = series[0].start_ts
+
+    def step(ts: float) -> int:
+        return math.floor((ts - origin) / step_s + 1e-9)
+
+    gaps = []
+    for before, after in itertools.pairwise(series):
+        last = before.start_ts if before.last_ts is None else before.last_ts
+        if step(after.start_ts) - step(last) > 1:
+            gaps.append((last, after.start_ts))
+    return gaps
+
+
+def _line(
+    points: Sequence[tuple[float, float, float]], gaps: Sequence[Gap], colour: str, width: float
+) -> str:
+    """(ts, x, y) points, in time order, as a path broken across every gap (no line may
+    suggest runs where there were none), and a dot for each point alone between gaps (a path
+    of one point draws nothing)."""
+    runs: list[list[tuple[float, float]]] = []
+    previous: float | None = None
+    for ts, x, y in points:
+        if previous is None or any(previous <= low and high <= ts for low, high in gaps):
+            runs.append([])
+        runs[-1].append((x, y))
+        previous = ts
+    d = " ".join(
+        f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}"
+        for run in runs
+        if len(run) > 1
+        for i, (x, y) in enumerate(run)
+    )
+    parts = [f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="{width}"/>'] if d else []
+    parts += [
+        f'<circle class="lone" cx="{run[0][0]:.1f}" cy="{run[0][1]:.1f}" r="2.2" fill="{colour}"/>'
+        for run in runs
+        if len(run) == 1
+    ]
+    return "".join(parts)
+
+
+def _duration(ms: float) -> str:
+    """A duration as a person reads it: "850 ms", "3.5 s", "35 s", "12 min", "1.5 h"."""
+    for unit, size in (("h", 3_600_000.0), ("min", 60_000.0), ("s", 1000.0)):
+        if ms >= size:
+            value = ms / size
+            shown = f"{value:.1f}".removesuffix(".0") if value < 10 else f"{value:.0f}"
+            return f"{shown} {unit}"
+    return f"{ms:.0f} ms"
+
+
+def _ticks(start: float, end: float) -> list[tuple[float, str]]:
+    """A few round times inside ``start``..``end`` (UTC), labelled HH:MM (with seconds or
+    their fractions when the ticks are that close), or by date when the span passes a day."""
+    span = end - start
+    interval = next((t for t in _TICKS_S if span / t <= _MAX_TICKS), _TICKS_S[-1])
+    first = math.ceil(start / interval - 1e-9)
+    last = math.floor(end / interval + 1e-9)
+    if span > 86_400:
+        fmt = "%m-%d" if interval >= 86_400 else "%m-%d %H:%M"
+    elif interval >= 60:
+        fmt = "%H:%M"
+    else:
+        fmt = "%H:%M:%S"
+    decimals = 0 if interval >= 1 else len(f"{interval:.3f}".rstrip("0").split(".")[1])
+    ticks = []
+    for i in range(first, last + 1):
+        moment = datetime.fromtimestamp(i * interval, UTC)
+        label = moment.strftime(fmt)
+        if decimals:
+            label += f"{moment.microsecond / 1e6:.{decimals}f}"[1:]
+        ticks.append((i * interval, label))
+    return ticks
+
+
+def _label(y: float, text: str, colour: str = "#5c6670") -> str:
+    # right-aligned against the plot: however long, a label never reaches the lines
+    return (
+        f'<text class="y-label" x="{_LEFT - 6}" y="{y}" font-size="10" fill="{colour}" '
+        f'text-anchor="end">{_e(text)}</text>'
+    )
+
+
+def _axis(start: float, end: float) -> str:
+    parts = [
+        f'<g class="time-axis"><line x1="{_LEFT}" y1="{_AXIS_Y}" x2="{_W - _RIGHT}" '
+        f'y2="{_AXIS_Y}" stroke="#adb5bd"/>'
+    ]
+    for ts, label in _ticks(start, end):
+        x = _x(ts, start, end)
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{_AXIS_Y}" x2="{x:.1f}" y2="{_AXIS_Y + 4}" stroke="#adb5bd"/>'
+            f'<text class="tick" x="{x:.1f}" y="{_AXIS_Y + 15}" font-size="10" fill="#5c6670" '
+            f'text-anchor="middle" data-ts="{ts:.3f}">{_e(label)}</text>'
+        )
+    parts.append(
+        f'<text x="{_W - _RIGHT + 6}" y="{_AXIS_Y + 15}" font-size="10" fill="#5c6670">UTC</text>'
+        "</g>"
+    )
+    return "".join(parts)
 
 
 def _chart(
@@ -83,38 +207,50 @@ def _chart(
     changes: Iterable[ChangeRecord],
     issues: Iterable[tuple[datetime, str]],
     span: tuple[float, float],
+    step_s: float,
 ) -> str:
     """Success rate, p95 latency and, beneath them, each detector chart's statistic as a
     share of its threshold (the dashed line: an alarm; a point where it was reached), with
-    issue and change markers."""
+    issue and change markers, over a time axis in UTC. Lines break where no run happened for
+    more than one step of the series (``step_s``)."""
     start, end = span
     (rate_top, rate_bottom), (lat_top, lat_bottom) = _RATE, _LATENCY
     stat_top, stat_bottom = _STATISTIC
     max_ms = max((p.p95_ms for p in series), default=1.0) or 1.0
     rate_points = [
-        (_x(p.start_ts, start, end), rate_top + (1 - p.success_rate) * (rate_bottom - rate_top))
+        (
+            p.start_ts,
+            _x(p.start_ts, start, end),
+            rate_top + (1 - p.success_rate) * (rate_bottom - rate_top),
+        )
         for p in series
     ]
     lat_points = [
-        (_x(p.start_ts, start, end), lat_bottom - p.p95_ms / max_ms * (lat_bottom - lat_top))
+        (
+            p.start_ts,
+            _x(p.start_ts, start, end),
+            lat_bottom - p.p95_ms / max_ms * (lat_bottom - lat_top),
+        )
         for p in series
     ]
     parts = [
         f'<svg viewBox="0 0 {_W} {_H}" role="img" aria-label="{_e(agent)}: success, latency'
-        f' and detector statistic" class="chart" data-points="{len(series)}">',
+        f' and detector statistic" class="chart" data-points="{len(series)}" '
+        f'data-plot="{_LEFT} {_W - _RIGHT}">',
         f'<rect x="0" y="0" width="{_W}" height="{_H}" fill="#fff"/>',
-        f'<line x1="{_PAD}" y1="{rate_bottom + 4}" x2="{_W - _PAD}" y2="{rate_bottom + 4}" '
+        f'<line x1="{_LEFT}" y1="{rate_bottom + 4}" x2="{_W - _RIGHT}" y2="{rate_bottom + 4}" '
         'stroke="#e6e9ed"/>',
-        f'<line x1="{_PAD}" y1="{lat_bottom + 8}" x2="{_W - _PAD}" y2="{lat_bottom + 8}" '
+        f'<line x1="{_LEFT}" y1="{lat_bottom + 8}" x2="{_W - _RIGHT}" y2="{lat_bottom + 8}" '
         'stroke="#e6e9ed"/>',
-        f'<text x="2" y="{rate_top + 8}" font-size="10" fill="#5c6670">100%</text>',
-        f'<text x="2" y="{rate_bottom}" font-size="10" fill="#5c6670">0%</text>',
-        f'<text x="2" y="{lat_top + 8}" font-size="10" fill="#5c6670">{max_ms:.0f}ms</text>',
-        f'<text x="2" y="{lat_bottom}" font-size="10" fill="#5c6670">0ms</text>',
-        f'<text x="2" y="{stat_top + 4}" font-size="10" fill="#c62828">alarm</text>',
-        f'<line x1="{_PAD}" y1="{stat_top}" x2="{_W - _PAD}" y2="{stat_top}" stroke="#c62828" '
+        _label(rate_top + 8, "100%"),
+        _label(rate_bottom, "0%"),
+        _label(lat_top + 8, _duration(max_ms)),
+        _label(lat_bottom, "0 s"),
+        _label(stat_top + 4, "alarm", "#c62828"),
+        f'<line x1="{_LEFT}" y1="{stat_top}" x2="{_W - _RIGHT}" y2="{stat_top}" stroke="#c62828" '
         'stroke-dasharray="4,3" class="threshold"/>',
-        f'<text x="2" y="{stat_bottom}" font-size="10" fill="#5c6670">0</text>',
+        _label(stat_bottom, "0"),
+        _axis(start, end),
     ]
     for ts, label in issues:
         x = _x(ts.timestamp(), start, end)
@@ -135,24 +271,25 @@ def _chart(
             f'stroke="{colour}" stroke-width="2"/><title>change {_e(change.change_id)} '
             f"({_e(change.status.value)}) at {_e(_when(change.timestamp))}</title></g>"
         )
+    gaps = _gaps(series, step_s)
     if rate_points:
-        parts.append(
-            f'<path d="{_path(rate_points)}" fill="none" stroke="#1d3557" stroke-width="1.5"/>'
-        )
-        parts.append(
-            f'<path d="{_path(lat_points)}" fill="none" stroke="#e76f51" stroke-width="1.5"/>'
-        )
-    for point, (x, y) in zip(series, rate_points, strict=True):
+        parts.append(f'<g class="rate">{_line(rate_points, gaps, "#1d3557", 1.5)}</g>')
+        parts.append(f'<g class="latency">{_line(lat_points, gaps, "#e76f51", 1.5)}</g>')
+    for point, (_ts, x, y) in zip(series, rate_points, strict=True):
         parts.append(
             f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="#1d3557"><title>'
             f"{_e(_when(point.start_ts))}: {point.runs} runs, {point.success_rate:.1%} success, "
-            f"p95 {point.p95_ms:.0f} ms</title></circle>"
+            f"p95 {_e(_duration(point.p95_ms))}</title></circle>"
         )
     for kind, steps in sorted(statistics.items()):
         colour = _STAT_COLOURS.get(kind, "#5c6670")
         chart = CHART_OF_KIND.get(kind, kind)
         points = [
-            (_x(p.start_ts, start, end), stat_bottom - min(p.peak, 1.0) * (stat_bottom - stat_top))
+            (
+                p.start_ts,
+                _x(p.start_ts, start, end),
+                stat_bottom - min(p.peak, 1.0) * (stat_bottom - stat_top),
+            )
             for p in steps
         ]
         highest = max(steps, key=lambda p: p.peak)
@@ -164,10 +301,9 @@ def _chart(
             f'<g class="statistic" data-kind="{_e(kind)}" data-steps="{len(steps)}" '
             f'data-peak="{highest.peak:.4f}"><title>{_e(chart)}: highest {highest.peak:.0%} of '
             f"its threshold at {_e(_when(highest.start_ts))}; now {last.statistic:.2f} / "
-            f"{last.threshold:.2f}</title>"
-            f'<path d="{_path(points)}" fill="none" stroke="{colour}" stroke-width="1.2"/>'
+            f"{last.threshold:.2f}</title>" + _line(points, gaps, colour, 1.2)
         )
-        for step, (x, y) in zip(steps, points, strict=True):
+        for step, (_ts, x, y) in zip(steps, points, strict=True):
             if step.peak < 1.0:
                 continue
             parts.append(
@@ -207,9 +343,12 @@ def _agent_table(agents: Sequence[AgentStatus]) -> str:
             f'<td class="num">{len(a.open_issues)}</td></tr>'
         )
     return (
-        '<table id="agents"><tr><th>agent</th><th>runs</th><th>success (all)</th>'
-        "<th>success (recent)</th><th>p95 ms (recent)</th><th>detector (statistic / "
-        "threshold)</th><th>state</th><th>open issues</th></tr>" + "".join(rows) + "</table>"
+        # a numeric column's header is right-aligned as its figures are: else, in a wide
+        # column, the figures sit under the next column's header
+        '<table id="agents"><tr><th>agent</th><th class="num">runs</th>'
+        '<th class="num">success (all)</th><th class="num">success (recent)</th>'
+        '<th class="num">p95 ms (recent)</th><th>detector (statistic / threshold)</th>'
+        '<th>state</th><th class="num">open issues</th></tr>' + "".join(rows) + "</table>"
     )
 
 
@@ -268,7 +407,9 @@ def _cycle(cycle: CycleResult) -> str:
             f"{_e(action.target_agent)}</h4><p>{_e(action.rationale)}</p>"
         )
         if outcome.verdicts:
-            parts.append("<table class='gates'><tr><th>gate</th><th>verdict</th><th>reason</th>")
+            parts.append(
+                "<table class='gates'><tr><th>gate</th><th>verdict</th><th>reason</th></tr>"
+            )
             for verdict in outcome.verdicts:
                 css = "ok" if verdict.passed else "bad"
                 parts.append(
@@ -289,8 +430,8 @@ def _cycle(cycle: CycleResult) -> str:
         )
         if check.cases:
             parts.append(
-                "<table class='cases'><tr><th>case</th><th>before</th><th>after</th>"
-                "<th>change</th></tr>"
+                "<table class='cases'><tr><th>case</th><th class='num'>before</th>"
+                "<th class='num'>after</th><th>change</th></tr>"
             )
             for case in check.cases:
                 parts.append(
@@ -342,29 +483,47 @@ def _audit(data: ReportData) -> str:
         for entry in reversed(data.audit)
     )
     return (
-        verdict + "<table id='audit'><tr><th>#</th><th>when (UTC)</th><th>agent</th>"
+        verdict + "<table id='audit'><tr><th class='num'>#</th><th>when (UTC)</th><th>agent</th>"
         f"<th>edit</th><th>by</th><th>change</th></tr>{rows}</table>"
     )
 
 
+def _span(
+    data: ReportData,
+    names: Sequence[str],
+    issues: Mapping[str, Sequence[tuple[datetime, str]]],
+    changes: Mapping[str, Sequence[ChangeRecord]],
+) -> tuple[float, float]:
+    """The time axis all charts share: every point drawn and every marker of a charted agent,
+    all on the one clock they are recorded by (UTC seconds), with a small margin each side so
+    that the first and last are not on the edge."""
+    moments = [
+        moment
+        for name in names
+        for p in data.series.get(name, ())
+        for moment in (p.start_ts, p.last_ts if p.last_ts is not None else p.start_ts)
+    ]
+    moments += [p.start_ts for (agent, _), steps in data.statistics.items() for p in steps]
+    moments += [ts.timestamp() for name in names for ts, _ in issues.get(name, ())]
+    moments += [c.timestamp.timestamp() for name in names for c in changes.get(name, ())]
+    if not moments:
+        return (0.0, 1.0)
+    low, high = min(moments), max(moments)
+    margin = (high - low) * 0.02 if high > low else 0.5
+    return (low - margin, high + margin)
+
+
 def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
     """The whole page as one HTML string."""
-    points = [p.start_ts for series in data.series.values() for p in series]
-    points += [p.start_ts for steps in data.statistics.values() for p in steps]
-    moments = points + [c.timestamp.timestamp() for c in data.changes]
-    if moments:
-        low, high = min(moments), max(moments)
-        span = (low, high + max(1.0, (high - low) * 0.02))  # room for the newest marker
-    else:
-        span = (0.0, 1.0)
     issues_by_agent: dict[str, list[tuple[datetime, str]]] = {}
     for issue in [c.issue for c in data.cycles] + [c.issue for c in data.older_cycles]:
         issues_by_agent.setdefault(issue.agent_name, []).append((issue.timestamp, issue.error_type))
     changes_by_agent: dict[str, list[ChangeRecord]] = {}
     for change in data.changes:
         changes_by_agent.setdefault(change.action.target_agent, []).append(change)
-    charts = []
     names = sorted(set(data.series) | {a.name for a in data.agents})
+    span = _span(data, names, issues_by_agent, changes_by_agent)
+    charts = []
     for name in names:
         charts.append(
             f'<div class="agent-chart" data-agent="{_e(name)}"><h3>{_e(name)}</h3>'
@@ -375,6 +534,7 @@ def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
                 changes_by_agent.get(name, []),
                 issues_by_agent.get(name, []),
                 span,
+                data.step_s,
             )
             + "</div>"
         )
@@ -406,7 +566,9 @@ def render_report(data: ReportData, *, title: str = "agentmend report") -> str:
         "<br>beneath: the detector's statistic as a share of its threshold, its peak per step "
         "(<span style='color:#6a4c93'>━ failures</span>"
         "<span style='color:#2a9d8f'>━ latency</span>"
-        "<span style='color:#c62828'>┅ threshold: an alarm</span>)</p>"
+        "<span style='color:#c62828'>┅ threshold: an alarm</span>)"
+        "<br>across: when the runs were recorded, in UTC; a line breaks where a whole step of "
+        f"the series ({_e(_duration(data.step_s * 1000))}) had no run</p>"
         f"{''.join(charts) or '<p>no runs recorded yet</p>'}</section>"
         f"<section id='cycles'><h2>Improvement cycles</h2>"
         f"{''.join(_cycle(c) for c in data.cycles) or '<p>no cycles yet</p>'}"

@@ -3,6 +3,7 @@ chart of a long history reads from."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from agentmend.infrastructure.monitoring.run_series import (
     MIGRATIONS,
     ROLLUP_WIDTHS,
     read_series,
+    series_step,
     series_width,
 )
 from agentmend.infrastructure.store.api import Store, _split_sql
@@ -125,4 +127,34 @@ def test_a_store_without_rollups_is_read_from_the_minutes(tmp_path: Path) -> Non
     assert sum(p.runs for points in series.values() for p in points) == sum(
         1 for r in rows if r[1] == "run"
     )
+    store.close()
+
+
+@pytest.mark.parametrize("max_points", [7, 50, 200, 5_000])
+def test_the_step_of_a_series_is_the_spacing_of_its_points(tmp_path: Path, max_points: int) -> None:
+    """``series_step`` is what a chart breaks its line at: the points of ``read_series`` sit
+    on its grid, and the closest two of an agent's are one step apart."""
+    rows = _runs(4_000, days=20)
+    store = _store_with(tmp_path, rows, batch=500)
+    step = series_step(store, raw_runs=0, max_points=max_points)
+    series = read_series(store, raw_runs=0, max_points=max_points)
+    for points in series.values():
+        gaps = [b.start_ts - a.start_ts for a, b in itertools.pairwise(points)]
+        assert all(gap % step == 0 for gap in gaps)
+        assert min(gaps) == step
+        assert all(p.last_ts is None for p in points)  # each stands for its whole step
+    store.close()
+
+
+def test_points_of_the_runs_themselves_end_at_their_last_run(tmp_path: Path) -> None:
+    rows = _runs(600, days=1)
+    store = _store_with(tmp_path, rows, batch=600)
+    assert series_step(store) == BUCKET_S  # runs more than a minute apart had none between
+    series = read_series(store, max_points=50)
+    runs = {agent: sorted(r[8] for r in rows if r[0] == agent and r[1] == "run") for agent in "ab"}
+    for agent, points in series.items():
+        assert points[0].start_ts == runs[agent][0]
+        assert points[-1].last_ts == runs[agent][-1]
+        for a, b in itertools.pairwise(points):
+            assert a.start_ts <= (a.last_ts or 0) < b.start_ts
     store.close()
