@@ -266,29 +266,39 @@ class Rollouts:
         evidence = record.evidence
         if rows:
             evidence.add_all(_arm_runs(rows, rollout_id, record.canary))
-            with self.releases.store.transaction() as conn:
-                stepped = conn.execute(
-                    "UPDATE rollouts SET evidence = ?, cursor = ? "
-                    "WHERE rollout_id = ? AND cursor = ? AND state = 'canary'",
-                    (evidence.to_json(), rows[-1].id, rollout_id, record.cursor),
-                ).rowcount
-            if stepped != 1:
-                return self.get(rollout_id)  # another worker took this step
+        cursor = rows[-1].id if rows else record.cursor
         decision, reason, decided_by = decide(
             evidence, record.limits, claimed_fix=record.claimed_fix, age_hours=age_hours
         )
+        step = (
+            "UPDATE rollouts SET evidence = ?, cursor = ? "
+            "WHERE rollout_id = ? AND cursor = ? AND state = 'canary'"
+        )
         if decision == "continue":
+            if rows:
+                with self.releases.store.transaction() as conn:
+                    conn.execute(step, (evidence.to_json(), cursor, rollout_id, record.cursor))
             return self.get(rollout_id)
         outcome = "promoted" if decision == "promote" else "rolled_back"
         evidence.decided_by = decided_by
-        self._settle(
-            replace(record, evidence=evidence),
-            outcome,
-            reason,
-            evidence.summary(record.limits),
-            by=None,
-            decided_by=decided_by,
-        )
+        # The step and the settlement it decides commit together: settled on its own, a step
+        # another worker took in between would be overwritten by this one's older evidence.
+        with self.releases.write(safety=outcome == "rolled_back") as (conn, txn):
+            stepped = conn.execute(
+                step, (evidence.to_json(), cursor, rollout_id, record.cursor)
+            ).rowcount
+            if stepped == 1:  # else another worker took this step: it decides, not this one
+                settle_in(
+                    self.releases,
+                    conn,
+                    txn,
+                    replace(record, evidence=evidence, cursor=cursor),
+                    outcome,
+                    reason,
+                    evidence.summary(record.limits),
+                    by=None,
+                    decided_by=decided_by,
+                )
         return self.get(rollout_id)
 
     # -- steering by hand --------------------------------------------------------------------

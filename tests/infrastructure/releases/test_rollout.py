@@ -287,3 +287,54 @@ def test_what_counts_as_carrying_a_canarys_change(
     stable = {"a.md": b"x\ny\n", "b.md": b"b\n"}
     canary = {"a.md": b"x\nY\n", "c.md": b"c\n"}  # y became Y, b.md removed, c.md added
     assert canary_change_in(stable, canary, new) == carried
+
+
+def _tagged(fleet: Fleet, rollout_id: str, version: int, *, up_to: int) -> int:
+    """The canary runs of ``rollout_id`` recorded with ids up to ``up_to``."""
+    rows = fleet.store.connection().execute("SELECT extra FROM executions WHERE id <= ?", (up_to,))
+    tags = [json.loads(extra) for (extra,) in rows]
+    return sum(t.get("rollout") == rollout_id and t.get("release") == version for t in tags)
+
+
+def _serve_tagged(fleet: Fleet, rollout_id: str, version: int, runs: int) -> None:
+    for _ in range(runs):
+        fleet.monitor.record(
+            AGENT, success=True, duration_ms=10.0, release=version, arm="canary",
+            rollout=rollout_id,
+        )  # fmt: skip
+        fleet.monitor.record(
+            AGENT, success=True, duration_ms=10.0, release=1, arm="stable", rollout=rollout_id
+        )
+    fleet.monitor.flush()
+
+
+def test_a_settlement_never_overwrites_a_step_another_worker_took(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker A reads runs and decides to roll back; before it settles, worker B steps over more
+    runs. A's settlement must not write its older evidence over B's step (the evidence would
+    count fewer runs than the cursor has passed): the step and the settlement commit together,
+    and A, whose step lost, settles nothing."""
+    import agentmend.infrastructure.releases.rollout as rollout_module
+
+    harmful = fleet.publish_edit("max_tokens: 2048", "max_tokens: 950")
+    undecided = RolloutLimits(margin=0.0, alpha=1e-6, guard_alpha=1e-9)
+    record = fleet.rollouts.start(harmful, by=CYCLE, limits=undecided)
+    worker_a, worker_b = Rollouts(fleet.log), Rollouts(fleet.log)
+    _serve_tagged(fleet, record.rollout_id, harmful, 20)
+    real_decide = rollout_module.decide
+
+    def worker_b_steps_in_between(*args: object, **kwargs: object) -> object:
+        monkeypatch.setattr(rollout_module, "decide", real_decide)
+        _serve_tagged(fleet, record.rollout_id, harmful, 20)
+        stepped = worker_b.advance()  # B steps over all 40 pairs: no harm, "continue"
+        assert stepped is not None
+        assert stepped.state == "canary"
+        return ("rollback", "worse", "failure_guard")  # A's decision, on its 20 pairs
+
+    monkeypatch.setattr(rollout_module, "decide", worker_b_steps_in_between)
+    worker_a.advance()
+    now = fleet.rollouts.get(record.rollout_id)
+    assert now.evidence.canary_runs == _tagged(fleet, record.rollout_id, harmful, up_to=now.cursor)
+    assert now.evidence.canary_runs == 40
+    assert now.state == "canary"  # A's step lost, so A's decision settled nothing
