@@ -322,7 +322,7 @@ def test_a_settlement_never_overwrites_a_step_another_worker_took(
     record = fleet.rollouts.start(harmful, by=CYCLE, limits=undecided)
     worker_a, worker_b = Rollouts(fleet.log), Rollouts(fleet.log)
     _serve_tagged(fleet, record.rollout_id, harmful, 20)
-    real_decide = rollout_module.decide
+    real_decide = decide  # the one the rollout module imported
 
     def worker_b_steps_in_between(*args: object, **kwargs: object) -> object:
         monkeypatch.setattr(rollout_module, "decide", real_decide)
