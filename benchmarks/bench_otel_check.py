@@ -10,7 +10,7 @@ agents, as in ``bench_otel.py``) POSTed over loopback HTTP by one client thread,
 runs until the last run is in the receiver's store (read back from it). Throughput is spans per
 second over that time; the figure is the ratio of the medians over the rounds (goal >= 0.90).
 The checker's detector uses the default settings: after the first 500 runs of an agent it judges
-every new run. Run: ``.venv/bin/python benchmarks/bench_otel_check.py [-r 7] [-n 24]``.
+every new run. Run: ``.venv/bin/python benchmarks/bench_otel_check.py [-r 7] [-n 96]``.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class Receiver:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-r", "--rounds", type=int, default=7)
-    parser.add_argument("-n", "--requests", type=int, default=24, help="requests per measure")
+    parser.add_argument("-n", "--requests", type=int, default=96, help="requests per measure")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-otel-check-") as folder:
         plain = Receiver(Path(folder), check=False)
