@@ -25,7 +25,7 @@ agents, cycles run. One more trial SIGKILLs the active checker right after the f
 until the standby takes the seat (goal within 10 s) and its own fault-to-canary times.
 
 No timed assertion: figures only. Run: ``.venv/bin/python benchmarks/bench_fleet_loop.py
-[--trials 10]`` (about 3 minutes on 2 cores). The script runs itself as the workers
+[--trials 10]`` (about 2 minutes on 2 cores). The script runs itself as the workers
 (``bench_fleet_loop.py worker ...``).
 """
 
