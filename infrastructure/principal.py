@@ -7,7 +7,10 @@ to the change history and the audit rows, so it lives here too.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from agentmend.infrastructure.errors import PermissionRequired
 
@@ -20,6 +23,7 @@ __all__ = [
     "SETTLE_ROLLOUT",
     "ChangeAuthor",
     "Principal",
+    "admin_uid_refusal",
 ]
 
 ADMIN = "admin"
@@ -113,3 +117,24 @@ class ChangeAuthor:
     def via_or(self, default: str) -> ChangeAuthor:
         """This author, made by ``default`` unless it names its own ``via``."""
         return self if self.via else replace(self, via=default)
+
+
+def admin_uid_refusal(
+    action: str, workspace: Path, admin_uids: Iterable[int] | None = None
+) -> str | None:
+    """Why this process may not ``action`` as an administrator (None: it may).
+
+    On one host with SQLite every process that records writes the store file, so the OS user is
+    one trust domain and ``AGENTMEND_PRINCIPAL_ADMIN`` is only a claim. This check adds the one
+    thing a same-host process cannot claim: its real uid must be one of the team's
+    administrators (``AGENTMEND_ADMIN_UIDS``; unset, the uid that owns the workspace folder).
+    It keeps another OS user out, never a process of an administrator's own uid.
+    """
+    uid = os.getuid()
+    allowed = set(admin_uids) if admin_uids else {workspace.stat().st_uid}
+    if uid in allowed:
+        return None
+    return (
+        f"{action} needs an administrator: uid {uid} is not one of this team's administrator "
+        f"uids ({', '.join(str(u) for u in sorted(allowed))}; set AGENTMEND_ADMIN_UIDS)"
+    )
