@@ -34,14 +34,18 @@ TRUSTED = "otel-gateway"
 FORGED = 300
 
 
-def _send(store: Store, log: ReleaseLog, source: str | None, **span: Any) -> None:
-    """FORGED canary successes and FORGED stable failures through a receiver named ``source``."""
+def _send(
+    store: Store, log: ReleaseLog, source: str | None, failing: str = "1", **span: Any
+) -> None:
+    """FORGED runs of the canary (release 2) and FORGED of stable (1) through a receiver named
+    ``source``; the runs of release ``failing`` fail, the others succeed."""
     with PerformanceMonitor(store, flush_interval_s=60) as monitor:
         attribution = ReleaseAttribution(log, source=source)
         receiver = OtlpReceiver(TraceAssembler(monitor.record, attribute=attribution.tags), port=0)
         receiver.start()
         try:
-            for label, fail in (("2", None), ("1", "forged failure")):
+            for label in ("2", "1"):
+                fail = "forged failure" if label == failing else None
                 factory = SpanFactory(service="tutor-app", **{"agentmend.release": label})
                 exporter = OTLPSpanExporter(
                     endpoint=f"{receiver.endpoint}/v1/traces",
@@ -59,8 +63,14 @@ def _send(store: Store, log: ReleaseLog, source: str | None, **span: Any) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("failing", "settled"), [("1", "promoted"), ("2", "rolled_back")])
 def test_forged_runs_move_no_rollout_unless_their_receiver_is_trusted(
-    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+    failing: str,
+    settled: str,
+    store_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
 ) -> None:
     monkeypatch.setenv("AGENTMEND_STORE_URL", store_url)
     monkeypatch.delenv("AGENTMEND_TRUSTED_RECEIVERS", raising=False)
@@ -79,8 +89,8 @@ def test_forged_runs_move_no_rollout_unless_their_receiver_is_trusted(
 
         # an untrusted receiver, whose clients also write the trusted name as span attributes
         forged = {"received_by": TRUSTED, "agentmend.received_by": TRUSTED}
-        _send(store, log, "laptop-receiver", **forged)
-        _send(store, log, None)  # a receiver with no name at all
+        _send(store, log, "laptop-receiver", failing, **forged)
+        _send(store, log, None, failing)  # a receiver with no name at all
         record = judge.advance()
         assert record is not None
         assert record.state == "canary"
@@ -98,14 +108,15 @@ def test_forged_runs_move_no_rollout_unless_their_receiver_is_trusted(
         shown = json.loads(out)["rollout"]["evidence"]
         assert shown["not_counted"] == evidence.not_counted
         assert shown["canary"] == [0, 0]
+        assert json.loads(out)["rollout"]["state"] == "canary"
 
         # the same runs from the trusted receiver count, and decide
-        _send(store, log, TRUSTED)
+        _send(store, log, TRUSTED, failing)
         record = judge.advance()
         assert record is not None
         counted = Rollouts(log).get(rollout).evidence
         assert counted.canary_runs + counted.stable_runs > 0
-        assert record.state == "promoted"
+        assert record.state == settled
         assert counted.not_counted == evidence.not_counted  # the untrusted stay left out
     finally:
         store.close()
