@@ -234,7 +234,7 @@ def test_the_receiver_command_attributes_to_its_workspace_team(tmp_path: Path) -
         port = probe.getsockname()[1]
     process = subprocess.Popen(
         [sys.executable, "-m", "agentmend.otel_receiver", "--port", str(port),
-         "--workspace", str(workspace), "--token", TEST_TOKEN],
+         "--workspace", str(workspace), "--token", TEST_TOKEN, "--name", "gw-1"],
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
@@ -258,3 +258,4 @@ def test_the_receiver_command_attributes_to_its_workspace_team(tmp_path: Path) -
         store.close()
     tags = json.loads(extra)
     assert (tags["release"], tags["arm"]) == (1, "stable")
+    assert tags["received_by"] == "gw-1"  # the receiver's own name, not the client's
