@@ -8,7 +8,6 @@ to the change history and the audit rows, so it lives here too.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from agentmend.infrastructure.errors import PermissionRequired
 
 __all__ = [
     "ADMIN",
+    "ADMIN_UIDS_FILE",
     "CHECKER_ACTIONS",
     "IMPROVER_VIA",
     "PUBLISH_CANARY",
@@ -119,22 +119,37 @@ class ChangeAuthor:
         return self if self.via else replace(self, via=default)
 
 
-def admin_uid_refusal(
-    action: str, workspace: Path, admin_uids: Iterable[int] | None = None
-) -> str | None:
+ADMIN_UIDS_FILE = "admin-uids"
+"""In a workspace folder: more administrator uids (whitespace or comma separated)."""
+
+
+def admin_uid_refusal(action: str, workspace: Path) -> str | None:
     """Why this process may not ``action`` as an administrator (None: it may).
 
     On one host with SQLite every process that records writes the store file, so the OS user is
     one trust domain and ``AGENTMEND_PRINCIPAL_ADMIN`` is only a claim. This check adds the one
     thing a same-host process cannot claim: its real uid must be one of the team's
-    administrators (``AGENTMEND_ADMIN_UIDS``; unset, the uid that owns the workspace folder).
-    It keeps another OS user out, never a process of an administrator's own uid.
+    administrators, the uid that owns the workspace folder and those listed in its
+    ``admin-uids`` file. The list is never read from the caller's environment, and the file
+    counts only when the folder's owner owns it and nobody else may write it. It keeps other
+    OS users out, never a process of an administrator's own uid.
     """
     uid = os.getuid()
-    allowed = set(admin_uids) if admin_uids else {workspace.stat().st_uid}
+    owner = workspace.stat().st_uid
+    allowed = {owner}
+    listed = workspace / ADMIN_UIDS_FILE
+    try:
+        info = listed.lstat()
+        if info.st_uid == owner and not info.st_mode & 0o022 and listed.is_file():
+            tokens = listed.read_text("utf-8").replace(",", " ").split()
+            allowed.update(int(token) for token in tokens)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        return f"{action} refused: {listed} cannot be read as a list of uids ({exc})"
     if uid in allowed:
         return None
     return (
         f"{action} needs an administrator: uid {uid} is not one of this team's administrator "
-        f"uids ({', '.join(str(u) for u in sorted(allowed))}; set AGENTMEND_ADMIN_UIDS)"
+        f"uids ({', '.join(str(u) for u in sorted(allowed))}; listed in {listed})"
     )

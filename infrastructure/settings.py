@@ -126,9 +126,6 @@ class Settings(BaseSettings):
     principal_id: str = "agentmend"
     principal_name: str = "agentmend (automatic)"
     principal_admin: bool = False
-    # the real uids that may act as administrators on this host (a JSON list, e.g. [1000]);
-    # unset, the uid that owns the workspace folder (see principal.admin_uid_refusal)
-    admin_uids: list[int] | None = None
     # tools a ``standard`` profile may call although they are not known to be read-only
     # (names or patterns, e.g. ``["mcp__docs__*"]``): Task/Agent, MCP and unknown tools are
     # privileged unless listed here

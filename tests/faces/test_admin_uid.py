@@ -1,7 +1,7 @@
 """On one host the OS user is the trust domain: an administrator's claim
 (``AGENTMEND_PRINCIPAL_ADMIN=true``) holds only for a real uid among the team's administrators
-(``AGENTMEND_ADMIN_UIDS``; unset, the workspace folder's owner). A real child process run as
-``nobody`` is refused in one line."""
+(the workspace folder's owner and its ``admin-uids`` file, never the caller's environment).
+A real child process run as ``nobody`` is refused in one line."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 
 from agentmend.faces.cli.app import build_parser, main
 from agentmend.faces.workspace import Workspace
-from agentmend.infrastructure.principal import admin_uid_refusal
+from agentmend.infrastructure.principal import ADMIN_UIDS_FILE, admin_uid_refusal
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 
@@ -73,19 +73,29 @@ def test_an_admin_claim_from_another_uid_is_refused_in_one_line(shared_workspace
     lines = err.strip().splitlines()
     assert len(lines) == 1
     assert "uid 65534 is not one of this team's administrator uids (0;" in lines[0]
-    # the same child, listed as an administrator, passes the check (nothing to acknowledge)
+    # naming itself in its own environment, or in a list anyone may write, changes nothing
+    listed = shared_workspace / ADMIN_UIDS_FILE
+    listed.write_text("65534\n")
+    listed.chmod(0o666)
     code, err = _as_nobody(shared_workspace, AGENTMEND_ADMIN_UIDS="[65534]")
+    assert code == 2, err
+    assert "uid 65534 is not one of" in err
+    # listed by the workspace's owner, the same child passes the check (nothing to acknowledge)
+    listed.chmod(0o644)
+    code, err = _as_nobody(shared_workspace)
     assert "administrator uids" not in err
     assert code == 0, err
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
 def test_a_rollback_as_administrator_from_an_unlisted_uid_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = tmp_path / "ws"
     Workspace.open(folder).close()
     monkeypatch.setenv("AGENTMEND_PRINCIPAL_ADMIN", "true")
-    monkeypatch.setenv("AGENTMEND_ADMIN_UIDS", f"[{os.getuid() + 1}]")
+    folder.chmod(0o777)
+    os.chown(folder, os.getuid() + 1, -1)  # the folder of another user's team
     assert main(["rollback", "c-1", "--workspace", str(folder)]) == 2
     err = capsys.readouterr().err.strip()
     assert "rolling back as an administrator needs an administrator" in err
@@ -94,6 +104,8 @@ def test_a_rollback_as_administrator_from_an_unlisted_uid_is_refused(
 
 def test_the_default_administrator_is_the_workspace_owner(tmp_path: Path) -> None:
     assert admin_uid_refusal("x", tmp_path) is None  # this process owns tmp_path
-    refusal = admin_uid_refusal("approving test changes", tmp_path, [os.getuid() + 1])
+    (tmp_path / ADMIN_UIDS_FILE).write_text("12, nope\n")
+    refusal = admin_uid_refusal("approving test changes", tmp_path)
     assert refusal is not None
-    assert refusal.startswith("approving test changes needs an administrator: uid ")
+    assert refusal.startswith("approving test changes refused: ")
+    assert "cannot be read as a list of uids" in refusal

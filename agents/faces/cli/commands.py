@@ -192,9 +192,7 @@ def _run_rollback(args: argparse.Namespace) -> int:
             # changes carry no team here: an administrator's claim is checked on every rollback
             from agentmend.infrastructure.principal import admin_uid_refusal
 
-            refusal = admin_uid_refusal(
-                "rolling back as an administrator", workspace.path, workspace.settings.admin_uids
-            )
+            refusal = admin_uid_refusal("rolling back as an administrator", workspace.path)
             if refusal is not None:
                 raise CommandError(refusal, EXIT_USAGE)
         current = workspace.manager.get_change(args.change)

@@ -25,7 +25,7 @@ def _require_admin_uid(action: str, workspace: Any) -> None:
     """Refuse in one line unless this process's real uid is one of the team's administrators."""
     from agentmend.infrastructure.principal import admin_uid_refusal
 
-    refusal = admin_uid_refusal(action, workspace.path, workspace.settings.admin_uids)
+    refusal = admin_uid_refusal(action, workspace.path)
     if refusal is not None:
         raise CommandError(refusal, EXIT_USAGE)
 
