@@ -7,12 +7,15 @@ to the change history and the audit rows, so it lives here too.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from agentmend.infrastructure.errors import PermissionRequired
 
 __all__ = [
     "ADMIN",
+    "ADMIN_UIDS_FILE",
     "CHECKER_ACTIONS",
     "IMPROVER_VIA",
     "PUBLISH_CANARY",
@@ -20,6 +23,7 @@ __all__ = [
     "SETTLE_ROLLOUT",
     "ChangeAuthor",
     "Principal",
+    "admin_uid_refusal",
 ]
 
 ADMIN = "admin"
@@ -113,3 +117,39 @@ class ChangeAuthor:
     def via_or(self, default: str) -> ChangeAuthor:
         """This author, made by ``default`` unless it names its own ``via``."""
         return self if self.via else replace(self, via=default)
+
+
+ADMIN_UIDS_FILE = "admin-uids"
+"""In a workspace folder: more administrator uids (whitespace or comma separated)."""
+
+
+def admin_uid_refusal(action: str, workspace: Path) -> str | None:
+    """Why this process may not ``action`` as an administrator (None: it may).
+
+    On one host with SQLite every process that records writes the store file, so the OS user is
+    one trust domain and ``AGENTMEND_PRINCIPAL_ADMIN`` is only a claim. This check adds the one
+    thing a same-host process cannot claim: its real uid must be one of the team's
+    administrators, the uid that owns the workspace folder and those listed in its
+    ``admin-uids`` file. The list is never read from the caller's environment, and the file
+    counts only when the folder's owner owns it and nobody else may write it. It keeps other
+    OS users out, never a process of an administrator's own uid.
+    """
+    uid = os.getuid()
+    owner = workspace.stat().st_uid
+    allowed = {owner}
+    listed = workspace / ADMIN_UIDS_FILE
+    try:
+        info = listed.lstat()
+        if info.st_uid == owner and not info.st_mode & 0o022 and listed.is_file():
+            tokens = listed.read_text("utf-8").replace(",", " ").split()
+            allowed.update(int(token) for token in tokens)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        return f"{action} refused: {listed} cannot be read as a list of uids ({exc})"
+    if uid in allowed:
+        return None
+    return (
+        f"{action} needs an administrator: uid {uid} is not one of this team's administrator "
+        f"uids ({', '.join(str(u) for u in sorted(allowed))}; listed in {listed})"
+    )

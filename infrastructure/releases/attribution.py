@@ -16,6 +16,13 @@ rollout; an older release is attributed (``release``) without an arm, so it coun
 neither. A label naming no release of the team, or not a label at all, is kept on the record
 as ``release_label`` with ``release_unattributed`` saying why: the run is recorded all the
 same, never dropped. Unlabelled runs get no tags.
+
+A label is written by the client, so it says which release a run claims, never whether the run
+may be believed. ``source`` is the attributing receiver's own name, set where the receiver is
+configured (``agentmend otel receive --name``): it is written into every attributed run as
+``received_by`` after the client's attributes, so no span can carry it in. The rollout counts a
+labelled run only when its ``received_by`` is one of the trusted receivers
+(:func:`~agentmend.infrastructure.releases.rollout_evidence.trusted_receivers`).
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ class ReleaseAttribution:
         releases: the team's release log (the team runs are attributed to).
         heads_ttl_s: how long the heads read are reused (a receiver under load reads one
             row per ``heads_ttl_s``, not one per run).
+        source: the attributing receiver's configured name, recorded as ``received_by``
+            (None: runs carry no receiver identity and never count in a rollout).
         clock: seconds, monotonic (injectable for tests).
 
     Thread-safe: receivers attribute on several threads.
@@ -67,10 +76,12 @@ class ReleaseAttribution:
         releases: ReleaseLog,
         *,
         heads_ttl_s: float = 0.5,
+        source: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.releases = releases
         self.heads_ttl_s = heads_ttl_s
+        self.source = source
         self._clock = clock
         self._lock = threading.Lock()
         self._heads: ReleaseHeads | None = None
@@ -100,6 +111,8 @@ class ReleaseAttribution:
         except AgentmendError as exc:  # the store is out of reach: record, say why
             return unattributed(label, f"releases could not be read: {exc}")
         found: dict[str, object] = {"release": version, "attributed_by": "label"}
+        if self.source is not None:
+            found["received_by"] = self.source
         if version == heads.canary:
             found["arm"] = "canary"
         elif version == heads.stable:

@@ -35,7 +35,12 @@ from agentmend.infrastructure.principal import ADMIN, PUBLISH_CANARY, Principal
 from agentmend.infrastructure.releases.content import release_widening
 from agentmend.infrastructure.releases.errors import RolloutConflict
 from agentmend.infrastructure.releases.log import Release, ReleaseLog
-from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
+from agentmend.infrastructure.releases.rollout_evidence import (
+    Evidence,
+    RolloutLimits,
+    decide,
+    trusted_receivers,
+)
 from agentmend.infrastructure.releases.routing import DEFAULT_SHARE, check_share
 from agentmend.infrastructure.releases.settlement import (
     ACTIVE,
@@ -57,8 +62,11 @@ _READ_BATCH = 5000  # executions read per step: bounded work per poll
 class Rollouts:
     """Start, advance and steer the rollouts of one team's releases."""
 
-    def __init__(self, releases: ReleaseLog) -> None:
+    def __init__(self, releases: ReleaseLog, *, trusted: frozenset[str] | None = None) -> None:
+        """``trusted``: the receivers whose labelled runs count (None: the names in
+        ``AGENTMEND_TRUSTED_RECEIVERS``); runs the workers routed always count."""
         self.releases = releases
+        self.trusted = trusted_receivers() if trusted is None else trusted
         self.leases = releases.leases
 
     # -- starting ----------------------------------------------------------------------------
@@ -265,7 +273,7 @@ class Rollouts:
             return record  # nothing new to judge
         evidence = record.evidence
         if rows:
-            evidence.add_all(_arm_runs(rows, rollout_id, record.canary))
+            evidence.add_all(_arm_runs(rows, rollout_id, record.canary, self.trusted, evidence))
         cursor = rows[-1].id if rows else record.cursor
         decision, reason, decided_by = decide(
             evidence, record.limits, claimed_fix=record.claimed_fix, age_hours=age_hours
@@ -422,8 +430,12 @@ def _require_admin(by: Principal, action: str) -> None:
         raise PermissionRequired(by.user_id, ADMIN, action)
 
 
-def _arm_runs(rows: list[RunRow], rollout_id: str, canary: int) -> list[tuple[str, bool, float]]:
-    """(arm, success, duration) of the production runs served under ``rollout_id``."""
+def _arm_runs(
+    rows: list[RunRow], rollout_id: str, canary: int, trusted: frozenset[str], evidence: Evidence
+) -> list[tuple[str, bool, float]]:
+    """(arm, success, duration) of the production runs served under ``rollout_id`` that may be
+    believed: routed by a worker, or attributed by a trusted receiver (the rest are counted in
+    ``evidence.not_counted``, with why)."""
     runs: list[tuple[str, bool, float]] = []
     for row in rows:
         if row.source != RUN or not row.extra:
@@ -434,6 +446,23 @@ def _arm_runs(rows: list[RunRow], rollout_id: str, canary: int) -> list[tuple[st
             continue
         if not isinstance(tags, dict) or tags.get("rollout") != rollout_id:
             continue
+        untrusted = _untrusted(tags, trusted)
+        if untrusted is not None:
+            evidence.skip(untrusted)
+            continue
         arm = "canary" if tags.get("release") == canary else "stable"
         runs.append((arm, row.success, row.duration_ms))
     return runs
+
+
+def _untrusted(tags: dict[str, object], trusted: frozenset[str]) -> str | None:
+    """Why a run's tags cannot be believed (None: they can). A worker's routed run carries no
+    ``attributed_by``; a labelled one carries the name of the receiver that attributed it."""
+    if "attributed_by" not in tags:
+        return None
+    source = tags.get("received_by")
+    if not isinstance(source, str):
+        return "labelled run with no receiver identity"
+    if source in trusted:
+        return None
+    return f"labelled run from receiver {source[:64]!r}, not in AGENTMEND_TRUSTED_RECEIVERS"

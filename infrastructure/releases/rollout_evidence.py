@@ -3,9 +3,12 @@
 Every run a worker serves under a rollout is recorded with ``release`` and ``rollout`` in its
 ``extra``; the rollout reads them in execution-id order (ids only grow in commit order). The runs
 counted are the ones :func:`~agentmend.infrastructure.releases.rollout.Rollouts.advance` reads:
-production runs tagged with this rollout, routed by a worker or attributed by their release
-label (there is no separate list of trusted sources yet: every run the store holds for the
-rollout counts, for the guard as for the promotion test).
+production runs tagged with this rollout, routed by a worker, or attributed by their release
+label by a trusted receiver. Which receivers are trusted is set where the rollout is judged,
+never by a run: ``AGENTMEND_TRUSTED_RECEIVERS`` (comma-separated receiver names, see
+:func:`trusted_receivers`). A labelled run from any other source (no receiver identity, or a
+receiver not listed) is recorded but counts for neither test; ``not_counted`` says how many and
+why, so forged failures cannot roll a canary back and forged successes cannot promote it.
 
 Two tests read them, each for one decision:
 
@@ -43,6 +46,7 @@ Decision, in this order (``decided_by`` names the test, kept in the record and a
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -56,11 +60,13 @@ from agentmend.infrastructure.evaluation.sequential import TwoSampleTest
 
 __all__ = [
     "STABLE_WAITING",
+    "TRUSTED_RECEIVERS_SETTING",
     "WINDOW_RUNS",
     "Decision",
     "Evidence",
     "RolloutLimits",
     "decide",
+    "trusted_receivers",
 ]
 
 STABLE_WAITING = 256
@@ -77,6 +83,22 @@ SLOW_TOLERANCE = 1.2
 """A canary up to this many times slower than stable is not harm to the slow-run guard: a fix
 that completes answers stable cut short takes longer (the simulated team's fix of a truncation
 fault takes 1.13 times as long, and must still be promoted)."""
+
+TRUSTED_RECEIVERS_SETTING = "AGENTMEND_TRUSTED_RECEIVERS"
+"""The receivers whose labelled runs count in a rollout: names, comma-separated."""
+
+_MAX_SKIP_REASONS = 16  # distinct reasons kept in ``not_counted``; the rest count as "other"
+
+
+def trusted_receivers(value: str | None = None) -> frozenset[str]:
+    """The trusted receiver names in ``value`` (None: ``AGENTMEND_TRUSTED_RECEIVERS``).
+
+    Read by the process that judges the rollout (a worker, the fleet checker), never from a
+    run: empty (the default), no labelled run counts, only the runs agentmend's workers routed.
+    """
+    text = os.environ.get(TRUSTED_RECEIVERS_SETTING, "") if value is None else value
+    return frozenset(name.strip() for name in text.split(",") if name.strip())
+
 
 _LEGACY_LIMITS = ("latency_factor", "latency_min_runs")  # the mean-duration rule the guard replaced
 
@@ -155,6 +177,13 @@ class Evidence:
     failure_guard: list[float] = field(default_factory=list)
     slowness_guard: list[float] = field(default_factory=list)
     decided_by: str = ""
+    not_counted: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, reason: str) -> None:
+        """One run of the rollout left out of both tests, for ``reason``."""
+        if reason not in self.not_counted and len(self.not_counted) >= _MAX_SKIP_REASONS:
+            reason = "other"
+        self.not_counted[reason] = self.not_counted.get(reason, 0) + 1
 
     def add(self, arm: str, success: bool, duration_ms: float) -> None:
         """One run of ``arm`` (``canary`` or ``stable``), paired when a partner waits.
@@ -234,7 +263,9 @@ class Evidence:
 
     @classmethod
     def from_json(cls, text: str) -> Evidence:
-        return cls(**json.loads(text))
+        # fields a newer version added are left out, so an older worker still reads the rollout
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
 
     def summary(self, limits: RolloutLimits | None = None) -> dict[str, object]:
         """What an audit row keeps: runs and successes per arm, pairs, the test that decided,
@@ -246,6 +277,8 @@ class Evidence:
         }
         if self.decided_by:
             found["decided_by"] = self.decided_by
+        if self.not_counted:
+            found["not_counted"] = dict(self.not_counted)
         if limits is not None:
             test = self.test(limits)
             found["wealth"] = {k: round(v, 3) for k, v in test.wealths.items()}

@@ -188,6 +188,13 @@ def _run_rollback(args: argparse.Namespace) -> int:
     from agentmend.infrastructure.models import ChangeStatus
 
     with open_workspace(args) as workspace:
+        if workspace.settings.default_principal.is_admin:
+            # changes carry no team here: an administrator's claim is checked on every rollback
+            from agentmend.infrastructure.principal import admin_uid_refusal
+
+            refusal = admin_uid_refusal("rolling back as an administrator", workspace.path)
+            if refusal is not None:
+                raise CommandError(refusal, EXIT_USAGE)
         current = workspace.manager.get_change(args.change)
         if current is None:
             raise CommandError(f"unknown change id {args.change!r} (see `agentmend history`)")

@@ -81,6 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "workspace's team, when it has an id)",
     )
     parser.add_argument(
+        "--name",
+        metavar="NAME",
+        help="this receiver's name, written into every run it attributes to a release "
+        "(default $AGENTMEND_RECEIVER_NAME, else otel@<host name>); its runs count in a "
+        "rollout only where NAME is in $AGENTMEND_TRUSTED_RECEIVERS",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="also judge the store's runs as the team's fleet checker (see agentmend watch); "
@@ -217,7 +224,15 @@ def _release_attribution(
     team = getattr(args, "team", None) or existing_team_id(folder / TEAM_DIR_NAME)
     if team is None:
         return None
-    return ReleaseAttribution(ReleaseLog(store, team)).tags
+    return ReleaseAttribution(ReleaseLog(store, team), source=_receiver_name(args)).tags
+
+
+def _receiver_name(args: argparse.Namespace) -> str:
+    """The name this receiver writes into the runs it attributes (never one a client sends)."""
+    import socket
+
+    given = getattr(args, "name", None) or os.environ.get("AGENTMEND_RECEIVER_NAME", "")
+    return given.strip() or f"otel@{socket.gethostname()}"
 
 
 def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | None = None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from agentmend.faces.cli.commands import console, open_workspace
 from agentmend.faces.cli.common import (
@@ -20,6 +21,15 @@ from agentmend.faces.cli.common import (
 __all__ = ["SUBCOMMANDS"]
 
 
+def _require_admin_uid(action: str, workspace: Any) -> None:
+    """Refuse in one line unless this process's real uid is one of the team's administrators."""
+    from agentmend.infrastructure.principal import admin_uid_refusal
+
+    refusal = admin_uid_refusal(action, workspace.path)
+    if refusal is not None:
+        raise CommandError(refusal, EXIT_USAGE)
+
+
 def _acknowledge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--note", help="why the break or altered rows are acceptable (kept in the audit row)"
@@ -31,6 +41,8 @@ def _run_audit_acknowledge(args: argparse.Namespace) -> int:
 
     with open_workspace(args) as workspace:
         principal = workspace.settings.default_principal
+        if principal.is_admin:
+            _require_admin_uid("acknowledging audit breaks", workspace)
         try:
             entry = workspace.manager.acknowledge_audit_breaks(principal, note=args.note)
         except PermissionRequired as exc:
@@ -101,6 +113,7 @@ def _run_code_approve_tests(args: argparse.Namespace) -> int:
             EXIT_USAGE,
         )
     with open_workspace(args) as workspace:
+        _require_admin_uid("approving test changes", workspace)
         updater = CodeUpdater(
             Path(args.root),
             manager=workspace.manager,

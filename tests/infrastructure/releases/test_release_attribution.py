@@ -56,7 +56,7 @@ class Team:
         self.canary = self.log.publish_directory(self.source, by=OPS)
         self.rollout = Rollouts(self.log).start(2, by=OPS).rollout_id
         self.monitor = PerformanceMonitor(self.store, flush_interval_s=60)
-        self.attribution = ReleaseAttribution(self.log)
+        self.attribution = ReleaseAttribution(self.log, source="gateway")
 
     def extras(self) -> list[dict[str, Any]]:
         self.monitor.flush()
@@ -118,7 +118,9 @@ def test_otel_runs_are_attributed_by_their_label_and_count_in_the_rollout(team: 
     assert "release" not in unknown[0]
     assert all(e["source"] == "otel" for e in extras)
 
-    record = Rollouts(team.log).advance()  # the rollout reads them as live runs of its arms
+    assert all(e["received_by"] == "gateway" for e in extras if "release" in e)
+    # the rollout reads them as live runs of its arms where their receiver is trusted
+    record = Rollouts(team.log, trusted=frozenset({"gateway"})).advance()
     assert record is not None
     evidence = Rollouts(team.log).get(team.rollout).evidence
     assert (evidence.canary_runs, evidence.stable_runs) == (4, 4)
@@ -200,6 +202,7 @@ def test_labels_name_a_release_by_version_or_hash_and_odd_labels_say_why(team: T
     assert tags(2) == {
         "release": 2,
         "attributed_by": "label",
+        "received_by": "gateway",
         "arm": "canary",
         "rollout": team.rollout,
     }
@@ -231,7 +234,7 @@ def test_the_receiver_command_attributes_to_its_workspace_team(tmp_path: Path) -
         port = probe.getsockname()[1]
     process = subprocess.Popen(
         [sys.executable, "-m", "agentmend.otel_receiver", "--port", str(port),
-         "--workspace", str(workspace), "--token", TEST_TOKEN],
+         "--workspace", str(workspace), "--token", TEST_TOKEN, "--name", "gw-1"],
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
@@ -255,3 +258,4 @@ def test_the_receiver_command_attributes_to_its_workspace_team(tmp_path: Path) -
         store.close()
     tags = json.loads(extra)
     assert (tags["release"], tags["arm"]) == (1, "stable")
+    assert tags["received_by"] == "gw-1"  # the receiver's own name, not the client's
