@@ -35,64 +35,84 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.mark.slow
-def test_runs_received_over_otlp_are_judged_and_the_issue_opened(
-    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    workspace = tmp_path / "ws"
-    Workspace.open(workspace, settings=Settings(store_url=store_url), create=True).close()
-    port = _free_port()
-    command = [sys.executable, "-m", "agentmend.faces.cli", "otel", "receive"]
-    command += ["--workspace", str(workspace), "--store", store_url, "--port", str(port)]
-    command += ["--token", TOKEN, "--check", "--check-interval", "0.2"]
-    process = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "AGENTMEND_BASELINE_N": "60", "AGENTMEND_MIN_BASELINE_N": "30"},
-    )
-    lines: queue.Queue[str] = queue.Queue()
+class _CheckingReceiver:
+    """A real ``agentmend otel receive --check`` process on a free port, its stderr read line by
+    line; stopped with SIGTERM (it must exit 0) when the block ends."""
 
-    def read() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            lines.put(line)
+    def __init__(self, where: tuple[str, ...], *extra: str) -> None:
+        self.port = _free_port()
+        command = [sys.executable, "-m", "agentmend.faces.cli", "otel", "receive", *where]
+        command += ["--port", str(self.port), "--token", TOKEN, "--check"]
+        self.process = subprocess.Popen(
+            [*command, "--check-interval", "0.2", *extra],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "AGENTMEND_BASELINE_N": "60", "AGENTMEND_MIN_BASELINE_N": "30"},
+        )
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/traces"
 
-    def wait_for(text: str, timeout: float = 30.0) -> str:
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self._lines.put(line)
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> str:
+        """The first line holding ``text`` from here on."""
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             try:
-                line = lines.get(timeout=left)
+                line = self._lines.get(timeout=left)
             except queue.Empty:
                 break
             if text in line:
                 return line
         pytest.fail(f"the receiver said no line with {text!r} in {timeout} s")
 
+    def __enter__(self) -> _CheckingReceiver:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=60)
+        self._reader.join(timeout=10)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+        if exc_info[0] is None:
+            assert self.process.returncode == 0
+
+
+def _send_a_degradation(receiver: _CheckingReceiver, agent: str) -> None:
+    """80 healthy runs, then 150 at half failures, as an instrumented app exports them."""
     rng = random.Random(5)
     spans = SpanFactory(service="fleet-app")
     try:
-        wait_for("checking team")
-        endpoint = f"http://127.0.0.1:{port}/v1/traces"
         for n, rate in ((80, 0.97), (150, 0.5)):
             for _ in range(n):
                 fail = None if rng.random() < rate else "the tool returned 503"
-                spans.agent_run("otel-writer", fail=fail)
-            assert post(endpoint, spans.body(), headers=auth(TOKEN))[0] == 200
-        issue = wait_for("issue ")
-        assert "otel-writer low_success_rate" in issue
+                spans.agent_run(agent, fail=fail)
+            assert post(receiver.endpoint, spans.body(), headers=auth(TOKEN))[0] == 200
     finally:
         spans.close()
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=30)
-        reader.join(timeout=10)
-        if process.stderr is not None:
-            process.stderr.close()
-    assert process.returncode == 0
+
+
+@pytest.mark.slow
+def test_runs_received_over_otlp_are_judged_and_the_issue_opened(
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workspace = tmp_path / "ws"
+    Workspace.open(workspace, settings=Settings(store_url=store_url), create=True).close()
+    with _CheckingReceiver(("--workspace", str(workspace), "--store", store_url)) as receiver:
+        receiver.wait_for("checking team", timeout=30.0)
+        _send_a_degradation(receiver, "otel-writer")
+        issue = receiver.wait_for("issue ", timeout=30.0)
+        assert "otel-writer low_success_rate" in issue
     code, out, _ = run_cli(
         capsys, "status", "--json", "--workspace", str(workspace), "--store", store_url
     )
@@ -122,61 +142,15 @@ def test_the_receivers_checker_asks_and_runs_the_cycle_a_person_approved(
     workspace = tmp_path / "ws"
     Workspace.open(workspace, settings=Settings(store_url=store_url), create=True).close()
     where = ("--workspace", str(workspace), "--store", store_url)
-    port = _free_port()
-    command = [sys.executable, "-m", "agentmend.faces.cli", "otel", "receive", *where]
-    command += ["--port", str(port), "--token", TOKEN, "--check", "--check-interval", "0.2"]
-    process = subprocess.Popen(
-        [*command, "--on-issue", "ask"],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "AGENTMEND_BASELINE_N": "60", "AGENTMEND_MIN_BASELINE_N": "30"},
-    )
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            lines.put(line)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-
-    def wait_for(text: str, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if text in line:
-                return line
-        pytest.fail(f"the receiver said no line with {text!r} in {timeout} s")
-
-    rng = random.Random(5)
-    spans = SpanFactory(service="fleet-app")
-    try:
-        wait_for("(on an issue: ask)")
-        endpoint = f"http://127.0.0.1:{port}/v1/traces"
-        for n, rate in ((80, 0.97), (150, 0.5)):
-            for _ in range(n):
-                fail = None if rng.random() < rate else "the tool returned 503"
-                spans.agent_run("research-agent", fail=fail)
-            assert post(endpoint, spans.body(), headers=auth(TOKEN))[0] == 200
-        asked = wait_for("run a cycle for research-agent?")
+    with _CheckingReceiver(where, "--on-issue", "ask") as receiver:
+        receiver.wait_for("(on an issue: ask)")
+        _send_a_degradation(receiver, "research-agent")
+        asked = receiver.wait_for("run a cycle for research-agent?")
         issue_id = asked.split("issue ", 1)[1].split(":", 1)[0]
         code, _, err = run_cli(capsys, "issue", "approve", issue_id, *where)
         assert code == 0, err
-        wait_for(f"issue {issue_id}: cycle for research-agent started")
-        ended = wait_for(f"issue {issue_id}: cycle for research-agent ended")
-    finally:
-        spans.close()
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
-        reader.join(timeout=10)
-        if process.stderr is not None:
-            process.stderr.close()
-    assert process.returncode == 0
+        receiver.wait_for(f"issue {issue_id}: cycle for research-agent started")
+        ended = receiver.wait_for(f"issue {issue_id}: cycle for research-agent ended")
     assert "cycle" in ended
     code, out, _ = run_cli(capsys, "issue", "list", "--json", *where)
     assert code == 0
