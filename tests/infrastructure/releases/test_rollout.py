@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ from agentmend.infrastructure.releases.follower import ReleaseFollower
 from agentmend.infrastructure.releases.log import Release, ReleaseLog
 from agentmend.infrastructure.releases.rollout import Rollouts
 from agentmend.infrastructure.releases.rollout_evidence import Evidence, RolloutLimits, decide
-from agentmend.infrastructure.releases.settlement import canary_change_in
+from agentmend.infrastructure.releases.settlement import RolloutRecord, canary_change_in
 from agentmend.infrastructure.simulation import SimulatedRuntime, copy_team
 from agentmend.infrastructure.simulation.faults import Fault, FaultKind
 from agentmend.infrastructure.store.api import Store
@@ -63,7 +64,9 @@ class Fleet:
         """Serve ``runs`` runs, flushing and letting the follower poll every ``step``."""
         served: dict[int, int] = {}
         for i in range(runs):
-            await self.team.run(AGENT, f"Explain concept {i}")
+            # each run its own user: the arms are drawn the same way in every test run (a
+            # random run id would make the guard's verdict on a good canary a draw of luck)
+            await self.team.run(AGENT, f"Explain concept {i}", routing_key=f"user-{i}")
             if (i + 1) % step == 0:
                 self.monitor.flush()
                 self.follower.poll()
@@ -71,6 +74,17 @@ class Fleet:
             release = json.loads(row[0])["release"]
             served[release] = served.get(release, 0) + 1
         return served
+
+    def start(self, version: int, **options: Any) -> RolloutRecord:
+        """Start ``version`` as the canary with a known routing secret, so that which users
+        draw the canary, and so the live verdict, is the same in every test run."""
+        record = self.rollouts.start(version, by=CYCLE, **options)
+        with self.store.transaction() as conn:
+            conn.execute(
+                "UPDATE rollout_secrets SET secret = ? WHERE rollout_id = ?",
+                ("a known secret", record.rollout_id),
+            )
+        return record
 
     def close(self) -> None:
         self.monitor.close()
@@ -87,7 +101,7 @@ def fleet(tmp_path: Path, store_url: str) -> Iterator[Fleet]:
 async def test_a_harmful_canary_is_rolled_back_on_live_runs(fleet: Fleet) -> None:
     # max_tokens trimmed below what half of the answers need: no eval case is that long
     harmful = fleet.publish_edit("max_tokens: 2048", "max_tokens: 950")
-    record = fleet.rollouts.start(harmful, by=CYCLE)
+    record = fleet.start(harmful)
     served = await fleet.serve(3000)
     settled = fleet.rollouts.get(record.rollout_id)
     assert settled.state == "rolled_back"
@@ -112,7 +126,7 @@ async def test_a_harmful_canary_is_rolled_back_on_live_runs(fleet: Fleet) -> Non
 async def test_a_canary_that_fixes_a_fault_is_promoted(fleet: Fleet) -> None:
     fleet.runtime.inject(AGENT, Fault(FaultKind.TRUNCATION, token_factor=2.6))
     fixed = fleet.publish_edit("max_tokens: 2048", "max_tokens: 4096")
-    record = fleet.rollouts.start(fixed, by=CYCLE, claimed_fix=True, share=0.2)
+    record = fleet.start(fixed, claimed_fix=True, share=0.2)
     await fleet.serve(2000)
     settled = fleet.rollouts.get(record.rollout_id)
     assert settled.state == "promoted"
