@@ -7,8 +7,9 @@ are cut into **windows** of consecutive runs of both arms, and in each window th
 only: do the canary's runs hold more than their share of the window's bad runs?
 
 Each run gets a score ``u``: 1 for a failure and 0 otherwise (:func:`failure_scores`), or the
-normal score of its duration's rank among the window's runs (:func:`slowness_scores`: a run
-slower than most of its window scores high). Under no harm (within a window, a run's chance to
+normal score of its duration's rank among the window's runs that succeeded
+(:func:`slowness_scores`: a run slower than most of its window scores high; failures are left
+out, their durations say when they stopped). Under no harm (within a window, a run's chance to
 fail and its duration do not depend on the arm that served it, however they drift from one
 window to the next) the canary's runs are a uniformly random subset of their window, so for
 every ``theta >= 0``::

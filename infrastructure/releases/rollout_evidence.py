@@ -230,13 +230,20 @@ class Evidence:
         canary = [c in "Cc" for c in self.window]
         failures, slowness = self.guards()
         failures.observe_failures([c.islower() for c in self.window], canary)
-        # the canary's durations are scaled down by the tolerance first: the slow-run guard
-        # tests "more than SLOW_TOLERANCE times slower", and a rank test on scaled-down
-        # canary durations is conservative for every canary within it
+        # The slow-run guard ranks the durations of the runs that succeeded: a failure's
+        # duration says when it stopped, not how long the work takes (a fix that completes
+        # answers a fault cut short makes runs longer and is no slower), and failures are the
+        # failure guard's. Under no harm the arm is independent of a run's outcome and
+        # duration, so the successes of a window are still a random split between the arms.
+        # The canary's durations are scaled down by the tolerance first: the guard tests "more
+        # than SLOW_TOLERANCE times slower", and a rank test on scaled-down canary durations
+        # is conservative for every canary within it.
+        kept = [i for i, c in enumerate(self.window) if c.isupper()]
         scaled = [
-            ms / SLOW_TOLERANCE if c else ms for ms, c in zip(self.window_ms, canary, strict=True)
+            self.window_ms[i] / SLOW_TOLERANCE if canary[i] else self.window_ms[i] for i in kept
         ]
-        slowness.observe(slowness_scores(scaled), canary)
+        if kept:
+            slowness.observe(slowness_scores(scaled), [canary[i] for i in kept])
         self.failure_guard, self.slowness_guard = failures.log_wealth, slowness.log_wealth
         self.windows += 1
         self.window, self.window_ms = "", []

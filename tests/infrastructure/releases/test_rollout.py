@@ -177,6 +177,21 @@ def test_within_the_slow_tolerance_a_canary_is_not_rolled_back() -> None:
     assert decide(evidence, RolloutLimits(), claimed_fix=True, age_hours=0.1)[0] == "continue"
 
 
+def test_a_fix_that_completes_answers_cut_short_is_not_rolled_back_as_slower() -> None:
+    """Stable's truncated runs fail early; the fix's complete answers take their full time.
+    Failures' durations say when they stopped, so the slow-run guard ranks successes only."""
+    evidence = Evidence()
+    for _ in range(100):  # stable: 6 of 9 runs cut off at 40 ms, the rest take 100-102 ms;
+        # the canary completes every answer in 118 ms: within the 1.2x tolerance of stable's
+        stable = [("stable", i >= 6, 40.0 if i < 6 else 94.0 + i) for i in range(9)]
+        evidence.add_all([*stable, ("canary", True, 118.0)])
+    assert evidence.slowness_guard
+    assert decide(evidence, RolloutLimits(), claimed_fix=True, age_hours=0.1)[2] != (
+        "slowness_guard"
+    )
+    assert max(evidence.slowness_guard) <= 0.0  # no evidence of slowness at all
+
+
 def test_a_record_from_before_the_guard_still_reads() -> None:
     old = '{"margin": 0.02, "alpha": 0.05, "max_hours": 24.0, "max_canary_runs": 5000,'
     old += ' "latency_factor": 1.5, "latency_min_runs": 50}'
