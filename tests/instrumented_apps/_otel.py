@@ -36,3 +36,26 @@ def run_each(agents: list[str], run: Callable[[str], object]) -> None:
             run(name)
         except Exception as exc:  # the fake API scripted it: the app carries on, as apps do
             print(f"{name} failed: {type(exc).__name__}", file=sys.stderr)
+
+
+def plain_anthropic_calls(provider: TracerProvider, calls: int, *, parallel: bool) -> None:
+    """``calls`` plain Messages calls (in turn, or all at once), then the spans flushed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from anthropic import Anthropic
+
+    client = Anthropic(api_key="sk-test", base_url=API_URL, max_retries=0)
+
+    def run(_name: str) -> object:
+        return client.messages.create(
+            model="claude-haiku-4-5",
+            max_tokens=64,
+            messages=[{"role": "user", "content": "go"}],
+        )
+
+    if parallel:
+        with ThreadPoolExecutor(max_workers=calls) as pool:
+            list(pool.map(lambda _: run_each(["call"], run), range(calls)))
+    else:
+        run_each(["call"] * calls, run)
+    provider.shutdown()

@@ -6,30 +6,10 @@ python anthropic_sdk_app.py CALLS [parallel]   (CALLS calls: in turn, or at once
 from __future__ import annotations
 
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
-from _otel import API_URL, global_provider, run_each
-from anthropic import Anthropic
-
-
-def main(calls: int, parallel: bool) -> None:
-    provider = global_provider("plain-app")
-    client = Anthropic(api_key="sk-test", base_url=API_URL, max_retries=0)
-
-    def run(_name: str) -> object:
-        return client.messages.create(
-            model="claude-haiku-4-5",
-            max_tokens=64,
-            messages=[{"role": "user", "content": "go"}],
-        )
-
-    if parallel:
-        with ThreadPoolExecutor(max_workers=calls) as pool:
-            list(pool.map(lambda _: run_each(["call"], run), range(calls)))
-    else:
-        run_each(["call"] * calls, run)
-    provider.shutdown()
-
+from _otel import global_provider, plain_anthropic_calls
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2:] == ["parallel"])
+    plain_anthropic_calls(
+        global_provider("plain-app"), int(sys.argv[1]), parallel=sys.argv[2:] == ["parallel"]
+    )
