@@ -302,6 +302,7 @@ def _run_show(args: argparse.Namespace) -> int:
                         "timestamp": e.timestamp.isoformat(),
                         "edit_type": e.edit_type,
                         "user": e.user_name or e.user_id,
+                        "db_role": e.db_role,
                         "old_value": e.old_value,
                         "new_value": e.new_value,
                     }
@@ -334,7 +335,8 @@ def _run_show(args: argparse.Namespace) -> int:
     for e in audit:
         out.print(
             f"audit #{e.id} {e.timestamp:%Y-%m-%d %H:%M:%S} {e.edit_type} by "
-            f"{e.user_name or e.user_id}"
+            f"{e.user_name or e.user_id}" + (f" (store role {e.db_role})" if e.db_role else ""),
+            markup=False,
         )
     return EXIT_OK
 

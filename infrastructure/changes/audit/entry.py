@@ -32,3 +32,6 @@ class AuditEntry:
     row_hash: str
     keyed: bool
     batch: int  # id of the first row committed in the same transaction
+    db_role: str | None = None
+    """The PostgreSQL role that wrote the row, recorded by the server (``session_user``);
+    None on SQLite, for rows from before it was recorded, and for a row just appended."""
