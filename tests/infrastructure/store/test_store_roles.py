@@ -205,6 +205,11 @@ def test_each_audit_row_names_the_role_the_server_saw(
             " 0, 0, 'fleet_admin') RETURNING db_role"
         ).fetchone()
         assert forged == ("fleet_checker",)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="test changes of a plan"):
+            raw.execute(
+                "INSERT INTO plans (plan_id, created, status, description, payload, updated)"
+                " VALUES ('p1', 'now', 'planned', 'd', '{\"tests_approved_by\": \"me\"}', 'now')"
+            )
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="audit row of kind"):
             raw.execute(
                 "INSERT INTO audit_log (timestamp, agent_name, edit_type, user_id, prev_hash,"
@@ -258,3 +263,48 @@ def test_a_follower_on_a_worker_role_serves_and_leaves_the_rollout_to_controller
         assert not follower.advance_rollouts
         assert (log.heads().stable, log.heads().canary) == (stable, canary)
         assert (follower.team_dir / "research-agent.md").exists()
+
+
+def test_the_fleet_checker_judges_on_a_controller_role_what_workers_record(
+    server: PgServer, granted: str, tmp_path: Path
+) -> None:
+    import random
+
+    from agentmend.infrastructure.detection.checker_seat import CheckerSeat
+    from agentmend.infrastructure.detection.detector import IssueDetector
+    from agentmend.infrastructure.detection.issue_ledger import IssueLedger
+    from agentmend.infrastructure.models import IssueReport
+    from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+    from agentmend.loop.fleet_checker import FleetChecker
+
+    rng = random.Random(7)
+    files = tmp_path / "files"
+    with (
+        Store(_as(server, granted, "fleet_worker"), files_dir=files) as worker_store,
+        Store(_as(server, granted, "fleet_checker"), files_dir=files) as checker_store,
+        PerformanceMonitor(worker_store, baseline_n=60) as worker,
+        PerformanceMonitor(checker_store, baseline_n=60) as checker_monitor,
+    ):
+        seen: list[IssueReport] = []
+        checker = FleetChecker(
+            CheckerSeat(checker_store, "team", principal="checker", term_s=30),
+            checker_monitor,
+            lambda m: IssueDetector(baseline_n=60, monitor=m, ledger=IssueLedger(checker_store)),
+            on_issue=seen.append,
+            interval_s=1,
+        )
+        for _ in range(80):
+            worker.record("writer", success=rng.random() < 0.97, duration_ms=100.0)
+        worker.flush()
+        assert checker.step().judging
+        for _ in range(150):
+            worker.record("writer", success=rng.random() < 0.5, duration_ms=100.0)
+        worker.flush()
+        checker.step()
+        assert [(i.agent_name, i.error_type) for i in seen] == [("writer", "low_success_rate")]
+        # a worker role may read the issue, not write one
+        assert [i.issue_id for i in IssueLedger(worker_store).issues(active=True)] == [
+            seen[0].issue_id
+        ]
+        with pytest.raises(StoreError, match="permission denied"):
+            worker_store.connection().execute("DELETE FROM monitoring_issues")
