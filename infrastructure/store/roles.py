@@ -224,9 +224,9 @@ _GUARDS: tuple[str, ...] = (
 # (trigger, table, events, function)
 _TRIGGERS = (
     ("agentmend_guard_audit", "audit_log", "INSERT", "agentmend_guard_audit"),
-    ("agentmend_guard_rollouts", "rollouts", "INSERT OR UPDATE", "agentmend_guard_rollouts"),
-    ("agentmend_guard_heads", "release_heads", "INSERT OR UPDATE", "agentmend_guard_heads"),
-    ("agentmend_guard_plans", "plans", "INSERT OR UPDATE", "agentmend_guard_plans"),
+    ("agentmend_guard_rollouts", "rollouts", "UPDATE OR INSERT", "agentmend_guard_rollouts"),
+    ("agentmend_guard_heads", "release_heads", "UPDATE OR INSERT", "agentmend_guard_heads"),
+    ("agentmend_guard_plans", "plans", "UPDATE OR INSERT", "agentmend_guard_plans"),
 )
 _FUNCTIONS = (
     "agentmend_is_admin()",
