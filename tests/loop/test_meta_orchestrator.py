@@ -509,7 +509,9 @@ async def test_another_teams_change_is_rolled_back_only_by_an_administrator(
             with pytest.raises(PermissionRequired, match="roll back a change of team"):
                 team_b.rollback(change_id)
             assert definitions(team_a) == before
-            assert team_a.manager.get_change(change_id).status is ChangeStatus.KEPT
+            kept = team_a.manager.get_change(change_id)
+            assert kept is not None
+            assert kept.status is ChangeStatus.KEPT
             record = admin_b.rollback(change_id)
             assert record is not None
             assert record.status is ChangeStatus.ROLLED_BACK

@@ -308,3 +308,31 @@ def test_the_fleet_checker_judges_on_a_controller_role_what_workers_record(
         ]
         with pytest.raises(StoreError, match="permission denied"):
             worker_store.connection().execute("DELETE FROM monitoring_issues")
+
+
+def test_a_worker_on_an_older_schema_refuses_in_one_line_until_an_admin_migrates(
+    server: PgServer,
+    granted: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    restore_logging: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the store as an older agentmend left it: the audit's newest migration not yet run
+    with psycopg.connect(granted, autocommit=True) as raw:
+        raw.execute("ALTER TABLE audit_log DROP COLUMN db_role")
+        raw.execute("UPDATE schema_versions SET version = version - 1 WHERE component = 'audit'")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("AGENTMEND_STORE_URL", _as(server, granted, "fleet_worker"))
+    (tmp_path / "ws").mkdir()
+    workspace = str(tmp_path / "ws")
+    code, out, err = run_cli(capsys, "status", "--workspace", workspace)
+    assert code == 3, out + err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "agentmend store migrate" in err
+    assert "worker-pw" not in out + err
+    code, out, err = run_cli(capsys, "store", "migrate", _as(server, granted, "fleet_admin"))
+    assert code == 0, err
+    assert "audit: schema version" in out
+    code, out, err = run_cli(capsys, "status", "--workspace", workspace)
+    assert code == 0, out + err
