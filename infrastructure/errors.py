@@ -24,6 +24,7 @@ __all__ = [
     "PathNotAllowed",
     "PostgresExtraMissing",
     "RollbackConflict",
+    "SchemaBehind",
     "SpecError",
     "StoreError",
     "WrongArgumentType",
@@ -97,6 +98,10 @@ class NotFound(AgentmendError, KeyError):
         return str(self.args[0])
 
 
+INSUFFICIENT_PRIVILEGE = "42501"
+"""PostgreSQL's SQLSTATE for a statement its role may not run."""
+
+
 class StoreError(AgentmendError):
     """The store cannot be opened, is not an agentmend database, or a statement failed.
 
@@ -110,6 +115,12 @@ class StoreError(AgentmendError):
         self.path = str(path) if path is not None else None
         self.cause = cause
         super().__init__(message)
+
+    @property
+    def refused_to_role(self) -> bool:
+        """Whether PostgreSQL refused the statement to the connected role (SQLSTATE 42501):
+        the store's roles (``agentmend store grant``) leave it to another role."""
+        return self.cause == INSUFFICIENT_PRIVILEGE
 
 
 class LockTimeout(StoreError):
@@ -143,6 +154,30 @@ class LockTimeout(StoreError):
             f"(AGENTMEND_{setting.upper()})",
             path=path,
             cause=cause,
+        )
+
+
+class SchemaBehind(StoreError):
+    """The store's tables are older than this agentmend, and this connection may not migrate.
+
+    On a PostgreSQL store with agentmend's roles (``agentmend store grant``) only an
+    administrator role changes the schema: workers and controllers refuse to start until one
+    has run ``agentmend store migrate``.
+
+    Attributes:
+        component: the part of the store that is behind (``audit``, ``executions``, ...).
+        found: its schema version in the store. needed: the version this agentmend needs.
+    """
+
+    def __init__(self, where: str, component: str, found: int, needed: int) -> None:
+        self.component = component
+        self.found = found
+        self.needed = needed
+        super().__init__(
+            f"{where}: the store's {component!r} tables are at schema version {found}, this "
+            f"agentmend needs {needed}, and this role may not migrate them: an administrator "
+            "runs `agentmend store migrate URL` first",
+            cause="schema_behind",
         )
 
 

@@ -78,7 +78,13 @@ class PgServer:
             to instead of starting one.
     """
 
-    def __init__(self, *, fsync: bool = False, running: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        fsync: bool = False,
+        running: dict[str, Any] | None = None,
+        password: str | None = None,
+    ) -> None:
         self.bindir = pg_bindir()
         self._as_postgres: list[str] = []
         owner: pwd.struct_passwd | None = None
@@ -90,6 +96,7 @@ class PgServer:
             self._as_postgres = ["runuser", "-u", "postgres", "--"]
         self._fsync = fsync
         self.pid: int | None = None
+        self.password = password
         if running is not None:
             self.base, self.port = Path(running["base"]), int(running["port"])
             self.data, self.pid = self.base / "data", int(running["pid"])
@@ -99,11 +106,18 @@ class PgServer:
             os.chown(self.base, owner.pw_uid, owner.pw_gid)
         self.data = self.base / "data"
         self.port = _free_port()
+        auth = ["-A", "trust"]
+        if password is not None:
+            # TCP connections authenticate with passwords (SCRAM), as a fleet's server does
+            secret = self.base / "pwfile"
+            secret.write_text(password + "\n")
+            if owner is not None:
+                os.chown(secret, owner.pw_uid, owner.pw_gid)
+            auth = ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={secret}"]
         self._run(
             "initdb",
             "-N",
-            "-A",
-            "trust",
+            *auth,
             "-U",
             "postgres",
             "-E",
@@ -170,8 +184,9 @@ class PgServer:
         )
         self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
 
-    def url(self, dbname: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+    def url(self, dbname: str = "postgres", *, user: str = "postgres") -> str:
+        secret = f":{self.password}" if self.password is not None and user == "postgres" else ""
+        return f"postgresql://{user}{secret}@127.0.0.1:{self.port}/{dbname}"
 
     def create_database(self) -> str:
         """A fresh, empty database; its URL."""

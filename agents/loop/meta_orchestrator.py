@@ -40,12 +40,14 @@ from agentmend.infrastructure.changes.improvement_manager import ImprovementMana
 from agentmend.infrastructure.changes.proposal import ApprovalCallback, ChangeReviewer, Gate
 from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, ChangeRow
 from agentmend.infrastructure.changes.protocol.decisions import record_decision
+from agentmend.infrastructure.changes.protocol.team_registry import team_id
 from agentmend.infrastructure.changes.watch import ChangeWatch
 from agentmend.infrastructure.detection.checker_seat import SeatHolder
 from agentmend.infrastructure.detection.detector import IssueDetector
 from agentmend.infrastructure.errors import (
     ChangeNotFound,
     ConfigurationError,
+    PermissionRequired,
     RollbackConflict,
     StoreError,
 )
@@ -61,7 +63,7 @@ from agentmend.infrastructure.monitoring.performance_monitor import (
     PerformanceMonitor,
     monitor_options,
 )
-from agentmend.infrastructure.principal import ChangeAuthor, Principal
+from agentmend.infrastructure.principal import ADMIN, ChangeAuthor, Principal
 from agentmend.infrastructure.settings import Settings, load_settings
 from agentmend.infrastructure.simulation import SimulatedRuntime
 from agentmend.infrastructure.store.api import Store
@@ -620,6 +622,8 @@ class MetaOrchestrator:
 
         Raises:
             ChangeNotFound: ``change_id`` is unknown.
+            PermissionRequired: it is another team's change and the principal is not an
+                administrator.
             RollbackConflict: the files changed since, or later changes build on this one
                 (``force`` / ``cascade`` say to go ahead), or a newer kept change left in
                 place started a detection baseline for one of its agents (its ids are the
@@ -637,6 +641,7 @@ class MetaOrchestrator:
         record = self.manager.get_change(change_id)
         if record is None:
             raise ChangeNotFound(change_id)
+        self._refuse_another_teams_change(change_id)
         self._withdraw_running_canary(change_id)
         # what a cascade would undo (a rollback without cascade undoes just the group, or is
         # refused when this holds more), oldest first as the history reads
@@ -681,6 +686,18 @@ class MetaOrchestrator:
             },
         )
         return self.manager.get_change(change_id)
+
+    def _refuse_another_teams_change(self, change_id: str) -> None:
+        """Changes are team-scoped: another team's change is rolled back only by an
+        administrator (a store shared by teams lets each see the others' history)."""
+        owner = self.manager.changes.team_of(change_id)
+        if owner is None or self.principal.is_admin:
+            return
+        mine = team_id(self.team.directory, self.store)
+        if owner != mine:
+            raise PermissionRequired(
+                self.principal.user_id, ADMIN, f"roll back a change of team {owner}"
+            )
 
     def _withdraw_running_canary(self, change_id: str) -> None:
         """Take the running canary's changes out of the team folder before a rollback on

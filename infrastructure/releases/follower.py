@@ -90,7 +90,8 @@ class ReleaseFollower:
         interval_s: how often the store is polled (on PostgreSQL also the longest a missed
             notification can delay a worker).
         pin: serve this release only (no canary, no rollout steps).
-        advance_rollouts: carry the team's rollout on at every poll.
+        advance_rollouts: carry the team's rollout on at every poll (a role the store
+            refuses it, a worker role, stops trying and serves).
         verify_interval_s: how often the served releases are checked against their content
             address between switches (None: only at start and at each switch).
 
@@ -170,7 +171,11 @@ class ReleaseFollower:
             try:
                 self.rollouts.advance()
             except StoreError as exc:
-                return self._cut_off(exc)
+                if not exc.refused_to_role:
+                    return self._cut_off(exc)
+                # a worker role serves and records; controllers carry the rollout on
+                self.advance_rollouts = False
+                log.info("rollout_steps_left_to_controllers", rollout=heads.rollout_id)
             except AgentmendError as exc:  # a broken audit chain refusing a promotion, ...
                 log.error("rollout_step_failed", rollout=heads.rollout_id, error=str(exc))
         now = time.time()

@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.errors import SchemaBehind, StoreError
 from agentmend.infrastructure.store.sql import Backend, StoreConnection
 from agentmend.infrastructure.store.sqlite import SqliteBackend
 from agentmend.infrastructure.store.timeouts import StoreTimeouts
@@ -189,12 +189,19 @@ class Store:
         costs one read and never waits for the write lock, so readers (``status``) answer
         while a writer holds it. A migration and its backfill may run long: once the write
         lock is held, the statement and idle bounds are lifted for its transaction.
+
+        Raises:
+            SchemaBehind: the component is behind and this connection may not change the
+                schema (a PostgreSQL role without ``CREATE``: see ``agentmend store grant``).
         """
         if component in self._migrated:
             return
-        if self.schema_version(component) == len(migrations):
+        found = self.schema_version(component)
+        if found == len(migrations):
             self._migrated.add(component)
             return
+        if found < len(migrations) and not self._backend.may_migrate():
+            raise SchemaBehind(self.display, component, found, len(migrations))
         conn = self.connection()
         while True:
             with self.transaction():

@@ -36,14 +36,14 @@ from agentmend.infrastructure.store.sql import Backend, has_table, next_id, set_
 from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.infrastructure.telemetry import receiver_counts
 
-__all__ = ["CopyReport", "copy_store"]
+__all__ = ["COMPONENTS", "CopyReport", "copy_store"]
 
 log = get_logger(__name__)
 
 _CHUNK = 500
 
 # (component, migrations) in the order the components make them
-_COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
+COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
     ("teams", team_registry._MIGRATIONS),
     ("executions", execution_store._MIGRATIONS),
     (run_series.COMPONENT, run_series.MIGRATIONS),
@@ -126,7 +126,7 @@ def copy_store(source: Store, target: Store, *, hmac_key: bytes | str | None = N
             failed (the table being copied is rolled back; the target is then partly filled
             and should be dropped).
     """
-    for component, migrations in _COMPONENTS:
+    for component, migrations in COMPONENTS:
         source.migrate(component, migrations)
         target.migrate(component, migrations)
     tconn = target.connection()

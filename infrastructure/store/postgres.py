@@ -36,7 +36,12 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from agentmend.infrastructure.errors import LockTimeout, PostgresExtraMissing, StoreError
+from agentmend.infrastructure.errors import (
+    INSUFFICIENT_PRIVILEGE,
+    LockTimeout,
+    PostgresExtraMissing,
+    StoreError,
+)
 from agentmend.infrastructure.redaction import redact, redact_url, remember_url
 from agentmend.infrastructure.store.timeouts import LOCK_SETTING, TEAM_LOCK_SETTING, StoreTimeouts
 from agentmend.infrastructure.structured_logger import get_logger
@@ -282,6 +287,16 @@ class PostgresBackend:
         readable, _, _ = select.select([pgconn.socket], [], [], 0)
         return not readable
 
+    def may_migrate(self) -> bool:
+        """Whether this session's role may create tables in the store's schema (with
+        ``agentmend store grant``'s roles, only an administrator role may)."""
+        row = (
+            self.connection()
+            .execute("SELECT has_schema_privilege(current_schema(), 'CREATE')")
+            .fetchone()
+        )
+        return bool(row and row[0])
+
     def check_database(self) -> None:
         """Make the version table if missing; a store that has it is only read (no wait for
         the write lock)."""
@@ -454,6 +469,8 @@ class PostgresBackend:
         hint = _BOUND_HINTS.get(cause)
         if hint is not None:
             message += f"; the bound is Settings.{hint} (AGENTMEND_{hint.upper()})"
+        elif cause == INSUFFICIENT_PRIVILEGE:
+            message += "; the store's roles decide it (see `agentmend store grant`)"
         return StoreError(f"{what} {self.display}: {redact(message)} ({cause})", cause=cause)
 
     def _rollback(self, conn: PgConnection) -> None:

@@ -348,6 +348,26 @@ def store_copy(j: Journey) -> None:
     assert target.stat().st_size > 0
 
 
+def store_migrate(j: Journey) -> None:
+    code, out, err = j.run("store", "migrate", j.store)
+    assert code == 0, out + err
+    assert "up to date" in out
+
+
+def store_grant(j: Journey) -> None:
+    if "://" not in j.store or j.store.startswith("sqlite"):
+        code, out, err = j.run("store", "grant", j.store)
+        assert code == 2, out + err
+        assert "only on PostgreSQL" in err
+        assert len(err.strip().splitlines()) == 1
+        return
+    # the journey's role owns the database: it grants, and stays an administrator
+    granted = j.json("store", "grant", j.store)
+    assert granted["tables"] > 30
+    assert j.json("audit", "verify")["verified"] is True
+    assert j.json("store", "migrate", j.store)["migrated"] == []
+
+
 def rollback(j: Journey) -> None:
     code, out, err = j.run("rollback", j.kept[0])
     assert code == 0, out + err
@@ -399,6 +419,8 @@ STEPS: dict[tuple[str, ...], Step] = {
     ("store", "copy"): store_copy,
     ("rollback",): rollback,
     ("release", "publish"): releases,  # the release steps run as one story, in this step
+    ("store", "migrate"): store_migrate,
+    ("store", "grant"): store_grant,
 }
 IN_THE_RELEASE_STEP = {("release", name) for name in ("list", "show", "diff", "canary")} | {
     ("release", name) for name in ("promote", "abort", "pause")

@@ -479,6 +479,48 @@ async def test_rollback_on_request_restores_bytes_and_the_old_baseline(build: Bu
     assert orchestrator.rollback() is None  # nothing applied or kept is left
 
 
+async def test_another_teams_change_is_rolled_back_only_by_an_administrator(
+    tmp_path: Path,
+) -> None:
+    from agentmend.infrastructure.errors import PermissionRequired
+    from agentmend.infrastructure.principal import ADMIN, Principal
+    from agentmend.infrastructure.store.api import Store
+
+    settings = Settings(baseline_n=20, detection_mode="rules")
+    with Store(tmp_path / "shared.db") as store:
+        team_a = MetaOrchestrator.offline_simulated(
+            tmp_path / "a", seed=3, settings=settings, store=store
+        )
+        team_b = MetaOrchestrator.offline_simulated(
+            tmp_path / "b", seed=3, settings=settings, store=store
+        )
+        admin_b = MetaOrchestrator.offline_simulated(
+            tmp_path / "b",
+            seed=3,
+            settings=settings,
+            store=store,
+            principal=Principal("ops", "Operator", frozenset({ADMIN})),
+        )
+        try:
+            result = await team_a.run_improvement_cycle(await faulty_issue(team_a))
+            assert result.status == "kept"
+            (change_id,) = result.change_ids
+            before = definitions(team_a)
+            with pytest.raises(PermissionRequired, match="roll back a change of team"):
+                team_b.rollback(change_id)
+            assert definitions(team_a) == before
+            kept = team_a.manager.get_change(change_id)
+            assert kept is not None
+            assert kept.status is ChangeStatus.KEPT
+            record = admin_b.rollback(change_id)
+            assert record is not None
+            assert record.status is ChangeStatus.ROLLED_BACK
+            assert definitions(team_a) != before
+        finally:
+            for orchestrator in (team_a, team_b, admin_b):
+                orchestrator.close()
+
+
 async def test_rollback_of_a_kept_group_restores_every_members_baseline(build: Build) -> None:
     orchestrator = build(roles_runtime=two_agent_max_tokens())
     await orchestrator.execute_task("a healthy task")

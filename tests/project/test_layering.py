@@ -38,10 +38,11 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("agentmend.infrastructure.code_update", 8),
     ("agentmend.infrastructure.releases", 8),
     ("agentmend.infrastructure.telemetry", 9),
-    # whole-store operations: a history copied between stores, retention's prune; they know
-    # every component's tables
+    # whole-store operations: a history copied between stores, retention's prune, the roles
+    # and migrations; they know every component's tables
     ("agentmend.infrastructure.store.copying", 10),
     ("agentmend.infrastructure.store.retention", 10),
+    ("agentmend.infrastructure.store.roles", 10),
     ("agentmend.roles", 20),
     ("agentmend.loop", 30),
     ("agentmend.faces", 40),

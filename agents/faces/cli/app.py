@@ -61,11 +61,11 @@ def _subcommands() -> list[Subcommand]:
         report,
         safeguards,
         store,
-        store_copy,
+        store_admin,
         watch,
     )
 
-    groups = (commands, report, ci_gates, safeguards, otel, watch, release, store, store_copy)
+    groups = (commands, report, ci_gates, safeguards, otel, watch, release, store, store_admin)
     # ``store copy`` comes after ``store``, under which it sits
     return [command for group in groups for command in group.SUBCOMMANDS]
 

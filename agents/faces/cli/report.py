@@ -75,6 +75,11 @@ class _OpenStore:
             self.store: Store = Store(
                 location, files_dir=folder, timeouts=StoreTimeouts.from_settings(self.settings)
             )
+        except AgentmendError as exc:
+            raise CommandError(
+                f"workspace {folder} cannot be opened: {exc}", EXIT_UNAVAILABLE
+            ) from exc
+        try:
             key = self.settings.audit_hmac_key
             self.manager: ImprovementManager = ImprovementManager(
                 store=self.store,
@@ -86,6 +91,7 @@ class _OpenStore:
             if team_baseline is not None and "baseline_n" not in self.settings.model_fields_set:
                 self.settings = self.settings.model_copy(update={"baseline_n": team_baseline})
         except AgentmendError as exc:
+            self.store.close()  # a store behind the role's schema, a plan that failed to settle
             raise CommandError(
                 f"workspace {folder} cannot be opened: {exc}", EXIT_UNAVAILABLE
             ) from exc
@@ -302,6 +308,7 @@ def _run_show(args: argparse.Namespace) -> int:
                         "timestamp": e.timestamp.isoformat(),
                         "edit_type": e.edit_type,
                         "user": e.user_name or e.user_id,
+                        "db_role": e.db_role,
                         "old_value": e.old_value,
                         "new_value": e.new_value,
                     }
@@ -334,7 +341,8 @@ def _run_show(args: argparse.Namespace) -> int:
     for e in audit:
         out.print(
             f"audit #{e.id} {e.timestamp:%Y-%m-%d %H:%M:%S} {e.edit_type} by "
-            f"{e.user_name or e.user_id}"
+            f"{e.user_name or e.user_id}" + (f" (store role {e.db_role})" if e.db_role else ""),
+            markup=False,
         )
     return EXIT_OK
 

@@ -617,7 +617,8 @@ class AgentmendTools:
             items = [
                 {"id": e.id, "timestamp": e.timestamp.isoformat(), "agent_name": e.agent_name,
                  "edit_type": e.edit_type, "old_value": e.old_value, "new_value": e.new_value,
-                 "user_id": e.user_id, "user_name": e.user_name, "change_id": e.change_id}
+                 "user_id": e.user_id, "user_name": e.user_name, "change_id": e.change_id,
+                 "db_role": e.db_role}
                 for e in entries
             ]  # fmt: skip
             chain = workspace.manager.verify_audit_chain(repair=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 __all__ = ["ACK_EDIT_TYPE", "AUDIT_AGENT", "BREAK_EDIT_TYPE", "AuditEntry"]
@@ -32,3 +32,7 @@ class AuditEntry:
     row_hash: str
     keyed: bool
     batch: int  # id of the first row committed in the same transaction
+    db_role: str | None = field(default=None, compare=False)
+    """The PostgreSQL role that wrote the row, recorded by the server (``session_user``);
+    None on SQLite, for rows from before it was recorded, and for a row just appended (the
+    server fills it in as it stores the row, so it is not part of what makes rows equal)."""

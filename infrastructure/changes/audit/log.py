@@ -196,6 +196,16 @@ _MIGRATIONS: list[str | dict[Backend, str]] = [
         "COALESCE((SELECT MAX(id) FROM audit_log), 0), COALESCE(pg_sequence_last_value("
         "CAST(pg_get_serial_sequence('audit_log', 'id') AS regclass)), 0))",
     },
+    # The database role that wrote each row, as the server knows it (``session_user``), not as
+    # the client says: with ``agentmend store grant``'s roles a trigger enforces it. Rows from
+    # before stay NULL (the default is set after the column is added, so they do not take the
+    # migrating role's name). Not part of the row hash: the server sets it after the client
+    # hashed the row. SQLite has no roles: NULL there.
+    {
+        "sqlite": "ALTER TABLE audit_log ADD COLUMN db_role TEXT",
+        "postgresql": "ALTER TABLE audit_log ADD COLUMN db_role TEXT;"
+        " ALTER TABLE audit_log ALTER COLUMN db_role SET DEFAULT session_user",
+    },
 ]
 
 
@@ -218,6 +228,8 @@ _COLUMNS = (
     "id, timestamp, agent_name, edit_type, old_value, new_value, user_id, user_name, "
     "change_id, prev_hash, row_hash, keyed, batch"
 )
+# what a reader gets: the written columns and the role the server recorded
+_READ_COLUMNS = _COLUMNS + ", db_role"
 
 
 def audit_key_from_env(environ: Mapping[str, str] | None = None) -> bytes | None:
@@ -433,7 +445,7 @@ class AuditLog:
         """:meth:`_tail_state` on a fleet: the head vouches for its row, the key for the rest."""
         seq = last_audit_id(conn)
         found = conn.execute(
-            f"SELECT {_COLUMNS} FROM audit_log ORDER BY id DESC LIMIT 1"
+            f"SELECT {_READ_COLUMNS} FROM audit_log ORDER BY id DESC LIMIT 1"
         ).fetchone()
         newest = _entry(found) if found is not None else None
         rows: list[AuditEntry] = []
@@ -442,7 +454,7 @@ class AuditLog:
             rows = [
                 _entry(r)
                 for r in conn.execute(
-                    f"SELECT {_COLUMNS} FROM audit_log WHERE id >= ? ORDER BY id", (start,)
+                    f"SELECT {_READ_COLUMNS} FROM audit_log WHERE id >= ? ORDER BY id", (start,)
                 )
             ]
         broken, ahead = follow_head(head, fresh, unreadable, rows, newest, self._verifies)
@@ -490,7 +502,8 @@ class AuditLog:
         with self.transaction(safety=True) as txn:
             txn.open_segment()
             rows = [
-                _entry(r) for r in txn.conn.execute(f"SELECT {_COLUMNS} FROM audit_log ORDER BY id")
+                _entry(r)
+                for r in txn.conn.execute(f"SELECT {_READ_COLUMNS} FROM audit_log ORDER BY id")
             ]
             forged = {r.id for r in rows if not self._verifies(r)}
             done = acknowledged_ids(rows, forged)
@@ -581,7 +594,7 @@ class AuditLog:
         rows = (
             self.store.connection()
             .execute(
-                f"SELECT {_COLUMNS} FROM audit_log {clause} ORDER BY id DESC LIMIT ?",
+                f"SELECT {_READ_COLUMNS} FROM audit_log {clause} ORDER BY id DESC LIMIT ?",
                 (*params, limit),
             )
             .fetchall()
@@ -623,7 +636,9 @@ class AuditLog:
             conn = self.store.connection()
             rows = [
                 _entry(r)
-                for r in conn.execute(f"SELECT {_COLUMNS} FROM audit_log ORDER BY id").fetchall()
+                for r in conn.execute(
+                    f"SELECT {_READ_COLUMNS} FROM audit_log ORDER BY id"
+                ).fetchall()
             ]
             problems = check_rows(
                 rows, keyed=self.keyed, expected_hash=lambda row: self._hash(_fields(row))
@@ -652,7 +667,7 @@ class AuditLog:
         rows = [
             _entry(r)
             for r in self.store.connection()
-            .execute(f"SELECT {_COLUMNS} FROM audit_log ORDER BY id")
+            .execute(f"SELECT {_READ_COLUMNS} FROM audit_log ORDER BY id")
             .fetchall()
         ]
         problems = check_rows(
@@ -681,7 +696,7 @@ def _fields(row: AuditEntry) -> tuple[Any, ...]:
 _TAIL_QUERY = (
     "WITH newest AS (SELECT CASE WHEN batch < id THEN batch ELSE id END AS start"
     " FROM audit_log ORDER BY id DESC LIMIT 1)"
-    f" SELECT {_COLUMNS} FROM audit_log WHERE id >= coalesce("
+    f" SELECT {_READ_COLUMNS} FROM audit_log WHERE id >= coalesce("
     "(SELECT max(id) FROM audit_log WHERE id < (SELECT start FROM newest)),"
     " (SELECT start FROM newest)) ORDER BY id"
 )
@@ -691,7 +706,7 @@ _TAIL_QUERY = (
 def _entry(row: tuple[Any, ...]) -> AuditEntry:
     return AuditEntry(
         int(row[0]), datetime.fromisoformat(row[1]), row[2], row[3], row[4], row[5], row[6],
-        row[7], row[8], row[9], row[10], bool(row[11]), int(row[12]),
+        row[7], row[8], row[9], row[10], bool(row[11]), int(row[12]), row[13],
     )  # fmt: skip
 
 

@@ -261,6 +261,15 @@ class ChangeLog:
         rows = self._rows("WHERE change_id = ?", (change_id,))
         return rows[0] if rows else None
 
+    def team_of(self, change_id: str) -> str | None:
+        """The team whose folder ``change_id`` changed (None: unknown, or logged only)."""
+        row = (
+            self.store.connection()
+            .execute("SELECT team_id FROM changes WHERE change_id = ?", (change_id,))
+            .fetchone()
+        )
+        return None if row is None or row[0] is None else str(row[0])
+
     def by_session(self, session_id: str) -> list[ChangeRow]:
         return self._rows("WHERE session_id = ?", (session_id,), "ORDER BY seq")
 

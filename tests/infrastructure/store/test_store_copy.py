@@ -155,5 +155,5 @@ def test_every_table_any_component_creates_is_copied() -> None:
     copied = {table for table, _ in store_copy._TABLES}
     # schema_versions: each store migrates itself; audit_counter: a counter copy_store sets
     assert created - {"schema_versions", "audit_counter"} <= copied, sorted(created - copied)
-    migrated = {component for component, _ in store_copy._COMPONENTS}
+    migrated = {component for component, _ in store_copy.COMPONENTS}
     assert {"change_watches", "releases", "telemetry_receivers"} <= migrated
