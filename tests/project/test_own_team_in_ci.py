@@ -44,7 +44,8 @@ def _ci_steps() -> list[tuple[Block, dict[str, Any]]]:
         assert isinstance(loaded, list), block  # steps, as under a job's `steps:`
         for step in loaded:
             assert set(step) <= {"name", "run", "env"}, block
-            assert step["name"] and step["run"].strip(), block
+            assert step["name"], block
+            assert step["run"].strip(), block
             steps.append((block, step))
     return steps
 
@@ -99,10 +100,10 @@ def test_init_record_once_then_eval_and_check_offline(
         "ANTHROPIC_API_KEY": "test-key",
         "AGENTMEND_STORE_URL": str(project / ".agentmend" / "agentmend.db"),
     }
-    live = [(block, step) for block, step in steps if "ANTHROPIC_API_KEY" in (step.get("env") or {})]
+    live = [(b, s) for b, s in steps if "ANTHROPIC_API_KEY" in (s.get("env") or {})]
     for block, step in live:  # a gate on the live model: the fake API stands in for it
-        step = {**step, "env": {**step["env"], "ANTHROPIC_BASE_URL": fake_api.base_url}}
-        _run_step(user_venv, project, block, step, secrets)
+        on_fake = {**step, "env": {**step["env"], "ANTHROPIC_BASE_URL": fake_api.base_url}}
+        _run_step(user_venv, project, block, on_fake, secrets)
     fake_api.close()  # the CI job has no network and no key
     for block, step in steps:
         if (block, step) not in live:
