@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# wheels a test installs beside agentmend in a fresh venv (tests never reach a registry)
+# wheels a test installs beside agentmend in a fresh venv, and the build backend the documented
+# `pip install .` lines build agentmend with (tests never reach a registry)
 WHEELHOUSE := $(VENV)/wheelhouse
-WHEELHOUSE_PACKAGES := openai-agents==0.24.0
+WHEELHOUSE_PACKAGES := openai-agents==0.24.0 setuptools wheel
 
-.PHONY: run demo test test-fast lint typecheck bench clean instrumented-venv
+.PHONY: run demo test test-fast lint typecheck docs bench clean instrumented-venv
 
 # The instrumentation packages users run, in a venv of their own (their dependencies are not
 # agentmend's): the telemetry tests run small apps with it as child processes and skip without it.
@@ -61,6 +62,14 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+# the documentation site (docs/, mkdocs.yml), every warning an error; the site is built in a new
+# temporary folder, never in the repository (`make docs DOCS_SITE=DIR` to choose)
+DOCS_SITE ?=
+docs: $(STAMP)
+	@site="$(DOCS_SITE)"; [ -n "$$site" ] || site="$$(mktemp -d)/site"; \
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir "$$site" && \
+	echo "the documentation: $$site/index.html"
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

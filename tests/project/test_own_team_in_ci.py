@@ -1,29 +1,67 @@
 """A team of one's own in CI, end to end on the user's path: agentmend installed from a wheel into
-a venv outside the repository; the README's "Your own agents without a key" commands run as
-printed: ``agentmend init``, recorded once against the fake Messages API, then ``eval`` and
-``check`` replayed with no key and the server stopped, as a CI job runs them."""
+a venv outside the repository; the documented "Your own agents without a key" commands (the
+``own-team`` blocks of the README and ``docs/``) run as printed: ``agentmend init``, recorded
+once against the fake Messages API, then ``eval`` and ``check`` replayed with no key and the
+server stopped, as a CI job runs them; and every documented GitHub Actions step (the
+``ci-step`` blocks) runs its ``run`` script on that project."""
 
 from __future__ import annotations
 
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree
 
 import pytest
+import yaml
+from doc_blocks import Block, of_kind
 from fake_messages_api import FakeMessagesAPI
 from own_team import answer_scaffolded_team
-from user_project import ROOT, UserVenv, user_venv
+from user_project import UserVenv, user_venv
 
 __all__ = ["user_venv"]  # the session fixture, used here by name
 
-SECTION = (ROOT / "README.md").read_text().split("## Your own agents without a key", 1)[1]
-SECTION = SECTION.split("\n## ", 1)[0]
+_SECRET = re.compile(r"^\$\{\{ secrets\.(\w+) \}\}$")
 
 
-def _readme_commands() -> list[str]:
-    (block,) = re.findall(r"^```sh\n(.*?)^```", SECTION, flags=re.M | re.S)
-    return [line for line in block.splitlines() if line.strip()]
+def _documented_commands() -> list[str]:
+    """The commands of the own-team blocks: the README and the docs print the same ones."""
+    texts = {block.text for block in of_kind("own-team")}
+    assert len(texts) == 1, "the own-team blocks differ"
+    (text,) = texts
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _ci_steps() -> list[tuple[Block, dict[str, Any]]]:
+    steps = []
+    texts: set[str] = set()
+    for block in of_kind("ci-step"):
+        if block.text in texts:  # the README repeats a page's step: run once
+            continue
+        texts.add(block.text)
+        loaded = yaml.safe_load(block.text)
+        assert isinstance(loaded, list), block  # steps, as under a job's `steps:`
+        for step in loaded:
+            assert set(step) <= {"name", "run", "env"}, block
+            assert step["name"], block
+            assert step["run"].strip(), block
+            steps.append((block, step))
+    return steps
+
+
+def _run_step(
+    user_venv: UserVenv, project: Path, block: Block, step: dict[str, Any], secrets: dict[str, str]
+) -> None:
+    """A step's ``run`` script under ``sh -e`` (as Actions runs bash with -e), its env given;
+    a ``${{ secrets.NAME }}`` value is the stand-in this test holds for that secret."""
+    env = {}
+    for name, value in (step.get("env") or {}).items():
+        secret = _SECRET.match(str(value))
+        env[name] = secrets[secret.group(1)] if secret else str(value)
+    done = user_venv.run(["sh", "-e", "-c", step["run"]], project, env=env)
+    assert done.returncode == 0, f"{block} {step['name']}:\n{done.stdout}\n{done.stderr}"
+    assert "Traceback" not in done.stdout + done.stderr
 
 
 def _printed_next_commands(init_output: str) -> list[list[str]]:
@@ -39,7 +77,7 @@ def test_init_record_once_then_eval_and_check_offline(
 ) -> None:
     project = tmp_path / "project"
     project.mkdir()
-    init, record, replay, check = _readme_commands()
+    init, record, replay, check = _documented_commands()
     assert "--record" in record
     assert "--replay" in replay
 
@@ -55,8 +93,21 @@ def test_init_record_once_then_eval_and_check_offline(
     assert "4/4 cases pass" in recorded.stdout
     assert len(fake_api.message_requests()) == 12  # 2 agents x 2 cases x 3 repeats
     cassette = project / ".agentmend" / "cassette.json"
-    assert "sk-ant-..." not in cassette.read_text()  # the key of the README's line
+    assert "sk-ant-..." not in cassette.read_text()  # the key of the documented line
+    steps = _ci_steps()
+    assert len(steps) == 2  # the replayed gate, and the live one on the fleet's store
+    secrets = {
+        "ANTHROPIC_API_KEY": "test-key",
+        "AGENTMEND_STORE_URL": str(project / ".agentmend" / "agentmend.db"),
+    }
+    live = [(b, s) for b, s in steps if "ANTHROPIC_API_KEY" in (s.get("env") or {})]
+    for block, step in live:  # a gate on the live model: the fake API stands in for it
+        on_fake = {**step, "env": {**step["env"], "ANTHROPIC_BASE_URL": fake_api.base_url}}
+        _run_step(user_venv, project, block, on_fake, secrets)
     fake_api.close()  # the CI job has no network and no key
+    for block, step in steps:
+        if (block, step) not in live:
+            _run_step(user_venv, project, block, step, secrets)
 
     replayed = user_venv.run(["sh", "-c", replay], project)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
