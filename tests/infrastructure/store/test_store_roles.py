@@ -336,3 +336,29 @@ def test_a_worker_on_an_older_schema_refuses_in_one_line_until_an_admin_migrates
     assert "audit: schema version" in out
     code, out, err = run_cli(capsys, "status", "--workspace", workspace)
     assert code == 0, out + err
+
+
+async def test_a_controller_login_runs_a_whole_improvement_cycle_and_a_rollback(
+    server: PgServer, granted: str, tmp_path: Path
+) -> None:
+    from loop_scenarios import faulty_issue
+
+    from agentmend.infrastructure.models import ChangeStatus
+    from agentmend.infrastructure.settings import Settings
+    from agentmend.loop.meta_orchestrator import MetaOrchestrator
+
+    settings = Settings(baseline_n=20, detection_mode="rules")
+    with Store(_as(server, granted, "fleet_checker"), files_dir=tmp_path / "files") as store:
+        orchestrator = MetaOrchestrator.offline_simulated(
+            tmp_path / "team", seed=3, settings=settings, store=store
+        )
+        try:
+            result = await orchestrator.run_improvement_cycle(await faulty_issue(orchestrator))
+            assert result.status == "kept", result.summary()
+            undone = orchestrator.rollback()
+            assert undone is not None
+            assert undone.status is ChangeStatus.ROLLED_BACK
+            roles = {e.db_role for e in orchestrator.manager.audit.entries(limit=50)}
+            assert roles == {"fleet_checker"}
+        finally:
+            orchestrator.close()
