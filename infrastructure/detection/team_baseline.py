@@ -14,11 +14,16 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.structured_logger import get_logger
+
 if TYPE_CHECKING:
     from agentmend.infrastructure.settings import Settings
     from agentmend.infrastructure.store.api import Store
 
 __all__ = ["COMPONENT", "MIGRATIONS", "read_team_baseline", "settle_team_baseline"]
+
+log = get_logger(__name__)
 
 COMPONENT = "detection_settings"
 MIGRATIONS = [
@@ -65,16 +70,24 @@ def settle_team_baseline(
     kept = read_team_baseline(store)
     if kept is not None and (not explicit or kept == wanted):
         return settings.model_copy(update={"baseline_n": kept})
-    with store.transaction() as conn:
-        row = conn.execute(
-            "SELECT value FROM detection_settings WHERE name = ?", (_BASELINE,)
-        ).fetchone()
-        if row is not None and not explicit:  # another process recorded it meanwhile
-            return settings.model_copy(update={"baseline_n": int(row[0])})
-        conn.execute(
-            "INSERT INTO detection_settings (name, value, updated_ts) VALUES (?, ?, ?)"
-            " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
-            " updated_ts = excluded.updated_ts",
-            (_BASELINE, wanted, time.time()),
-        )
+    try:
+        with store.transaction() as conn:
+            row = conn.execute(
+                "SELECT value FROM detection_settings WHERE name = ?", (_BASELINE,)
+            ).fetchone()
+            if row is not None and not explicit:  # another process recorded it meanwhile
+                return settings.model_copy(update={"baseline_n": int(row[0])})
+            conn.execute(
+                "INSERT INTO detection_settings (name, value, updated_ts) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
+                " updated_ts = excluded.updated_ts",
+                (_BASELINE, wanted, time.time()),
+            )
+    except StoreError as exc:
+        if not exc.refused_to_role:
+            raise
+        # a worker role records runs, not the team's settings: it judges by the store's value
+        # (or its own, until a controller or administrator records one)
+        log.warning("team_baseline_not_recorded", wanted=wanted, kept=kept, error=str(exc))
+        return settings.model_copy(update={"baseline_n": kept if kept is not None else wanted})
     return settings.model_copy(update={"baseline_n": wanted})

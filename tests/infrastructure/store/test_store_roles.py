@@ -129,6 +129,13 @@ def test_a_worker_records_runs_and_reads_releases_but_changes_nothing_else(
             log.publish_directory(team, by=CLAIMS_ADMIN)
         with pytest.raises(StoreError, match="permission denied"):
             store.connection().execute("DELETE FROM audit_log")
+        # a worker's workspace opens (the team's baseline is a controller's to record)
+        from agentmend.faces.workspace import Workspace
+        from agentmend.infrastructure.settings import Settings
+
+        (tmp_path / "ws").mkdir()
+        settings = Settings(store_url=_as(server, granted, "fleet_worker"))
+        Workspace.open(tmp_path / "ws", settings=settings).close()
         # a component this store does not have yet: the worker may not make it
         with pytest.raises(SchemaBehind, match="agentmend store migrate") as behind:
             store.migrate("newer_component", ["CREATE TABLE newer_table (x INTEGER)"])
