@@ -225,7 +225,7 @@ def workspace_settings(folder: Path) -> dict[str, Any]:
                 name,
                 value,
                 f"{path} line {number}: {name!r} is not an agentmend setting "
-                "(AGENTMEND_NAME=value, see the README's settings)",
+                "(AGENTMEND_NAME=value, see docs/settings.md)",
             )
         if name in os.environ:
             continue

@@ -98,7 +98,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Run an ``async def`` test on agentmend's fixtures when no async plugin runs it.
 
-    The README's example must work in a project with only agentmend (and pytest) installed:
+    The documented example (docs/faces/pytest.md) must work in a project with only agentmend
+    (and pytest) installed:
     without this, pytest fails every ``async def`` test unless pytest-asyncio is installed
     *and* configured (``asyncio_mode = auto``). A test an async plugin took over (marked, or
     already wrapped into a plain function by pytest-asyncio's auto mode) is left to it.

@@ -1,11 +1,12 @@
 """The per-agent false-alarm guarantee of the failure chart, and its exact computation.
 
-The promise (README, "Detection"): for every true healthy failure rate ``p`` and every baseline
-size ``n`` at or above the minimum (``DEFAULT_MIN_BASELINE_N``), the expected false-alarm rate
-of an agent's failure chart, taken over the baselines of ``n`` runs such an agent produces, is
-at most the chart's budget (``false_alarm_rate * failure_share``). It is a statement about the
-agent in front of you, not about an average over agents: an agent whose baseline happened to
-show fewer failures than it really has gets a too-low threshold, and the promise counts that.
+The promise (docs/concepts/detection.md): for every true healthy failure rate ``p`` and every
+baseline size ``n`` at or above the minimum (``DEFAULT_MIN_BASELINE_N``), the expected
+false-alarm rate of an agent's failure chart, taken over the baselines of ``n`` runs such an
+agent produces, is at most the chart's budget (``false_alarm_rate * failure_share``). It is a
+statement about the agent in front of you, not about an average over agents: an agent whose
+baseline happened to show fewer failures than it really has gets a too-low threshold, and the
+promise counts that.
 
 Why a margin: the threshold for a baseline of ``x`` failures in ``n`` runs is set
 (``cusum.calibrate_bernoulli``) so that its alarm rate averaged over the Jeffreys posterior of

@@ -118,7 +118,7 @@ class RolloutLimits:
             no worse than stable is ever rolled back by the guard (``FAILURE_BUDGET`` of it on
             failures, the rest on slow runs). Lower it for fewer false rollbacks at the price
             of more exposure to a harmful canary; 0.2 is what lets the guard see harm after no
-            more runs than the detector needs on a full rollout (README, "Canary").
+            more runs than the detector needs on a full rollout (docs/fleet/releases.md).
         max_hours: a rollout undecided after this long is rolled back as "not proven".
         max_canary_runs: likewise after this many canary runs (also the test's budget).
     """
