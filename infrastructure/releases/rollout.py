@@ -50,6 +50,7 @@ from agentmend.infrastructure.releases.settlement import (
 )
 from agentmend.infrastructure.releases.settlement import ROLLOUT_COLUMNS as _COLUMNS
 from agentmend.infrastructure.releases.settlement import record_of as _record
+from agentmend.infrastructure.releases.trusted_receivers import read_trusted
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["ACTIVE", "RolloutRecord", "Rollouts"]
@@ -64,10 +65,20 @@ class Rollouts:
 
     def __init__(self, releases: ReleaseLog, *, trusted: frozenset[str] | None = None) -> None:
         """``trusted``: the receivers whose labelled runs count (None: the names in
-        ``AGENTMEND_TRUSTED_RECEIVERS``); runs the workers routed always count."""
+        ``AGENTMEND_TRUSTED_RECEIVERS`` and those the store trusts, read at every step, see
+        :mod:`~agentmend.infrastructure.releases.trusted_receivers`); runs the workers routed
+        always count."""
         self.releases = releases
-        self.trusted = trusted_receivers() if trusted is None else trusted
+        self._trusted = trusted
+        self._trusted_here = trusted_receivers()
         self.leases = releases.leases
+
+    @property
+    def trusted(self) -> frozenset[str]:
+        """The receivers whose labelled runs count now."""
+        if self._trusted is not None:
+            return self._trusted
+        return self._trusted_here | read_trusted(self.releases.store)
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -465,4 +476,4 @@ def _untrusted(tags: dict[str, object], trusted: frozenset[str]) -> str | None:
         return "labelled run with no receiver identity"
     if source in trusted:
         return None
-    return f"labelled run from receiver {source[:64]!r}, not in AGENTMEND_TRUSTED_RECEIVERS"
+    return f"labelled run from receiver {source[:64]!r}, not trusted (release trust)"

@@ -30,6 +30,7 @@ from agentmend.infrastructure.errors import StoreError
 from agentmend.infrastructure.files.atomic import locked_file
 from agentmend.infrastructure.monitoring import execution_rollup, execution_store, run_series
 from agentmend.infrastructure.releases import tables as release_tables
+from agentmend.infrastructure.releases import trusted_receivers
 from agentmend.infrastructure.store import quarantine
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.sql import Backend, has_table, next_id, set_next_id
@@ -61,6 +62,7 @@ COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
     (cycle_requests.COMPONENT, cycle_requests.MIGRATIONS),
     (quarantine.COMPONENT, quarantine.MIGRATIONS),
     (team_baseline.COMPONENT, team_baseline.MIGRATIONS),
+    (trusted_receivers.COMPONENT, trusted_receivers.MIGRATIONS),
 )
 
 # tables in an order that keeps references valid, with their generated id column (if any)
@@ -95,6 +97,7 @@ _TABLES: tuple[tuple[str, str | None], ...] = (
     ("cycle_requests", None),
     ("quarantined_rows", "id"),
     ("detection_settings", None),
+    ("trusted_receivers", None),
     ("plans", None),
     ("decisions", "id"),
     ("audit_log", "id"),

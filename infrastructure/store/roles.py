@@ -105,6 +105,7 @@ TABLE_RIGHTS: Mapping[str, tuple[str, str]] = {
     "release_heads": ("", _RECORD),
     "rollouts": ("", _RECORD),
     "rollout_secrets": ("", "INSERT"),
+    "trusted_receivers": ("", ""),  # the administrator role's: whose labelled runs count
     # the audit: appended only (acknowledgements are the administrator role's, by trigger)
     "audit_log": ("", "INSERT"),
     "audit_head_events": ("", "INSERT"),

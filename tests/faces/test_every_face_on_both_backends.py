@@ -391,6 +391,9 @@ def releases(j: Journey) -> None:
     assert (heads["stable"], heads["canary"]) == (1, None)
     code, out, err = j.run("release", "promote", "2", admin=True)
     assert code == 1, out + err  # an aborted canary is not promoted: one line says why
+    code, out, err = j.run("release", "trust", "gateway-1")
+    assert code == 2, out + err  # an administrator's step
+    assert j.json("release", "trust", "gateway-1", admin=True)["store"] == ["gateway-1"]
     assert j.json("audit", "verify")["verified"] is True
 
 
@@ -423,7 +426,7 @@ STEPS: dict[tuple[str, ...], Step] = {
     ("store", "grant"): store_grant,
 }
 IN_THE_RELEASE_STEP = {("release", name) for name in ("list", "show", "diff", "canary")} | {
-    ("release", name) for name in ("promote", "abort", "pause")
+    ("release", name) for name in ("promote", "abort", "pause", "trust")
 }
 IN_THE_ISSUE_STEP = {("issue", "approve"), ("issue", "decline")}
 

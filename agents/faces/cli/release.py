@@ -8,6 +8,7 @@
     agentmend release promote 3            make the canary stable now          (administrator)
     agentmend release abort 3              roll the canary back, or the stable one fleet-wide
     agentmend release pause 3 [--resume]   stop (or resume) serving the canary (administrator)
+    agentmend release trust [NAME]         whose labelled runs count; trust NAME (administrator)
 
 The team is the workspace's (its id is in ``<team>/.agent/team-id``). Steps are audited with the
 principal of the settings (``AGENTMEND_PRINCIPAL_*``); promote, abort and pause need an admin.
@@ -270,6 +271,46 @@ def _run_pause(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- trust ------------------------------------------------------------------------------------
+
+
+def _trust_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "name", nargs="?", metavar="NAME", help="a receiver's name (otel receive --name)"
+    )
+    parser.add_argument(
+        "--remove", action="store_true", help="stop trusting NAME (an administrator's step)"
+    )
+
+
+def _run_trust(args: argparse.Namespace) -> int:
+    from agentmend.infrastructure.releases.rollout_evidence import trusted_receivers
+    from agentmend.infrastructure.releases.trusted_receivers import read_trusted, set_trusted
+
+    with _releases(args) as (workspace, log, _, who):
+        changed = None
+        if args.name is not None:
+            changed = set_trusted(
+                log.store, workspace.manager.audit, args.name, by=who, trusted=not args.remove
+            )
+        elif args.remove:
+            raise CommandError("--remove needs the NAME of a receiver", EXIT_USAGE)
+        stored, here = read_trusted(log.store), trusted_receivers()
+    if args.json:
+        print_json({"changed": changed, "store": sorted(stored), "environment": sorted(here)})
+        return EXIT_OK
+    out = console()
+    if changed is not None:
+        verb = "no longer trusted" if args.remove else "trusted"
+        out.print(f"{args.name}: {verb}" + ("" if changed else " (already so)"), markup=False)
+    out.print(f"trusted by the store: {', '.join(sorted(stored)) or '-'}", markup=False)
+    out.print(
+        f"trusted here ($AGENTMEND_TRUSTED_RECEIVERS): {', '.join(sorted(here)) or '-'}",
+        markup=False,
+    )
+    return EXIT_OK
+
+
 SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand(
         path=("release", "list"),
@@ -325,6 +366,15 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         example="agentmend release abort 3",
         add_arguments=_version,
         run=_run_abort,
+        json_output=True,
+    ),
+    Subcommand(
+        path=("release", "trust"),
+        help="the receivers whose release-labelled runs count in a rollout; as an "
+        "administrator, trust NAME (or --remove it)",
+        example="agentmend release trust gateway-1",
+        add_arguments=_trust_arguments,
+        run=_run_trust,
         json_output=True,
     ),
     Subcommand(

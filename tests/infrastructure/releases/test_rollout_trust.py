@@ -63,10 +63,14 @@ def _send(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("failing", "settled"), [("1", "promoted"), ("2", "rolled_back")])
+@pytest.mark.parametrize(
+    ("failing", "settled", "trusted_by"),
+    [("1", "promoted", "setting"), ("2", "rolled_back", "store")],
+)
 def test_forged_runs_move_no_rollout_unless_their_receiver_is_trusted(
     failing: str,
     settled: str,
+    trusted_by: str,
     store_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -77,7 +81,7 @@ def test_forged_runs_move_no_rollout_unless_their_receiver_is_trusted(
     workspace = tmp_path / "ws"
     Workspace.open(workspace).close()
     team = workspace / "agents"
-    store = Store(store_url)
+    store = Store(store_url, files_dir=workspace)  # one host: the workspace's audit head
     try:
         log = ReleaseLog(store, team_id_for(team))
         log.publish_directory(team, by=OPS)
@@ -85,7 +89,7 @@ def test_forged_runs_move_no_rollout_unless_their_receiver_is_trusted(
         agent.write_text(agent.read_text() + "\nBe brief.\n")
         log.publish_directory(team, by=OPS)
         rollout = Rollouts(log).start(2, by=OPS).rollout_id
-        judge = Rollouts(log, trusted=frozenset({TRUSTED}))
+        judge = Rollouts(log)  # trusts what the environment and the store say, at every step
 
         # an untrusted receiver, whose clients also write the trusted name as span attributes
         forged = {"received_by": TRUSTED, "agentmend.received_by": TRUSTED}
@@ -97,7 +101,7 @@ def test_forged_runs_move_no_rollout_unless_their_receiver_is_trusted(
         evidence = record.evidence
         assert (evidence.canary_runs, evidence.stable_runs) == (0, 0)
         assert evidence.not_counted == {
-            "labelled run from receiver 'laptop-receiver', not in AGENTMEND_TRUSTED_RECEIVERS": (
+            "labelled run from receiver 'laptop-receiver', not trusted (release trust)": (
                 2 * FORGED
             ),
             "labelled run with no receiver identity": 2 * FORGED,
@@ -110,6 +114,21 @@ def test_forged_runs_move_no_rollout_unless_their_receiver_is_trusted(
         assert shown["canary"] == [0, 0]
         assert json.loads(out)["rollout"]["state"] == "canary"
 
+        # an administrator trusts the gateway: in the judging process's environment, or in
+        # the store (where only an administrator may write it, audited)
+        trust = ("release", "trust", TRUSTED, "--workspace", str(workspace))
+        code, _, err = run_cli(capsys, *trust)
+        assert code == 2
+        assert "administrator" in err
+        if trusted_by == "setting":
+            monkeypatch.setenv("AGENTMEND_TRUSTED_RECEIVERS", TRUSTED)
+            judge = Rollouts(log)
+        else:
+            monkeypatch.setenv("AGENTMEND_PRINCIPAL_ADMIN", "true")
+            code, out, err = run_cli(capsys, *trust, "--json")
+            assert code == 0, err
+            assert json.loads(out)["store"] == [TRUSTED]
+            monkeypatch.delenv("AGENTMEND_PRINCIPAL_ADMIN")
         # the same runs from the trusted receiver count, and decide
         _send(store, log, TRUSTED, failing)
         record = judge.advance()
@@ -127,3 +146,34 @@ def test_trusted_receivers_come_from_the_setting_only(monkeypatch: pytest.Monkey
     assert trusted_receivers() == frozenset()
     monkeypatch.setenv("AGENTMEND_TRUSTED_RECEIVERS", " gw-1, ,gw-2 ")
     assert trusted_receivers() == frozenset({"gw-1", "gw-2"})
+
+
+def test_the_store_trusts_a_receiver_only_by_an_administrator_and_audits_it(
+    store_url: str, tmp_path: Path
+) -> None:
+    from agentmend.infrastructure.changes.audit.log import AuditLog
+    from agentmend.infrastructure.errors import InvalidArgument, PermissionRequired
+    from agentmend.infrastructure.principal import ADMIN
+    from agentmend.infrastructure.releases.trusted_receivers import read_trusted, set_trusted
+
+    admin = Principal("ops", "Operator", frozenset({ADMIN}))
+    with Store(store_url, files_dir=tmp_path) as store:
+        audit = AuditLog(store)
+        assert read_trusted(store) == frozenset()
+        with pytest.raises(PermissionRequired, match="trust a telemetry receiver"):
+            set_trusted(store, audit, "gw-1", by=OPS)
+        for bad in ("", "a,b", "gw 1", "x" * 129, "gw\x00"):
+            with pytest.raises(InvalidArgument, match="receiver name"):
+                set_trusted(store, audit, bad, by=admin)
+        assert read_trusted(store) == frozenset()
+        assert set_trusted(store, audit, "gw-1", by=admin)
+        assert not set_trusted(store, audit, "gw-1", by=admin)  # already so: no second row
+        assert read_trusted(store) == frozenset({"gw-1"})
+        assert set_trusted(store, audit, "gw-1", by=admin, trusted=False)
+        assert read_trusted(store) == frozenset()
+        rows = [(e.edit_type, e.new_value, e.user_id) for e in audit.entries(limit=10)]
+        assert sorted(rows) == [
+            ("receiver_distrusted", "gw-1", "ops"),
+            ("receiver_trusted", "gw-1", "ops"),
+        ]
+        assert audit.verify_chain(repair=False)

@@ -179,6 +179,11 @@ def test_a_controller_settles_on_evidence_but_never_by_hand(
                 (canary,),
             )
         assert (log.heads().stable, log.heads().canary) == (stable, canary)
+        # whose telemetry counts is the administrator role's to say
+        from agentmend.infrastructure.releases.trusted_receivers import set_trusted
+
+        with pytest.raises(StoreError, match="permission denied for table trusted_receivers"):
+            set_trusted(store, AuditLog(store), "my-gateway", by=CLAIMS_ADMIN)
         # settled on its evidence, as the checker does
         record = rollouts.active()
         assert record is not None
