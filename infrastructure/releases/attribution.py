@@ -21,8 +21,13 @@ A label is written by the client, so it says which release a run claims, never w
 may be believed. ``source`` is the attributing receiver's own name, set where the receiver is
 configured (``agentmend otel receive --name``): it is written into every attributed run as
 ``received_by`` after the client's attributes, so no span can carry it in. The rollout counts a
-labelled run only when its ``received_by`` is one of the trusted receivers
-(:func:`~agentmend.infrastructure.releases.rollout_evidence.trusted_receivers`).
+labelled run only when its ``received_by`` is one of the trusted receivers: the names in
+``AGENTMEND_TRUSTED_RECEIVERS`` in the environment of the process that judges (a worker, the
+fleet checker; :func:`~agentmend.infrastructure.releases.rollout_evidence.trusted_receivers`)
+and those the store trusts (:func:`read_trusted`), which an administrator keeps with
+``agentmend release trust NAME`` (``--remove``): the store's list is every judging process's,
+however it was started; each change is an audit row, and on a PostgreSQL store with roles only
+the administrator role may write it.
 """
 
 from __future__ import annotations
@@ -34,20 +39,34 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agentmend.infrastructure.errors import AgentmendError, NotFound
+from agentmend.infrastructure.changes.audit.log import AuditLog
+from agentmend.infrastructure.errors import (
+    AgentmendError,
+    InvalidArgument,
+    NotFound,
+    PermissionRequired,
+)
+from agentmend.infrastructure.principal import ADMIN, Principal
 from agentmend.infrastructure.release_labels import (
     RELEASE_ATTRIBUTE,
     TEAM_ATTRIBUTE,
     unattributed,
 )
 from agentmend.infrastructure.releases.log import ReleaseHeads, ReleaseLog
+from agentmend.infrastructure.releases.settlement import RELEASE_AGENT
+from agentmend.infrastructure.store.api import Store
+from agentmend.infrastructure.store.sql import has_table
 
 __all__ = [
     "MIN_HASH_CHARS",
     "RELEASE_ATTRIBUTE",
     "TEAM_ATTRIBUTE",
+    "TRUST_COMPONENT",
+    "TRUST_MIGRATIONS",
     "ReleaseAttribution",
     "linked_release_label",
+    "read_trusted",
+    "set_trusted",
     "unattributed",
 ]
 
@@ -210,3 +229,71 @@ def linked_release_label(team_dir: str | Path) -> str | None:
         return str(int(manifest["version"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+# -- the receivers the store trusts -------------------------------------------------------
+
+TRUST_COMPONENT = "trusted_receivers"
+TRUST_MIGRATIONS = [
+    """
+    CREATE TABLE trusted_receivers (
+        name TEXT PRIMARY KEY,
+        added_by TEXT NOT NULL,
+        added_at REAL NOT NULL
+    )
+    """
+]
+
+# a receiver's name as `otel receive --name` takes it: printable, no spaces or commas (the
+# environment's list is comma-separated), bounded
+_NAME = re.compile(r"[A-Za-z0-9_.@:/+-]{1,128}")
+
+
+def read_trusted(store: Store) -> frozenset[str]:
+    """The names the store trusts (empty before any was added); a plain read, no lock."""
+    conn = store.connection()
+    if not has_table(conn, "trusted_receivers"):
+        return frozenset()
+    return frozenset(str(r[0]) for r in conn.execute("SELECT name FROM trusted_receivers"))
+
+
+def set_trusted(
+    store: Store, audit: AuditLog, name: str, *, by: Principal, trusted: bool = True
+) -> bool:
+    """Trust receiver ``name`` (or, ``trusted=False``, stop trusting it), audited.
+
+    Returns False when nothing changed (already so).
+
+    Raises:
+        PermissionRequired: ``by`` is not an administrator; nothing is written.
+        InvalidArgument: ``name`` is not a receiver name.
+    """
+    if not by.is_admin:
+        verb = "trust" if trusted else "stop trusting"
+        raise PermissionRequired(by.user_id, ADMIN, f"{verb} a telemetry receiver")
+    if not _NAME.fullmatch(name):
+        raise InvalidArgument(
+            "receiver name", name, "must be 1-128 letters, digits or . _ @ : / + -"
+        )
+    store.migrate(TRUST_COMPONENT, TRUST_MIGRATIONS)
+    with audit.transaction() as txn:
+        if trusted:
+            changed = txn.conn.execute(
+                "INSERT INTO trusted_receivers (name, added_by, added_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO NOTHING",
+                (name, by.user_id, time.time()),
+            ).rowcount
+        else:
+            changed = txn.conn.execute(
+                "DELETE FROM trusted_receivers WHERE name = ?", (name,)
+            ).rowcount
+        if changed:
+            txn.append(
+                agent_name=RELEASE_AGENT,
+                edit_type="receiver_trusted" if trusted else "receiver_distrusted",
+                old_value=None,
+                new_value=name,
+                user_id=by.user_id,
+                user_name=by.name,
+            )
+    return bool(changed)

@@ -32,6 +32,7 @@ from agentmend.infrastructure.errors import NotFound, PermissionRequired
 from agentmend.infrastructure.monitoring.agent_window import RUN
 from agentmend.infrastructure.monitoring.run_reader import RunRow, last_run_id, runs_after
 from agentmend.infrastructure.principal import ADMIN, PUBLISH_CANARY, Principal
+from agentmend.infrastructure.releases.attribution import read_trusted
 from agentmend.infrastructure.releases.content import release_widening
 from agentmend.infrastructure.releases.errors import RolloutConflict
 from agentmend.infrastructure.releases.log import Release, ReleaseLog
@@ -50,7 +51,6 @@ from agentmend.infrastructure.releases.settlement import (
 )
 from agentmend.infrastructure.releases.settlement import ROLLOUT_COLUMNS as _COLUMNS
 from agentmend.infrastructure.releases.settlement import record_of as _record
-from agentmend.infrastructure.releases.trusted_receivers import read_trusted
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["ACTIVE", "RolloutRecord", "Rollouts"]
@@ -65,9 +65,9 @@ class Rollouts:
 
     def __init__(self, releases: ReleaseLog, *, trusted: frozenset[str] | None = None) -> None:
         """``trusted``: the receivers whose labelled runs count (None: the names in
-        ``AGENTMEND_TRUSTED_RECEIVERS`` and those the store trusts, read at every step, see
-        :mod:`~agentmend.infrastructure.releases.trusted_receivers`); runs the workers routed
-        always count."""
+        ``AGENTMEND_TRUSTED_RECEIVERS`` and those the store trusts, read at every step: see
+        :func:`~agentmend.infrastructure.releases.attribution.read_trusted`); runs the workers
+        routed always count."""
         self.releases = releases
         self._trusted = trusted
         self._trusted_here = trusted_receivers()

@@ -29,8 +29,8 @@ from agentmend.infrastructure.detection import series as detector_series
 from agentmend.infrastructure.errors import StoreError
 from agentmend.infrastructure.files.atomic import locked_file
 from agentmend.infrastructure.monitoring import execution_rollup, execution_store, run_series
+from agentmend.infrastructure.releases import attribution
 from agentmend.infrastructure.releases import tables as release_tables
-from agentmend.infrastructure.releases import trusted_receivers
 from agentmend.infrastructure.store import quarantine
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.sql import Backend, has_table, next_id, set_next_id
@@ -62,7 +62,7 @@ COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
     (cycle_requests.COMPONENT, cycle_requests.MIGRATIONS),
     (quarantine.COMPONENT, quarantine.MIGRATIONS),
     (team_baseline.COMPONENT, team_baseline.MIGRATIONS),
-    (trusted_receivers.COMPONENT, trusted_receivers.MIGRATIONS),
+    (attribution.TRUST_COMPONENT, attribution.TRUST_MIGRATIONS),
 )
 
 # tables in an order that keeps references valid, with their generated id column (if any)

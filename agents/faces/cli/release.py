@@ -284,8 +284,8 @@ def _trust_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_trust(args: argparse.Namespace) -> int:
+    from agentmend.infrastructure.releases.attribution import read_trusted, set_trusted
     from agentmend.infrastructure.releases.rollout_evidence import trusted_receivers
-    from agentmend.infrastructure.releases.trusted_receivers import read_trusted, set_trusted
 
     with _releases(args) as (workspace, log, _, who):
         changed = None

@@ -154,7 +154,7 @@ def test_the_store_trusts_a_receiver_only_by_an_administrator_and_audits_it(
     from agentmend.infrastructure.changes.audit.log import AuditLog
     from agentmend.infrastructure.errors import InvalidArgument, PermissionRequired
     from agentmend.infrastructure.principal import ADMIN
-    from agentmend.infrastructure.releases.trusted_receivers import read_trusted, set_trusted
+    from agentmend.infrastructure.releases.attribution import read_trusted, set_trusted
 
     admin = Principal("ops", "Operator", frozenset({ADMIN}))
     with Store(store_url, files_dir=tmp_path) as store:

@@ -180,7 +180,7 @@ def test_a_controller_settles_on_evidence_but_never_by_hand(
             )
         assert (log.heads().stable, log.heads().canary) == (stable, canary)
         # whose telemetry counts is the administrator role's to say
-        from agentmend.infrastructure.releases.trusted_receivers import set_trusted
+        from agentmend.infrastructure.releases.attribution import set_trusted
 
         with pytest.raises(StoreError, match="permission denied for table trusted_receivers"):
             set_trusted(store, AuditLog(store), "my-gateway", by=CLAIMS_ADMIN)
