@@ -30,7 +30,7 @@ measured in the same run:
    committed with the publication wakes them, measured once with the same poll interval and
    once with a 5 s poll, which only the notification can beat.
 
-    python benchmarks/bench_rollout.py [--trials 40] [--harmless 200] [--seeds 10] [--first-seed 0]
+    python benchmarks/bench_rollout.py [--trials 200] [--harmless 200] [--seeds 10] [--first-seed 0]
         [--workers 4] [--publications 10] [--only-propagation] [--backends sqlite,postgresql]
 """
 
@@ -547,7 +547,7 @@ def _wait(check: object, timeout: float = 60.0) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=40, help="harmful canaries per harm")
+    parser.add_argument("--trials", type=int, default=200, help="harmful canaries per harm")
     parser.add_argument("--harmless", type=int, default=200, help="harmless canaries")
     parser.add_argument("--seeds", type=int, default=10, help="runs of the simulated team")
     parser.add_argument(
