@@ -145,17 +145,21 @@ def subset_log_mgf(scores: Sequence[float], size: int, theta: float) -> float:
     return theta * size * centre + math.log(elementary[side]) - _log_comb(n, side)
 
 
-def _hypergeometric_log_mgf(n: int, n_canary: int, failures: int, theta: float) -> float:
-    """log E[exp(theta * K)], K the canary's failures when ``failures`` of ``n`` runs fail and
-    ``n_canary`` of them are drawn at random (hypergeometric)."""
+def _hypergeometric_law(n: int, n_canary: int, failures: int) -> list[tuple[int, float]]:
+    """(k, log P(K = k)) for the canary's failures K when ``failures`` of ``n`` runs fail and
+    ``n_canary`` of the runs are drawn at random (hypergeometric)."""
     low, high = max(0, failures - (n - n_canary)), min(failures, n_canary)
-    terms = [
-        theta * k + _log_comb(failures, k) + _log_comb(n - failures, n_canary - k)
+    whole = _log_comb(n, n_canary)
+    return [
+        (k, _log_comb(failures, k) + _log_comb(n - failures, n_canary - k) - whole)
         for k in range(low, high + 1)
     ]
-    top = max(terms)
-    log_sum = top + math.log(math.fsum(math.exp(t - top) for t in terms))
-    return log_sum - _log_comb(n, n_canary)
+
+
+def _log_mean_exp(terms: Sequence[tuple[float, float]]) -> float:
+    """log E[exp(value)] over (value, log probability) pairs: a law's log-mgf, kept finite."""
+    top = max(v + lp for v, lp in terms)
+    return top + math.log(math.fsum(math.exp(v + lp - top) for v, lp in terms))
 
 
 def _log_comb(n: int, k: int) -> float:
@@ -214,8 +218,9 @@ class CanaryGuard:
             return
         f = sum(failed)
         k = sum(1 for bad, c in zip(failed, canary, strict=True) if bad and c)
+        law = _hypergeometric_law(n, n_canary, f)
         for j, theta in enumerate(self.tilts):
-            self.log_wealth[j] += theta * k - _hypergeometric_log_mgf(n, n_canary, f, theta)
+            self.log_wealth[j] += theta * k - _log_mean_exp([(theta * c, lp) for c, lp in law])
 
     def observe(self, scores: Sequence[float], canary: Sequence[bool]) -> None:
         """One closed window: each run's score and whether the canary served it."""
