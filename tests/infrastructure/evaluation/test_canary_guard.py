@@ -176,3 +176,29 @@ def test_a_guard_refuses_what_it_cannot_be() -> None:
     guard = CanaryGuard.for_failures()
     guard.observe_failures([True, True], [True, True])  # one arm only: no evidence
     assert guard.wealth == 1.0
+
+
+def _windows_to_catch(seed: int, guard: CanaryGuard, slowdown: float, alpha: float) -> int:
+    """Windows of 50 runs (a tenth of them the canary's, its durations ``slowdown`` times
+    longer and then divided by a 1.2 tolerance) until ``guard`` rejects; 100 at most."""
+    rng = random.Random(seed)
+    for window in range(1, 101):
+        canary = [rng.random() < 0.1 for _ in range(50)]
+        durations = [rng.lognormvariate(0.0, 0.4) * (slowdown / 1.2 if c else 1.0) for c in canary]
+        guard.observe(slowness_scores(durations), canary)
+        if guard.rejects(alpha):
+            return window
+    return 100
+
+
+def test_the_exact_e_value_and_its_mixture_catch_a_canary_half_as_slow_again_sooner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The same windows judged by today's guard and by the one before: the with-replacement
+    # bound in every window and the mixture that put 0.3 of its weight near the best tilt.
+    seeds = range(60)
+    now = [_windows_to_catch(s, CanaryGuard.for_slowness(), 1.5, 0.06) for s in seeds]
+    monkeypatch.setattr(canary_guard, "EXACT_SUBSET_MAX", 0)
+    before = [_windows_to_catch(s, CanaryGuard.for_slowness(legacy=True), 1.5, 0.06) for s in seeds]
+    assert max(now) < 100
+    assert sum(now) < 0.9 * sum(before), (sum(now), sum(before))
