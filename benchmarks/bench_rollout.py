@@ -30,7 +30,7 @@ measured in the same run:
    committed with the publication wakes them, measured once with the same poll interval and
    once with a 5 s poll, which only the notification can beat.
 
-    python benchmarks/bench_rollout.py [--trials 40] [--harmless 200] [--seeds 10]
+    python benchmarks/bench_rollout.py [--trials 200] [--harmless 200] [--seeds 10] [--first-seed 0]
         [--workers 4] [--publications 10] [--only-propagation] [--backends sqlite,postgresql]
 """
 
@@ -271,7 +271,7 @@ def _bootstrap(
     return ratios[int(0.025 * rounds)], ratios[int(0.975 * rounds) - 1]
 
 
-def exposure_table(trials: int) -> int:
+def exposure_table(trials: int, first_seed: int = 0) -> int:
     """Part 1; returns how many harmful canaries were promoted."""
     print(
         f"1. Harmful canaries (simulated traffic, share 10 %, guard budget "
@@ -287,8 +287,9 @@ def exposure_table(trials: int) -> int:
     cases = [(f"{m:g}x failures", m, 1.0) for m in FAILURE_MULTIPLES]
     cases += [(f"{d:g}x slower", 1.0, d) for d in SLOWDOWNS]
     for label, multiple, slowdown in cases:
-        judged = [guard_exposure(s, multiple, slowdown) for s in range(trials)]
-        full = [detector_full_exposure(s, multiple, slowdown) for s in range(trials)]
+        seeds = range(first_seed, first_seed + trials)
+        judged = [guard_exposure(s, multiple, slowdown) for s in seeds]
+        full = [detector_full_exposure(s, multiple, slowdown) for s in seeds]
         guard = [n for _, n in judged]
         promoted += sum(d == "promote" for d, _ in judged)
         back = sum(d == "roll_back" for d, _ in judged)
@@ -318,7 +319,7 @@ def _clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
     return hi
 
 
-def harmless_table(canaries: int) -> None:
+def harmless_table(canaries: int, first_seed: int = 0) -> None:
     limits = RolloutLimits()
     print(
         f"\n2. Harmless canaries while the traffic drifts (simulated; users sticky to an arm):"
@@ -327,7 +328,7 @@ def harmless_table(canaries: int) -> None:
     rolled = {"failure_guard": 0, "slowness_guard": 0}
     start_rates, end_rates = [], []
     for seed in range(canaries):
-        traffic = Traffic(100_000 + seed, drift=True)
+        traffic = Traffic(100_000 + first_seed + seed, drift=True)
         evidence = Evidence()
         failed_first = failed_last = runs_first = runs_last = 0
         expected_runs = CANARY_RUNS / DEFAULT_SHARE
@@ -546,9 +547,15 @@ def _wait(check: object, timeout: float = 60.0) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=40, help="harmful canaries per harm")
+    parser.add_argument("--trials", type=int, default=200, help="harmful canaries per harm")
     parser.add_argument("--harmless", type=int, default=200, help="harmless canaries")
     parser.add_argument("--seeds", type=int, default=10, help="runs of the simulated team")
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="where parts 1 and 2 start their seeds (another value: trials never seen before)",
+    )
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--publications", type=int, default=10)
     parser.add_argument("--interval", type=float, default=0.2)
@@ -558,8 +565,8 @@ def main() -> None:
     configure_logging("ERROR", stream=sys.stderr)
     started = time.perf_counter()
     if not args.only_propagation:
-        exposure_table(args.trials)
-        harmless_table(args.harmless)
+        exposure_table(args.trials, args.first_seed)
+        harmless_table(args.harmless, args.first_seed)
         harmful = harmful_table(args.seeds)
         promoted_table(harmful)
         good_table(args.seeds)

@@ -87,6 +87,10 @@ fault takes 1.13 times as long, and must still be promoted)."""
 TRUSTED_RECEIVERS_SETTING = "AGENTMEND_TRUSTED_RECEIVERS"
 """The receivers whose labelled runs count in a rollout: names, comma-separated."""
 
+GUARD_MIXTURE = 2
+"""The slow-run guard's mixture a new rollout starts with: 2, ``SLOWNESS_TILTS``; 1 (a rollout
+recorded before this field), ``LEGACY_SLOWNESS_TILTS``. A rollout keeps its mixture to the end."""
+
 _MAX_SKIP_REASONS = 16  # distinct reasons kept in ``not_counted``; the rest count as "other"
 
 
@@ -158,8 +162,9 @@ class Evidence:
 
     ``window`` is the guard's open window, one character per run (``C``/``c``: a canary run
     that succeeded / failed, ``S``/``s`` a stable one) with ``window_ms`` its durations;
-    ``failure_guard`` and ``slowness_guard`` the guards' log-wealths; ``decided_by`` the test
-    that settled the rollout (empty while it runs).
+    ``failure_guard`` and ``slowness_guard`` the guards' log-wealths (``guard_mixture``: which
+    slow-run mixture they belong to, see ``GUARD_MIXTURE``); ``decided_by`` the test that
+    settled the rollout (empty while it runs).
     """
 
     canary_runs: int = 0
@@ -178,6 +183,7 @@ class Evidence:
     slowness_guard: list[float] = field(default_factory=list)
     decided_by: str = ""
     not_counted: dict[str, int] = field(default_factory=dict)
+    guard_mixture: int = GUARD_MIXTURE
 
     def skip(self, reason: str) -> None:
         """One run of the rollout left out of both tests, for ``reason``."""
@@ -252,7 +258,7 @@ class Evidence:
         """The failure guard and the slow-run guard, with every closed window so far."""
         return (
             CanaryGuard.for_failures(self.failure_guard),
-            CanaryGuard.for_slowness(self.slowness_guard),
+            CanaryGuard.for_slowness(self.slowness_guard, legacy=self.guard_mixture < 2),
         )
 
     def test(self, limits: RolloutLimits) -> TwoSampleTest:
@@ -272,7 +278,9 @@ class Evidence:
     def from_json(cls, text: str) -> Evidence:
         # fields a newer version added are left out, so an older worker still reads the rollout
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
+        fields = {k: v for k, v in json.loads(text).items() if k in known}
+        fields.setdefault("guard_mixture", 1)  # a rollout started before the field existed
+        return cls(**fields)
 
     def summary(self, limits: RolloutLimits | None = None) -> dict[str, object]:
         """What an audit row keeps: runs and successes per arm, pairs, the test that decided,

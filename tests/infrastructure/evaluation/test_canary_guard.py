@@ -17,11 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentmend.infrastructure.evaluation import canary_guard
 from agentmend.infrastructure.evaluation.canary_guard import (
     CanaryGuard,
     failure_scores,
     slowness_scores,
+    subset_log_mgf,
 )
+from agentmend.infrastructure.releases.rollout_evidence import Evidence
 
 ALPHA = 0.1
 SEEDS = range(300)
@@ -55,6 +58,52 @@ def test_each_window_is_an_e_value_under_no_harm(
         _window_e(guard, values, [i in chosen for i in range(n)], slow) for chosen in subsets
     ) / len(subsets)
     assert mean <= 1.0 + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    scores=st.lists(
+        st.floats(min_value=-3.0, max_value=3.0, allow_nan=False), min_size=2, max_size=9
+    ),
+    size=st.integers(min_value=1, max_value=8),
+    theta=st.floats(min_value=-2.5, max_value=2.5, allow_nan=False),
+)
+def test_a_windows_e_value_averages_exactly_one_over_every_subset(
+    scores: list[float], size: int, theta: float
+) -> None:
+    # The denominator is the exact mean over subsets (either side of the window), so the
+    # e-value wastes none of the evidence a with-replacement bound would.
+    size = min(size, len(scores) - 1)
+    subsets = list(itertools.combinations(range(len(scores)), size))
+    log_mgf = subset_log_mgf(scores, size, theta)
+    mean = sum(math.exp(theta * sum(scores[i] for i in s) - log_mgf) for s in subsets)
+    assert mean / len(subsets) == pytest.approx(1.0, rel=1e-9)
+
+
+def test_a_window_too_large_to_enumerate_takes_the_bound_above_the_exact_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = random.Random(3)
+    scores = slowness_scores([rng.lognormvariate(0.0, 0.5) for _ in range(60)])
+    exact = subset_log_mgf(scores, 6, 0.6)
+    monkeypatch.setattr(canary_guard, "EXACT_SUBSET_MAX", 5)
+    bound = subset_log_mgf(scores, 6, 0.6)
+    # the finite-population factor: the bound charges about 60/54 of the exact variance term
+    assert exact < bound < exact * 1.25
+    with pytest.raises(ValueError, match="subset"):
+        subset_log_mgf(scores, 60, 0.6)
+
+
+def test_a_rollout_keeps_the_slow_run_mixture_it_started_with() -> None:
+    fresh = Evidence()
+    _, slowness = fresh.guards()
+    assert slowness.tilts == tuple(t for t, _ in canary_guard.SLOWNESS_TILTS)
+    # a record written before the mixture was recorded continues with the mixture it began
+    started_before = Evidence.from_json('{"slowness_guard": [0.1, 0.2, 0.3]}')
+    _, slowness = started_before.guards()
+    assert slowness.tilts == tuple(t for t, _ in canary_guard.LEGACY_SLOWNESS_TILTS)
+    assert slowness.log_wealth == [0.1, 0.2, 0.3]
+    assert Evidence.from_json(fresh.to_json()).guard_mixture == fresh.guard_mixture
 
 
 def test_slowness_scores_are_rank_normal_scores_with_shared_ties() -> None:
@@ -127,3 +176,29 @@ def test_a_guard_refuses_what_it_cannot_be() -> None:
     guard = CanaryGuard.for_failures()
     guard.observe_failures([True, True], [True, True])  # one arm only: no evidence
     assert guard.wealth == 1.0
+
+
+def _windows_to_catch(seed: int, guard: CanaryGuard, slowdown: float, alpha: float) -> int:
+    """Windows of 50 runs (a tenth of them the canary's, its durations ``slowdown`` times
+    longer and then divided by a 1.2 tolerance) until ``guard`` rejects; 100 at most."""
+    rng = random.Random(seed)
+    for window in range(1, 101):
+        canary = [rng.random() < 0.1 for _ in range(50)]
+        durations = [rng.lognormvariate(0.0, 0.4) * (slowdown / 1.2 if c else 1.0) for c in canary]
+        guard.observe(slowness_scores(durations), canary)
+        if guard.rejects(alpha):
+            return window
+    return 100
+
+
+def test_the_exact_e_value_and_its_mixture_catch_a_canary_half_as_slow_again_sooner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The same windows judged by today's guard and by the one before: the with-replacement
+    # bound in every window and the mixture that put 0.3 of its weight near the best tilt.
+    seeds = range(60)
+    now = [_windows_to_catch(s, CanaryGuard.for_slowness(), 1.5, 0.06) for s in seeds]
+    monkeypatch.setattr(canary_guard, "EXACT_SUBSET_MAX", 0)
+    before = [_windows_to_catch(s, CanaryGuard.for_slowness(legacy=True), 1.5, 0.06) for s in seeds]
+    assert max(now) < 100
+    assert sum(now) < 0.9 * sum(before), (sum(now), sum(before))
