@@ -28,6 +28,8 @@ KINDS = {
     "ci-step": "GitHub Actions steps: each `run` run by test_own_team_in_ci.py after the record",
     "server": "started as printed, answers (its first line), stopped with SIGTERM, exits 0",
     "mcp-config": "the configured server started over stdio, its six tools listed",
+    "fleet-setup": "run by test_docs_fleet.py: the first host's lines and another host's in two "
+    "workspaces, on a real PostgreSQL server that asks for the password",
     "make": "each target dry-run with `make -n` (running `make test` would run the suite "
     "inside itself; `make run` installs on first use)",
     "text": "a figure (a diagram, a folder tree): nothing to run",
@@ -35,13 +37,7 @@ KINDS = {
 }
 
 # (page, the block's first line) -> why it cannot run here; keep this list short
-NOT_RUN = {
-    (
-        "docs/fleet/postgresql.md",
-        "pip install '.[postgres]'   # psycopg 3 and psycopg_pool, from agentmend's checkout",
-    ): "names your database server and your secrets manager: tests/faces/test_store_init.py "
-    "runs `agentmend store init` against a real server",
-}
+NOT_RUN: dict[tuple[str, str], str] = {}
 
 # The wheelhouse `make` fills (Makefile: WHEELHOUSE): the install examples build agentmend with
 # the setuptools and wheel there, never reaching a registry.

@@ -5,7 +5,8 @@ without one fails here. The runnable kinds run in projects outside the repositor
 installed from a wheel of this tree (``user_venv``), offline: model calls go to a fake Messages
 API on 127.0.0.1 (``ANTHROPIC_BASE_URL``), the install lines build agentmend from a copy of the
 checkout with ``PIP_NO_INDEX`` and the wheelhouse ``make`` fills. The ``own-team`` and
-``ci-step`` blocks run in ``test_own_team_in_ci.py``.
+``ci-step`` blocks run in ``test_own_team_in_ci.py``, the ``fleet-setup`` block in
+``test_docs_fleet.py``.
 """
 
 from __future__ import annotations
