@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import socket
 import subprocess
 import sys
@@ -346,65 +345,3 @@ def test_the_password_comes_from_the_password_file(
     assert not (workspace / "agentmend.db").exists()
     for name, data in (_files(workspace) or {}).items():
         assert PASSWORD.encode() not in data, f"{name} holds the password"
-
-
-# -- the fleet quick start, as the README prints it ------------------------------------------------
-
-
-def _readme_fleet_commands(url: str, workspace: Path) -> list[list[str]]:
-    """The ``agentmend`` commands of the README's fleet set-up, on ``url`` and ``workspace``:
-    [the first host's, every other host's]."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"^```bash\n(.*?)^```", readme, flags=re.M | re.S)
-    (block,) = [b for b in blocks if "agentmend store init" in b]
-    assert "export AGENTMEND_AUDIT_HMAC_KEY=" in block  # the key step is part of the set-up
-    commands = []
-    for line in block.splitlines():
-        if line.startswith("agentmend "):
-            words = shlex.split(line.split("#")[0])[1:]
-            words = [url if w.startswith("postgresql://") else w for w in words]
-            commands.append([str(workspace) if w == ".agentmend" else w for w in words])
-    assert len(commands) == 2, commands
-    assert "--new-audit-key" in commands[0]
-    return commands
-
-
-@pytest.mark.slow
-def test_the_fleet_quick_start_runs_as_printed_on_two_workspaces(
-    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    first, second = tmp_path / "host-a" / ".agentmend", tmp_path / "host-b" / ".agentmend"
-    on_first, on_second = (
-        _readme_fleet_commands(pg_url, first),
-        _readme_fleet_commands(pg_url, second),
-    )
-    # host A: record the store and make the fleet's key
-    code, out, err = run_cli(capsys, *on_first[0])
-    assert code == 0, out + err
-    found = re.search(r"^AGENTMEND_AUDIT_HMAC_KEY=(\S+)$", out, re.MULTILINE)
-    assert found is not None, out
-    monkeypatch.setenv("AGENTMEND_AUDIT_HMAC_KEY", found.group(1))  # set on every host
-    code, out, err = run_cli(capsys, "demo", "--workspace", str(first))  # changes, audit rows
-    assert code == 0, out + err
-    # host B: its own workspace on the same store, the same key
-    code, out, err = run_cli(capsys, *on_second[1])
-    assert code == 0, out + err
-    assert "note:" not in out  # no key missing, nothing to fix
-    done = _child(
-        "audit",
-        "verify",
-        "--json",
-        "--workspace",
-        str(second),
-        env={"AGENTMEND_AUDIT_HMAC_KEY": found.group(1)},
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert json.loads(done.stdout)["verified"] is True
-    code, out, err = run_cli(capsys, "history", "--json", "--workspace", str(second))
-    assert code == 0, out + err
-    assert {"kept", "rolled_back"} <= {c["status"] for c in json.loads(out)["changes"]}
-    # the key is what makes host B trust host A's rows: without it the chain is not verified
-    monkeypatch.delenv("AGENTMEND_AUDIT_HMAC_KEY")
-    code, out, err = run_cli(capsys, "audit", "verify", "--json", "--workspace", str(second))
-    assert code == 1, out + err
-    assert json.loads(out)["verified"] is False

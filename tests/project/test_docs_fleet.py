@@ -251,6 +251,20 @@ def test_the_fleet_set_up_runs_as_printed_on_two_hosts_sharing_one_server(
     assert histories[0] == histories[1]
     assert {"kept", "rolled_back"} <= {change["status"] for change in histories[1]["changes"]}
 
+    # the key is what makes the second host trust the first's rows: without it, no verdict
+    unkeyed = subprocess.run(
+        ["bash", "-c", "agentmend audit verify --json --workspace .agentmend"],
+        cwd=second.home,
+        env=second.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert unkeyed.returncode == 1, unkeyed.stdout + unkeyed.stderr
+    assert json.loads(unkeyed.stdout)["verified"] is False
+    second.outputs.append(unkeyed.stdout + unkeyed.stderr)
+
     # the password only ever in the password files, which libpq reads
     for host in (first, second):
         for output in host.outputs:
