@@ -41,6 +41,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from agentmend.infrastructure.models import ExecutionRecord
 from agentmend.infrastructure.release_labels import unattributed
@@ -48,20 +49,47 @@ from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.infrastructure.telemetry.mapping import (
     RELEASE_LABEL,
     RELEASE_TEAM,
+    RunRow,
     SpanMapping,
     is_agent_span,
     is_chat_span,
     is_recorded_by_agentmend,
     names_itself,
+    run_record,
 )
 from agentmend.infrastructure.telemetry.model_calls import ModelCall, closest, model_calls
+from agentmend.infrastructure.telemetry.otlp_lean import RawAttributes, raw_size
 from agentmend.infrastructure.telemetry.span import SpanData
 
-__all__ = ["DEFAULT_MAX_OPEN_BYTES", "TelemetryCounts", "TraceAssembler", "span_bytes"]
+__all__ = [
+    "DEFAULT_MAX_OPEN_BYTES",
+    "RunSink",
+    "TelemetryCounts",
+    "TraceAssembler",
+    "span_bytes",
+]
 
 log = get_logger(__name__)
 
 Record = Callable[[ExecutionRecord], None]
+
+
+class RunSink(Protocol):
+    """Takes runs as plain values (``PerformanceMonitor`` is one): no model is built per run."""
+
+    def record_observed(
+        self,
+        agent_name: str,
+        success: bool,
+        duration_ms: float,
+        error: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        ended_at: float,
+        extra: dict[str, Any],
+    ) -> None: ...
+
+
 Attribute = Callable[[object, object], Mapping[str, object]]
 """(release label, team or None) -> the tags of the run's record
 (``ReleaseAttribution.tags``)."""
@@ -119,8 +147,9 @@ class _Trace:
 
     def __init__(self, now: float) -> None:
         self.spans: dict[bytes, SpanData] = {}
-        # parent span id -> children, kept as spans arrive; claimed spans are skipped, not removed
-        self.children: dict[bytes, list[SpanData]] = {}
+        # parent span id -> ids of its children, kept as spans arrive; claimed ones are skipped,
+        # not removed (ids, not spans: a claimed span must not outlive its request)
+        self.children: dict[bytes, list[bytes]] = {}
         self.claimed = 0  # spans claimed since the index was last rebuilt (stale entries in it)
         self.agents: list[SpanData] = []
         # parents of the agent runs recorded: an unnamed agent span above them only wraps them
@@ -139,7 +168,9 @@ class TraceAssembler:
     """Turns spans into recorded executions (see the module docstring).
 
     Args:
-        record: where executions go (``PerformanceMonitor.record``).
+        record: where executions go: a ``RunSink`` such as a ``PerformanceMonitor`` takes
+            them as plain values (the fast path); a callable (``monitor.record``, a test's
+            recorder) is given an ``ExecutionRecord`` each.
         mapping: the mapping rules (agent naming).
         orphan_timeout_s: a trace idle this long is flushed as orphans.
         max_open_traces: traces buffered at most; the oldest is flushed past it.
@@ -154,7 +185,7 @@ class TraceAssembler:
 
     def __init__(
         self,
-        record: Record,
+        record: Record | RunSink,
         mapping: SpanMapping | None = None,
         *,
         attribute: Attribute | None = None,
@@ -164,7 +195,8 @@ class TraceAssembler:
         remember: int = 1_000_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._record = record
+        self._sink: RunSink | None = None if callable(record) else record
+        self._record: Record | None = record if callable(record) else None
         self.attribute = attribute
         self.mapping = mapping or SpanMapping()
         self.orphan_timeout_s = orphan_timeout_s
@@ -194,7 +226,7 @@ class TraceAssembler:
         ``rejected`` counts the spans of the same request a decoder refused as malformed.
         """
         now = self._clock()
-        records: list[ExecutionRecord] = []
+        records: list[RunRow] = []
         with self._lock:
             self.rejected += rejected
             touched: dict[bytes, _Trace] = {}
@@ -217,15 +249,16 @@ class TraceAssembler:
                     if not span.parent_span_id or span.parent_is_remote:
                         trace.root_seen = True
                     continue
-                trace.spans[span.span_id] = span
+                span_id = span.span_id
+                trace.spans[span_id] = span
                 trace.new.append(span)
                 parent = span.parent_span_id
                 if parent:
                     siblings = trace.children.get(parent)
                     if siblings is None:
-                        trace.children[parent] = [span]
+                        trace.children[parent] = [span_id]
                     else:
-                        siblings.append(span)
+                        siblings.append(span_id)
                 if is_agent_span(span):
                     trace.agents.append(span)
                 if not parent or span.parent_is_remote:
@@ -240,15 +273,20 @@ class TraceAssembler:
             self._expire(now)
             while self._bytes > self._max_bytes and self._traces:
                 self._drop_oldest(over_bound=True)
-        for record in records:  # outside the lock: attribution may read the store
-            self._record(self._attributed(record))
+        # outside the lock: attribution may read the store
+        sink, record = self._sink, self._record
+        for row in records:
+            extra = row[7]
+            if RELEASE_LABEL in extra:
+                self._attribute(extra)
+            if sink is not None:
+                sink.record_observed(*row)
+            elif record is not None:
+                record(run_record(row))
         return len(records)
 
-    def _attributed(self, record: ExecutionRecord) -> ExecutionRecord:
-        """``record`` with its release label resolved to tags (never dropped for it)."""
-        if RELEASE_LABEL not in record.extra:
-            return record
-        extra = dict(record.extra)
+    def _attribute(self, extra: dict[str, Any]) -> None:
+        """Resolve the release label in a run's ``extra`` to tags (never dropped for it)."""
         label, team = extra.pop(RELEASE_LABEL), extra.pop(RELEASE_TEAM, None)
         if self.attribute is None:
             tags: Mapping[str, object] = unattributed(label, NO_RELEASE_LOG)
@@ -258,7 +296,6 @@ class TraceAssembler:
             except Exception as exc:  # a run is never lost to its label
                 tags = unattributed(label, f"attribution failed: {exc!r}")
         extra.update(tags)
-        return record.model_copy(update={"extra": extra})
 
     def flush_expired(self) -> int:
         """Flush the traces idle longer than the timeout; how many spans became orphans."""
@@ -312,7 +349,7 @@ class TraceAssembler:
             self._traces.move_to_end(trace_id)
         return trace
 
-    def _assemble(self, trace_id: bytes, trace: _Trace, records: list[ExecutionRecord]) -> None:
+    def _assemble(self, trace_id: bytes, trace: _Trace, records: list[RunRow]) -> None:
         children = trace.children
         if trace.own_new:
             for own in trace.own_new:
@@ -397,6 +434,8 @@ class TraceAssembler:
             if partner is not None:
                 del theirs[partner.span.key]  # one partner each: parallel calls stay apart
                 return False
+        for span in call.spans:  # kept beyond its request: not the request's parser map
+            _detach(span)
         mine[call.span.key] = call
         while len(mine) > self._REMEMBERED_UNPAIRED:
             mine.popitem(last=False)
@@ -416,12 +455,13 @@ class TraceAssembler:
         added = 0
         for span in trace.new:
             if span.span_id in spans and span.span_id not in sizes:
+                _detach(span)  # it waits beyond its request: not the request's parser map
                 sizes[span.span_id] = size = span_bytes(span)
                 added += size
         trace.bytes += added
         self._bytes += added
 
-    def _keep(self, record: ExecutionRecord | None, records: list[ExecutionRecord]) -> None:
+    def _keep(self, record: RunRow | None, records: list[RunRow]) -> None:
         if record is None:
             self._unmappable += 1
         else:
@@ -468,12 +508,18 @@ def _wraps(agent: SpanData, subtree: list[SpanData], trace: _Trace) -> bool:
     return agent.span_id in parents or any(span.span_id in parents for span in subtree)
 
 
-def _children(spans: Iterable[SpanData]) -> dict[bytes, list[SpanData]]:
-    children: dict[bytes, list[SpanData]] = {}
+def _children(spans: Iterable[SpanData]) -> dict[bytes, list[bytes]]:
+    children: dict[bytes, list[bytes]] = {}
     for span in spans:
         if span.parent_span_id:
-            children.setdefault(span.parent_span_id, []).append(span)
+            children.setdefault(span.parent_span_id, []).append(span.span_id)
     return children
+
+
+def _detach(span: SpanData) -> None:
+    attributes = span.attributes
+    if type(attributes) is RawAttributes:
+        attributes.detach()
 
 
 _SPAN_OVERHEAD = 400  # the SpanData, its dicts and ids, about
@@ -483,7 +529,11 @@ _ENTRY_OVERHEAD = 80  # one attribute's key and boxed value, about
 def span_bytes(span: SpanData) -> int:
     """About how many bytes ``span`` holds in memory (its resource is shared, not counted)."""
     size = _SPAN_OVERHEAD + len(span.name) + len(span.status_message)
-    size += _mapping_bytes(span.attributes)
+    raw = raw_size(span.attributes)
+    if raw is None:
+        size += _mapping_bytes(span.attributes)
+    else:  # undecoded values: their bytes, and what the decoded ones in ``known`` hold
+        size += raw + _ENTRY_OVERHEAD * len(span.attributes) + _mapping_bytes(span.known)
     for event in span.events:
         size += _SPAN_OVERHEAD // 2 + len(event.name) + _mapping_bytes(event.attributes)
     return size
@@ -508,7 +558,7 @@ def _value_bytes(value: object) -> int:
 
 def _subtree(
     agent: SpanData,
-    children: dict[bytes, list[SpanData]],
+    children: dict[bytes, list[bytes]],
     spans: dict[bytes, SpanData],
     *,
     into_agents: bool = False,
@@ -517,8 +567,8 @@ def _subtree(
     found: list[SpanData] = []
     stack = list(children.get(agent.span_id, ()))
     while stack:
-        span = stack.pop()
-        if span.span_id not in spans or (not into_agents and is_agent_span(span)):
+        span = spans.get(stack.pop())
+        if span is None or (not into_agents and is_agent_span(span)):
             continue
         found.append(span)
         stack.extend(children.get(span.span_id, ()))
