@@ -828,8 +828,8 @@ def _check_source(source: str) -> None:
         raise ConfigurationError(f"source must be one of {SOURCES}, got {source!r}")
 
 
-def _dumps(extra: dict[str, Any]) -> str:
-    return json.dumps(extra, default=str, sort_keys=True)
+# one encoder for every run: json.dumps with options builds a new one per call
+_dumps = json.JSONEncoder(default=str, sort_keys=True).encode
 
 
 def _flusher_loop(

@@ -128,6 +128,9 @@ class TelemetryCounts:
     open_traces: int = 0
 
 
+_NO_IDS: set[bytes] = set()  # shared and never added to: a trace's ``own`` until it has one
+
+
 class _Trace:
     __slots__ = (
         "agent_parents",
@@ -154,7 +157,8 @@ class _Trace:
         self.agents: list[SpanData] = []
         # parents of the agent runs recorded: an unnamed agent span above them only wraps them
         self.agent_parents: set[bytes] = set()
-        self.own: set[bytes] = set()
+        # agentmend's own spans, and those of them not assembled yet: made on the first one
+        self.own: set[bytes] = _NO_IDS
         self.own_new: list[SpanData] = []
         self.new: list[SpanData] = []  # added by the current call, not sized yet
         self.sizes: dict[bytes, int] = {}  # estimated bytes of the spans left waiting
@@ -230,20 +234,29 @@ class TraceAssembler:
         with self._lock:
             self.rejected += rejected
             touched: dict[bytes, _Trace] = {}
+            seen = self._seen
             for span in spans:
                 self._received += 1
-                key = span.key
-                if key in self._seen or key in self._seen_before:
+                trace_id = span.trace_id
+                key = trace_id + span.span_id
+                if key in seen or key in self._seen_before:
                     self._duplicates += 1
                     continue
-                self._remember(key)
-                found = touched.get(span.trace_id)
+                seen.add(key)
+                if len(seen) >= self._half:  # a new generation: the oldest keys are forgotten
+                    self._seen_before = seen
+                    seen = self._seen = set()
+                found = touched.get(trace_id)
                 if found is None or found.dropped:
-                    found = touched[span.trace_id] = self._open(span.trace_id, now)
+                    found = touched[trace_id] = self._open(trace_id, now)
                 trace = found
-                if is_recorded_by_agentmend(span) or span.parent_span_id in trace.own:
+                if is_recorded_by_agentmend(span) or (
+                    trace.own and span.parent_span_id in trace.own
+                ):
                     # agentmend's own work and everything below it (a role's chat spans)
                     self._own += 1
+                    if trace.own is _NO_IDS:
+                        trace.own = set()
                     trace.own.add(span.span_id)
                     trace.own_new.append(span)
                     if not span.parent_span_id or span.parent_is_remote:
@@ -331,13 +344,6 @@ class TraceAssembler:
 
     # ------------------------------------------------------------------ internals
 
-    def _remember(self, key: bytes) -> None:
-        seen = self._seen
-        seen.add(key)
-        if len(seen) >= self._half:
-            self._seen_before = seen
-            self._seen = set()
-
     def _open(self, trace_id: bytes, now: float) -> _Trace:
         trace = self._traces.get(trace_id)
         if trace is None:
@@ -359,11 +365,15 @@ class TraceAssembler:
                     self._own += 1
             trace.own_new.clear()
             trace.agents = [a for a in trace.agents if a.span_id in trace.spans]
-        if trace.agents:
-            # Innermost first: a nested agent run claims its own subtree before its parent,
-            # whose walk then stops at the claimed (no longer buffered) spans.
-            for agent in sorted(trace.agents, key=lambda s: s.end_ns):
-                subtree = _subtree(agent, children, trace.spans)
+        agents = trace.agents
+        if agents:
+            spans = trace.spans
+            if len(agents) > 1:
+                # Innermost first: a nested agent run claims its own subtree before its parent,
+                # whose walk then stops at the claimed (no longer buffered) spans.
+                agents.sort(key=_end_ns)
+            for agent in agents:
+                subtree = _subtree(agent, children, spans)
                 chats = [s for s in subtree if is_chat_span(s)]
                 if not chats and not names_itself(agent) and _wraps(agent, subtree, trace):
                     self._ignored += 1 + len(subtree)  # a workflow around agent runs
@@ -376,17 +386,18 @@ class TraceAssembler:
                     children.pop(span.span_id, None)
                 self._take(trace, agent.span_id)
                 children.pop(agent.span_id, None)
-            trace.agents.clear()
+            agents.clear()
         if trace.root_seen:
-            lone: list[SpanData] = []
-            for span in trace.spans.values():
-                if is_chat_span(span):
-                    lone.append(span)
-                else:
-                    self._ignored += 1
-            for call in model_calls(lone):
-                if self._first_time(call):
-                    self._keep(self.mapping.chat_execution(call), records)
+            if trace.spans:
+                lone: list[SpanData] = []
+                for span in trace.spans.values():
+                    if is_chat_span(span):
+                        lone.append(span)
+                    else:
+                        self._ignored += 1
+                for call in model_calls(lone):
+                    if self._first_time(call):
+                        self._keep(self.mapping.chat_execution(call), records)
             trace.spans.clear()
             trace.children.clear()
             self._bytes -= trace.bytes
@@ -445,9 +456,10 @@ class TraceAssembler:
         """Remove a claimed span from the buffer (and its bytes from the bound)."""
         trace.spans.pop(span_id, None)
         trace.claimed += 1
-        size = trace.sizes.pop(span_id, 0)
-        trace.bytes -= size
-        self._bytes -= size
+        if trace.sizes:  # (none while every span waiting came in the current request)
+            size = trace.sizes.pop(span_id, 0)
+            trace.bytes -= size
+            self._bytes -= size
 
     def _size_new(self, trace: _Trace) -> None:
         """Count the bytes of the spans this call left waiting in ``trace``."""
@@ -496,6 +508,10 @@ class TraceAssembler:
         trace.agents.clear()
         trace.sizes.clear()
         trace.bytes = 0
+
+
+def _end_ns(span: SpanData) -> int:
+    return span.end_ns
 
 
 def _same_resource(a: SpanData, b: SpanData) -> bool:

@@ -44,7 +44,7 @@ rule, or the resource attribute.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -58,6 +58,7 @@ from agentmend.infrastructure.telemetry.model_calls import (
     number,
     usage,
 )
+from agentmend.infrastructure.telemetry.otlp_lean import RawAttributes
 from agentmend.infrastructure.telemetry.span import STATUS_ERROR, SpanData
 from agentmend.infrastructure.tracing import RECORDED_ATTRIBUTE
 
@@ -249,7 +250,7 @@ def _record(
         "span_id": span.span_id.hex(),
         "span_name": span.name,
         "mapped_from": kind,
-        "attributes": _evidence(span.attributes),
+        "attributes": _evidence(span),
     }
     if model:
         extra["model"] = model
@@ -332,14 +333,19 @@ def _model(chats: Sequence[SpanData]) -> str | None:
 _SCALARS = (bool, int, float)
 
 
-def _evidence(attributes: Mapping[str, Any]) -> dict[str, Any]:
+def _evidence(span: SpanData) -> dict[str, Any]:
     """A few scalar attributes kept for the mediator's evidence (the first in key order, so
     every decoder keeps the same ones), values cut short."""
     kept: dict[str, Any] = {}
-    for key in sorted(attributes):
+    attributes = span.attributes
+    items = (
+        attributes.sorted_items()
+        if type(attributes) is RawAttributes
+        else sorted(attributes.items())
+    )
+    for key, value in items:
         if len(kept) >= _EVIDENCE_ATTRIBUTES:
             break
-        value = attributes[key]
         if isinstance(value, str):
             kept[key] = value[:_EVIDENCE_VALUE_CHARS]
         elif isinstance(value, _SCALARS):

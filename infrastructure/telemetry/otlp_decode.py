@@ -21,6 +21,7 @@ from typing import Any
 from agentmend.infrastructure.errors import AgentmendError
 from agentmend.infrastructure.telemetry.mapping import DIALECT_KEYS
 from agentmend.infrastructure.telemetry.otlp_lean import (
+    DecodedValues,
     RawAttributes,
     any_value,
     lean_request_type,
@@ -115,6 +116,7 @@ def decode_protobuf(body: bytes) -> DecodedBatch:
     spans = batch.spans
     append = spans.append
     wanted = DIALECT_KEYS.intersection
+    decoded = DecodedValues()  # one request's spans repeat their values: each decoded once
     for resource_spans in request.resource_spans:
         resource = {key: any_value(raw) for key, raw in resource_spans.resource.attributes.items()}
         for scope_spans in resource_spans.scope_spans:
@@ -141,11 +143,11 @@ def decode_protobuf(body: bytes) -> DecodedBatch:
                             span.end_time_unix_nano,
                             status.code,
                             status.message,
-                            RawAttributes(raw),
+                            RawAttributes(raw, decoded),
                             _events(events) if events else (),
                             resource,
                             span.flags & _PARENT_IS_REMOTE == _PARENT_IS_REMOTE,
-                            {key: any_value(raw[key]) for key in wanted(raw)},
+                            {key: decoded[raw[key]] for key in wanted(raw)},
                         )
                     )
                 )

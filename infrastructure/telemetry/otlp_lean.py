@@ -24,7 +24,7 @@ from typing import Any
 
 from agentmend.infrastructure.telemetry.span import OtelExtraMissing
 
-__all__ = ["RawAttributes", "any_value", "lean_request_type", "raw_size"]
+__all__ = ["DecodedValues", "RawAttributes", "any_value", "lean_request_type", "raw_size"]
 
 _PACKAGE = "agentmend.otlp.lean"
 _lean_request: Any = None
@@ -177,6 +177,18 @@ def _value(value: Any) -> Any:
     return getattr(value, kind)
 
 
+class DecodedValues(dict[bytes, Any]):
+    """Raw ``AnyValue`` bytes -> the value, decoded on first sight: one request's spans repeat
+    their values (an operation name, a model, a host), so each is decoded once. Lives as long
+    as the request is being assembled."""
+
+    def __missing__(self, raw: bytes) -> Any:
+        value = any_value(raw)
+        if not isinstance(value, dict | tuple):  # shared between spans: immutable values only
+            self[raw] = value
+        return value
+
+
 class RawAttributes(Mapping[str, Any]):
     """A span's attributes as the export carried them: keys, and each value decoded when read.
 
@@ -184,17 +196,23 @@ class RawAttributes(Mapping[str, Any]):
     bytes out (a span left waiting in the buffer must not keep its whole request alive).
     """
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_decoded", "_raw")
 
-    def __init__(self, raw: Mapping[str, bytes]) -> None:
+    def __init__(
+        self, raw: Mapping[str, bytes], decoded: Mapping[bytes, Any] | None = None
+    ) -> None:
         self._raw = raw
+        self._decoded = decoded  # raw value -> value, shared by one request's spans
 
     def __getitem__(self, key: str) -> Any:
-        return any_value(self._raw[key])
+        raw = self._raw[key]
+        return any_value(raw) if self._decoded is None else self._decoded[raw]
 
     def get(self, key: str, default: Any = None) -> Any:
         raw = self._raw.get(key)
-        return default if raw is None else any_value(raw)
+        if raw is None:
+            return default
+        return any_value(raw) if self._decoded is None else self._decoded[raw]
 
     def __contains__(self, key: object) -> bool:
         return key in self._raw
@@ -205,10 +223,17 @@ class RawAttributes(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._raw)
 
+    def sorted_items(self) -> Iterator[tuple[str, Any]]:
+        """(key, value) in key order, each value decoded as it is reached."""
+        raw, decoded = self._raw, self._decoded
+        for key in sorted(raw):  # (the parser's map has no fast items())
+            yield key, any_value(raw[key]) if decoded is None else decoded[raw[key]]
+
     def detach(self) -> None:
         """Keep a copy of the raw bytes, not the parser's map (nor its request)."""
         if type(self._raw) is not dict:
             self._raw = dict(self._raw)
+            self._decoded = None
 
     def raw_size(self) -> int:
         """The bytes of its keys and undecoded values."""
