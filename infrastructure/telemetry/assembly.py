@@ -246,10 +246,9 @@ class TraceAssembler:
                 if len(seen) >= self._half:  # a new generation: the oldest keys are forgotten
                     self._seen_before = seen
                     seen = self._seen = set()
-                found = touched.get(trace_id)
-                if found is None or found.dropped:
-                    found = touched[trace_id] = self._open(trace_id, now)
-                trace = found
+                trace = touched.get(trace_id)
+                if trace is None or trace.dropped:
+                    trace = touched[trace_id] = self._open(trace_id, now)
                 if is_recorded_by_agentmend(span) or (
                     trace.own and span.parent_span_id in trace.own
                 ):

@@ -54,7 +54,7 @@ from agentmend.infrastructure.release_labels import RELEASE_ATTRIBUTE, TEAM_ATTR
 from agentmend.infrastructure.telemetry.model_calls import (
     CALL_KEYS,
     ModelCall,
-    model_calls,
+    call_tokens,
     number,
     usage,
 )
@@ -193,10 +193,7 @@ class SpanMapping:
         if not (input_tokens or output_tokens):
             input_tokens, output_tokens = usage(agent)
         if not (input_tokens or output_tokens):
-            for call in model_calls(chats):
-                call_in, call_out = call.tokens
-                input_tokens += call_in
-                output_tokens += call_out
+            input_tokens, output_tokens = call_tokens(chats)
         return _record(
             name,
             agent,

@@ -28,6 +28,7 @@ from agentmend.infrastructure.telemetry.span import SpanData
 __all__ = [
     "CALL_KEYS",
     "ModelCall",
+    "call_tokens",
     "closest",
     "fit",
     "is_sdk_call",
@@ -159,6 +160,19 @@ def closest(call: ModelCall, candidates: Iterable[ModelCall]) -> ModelCall | Non
         if gap is not None and (best is None or gap < best_gap):
             best, best_gap = candidate, gap
     return best
+
+
+def call_tokens(chats: Sequence[SpanData]) -> tuple[int, int]:
+    """The (input, output) tokens of ``chats``, each model call counted once."""
+    if len(chats) < 2 or _all_distinct(chats):  # one span per call: no call objects needed
+        input_tokens = output_tokens = 0
+        for chat in chats:
+            known = chat.known
+            input_tokens += number(known, _INPUT_KEYS)
+            output_tokens += number(known, _OUTPUT_KEYS)
+        return input_tokens, output_tokens
+    counted = [call.tokens for call in model_calls(chats)]
+    return sum(c[0] for c in counted), sum(c[1] for c in counted)
 
 
 def model_calls(chats: Sequence[SpanData]) -> list[ModelCall]:

@@ -26,12 +26,7 @@ from agentmend.infrastructure.telemetry.otlp_lean import (
     any_value,
     lean_request_type,
 )
-from agentmend.infrastructure.telemetry.span import (
-    OtelExtraMissing,
-    SpanData,
-    SpanEvent,
-    new_span,
-)
+from agentmend.infrastructure.telemetry.span import OtelExtraMissing, SpanData, SpanEvent
 
 __all__ = [
     "DecodedBatch",
@@ -48,6 +43,8 @@ _TRACE_ID_BYTES = 16
 _SPAN_ID_BYTES = 8
 _MAX_REASONS = 5
 _PARENT_IS_REMOTE = 0x300
+# a SpanData made from its fields in order, ``known`` last, without its __new__'s defaults
+_new_span = tuple.__new__
 """OTLP span flags: bit 8 says whether bit 9 is known, bit 9 that the parent is remote."""
 
 
@@ -133,7 +130,8 @@ def decode_protobuf(body: bytes) -> DecodedBatch:
                 events = span.events
                 status = span.status
                 append(
-                    new_span(
+                    _new_span(
+                        SpanData,
                         (
                             trace_id,
                             span_id,
@@ -148,7 +146,7 @@ def decode_protobuf(body: bytes) -> DecodedBatch:
                             resource,
                             span.flags & _PARENT_IS_REMOTE == _PARENT_IS_REMOTE,
                             {key: decoded[raw[key]] for key in wanted(raw)},
-                        )
+                        ),
                     )
                 )
     return batch

@@ -226,8 +226,10 @@ class RawAttributes(Mapping[str, Any]):
     def sorted_items(self) -> Iterator[tuple[str, Any]]:
         """(key, value) in key order, each value decoded as it is reached."""
         raw, decoded = self._raw, self._decoded
+        if decoded is None:
+            decoded = DecodedValues()
         for key in sorted(raw):  # (the parser's map has no fast items())
-            yield key, any_value(raw[key]) if decoded is None else decoded[raw[key]]
+            yield key, decoded[raw[key]]
 
     def detach(self) -> None:
         """Keep a copy of the raw bytes, not the parser's map (nor its request)."""

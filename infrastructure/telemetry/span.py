@@ -27,7 +27,6 @@ __all__ = [
     "OtelExtraMissing",
     "SpanData",
     "SpanEvent",
-    "new_span",
 ]
 
 
@@ -133,8 +132,3 @@ class SpanData(_SpanFields):
         """The span's attribute ``name``, else the resource's, else None."""
         value = self.attributes.get(name)
         return value if value is not None else self.resource.get(name)
-
-
-def new_span(fields: tuple[Any, ...]) -> SpanData:
-    """A ``SpanData`` from its 13 fields in order, ``known`` included (a decoder's fast path)."""
-    return tuple.__new__(SpanData, fields)
