@@ -11,16 +11,24 @@ Hostile values the lean decoder leaves as bytes until read fail nothing.
 from __future__ import annotations
 
 import gc
+import json
 import random
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 from otel_helpers import Recorder
 
+from agentmend.infrastructure.monitoring.performance_monitor import (
+    InvalidExecution,
+    PerformanceMonitor,
+)
+from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.telemetry.assembly import TraceAssembler
 from agentmend.infrastructure.telemetry.mapping import DIALECT_KEYS
 from agentmend.infrastructure.telemetry.otlp_decode import decode_protobuf
@@ -305,3 +313,36 @@ def test_a_span_left_waiting_keeps_plain_values_not_its_request() -> None:
     assert not [o for o in reachable if type(o).__module__.startswith("google")]
     assert span.attributes["payload"] == "p" * 1000
     assert assembler.counts().open_bytes >= 1000
+
+
+def test_runs_reach_the_monitor_as_plain_values_stored_with_their_spans_end(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path / "agentmend.db")
+    monitor = PerformanceMonitor(store, flush_interval_s=3600)
+    try:
+        body = _lean_body(
+            {
+                "gen_ai.operation.name": _any("invoke_agent").SerializeToString(),
+                "gen_ai.agent.name": _any("planner").SerializeToString(),
+                "app.tenant": _any("acme").SerializeToString(),
+            }
+        )
+        TraceAssembler(monitor).add(decode_protobuf(body).spans)
+        monitor.flush()
+        with store.snapshot() as conn:
+            row = conn.execute(
+                "SELECT agent, success, duration_ms, ts, extra FROM executions"
+            ).fetchone()
+        assert tuple(row[:4]) == ("planner", 1, 10 / 1e6, 10 / 1e9)  # 10 ns long, ended at 10 ns
+        extra = json.loads(row[4])
+        assert extra["attributes"] == {
+            "app.tenant": "acme",
+            "gen_ai.agent.name": "planner",
+            "gen_ai.operation.name": "invoke_agent",
+        }
+        with pytest.raises(InvalidExecution, match="duration_ms"):
+            monitor.record_observed("planner", True, -1.0, None, 0, 0, 1.0, {})
+    finally:
+        monitor.close()
+        store.close()
