@@ -336,7 +336,7 @@ def _evidence(span: SpanData) -> dict[str, Any]:
     kept: dict[str, Any] = {}
     attributes = span.attributes
     items = (
-        attributes.sorted_items()
+        attributes.sorted_items(2 * _EVIDENCE_ATTRIBUTES)  # (a few may not be scalars)
         if type(attributes) is RawAttributes
         else sorted(attributes.items())
     )

@@ -19,7 +19,8 @@ before), and the map keeps the last of two values of one key, as the full decode
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import chain
 from typing import Any
 
 from agentmend.infrastructure.telemetry.span import OtelExtraMissing
@@ -223,13 +224,16 @@ class RawAttributes(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._raw)
 
-    def sorted_items(self) -> Iterator[tuple[str, Any]]:
-        """(key, value) in key order, each value decoded as it is reached."""
+    def sorted_items(self, first: int) -> Iterable[tuple[str, Any]]:
+        """(key, value) in key order: the ``first`` decoded at once, the others as reached."""
         raw, decoded = self._raw, self._decoded
         if decoded is None:
             decoded = DecodedValues()
-        for key in sorted(raw):  # (the parser's map has no fast items())
-            yield key, decoded[raw[key]]
+        keys = sorted(raw)  # (the parser's map has no fast items())
+        head = [(key, decoded[raw[key]]) for key in keys[:first]]
+        if len(keys) <= first:
+            return head
+        return chain(head, ((key, decoded[raw[key]]) for key in keys[first:]))
 
     def detach(self) -> None:
         """Keep a copy of the raw bytes, not the parser's map (nor its request)."""
