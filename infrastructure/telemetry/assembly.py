@@ -15,7 +15,9 @@ Memory is bounded: the buffer holds at most ``max_open_traces`` traces and about
 ``max_open_bytes`` of spans waiting for their agent span or root (their attributes, names and
 events, estimated when a span is left waiting, so spans assembled in the request that brought
 them cost nothing). Past either bound the oldest traces are flushed as orphans and counted
-(``orphans_over_bound``), so a trace that never completes cannot grow without limit.
+(``orphans_over_bound``), so a trace that never completes cannot grow without limit. A span
+left waiting holds plain values only: attributes still in their request's parser are copied
+out (``RawAttributes.detach``), so a waiting span never keeps its whole request alive.
 
 Assembly is linear in a trace's spans: each trace keeps its parent-to-children index as spans
 arrive, and an agent claims its subtree by walking it once (spans already claimed are skipped,
@@ -157,7 +159,7 @@ class _Trace:
         self.agents: list[SpanData] = []
         # parents of the agent runs recorded: an unnamed agent span above them only wraps them
         self.agent_parents: set[bytes] = set()
-        # agentmend's own spans, and those of them not assembled yet: made on the first one
+        # ids of agentmend's own spans and those below them (a set of its own from the first)
         self.own: set[bytes] = _NO_IDS
         self.own_new: list[SpanData] = []
         self.new: list[SpanData] = []  # added by the current call, not sized yet

@@ -39,6 +39,10 @@ subtree is one execution:
 **A model call with no agent span above it** (a plain ``anthropic`` app, with or without an
 instrumentation) is one execution by itself, named by its own ``gen_ai.agent.name``, the user's
 rule, or the resource attribute.
+
+The mapping reads a span's attributes through ``SpanData.known`` only, and ``DIALECT_KEYS``
+lists every one it reads, so a decoder may decode those alone. A run keeps a few scalar
+attributes of its span as evidence (the first 12 in key order, so every decoder keeps the same).
 """
 
 from __future__ import annotations
