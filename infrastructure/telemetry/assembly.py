@@ -536,7 +536,7 @@ def _children(spans: Iterable[SpanData]) -> dict[bytes, list[bytes]]:
 def _detach(span: SpanData) -> None:
     attributes = span.attributes
     if type(attributes) is RawAttributes:
-        attributes.detach()
+        attributes.detach(span.known)
 
 
 _SPAN_OVERHEAD = 400  # the SpanData, its dicts and ids, about
@@ -549,8 +549,9 @@ def span_bytes(span: SpanData) -> int:
     raw = raw_size(span.attributes)
     if raw is None:
         size += _mapping_bytes(span.attributes)
-    else:  # undecoded values: their bytes, and what the decoded ones in ``known`` hold
-        size += raw + _ENTRY_OVERHEAD * len(span.attributes) + _mapping_bytes(span.known)
+    else:  # undecoded values: their bytes; and what the decoded ones in ``known`` hold
+        size += raw + _ENTRY_OVERHEAD * (len(span.attributes) - len(span.known))
+        size += _mapping_bytes(span.known)
     for event in span.events:
         size += _SPAN_OVERHEAD // 2 + len(event.name) + _mapping_bytes(event.attributes)
     return size

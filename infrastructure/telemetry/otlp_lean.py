@@ -194,55 +194,70 @@ class RawAttributes(Mapping[str, Any]):
     """A span's attributes as the export carried them: keys, and each value decoded when read.
 
     Holds the parser's map while its request is being assembled; ``detach`` copies the raw
-    bytes out (a span left waiting in the buffer must not keep its whole request alive).
+    bytes out (a span left waiting in the buffer must not keep its whole request alive), all
+    but those of the values the span has decoded already (``SpanData.known``), which it keeps.
     """
 
-    __slots__ = ("_decoded", "_raw")
+    __slots__ = ("_decoded", "_known", "_raw")
 
     def __init__(
         self, raw: Mapping[str, bytes], decoded: Mapping[bytes, Any] | None = None
     ) -> None:
         self._raw = raw
         self._decoded = decoded  # raw value -> value, shared by one request's spans
+        self._known: Mapping[str, Any] | None = None  # once detached: the values decoded
+
+    def _value(self, raw: bytes) -> Any:
+        return any_value(raw) if self._decoded is None else self._decoded[raw]
 
     def __getitem__(self, key: str) -> Any:
-        raw = self._raw[key]
-        return any_value(raw) if self._decoded is None else self._decoded[raw]
+        raw = self._raw.get(key)
+        if raw is not None:
+            return self._value(raw)
+        if self._known is not None and key in self._known:
+            return self._known[key]
+        raise KeyError(key)
 
     def get(self, key: str, default: Any = None) -> Any:
-        raw = self._raw.get(key)
-        if raw is None:
+        try:
+            return self[key]
+        except KeyError:
             return default
-        return any_value(raw) if self._decoded is None else self._decoded[raw]
 
     def __contains__(self, key: object) -> bool:
-        return key in self._raw
+        return key in self._raw or (self._known is not None and key in self._known)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._raw)
+        return iter(self._raw) if self._known is None else chain(self._raw, self._known)
 
     def __len__(self) -> int:
-        return len(self._raw)
+        return len(self._raw) + (0 if self._known is None else len(self._known))
 
     def sorted_items(self, first: int) -> Iterable[tuple[str, Any]]:
         """(key, value) in key order: the ``first`` decoded at once, the others as reached."""
-        raw, decoded = self._raw, self._decoded
+        raw, decoded, known = self._raw, self._decoded, self._known
         if decoded is None:
             decoded = DecodedValues()
+        if known is not None:  # detached: a plain dict, read through __getitem__
+            keys = sorted(self)
+            return ((key, self[key]) for key in keys)
         keys = sorted(raw)  # (the parser's map has no fast items())
         head = [(key, decoded[raw[key]]) for key in keys[:first]]
         if len(keys) <= first:
             return head
         return chain(head, ((key, decoded[raw[key]]) for key in keys[first:]))
 
-    def detach(self) -> None:
-        """Keep a copy of the raw bytes, not the parser's map (nor its request)."""
-        if type(self._raw) is not dict:
-            self._raw = dict(self._raw)
+    def detach(self, known: Mapping[str, Any]) -> None:
+        """Keep a copy of the raw bytes of the values not in ``known`` (the span's decoded
+        values, kept instead), not the parser's map (nor its request)."""
+        if self._known is None:
+            raw = self._raw
+            self._raw = {key: raw[key] for key in raw if key not in known}
+            self._known = known
             self._decoded = None
 
     def raw_size(self) -> int:
-        """The bytes of its keys and undecoded values."""
+        """The bytes of its keys and undecoded values (not those of ``known``)."""
         return sum(len(key) + len(value) for key, value in self._raw.items())
 
 

@@ -240,6 +240,9 @@ def test_the_lean_decoder_records_what_reading_every_attribute_records() -> None
                 assert ours.resource == theirs.resource
             lean_assembler.add(decoded)
             full_assembler.add(expected)
+            for ours, theirs in zip(decoded, expected, strict=True):  # spans left waiting too
+                assert dict(ours.attributes) == theirs.attributes
+                assert sorted(ours.attributes) == sorted(theirs.attributes)
         assert lean.records, "the random traces record runs"
         assert _runs(lean) == _runs(full)
         lean_counts, full_counts = lean_assembler.counts(), full_assembler.counts()
