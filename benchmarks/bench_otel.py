@@ -27,6 +27,7 @@ configured queue limit. Run: ``.venv/bin/python benchmarks/bench_otel.py [-r 5] 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import time
@@ -308,17 +309,20 @@ def app_thread(n: int, make: Callable[[], SpanProcessor]) -> float:
 
 
 def buffer_memory(traces: int) -> tuple[float, int]:
-    """Bytes held by the assembly buffer per open trace (2 chat spans each, agent pending)."""
+    """Bytes held per open trace (2 chat spans each, agent pending): the buffer and everything
+    its spans hold, decoding included (a decoder may leave values undecoded until a span is
+    left waiting, so what the decoder made counts too)."""
     bodies = request_bodies(traces * SPANS_PER_TRACE // SPANS_PER_REQUEST + 1, seed=99)
-    decoded = [s for body in bodies for s in decode_protobuf(body).spans]
-    waiting = [s for s in decoded if s.parent_span_id][: traces * 2]
     assembler = TraceAssembler(lambda record: None, max_open_traces=traces * 2)
+    gc.collect()
     tracemalloc.start()
-    before = tracemalloc.take_snapshot()
-    assembler.add(waiting)
-    after = tracemalloc.take_snapshot()
+    start = tracemalloc.get_traced_memory()[0]
+    for body in bodies:
+        room = traces * 2 - 2 * assembler.counts().open_traces
+        assembler.add([s for s in decode_protobuf(body).spans if s.parent_span_id][:room])
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - start
     tracemalloc.stop()
-    held = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
     return held / traces, assembler.counts().open_traces
 
 
