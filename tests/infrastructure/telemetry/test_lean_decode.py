@@ -31,7 +31,7 @@ from agentmend.infrastructure.monitoring.performance_monitor import (
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.telemetry.assembly import TraceAssembler
 from agentmend.infrastructure.telemetry.mapping import DIALECT_KEYS
-from agentmend.infrastructure.telemetry.otlp_decode import decode_protobuf
+from agentmend.infrastructure.telemetry.otlp_decode import OtlpDecodeError, decode_protobuf
 from agentmend.infrastructure.telemetry.otlp_lean import lean_request_type
 from agentmend.infrastructure.telemetry.span import SpanData, SpanEvent
 
@@ -349,3 +349,17 @@ def test_runs_reach_the_monitor_as_plain_values_stored_with_their_spans_end(
     finally:
         monitor.close()
         store.close()
+
+
+def test_a_key_that_is_not_utf8_still_fails_the_parse() -> None:
+    def field(tag: int, payload: bytes) -> bytes:
+        return bytes((tag,)) + _varint(len(payload)) + payload
+
+    def body(key: bytes) -> bytes:
+        entry = field(0x0A, key) + field(0x12, _any("x").SerializeToString())
+        span = field(0x0A, (1).to_bytes(16, "big")) + field(0x12, (2).to_bytes(8, "big"))
+        return field(0x0A, field(0x12, field(0x12, span + field(0x4A, entry))))
+
+    assert dict(decode_protobuf(body(b"ok")).spans[0].attributes) == {"ok": "x"}
+    with pytest.raises(OtlpDecodeError, match="UTF-8"):
+        decode_protobuf(body(b"\xff\xfe"))
