@@ -261,8 +261,10 @@ def _varint(number: int) -> bytes:
     return bytes(out)
 
 
-def _lean_body(attributes: dict[str, bytes], name: str = "invoke_agent") -> bytes:
-    """An export whose one span's attribute values are the raw bytes given (not checked)."""
+def _lean_body(
+    attributes: dict[str, bytes], name: str = "invoke_agent", events: tuple[bytes, ...] = ()
+) -> bytes:
+    """An export whose one span's attribute values and events are the raw bytes given."""
     request = lean_request_type()()
     span = request.resource_spans.add().scope_spans.add().spans.add()
     span.trace_id = (1).to_bytes(16, "big")
@@ -271,6 +273,7 @@ def _lean_body(attributes: dict[str, bytes], name: str = "invoke_agent") -> byte
     span.end_time_unix_nano = 10
     for key, raw in attributes.items():
         span.attributes[key] = raw
+    span.events.extend(events)
     return bytes(request.SerializeToString())
 
 
@@ -285,12 +288,14 @@ def test_hostile_values_left_as_bytes_fail_nothing_and_read_as_text_or_none() ->
             "gen_ai.agent.name": b"\x0a\x04ab\xff\xfe",  # a string that is not UTF-8
             "garbage": b"\xff\xff\xff",
             "deep": deep,
-        }
+        },
+        events=(b"\xff\xff garbage", Span.Event(name="exception").SerializeToString()),
     )
     (span,) = decode_protobuf(body).spans
     assert span.known["gen_ai.agent.name"] == "ab\ufffd\ufffd"
     assert span.attributes["garbage"] is None
     assert span.attributes["deep"] is None  # the full schema refuses it too: nothing to read
+    assert span.events == (SpanEvent("exception", 0, {}),)  # the garbage event left out
     recorder = Recorder()
     TraceAssembler(recorder).add([span])
     (run,) = recorder.records
