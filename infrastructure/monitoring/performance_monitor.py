@@ -331,6 +331,63 @@ class PerformanceMonitor:
             self._waking = True
             self._wake.set()
 
+    def record_observed(
+        self,
+        agent_name: str,
+        success: bool,
+        duration_ms: float,
+        error: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        ended_at: float,
+        extra: dict[str, Any],
+    ) -> None:
+        """Record one run observed elsewhere (a span, an event) that ended at ``ended_at``
+        (seconds since the epoch): ``record()``'s checks and buffer, as plain values, so a
+        receiver builds no model per run.
+
+        Raises:
+            InvalidExecution: a missing or negative number.
+            MonitorClosed: the monitor was closed.
+        """
+        try:
+            ok = (
+                agent_name
+                and type(agent_name) is str
+                and (success is True or success is False)
+                and duration_ms >= 0.0
+                and input_tokens >= 0
+                and output_tokens >= 0
+            )
+        except TypeError:
+            ok = False
+        if not ok:
+            success = _checked_success(
+                agent_name, success, duration_ms, input_tokens, output_tokens, 0.0, RUN
+            )
+        buffer = self._buffer
+        if len(buffer) >= self._room:
+            if not self._admit():
+                return
+            buffer = self._buffer
+        buffer.append(
+            (
+                agent_name,
+                RUN,
+                success,
+                duration_ms,
+                error,
+                input_tokens,
+                output_tokens,
+                0.0,
+                ended_at,
+                _dumps(extra) if extra else None,
+            )
+        )
+        if len(buffer) >= self._max_batch and not self._waking:
+            self._waking = True
+            self._wake.set()
+
     def _admit(self) -> bool:
         """``record()``'s slow path, the backlog being full: wait for room or refuse by policy."""
         if self._closed:
@@ -771,8 +828,8 @@ def _check_source(source: str) -> None:
         raise ConfigurationError(f"source must be one of {SOURCES}, got {source!r}")
 
 
-def _dumps(extra: dict[str, Any]) -> str:
-    return json.dumps(extra, default=str, sort_keys=True)
+# one encoder for every run: json.dumps with options builds a new one per call
+_dumps = json.JSONEncoder(default=str, sort_keys=True).encode
 
 
 def _flusher_loop(

@@ -15,7 +15,9 @@ Memory is bounded: the buffer holds at most ``max_open_traces`` traces and about
 ``max_open_bytes`` of spans waiting for their agent span or root (their attributes, names and
 events, estimated when a span is left waiting, so spans assembled in the request that brought
 them cost nothing). Past either bound the oldest traces are flushed as orphans and counted
-(``orphans_over_bound``), so a trace that never completes cannot grow without limit.
+(``orphans_over_bound``), so a trace that never completes cannot grow without limit. A span
+left waiting holds plain values only: attributes still in their request's parser are copied
+out (``RawAttributes.detach``), so a waiting span never keeps its whole request alive.
 
 Assembly is linear in a trace's spans: each trace keeps its parent-to-children index as spans
 arrive, and an agent claims its subtree by walking it once (spans already claimed are skipped,
@@ -41,6 +43,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from agentmend.infrastructure.models import ExecutionRecord
 from agentmend.infrastructure.release_labels import unattributed
@@ -48,20 +51,47 @@ from agentmend.infrastructure.structured_logger import get_logger
 from agentmend.infrastructure.telemetry.mapping import (
     RELEASE_LABEL,
     RELEASE_TEAM,
+    RunRow,
     SpanMapping,
     is_agent_span,
     is_chat_span,
     is_recorded_by_agentmend,
     names_itself,
+    run_record,
 )
 from agentmend.infrastructure.telemetry.model_calls import ModelCall, closest, model_calls
+from agentmend.infrastructure.telemetry.otlp_lean import RawAttributes, raw_size
 from agentmend.infrastructure.telemetry.span import SpanData
 
-__all__ = ["DEFAULT_MAX_OPEN_BYTES", "TelemetryCounts", "TraceAssembler", "span_bytes"]
+__all__ = [
+    "DEFAULT_MAX_OPEN_BYTES",
+    "RunSink",
+    "TelemetryCounts",
+    "TraceAssembler",
+    "span_bytes",
+]
 
 log = get_logger(__name__)
 
 Record = Callable[[ExecutionRecord], None]
+
+
+class RunSink(Protocol):
+    """Takes runs as plain values (``PerformanceMonitor`` is one): no model is built per run."""
+
+    def record_observed(
+        self,
+        agent_name: str,
+        success: bool,
+        duration_ms: float,
+        error: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        ended_at: float,
+        extra: dict[str, Any],
+    ) -> None: ...
+
+
 Attribute = Callable[[object, object], Mapping[str, object]]
 """(release label, team or None) -> the tags of the run's record
 (``ReleaseAttribution.tags``)."""
@@ -100,6 +130,9 @@ class TelemetryCounts:
     open_traces: int = 0
 
 
+_NO_IDS: set[bytes] = set()  # shared and never added to: a trace's ``own`` until it has one
+
+
 class _Trace:
     __slots__ = (
         "agent_parents",
@@ -119,13 +152,15 @@ class _Trace:
 
     def __init__(self, now: float) -> None:
         self.spans: dict[bytes, SpanData] = {}
-        # parent span id -> children, kept as spans arrive; claimed spans are skipped, not removed
-        self.children: dict[bytes, list[SpanData]] = {}
+        # parent span id -> ids of its children, kept as spans arrive; claimed ones are skipped,
+        # not removed (ids, not spans: a claimed span must not outlive its request)
+        self.children: dict[bytes, list[bytes]] = {}
         self.claimed = 0  # spans claimed since the index was last rebuilt (stale entries in it)
         self.agents: list[SpanData] = []
         # parents of the agent runs recorded: an unnamed agent span above them only wraps them
         self.agent_parents: set[bytes] = set()
-        self.own: set[bytes] = set()
+        # ids of agentmend's own spans and those below them (a set of its own from the first)
+        self.own: set[bytes] = _NO_IDS
         self.own_new: list[SpanData] = []
         self.new: list[SpanData] = []  # added by the current call, not sized yet
         self.sizes: dict[bytes, int] = {}  # estimated bytes of the spans left waiting
@@ -139,7 +174,9 @@ class TraceAssembler:
     """Turns spans into recorded executions (see the module docstring).
 
     Args:
-        record: where executions go (``PerformanceMonitor.record``).
+        record: where executions go: a ``RunSink`` such as a ``PerformanceMonitor`` takes
+            them as plain values (the fast path); a callable (``monitor.record``, a test's
+            recorder) is given an ``ExecutionRecord`` each.
         mapping: the mapping rules (agent naming).
         orphan_timeout_s: a trace idle this long is flushed as orphans.
         max_open_traces: traces buffered at most; the oldest is flushed past it.
@@ -154,7 +191,7 @@ class TraceAssembler:
 
     def __init__(
         self,
-        record: Record,
+        record: Record | RunSink,
         mapping: SpanMapping | None = None,
         *,
         attribute: Attribute | None = None,
@@ -164,7 +201,8 @@ class TraceAssembler:
         remember: int = 1_000_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._record = record
+        self._sink: RunSink | None = None if callable(record) else record
+        self._record: Record | None = record if callable(record) else None
         self.attribute = attribute
         self.mapping = mapping or SpanMapping()
         self.orphan_timeout_s = orphan_timeout_s
@@ -194,38 +232,47 @@ class TraceAssembler:
         ``rejected`` counts the spans of the same request a decoder refused as malformed.
         """
         now = self._clock()
-        records: list[ExecutionRecord] = []
+        records: list[RunRow] = []
         with self._lock:
             self.rejected += rejected
             touched: dict[bytes, _Trace] = {}
+            seen = self._seen
             for span in spans:
                 self._received += 1
-                key = span.key
-                if key in self._seen or key in self._seen_before:
+                trace_id = span.trace_id
+                key = trace_id + span.span_id
+                if key in seen or key in self._seen_before:
                     self._duplicates += 1
                     continue
-                self._remember(key)
-                found = touched.get(span.trace_id)
-                if found is None or found.dropped:
-                    found = touched[span.trace_id] = self._open(span.trace_id, now)
-                trace = found
-                if is_recorded_by_agentmend(span) or span.parent_span_id in trace.own:
+                seen.add(key)
+                if len(seen) >= self._half:  # a new generation: the oldest keys are forgotten
+                    self._seen_before = seen
+                    seen = self._seen = set()
+                trace = touched.get(trace_id)
+                if trace is None or trace.dropped:
+                    trace = touched[trace_id] = self._open(trace_id, now)
+                if is_recorded_by_agentmend(span) or (
+                    trace.own and span.parent_span_id in trace.own
+                ):
                     # agentmend's own work and everything below it (a role's chat spans)
                     self._own += 1
+                    if trace.own is _NO_IDS:
+                        trace.own = set()
                     trace.own.add(span.span_id)
                     trace.own_new.append(span)
                     if not span.parent_span_id or span.parent_is_remote:
                         trace.root_seen = True
                     continue
-                trace.spans[span.span_id] = span
+                span_id = span.span_id
+                trace.spans[span_id] = span
                 trace.new.append(span)
                 parent = span.parent_span_id
                 if parent:
                     siblings = trace.children.get(parent)
                     if siblings is None:
-                        trace.children[parent] = [span]
+                        trace.children[parent] = [span_id]
                     else:
-                        siblings.append(span)
+                        siblings.append(span_id)
                 if is_agent_span(span):
                     trace.agents.append(span)
                 if not parent or span.parent_is_remote:
@@ -240,15 +287,20 @@ class TraceAssembler:
             self._expire(now)
             while self._bytes > self._max_bytes and self._traces:
                 self._drop_oldest(over_bound=True)
-        for record in records:  # outside the lock: attribution may read the store
-            self._record(self._attributed(record))
+        # outside the lock: attribution may read the store
+        sink, record = self._sink, self._record
+        for row in records:
+            extra = row[7]
+            if RELEASE_LABEL in extra:
+                self._attribute(extra)
+            if sink is not None:
+                sink.record_observed(*row)
+            elif record is not None:
+                record(run_record(row))
         return len(records)
 
-    def _attributed(self, record: ExecutionRecord) -> ExecutionRecord:
-        """``record`` with its release label resolved to tags (never dropped for it)."""
-        if RELEASE_LABEL not in record.extra:
-            return record
-        extra = dict(record.extra)
+    def _attribute(self, extra: dict[str, Any]) -> None:
+        """Resolve the release label in a run's ``extra`` to tags (never dropped for it)."""
         label, team = extra.pop(RELEASE_LABEL), extra.pop(RELEASE_TEAM, None)
         if self.attribute is None:
             tags: Mapping[str, object] = unattributed(label, NO_RELEASE_LOG)
@@ -258,7 +310,6 @@ class TraceAssembler:
             except Exception as exc:  # a run is never lost to its label
                 tags = unattributed(label, f"attribution failed: {exc!r}")
         extra.update(tags)
-        return record.model_copy(update={"extra": extra})
 
     def flush_expired(self) -> int:
         """Flush the traces idle longer than the timeout; how many spans became orphans."""
@@ -294,13 +345,6 @@ class TraceAssembler:
 
     # ------------------------------------------------------------------ internals
 
-    def _remember(self, key: bytes) -> None:
-        seen = self._seen
-        seen.add(key)
-        if len(seen) >= self._half:
-            self._seen_before = seen
-            self._seen = set()
-
     def _open(self, trace_id: bytes, now: float) -> _Trace:
         trace = self._traces.get(trace_id)
         if trace is None:
@@ -312,7 +356,7 @@ class TraceAssembler:
             self._traces.move_to_end(trace_id)
         return trace
 
-    def _assemble(self, trace_id: bytes, trace: _Trace, records: list[ExecutionRecord]) -> None:
+    def _assemble(self, trace_id: bytes, trace: _Trace, records: list[RunRow]) -> None:
         children = trace.children
         if trace.own_new:
             for own in trace.own_new:
@@ -322,11 +366,15 @@ class TraceAssembler:
                     self._own += 1
             trace.own_new.clear()
             trace.agents = [a for a in trace.agents if a.span_id in trace.spans]
-        if trace.agents:
-            # Innermost first: a nested agent run claims its own subtree before its parent,
-            # whose walk then stops at the claimed (no longer buffered) spans.
-            for agent in sorted(trace.agents, key=lambda s: s.end_ns):
-                subtree = _subtree(agent, children, trace.spans)
+        agents = trace.agents
+        if agents:
+            spans = trace.spans
+            if len(agents) > 1:
+                # Innermost first: a nested agent run claims its own subtree before its parent,
+                # whose walk then stops at the claimed (no longer buffered) spans.
+                agents.sort(key=_end_ns)
+            for agent in agents:
+                subtree = _subtree(agent, children, spans)
                 chats = [s for s in subtree if is_chat_span(s)]
                 if not chats and not names_itself(agent) and _wraps(agent, subtree, trace):
                     self._ignored += 1 + len(subtree)  # a workflow around agent runs
@@ -339,17 +387,18 @@ class TraceAssembler:
                     children.pop(span.span_id, None)
                 self._take(trace, agent.span_id)
                 children.pop(agent.span_id, None)
-            trace.agents.clear()
+            agents.clear()
         if trace.root_seen:
-            lone: list[SpanData] = []
-            for span in trace.spans.values():
-                if is_chat_span(span):
-                    lone.append(span)
-                else:
-                    self._ignored += 1
-            for call in model_calls(lone):
-                if self._first_time(call):
-                    self._keep(self.mapping.chat_execution(call), records)
+            if trace.spans:
+                lone: list[SpanData] = []
+                for span in trace.spans.values():
+                    if is_chat_span(span):
+                        lone.append(span)
+                    else:
+                        self._ignored += 1
+                for call in model_calls(lone):
+                    if self._first_time(call):
+                        self._keep(self.mapping.chat_execution(call), records)
             trace.spans.clear()
             trace.children.clear()
             self._bytes -= trace.bytes
@@ -397,6 +446,8 @@ class TraceAssembler:
             if partner is not None:
                 del theirs[partner.span.key]  # one partner each: parallel calls stay apart
                 return False
+        for span in call.spans:  # kept beyond its request: not the request's parser map
+            _detach(span)
         mine[call.span.key] = call
         while len(mine) > self._REMEMBERED_UNPAIRED:
             mine.popitem(last=False)
@@ -406,9 +457,10 @@ class TraceAssembler:
         """Remove a claimed span from the buffer (and its bytes from the bound)."""
         trace.spans.pop(span_id, None)
         trace.claimed += 1
-        size = trace.sizes.pop(span_id, 0)
-        trace.bytes -= size
-        self._bytes -= size
+        if trace.sizes:  # (none while every span waiting came in the current request)
+            size = trace.sizes.pop(span_id, 0)
+            trace.bytes -= size
+            self._bytes -= size
 
     def _size_new(self, trace: _Trace) -> None:
         """Count the bytes of the spans this call left waiting in ``trace``."""
@@ -416,12 +468,13 @@ class TraceAssembler:
         added = 0
         for span in trace.new:
             if span.span_id in spans and span.span_id not in sizes:
+                _detach(span)  # it waits beyond its request: not the request's parser map
                 sizes[span.span_id] = size = span_bytes(span)
                 added += size
         trace.bytes += added
         self._bytes += added
 
-    def _keep(self, record: ExecutionRecord | None, records: list[ExecutionRecord]) -> None:
+    def _keep(self, record: RunRow | None, records: list[RunRow]) -> None:
         if record is None:
             self._unmappable += 1
         else:
@@ -458,6 +511,10 @@ class TraceAssembler:
         trace.bytes = 0
 
 
+def _end_ns(span: SpanData) -> int:
+    return span.end_ns
+
+
 def _same_resource(a: SpanData, b: SpanData) -> bool:
     return a.resource is b.resource or a.resource == b.resource
 
@@ -468,12 +525,18 @@ def _wraps(agent: SpanData, subtree: list[SpanData], trace: _Trace) -> bool:
     return agent.span_id in parents or any(span.span_id in parents for span in subtree)
 
 
-def _children(spans: Iterable[SpanData]) -> dict[bytes, list[SpanData]]:
-    children: dict[bytes, list[SpanData]] = {}
+def _children(spans: Iterable[SpanData]) -> dict[bytes, list[bytes]]:
+    children: dict[bytes, list[bytes]] = {}
     for span in spans:
         if span.parent_span_id:
-            children.setdefault(span.parent_span_id, []).append(span)
+            children.setdefault(span.parent_span_id, []).append(span.span_id)
     return children
+
+
+def _detach(span: SpanData) -> None:
+    attributes = span.attributes
+    if type(attributes) is RawAttributes:
+        attributes.detach(span.known)
 
 
 _SPAN_OVERHEAD = 400  # the SpanData, its dicts and ids, about
@@ -483,7 +546,12 @@ _ENTRY_OVERHEAD = 80  # one attribute's key and boxed value, about
 def span_bytes(span: SpanData) -> int:
     """About how many bytes ``span`` holds in memory (its resource is shared, not counted)."""
     size = _SPAN_OVERHEAD + len(span.name) + len(span.status_message)
-    size += _mapping_bytes(span.attributes)
+    raw = raw_size(span.attributes)
+    if raw is None:
+        size += _mapping_bytes(span.attributes)
+    else:  # undecoded values: their bytes; and what the decoded ones in ``known`` hold
+        size += raw + _ENTRY_OVERHEAD * (len(span.attributes) - len(span.known))
+        size += _mapping_bytes(span.known)
     for event in span.events:
         size += _SPAN_OVERHEAD // 2 + len(event.name) + _mapping_bytes(event.attributes)
     return size
@@ -508,7 +576,7 @@ def _value_bytes(value: object) -> int:
 
 def _subtree(
     agent: SpanData,
-    children: dict[bytes, list[SpanData]],
+    children: dict[bytes, list[bytes]],
     spans: dict[bytes, SpanData],
     *,
     into_agents: bool = False,
@@ -517,8 +585,8 @@ def _subtree(
     found: list[SpanData] = []
     stack = list(children.get(agent.span_id, ()))
     while stack:
-        span = stack.pop()
-        if span.span_id not in spans or (not into_agents and is_agent_span(span)):
+        span = spans.get(stack.pop())
+        if span is None or (not into_agents and is_agent_span(span)):
             continue
         found.append(span)
         stack.extend(children.get(span.span_id, ()))

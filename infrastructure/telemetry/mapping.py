@@ -39,30 +39,45 @@ subtree is one execution:
 **A model call with no agent span above it** (a plain ``anthropic`` app, with or without an
 instrumentation) is one execution by itself, named by its own ``gen_ai.agent.name``, the user's
 rule, or the resource attribute.
+
+The mapping reads a span's attributes through ``SpanData.known`` only, and ``DIALECT_KEYS``
+lists every one it reads, so a decoder may decode those alone. A run keeps a few scalar
+attributes of its span as evidence (the first 12 in key order, so every decoder keeps the same).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from agentmend.infrastructure.models import ExecutionRecord
 from agentmend.infrastructure.release_labels import RELEASE_ATTRIBUTE, TEAM_ATTRIBUTE
-from agentmend.infrastructure.telemetry.model_calls import ModelCall, model_calls, number, usage
+from agentmend.infrastructure.telemetry.model_calls import (
+    CALL_KEYS,
+    ModelCall,
+    call_tokens,
+    number,
+    usage,
+)
+from agentmend.infrastructure.telemetry.otlp_lean import RawAttributes
 from agentmend.infrastructure.telemetry.span import STATUS_ERROR, SpanData
 from agentmend.infrastructure.tracing import RECORDED_ATTRIBUTE
 
 __all__ = [
+    "DIALECT_KEYS",
     "RELEASE_LABEL",
     "RELEASE_TEAM",
     "AgentNameRule",
+    "RunRow",
     "SpanMapping",
     "is_agent_span",
     "is_chat_span",
     "is_recorded_by_agentmend",
     "names_itself",
+    "run_record",
 ]
 
 AgentNameRule = Callable[[SpanData], str | None]
@@ -71,6 +86,11 @@ AgentNameRule = Callable[[SpanData], str | None]
 RELEASE_LABEL = "release_label"
 """The ``extra`` key of a run's release label (``agentmend.release``) until it is attributed."""
 RELEASE_TEAM = "release_team"
+
+RunRow = tuple[str, bool, float, "str | None", int, int, float, dict[str, Any]]
+"""One run as plain values: agent name, success, duration (ms), error, input tokens, output
+tokens, when it ended (seconds since the epoch), extra. No model is built per run:
+``PerformanceMonitor.record_observed`` takes these as they are."""
 
 CHAT_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 _TRUE = (True, "true")
@@ -82,14 +102,14 @@ _EVIDENCE_VALUE_CHARS = 200
 def is_recorded_by_agentmend(span: SpanData) -> bool:
     """agentmend's own span, or a span of a CLI agentmend ran: recorded already, skip it."""
     # True from an SDK or OTLP attribute; "true" from OTEL_RESOURCE_ATTRIBUTES (strings only)
-    return span.attributes.get(RECORDED_ATTRIBUTE) in _TRUE or (
+    return span.known.get(RECORDED_ATTRIBUTE) in _TRUE or (
         span.resource.get(RECORDED_ATTRIBUTE) in _TRUE
     )
 
 
 def is_agent_span(span: SpanData) -> bool:
     """The span of one agent run, in any dialect agentmend reads."""
-    attributes = span.attributes
+    attributes = span.known
     return (
         attributes.get("gen_ai.operation.name") == "invoke_agent"
         or attributes.get("openinference.span.kind") == "AGENT"
@@ -100,7 +120,7 @@ def is_agent_span(span: SpanData) -> bool:
 
 def is_chat_span(span: SpanData) -> bool:
     """The span of one model call, in any dialect agentmend reads."""
-    attributes = span.attributes
+    attributes = span.known
     return (
         attributes.get("gen_ai.operation.name") in CHAT_OPERATIONS
         or attributes.get("openinference.span.kind") == "LLM"
@@ -119,8 +139,9 @@ _NAME_KEYS = (
 
 
 def _named(span: SpanData) -> str | None:
+    known = span.known
     for key in _NAME_KEYS:
-        value = span.attributes.get(key)
+        value = known.get(key)
         if isinstance(value, str) and value:
             return value
     return None
@@ -148,14 +169,14 @@ class SpanMapping:
         if named is not None:
             return named
         for chat in chats:  # Claude Code puts a subagent's agent.name on its requests
-            value = chat.attributes.get("agent.name")
+            value = chat.known.get("agent.name")
             if isinstance(value, str) and value:
                 return value
         if self.agent_name_rule is not None:
             named = self.agent_name_rule(span)
             if named:
                 return named
-        if span.attributes.get("openinference.span.kind") == "AGENT" and span.name:
+        if span.known.get("openinference.span.kind") == "AGENT" and span.name:
             return span.name  # @tracer.agent(name=...) names the agent here only
         return self._resource_name(span)
 
@@ -166,20 +187,17 @@ class SpanMapping:
             return value
         return None
 
-    def execution(self, agent: SpanData, chats: Sequence[SpanData]) -> ExecutionRecord | None:
-        """The execution of an agent span and the chat spans of its subtree (None: unnamed)."""
+    def execution(self, agent: SpanData, chats: Sequence[SpanData]) -> RunRow | None:
+        """The run of an agent span and the chat spans of its subtree (None: unnamed)."""
         name = self.agent_name(agent, chats)
         if name is None:
             return None
-        input_tokens = number(agent.attributes, _AGGREGATED_INPUT)
-        output_tokens = number(agent.attributes, _AGGREGATED_OUTPUT)
+        input_tokens = number(agent.known, _AGGREGATED_INPUT)
+        output_tokens = number(agent.known, _AGGREGATED_OUTPUT)
         if not (input_tokens or output_tokens):
             input_tokens, output_tokens = usage(agent)
         if not (input_tokens or output_tokens):
-            for call in model_calls(chats):
-                call_in, call_out = call.tokens
-                input_tokens += call_in
-                output_tokens += call_out
+            input_tokens, output_tokens = call_tokens(chats)
         return _record(
             name,
             agent,
@@ -190,11 +208,11 @@ class SpanMapping:
             _cli_error(agent, chats),
         )
 
-    def chat_execution(self, chat: SpanData | ModelCall) -> ExecutionRecord | None:
-        """The execution of a model call with no agent span above it (None: unnamed)."""
+    def chat_execution(self, chat: SpanData | ModelCall) -> RunRow | None:
+        """The run of a model call with no agent span above it (None: unnamed)."""
         call = chat if isinstance(chat, ModelCall) else ModelCall((chat,))
         span = call.span
-        value = span.attributes.get("gen_ai.agent.name")
+        value = span.known.get("gen_ai.agent.name")
         name: str | None = value if isinstance(value, str) and value else None
         if name is None and self.agent_name_rule is not None:
             name = self.agent_name_rule(span)
@@ -212,9 +230,9 @@ def _cli_error(agent: SpanData, chats: Sequence[SpanData]) -> str | None:
     if agent.name != "claude_code.interaction" or not chats:
         return None
     last = max(chats, key=lambda chat: chat.end_ns)
-    if last.attributes.get("success") is not False:
+    if last.known.get("success") is not False:
         return None
-    return str(last.attributes.get("error") or "the last model request failed")[:_MAX_ERROR_CHARS]
+    return str(last.known.get("error") or "the last model request failed")[:_MAX_ERROR_CHARS]
 
 
 def _record(
@@ -225,7 +243,7 @@ def _record(
     model: str | None,
     kind: str,
     failure: str | None = None,
-) -> ExecutionRecord:
+) -> RunRow:
     error = _error(span) or failure
     extra: dict[str, Any] = {
         "source": "otel",
@@ -233,35 +251,56 @@ def _record(
         "span_id": span.span_id.hex(),
         "span_name": span.name,
         "mapped_from": kind,
-        "attributes": _evidence(span.attributes),
+        "attributes": _evidence(span),
     }
     if model:
         extra["model"] = model
-    service = span.resource.get("service.name")
+    resource = span.resource
+    service = resource.get("service.name")
     if isinstance(service, str):
         extra["service"] = service
-    label = span.get(RELEASE_ATTRIBUTE)
+    label = _attribute(span, RELEASE_ATTRIBUTE)
     if label is not None:  # resolved to release, arm and rollout when it is recorded
         extra[RELEASE_LABEL] = label
-        team = span.get(TEAM_ATTRIBUTE)
+        team = _attribute(span, TEAM_ATTRIBUTE)
         if team is not None:
             extra[RELEASE_TEAM] = team
+    end_ns = span.end_ns
+    return (
+        name,
+        error is None,
+        max(end_ns - span.start_ns, 0) / 1e6,
+        error,
+        input_tokens,
+        output_tokens,
+        end_ns / 1e9 if end_ns else time.time(),
+        extra,
+    )
+
+
+def _attribute(span: SpanData, key: str) -> Any:
+    """The span's attribute ``key`` (one the dialects read), else its resource's."""
+    value = span.known.get(key)
+    return value if value is not None else span.resource.get(key)
+
+
+def run_record(row: RunRow) -> ExecutionRecord:
+    """``row`` as an ``ExecutionRecord`` (for a sink that takes models, not rows)."""
+    name, success, duration_ms, error, input_tokens, output_tokens, ended_at, extra = row
     return ExecutionRecord(
         agent_name=name,
-        success=error is None,
-        duration_ms=span.duration_ms,
+        success=success,
+        duration_ms=duration_ms,
         error=error,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
-        timestamp=datetime.fromtimestamp(span.end_ns / 1e9, UTC)
-        if span.end_ns
-        else datetime.now(UTC),
+        timestamp=datetime.fromtimestamp(ended_at, UTC),
         extra=extra,
     )
 
 
 def _error(span: SpanData) -> str | None:
-    error_type = span.attributes.get("error.type")
+    error_type = span.known.get("error.type")
     if span.status_code != STATUS_ERROR and not error_type:
         return None
     text = span.status_message
@@ -279,12 +318,14 @@ def _error(span: SpanData) -> str | None:
 
 _AGGREGATED_INPUT = ("gen_ai.aggregated_usage.input_tokens",)
 _AGGREGATED_OUTPUT = ("gen_ai.aggregated_usage.output_tokens",)
+_MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "model", "llm.model_name")
 
 
 def _model(chats: Sequence[SpanData]) -> str | None:
     for chat in chats:
-        for key in ("gen_ai.response.model", "gen_ai.request.model", "model", "llm.model_name"):
-            value = chat.attributes.get(key)
+        known = chat.known
+        for key in _MODEL_KEYS:
+            value = known.get(key)
             if isinstance(value, str) and value:
                 return value
     return None
@@ -293,10 +334,17 @@ def _model(chats: Sequence[SpanData]) -> str | None:
 _SCALARS = (bool, int, float)
 
 
-def _evidence(attributes: Mapping[str, Any]) -> dict[str, Any]:
-    """A few scalar attributes kept for the mediator's evidence, values cut short."""
+def _evidence(span: SpanData) -> dict[str, Any]:
+    """A few scalar attributes kept for the mediator's evidence (the first in key order, so
+    every decoder keeps the same ones), values cut short."""
     kept: dict[str, Any] = {}
-    for key, value in attributes.items():
+    attributes = span.attributes
+    items = (
+        attributes.sorted_items(2 * _EVIDENCE_ATTRIBUTES)  # (a few may not be scalars)
+        if type(attributes) is RawAttributes
+        else sorted(attributes.items())
+    )
+    for key, value in items:
         if len(kept) >= _EVIDENCE_ATTRIBUTES:
             break
         if isinstance(value, str):
@@ -304,3 +352,26 @@ def _evidence(attributes: Mapping[str, Any]) -> dict[str, Any]:
         elif isinstance(value, _SCALARS):
             kept[key] = value
     return kept
+
+
+DIALECT_KEYS = frozenset(
+    {
+        RECORDED_ATTRIBUTE,
+        RELEASE_ATTRIBUTE,
+        TEAM_ATTRIBUTE,
+        "gen_ai.operation.name",
+        "openinference.span.kind",
+        "traceloop.span.kind",
+        "llm.request.type",
+        "success",
+        "error",
+        "error.type",
+        *_NAME_KEYS,
+        *_AGGREGATED_INPUT,
+        *_AGGREGATED_OUTPUT,
+        *_MODEL_KEYS,
+        *CALL_KEYS,
+    }
+)
+"""Every span attribute the mapping reads (through ``SpanData.known``): a decoder must decode
+these; it may leave the rest undecoded."""

@@ -26,7 +26,9 @@ from typing import Any
 from agentmend.infrastructure.telemetry.span import SpanData
 
 __all__ = [
+    "CALL_KEYS",
     "ModelCall",
+    "call_tokens",
     "closest",
     "fit",
     "is_sdk_call",
@@ -53,6 +55,10 @@ _OUTPUT_KEYS = (
     "llm.token_count.completion",
 )
 _MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "model", "llm.model_name")
+_RESPONSE_ID = "gen_ai.response.id"
+_HTTP_METHOD = "http.request.method"
+CALL_KEYS = frozenset((*_INPUT_KEYS, *_OUTPUT_KEYS, *_MODEL_KEYS, _RESPONSE_ID, _HTTP_METHOD))
+"""The span attributes this module reads (``SpanData.known``)."""
 
 
 def number(attributes: Mapping[str, Any], keys: Iterable[str]) -> int:
@@ -68,25 +74,27 @@ def number(attributes: Mapping[str, Any], keys: Iterable[str]) -> int:
 
 def usage(span: SpanData) -> tuple[int, int]:
     """The span's own (input, output) tokens."""
-    return number(span.attributes, _INPUT_KEYS), number(span.attributes, _OUTPUT_KEYS)
+    known = span.known
+    return number(known, _INPUT_KEYS), number(known, _OUTPUT_KEYS)
 
 
 def model(span: SpanData) -> str | None:
+    known = span.known
     for key in _MODEL_KEYS:
-        value = span.attributes.get(key)
+        value = known.get(key)
         if isinstance(value, str) and value:
             return value
     return None
 
 
 def response_id(span: SpanData) -> str | None:
-    value = span.attributes.get("gen_ai.response.id")
+    value = span.known.get(_RESPONSE_ID)
     return value if isinstance(value, str) and value else None
 
 
 def is_sdk_call(span: SpanData) -> bool:
     """The client SDK's own span of one API call: an HTTP client span with GenAI attributes."""
-    return "http.request.method" in span.attributes
+    return _HTTP_METHOD in span.known
 
 
 class ModelCall:
@@ -154,6 +162,19 @@ def closest(call: ModelCall, candidates: Iterable[ModelCall]) -> ModelCall | Non
     return best
 
 
+def call_tokens(chats: Sequence[SpanData]) -> tuple[int, int]:
+    """The (input, output) tokens of ``chats``, each model call counted once."""
+    if len(chats) < 2 or _all_distinct(chats):  # one span per call: no call objects needed
+        input_tokens = output_tokens = 0
+        for chat in chats:
+            known = chat.known
+            input_tokens += number(known, _INPUT_KEYS)
+            output_tokens += number(known, _OUTPUT_KEYS)
+        return input_tokens, output_tokens
+    counted = [call.tokens for call in model_calls(chats)]
+    return sum(c[0] for c in counted), sum(c[1] for c in counted)
+
+
 def model_calls(chats: Sequence[SpanData]) -> list[ModelCall]:
     """``chats`` (the chat spans of one run, or of one trace) as distinct model calls."""
     if len(chats) < 2 or _all_distinct(chats):
@@ -198,13 +219,13 @@ def _all_distinct(chats: Sequence[SpanData]) -> bool:
     sdk = False
     for chat in chats:
         ids.add(chat.span_id)
-        attributes = chat.attributes
-        answer = attributes.get("gen_ai.response.id")
+        known = chat.known
+        answer = known.get(_RESPONSE_ID)
         if answer is not None:
             if answer in answers:
                 return False
             answers.add(answer)
-        sdk = sdk or "http.request.method" in attributes
+        sdk = sdk or _HTTP_METHOD in known
     if sdk:
         return False  # an SDK's span may pair with a framework's (rule 3)
     return not any(chat.parent_span_id in ids for chat in chats)

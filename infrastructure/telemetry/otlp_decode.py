@@ -1,6 +1,10 @@
 """Decode an OTLP trace export (protobuf or OTLP/JSON) into :class:`SpanData` values.
 
-Protobuf is decoded with ``opentelemetry-proto`` (the ``[otel]`` extra, imported on first use).
+Protobuf is parsed with a lean schema (``otlp_lean``: the ``[otel]`` extra, imported on first
+use) that leaves attribute values as bytes: only the attributes the dialects read
+(``mapping.DIALECT_KEYS``) are decoded into ``SpanData.known``; the others are decoded when
+something reads them (``SpanData.attributes`` is a ``RawAttributes``). Resources (one per
+batch, read by naming rules) and events (few, read for error texts) are decoded whole.
 OTLP/JSON differs from protobuf's own JSON mapping (ids are hex strings, not base64, and 64-bit
 integers may be strings), so it is read by hand here. A body that is not a trace export at all
 raises :class:`OtlpDecodeError`; a span with a malformed id is rejected on its own and counted,
@@ -15,6 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentmend.infrastructure.errors import AgentmendError
+from agentmend.infrastructure.telemetry.mapping import DIALECT_KEYS
+from agentmend.infrastructure.telemetry.otlp_lean import (
+    DecodedValues,
+    RawAttributes,
+    any_value,
+    lean_request_type,
+)
 from agentmend.infrastructure.telemetry.span import OtelExtraMissing, SpanData, SpanEvent
 
 __all__ = [
@@ -32,6 +43,8 @@ _TRACE_ID_BYTES = 16
 _SPAN_ID_BYTES = 8
 _MAX_REASONS = 5
 _PARENT_IS_REMOTE = 0x300
+# a SpanData made from its fields in order, ``known`` last, without its __new__'s defaults
+_new_span = tuple.__new__
 """OTLP span flags: bit 8 says whether bit 9 is known, bit 9 that the parent is remote."""
 
 
@@ -69,17 +82,16 @@ def require_proto() -> None:
     Raises:
         OtelExtraMissing: it is not installed.
     """
-    _request_type()
+    _event_type()
+    lean_request_type()
 
 
-def _request_type() -> Any:
+def _event_type() -> Any:
     try:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest,
-        )
+        from opentelemetry.proto.trace.v1.trace_pb2 import Span
     except ImportError as exc:
         raise OtelExtraMissing("opentelemetry-proto") from exc
-    return ExportTraceServiceRequest
+    return Span.Event
 
 
 # -- protobuf -----------------------------------------------------------------------------------
@@ -92,15 +104,18 @@ def decode_protobuf(body: bytes) -> DecodedBatch:
         OtlpDecodeError: the body does not parse (garbage, truncated).
         OtelExtraMissing: opentelemetry-proto is not installed.
     """
-    request_type = _request_type()
+    request_type = lean_request_type()
     try:
         request = request_type.FromString(body)
     except Exception as exc:  # protobuf's DecodeError, and upb's RuntimeError on some garbage
         raise OtlpDecodeError(f"not an OTLP protobuf trace export ({exc})") from exc
     batch = DecodedBatch()
     spans = batch.spans
+    append = spans.append
+    wanted = DIALECT_KEYS.intersection
+    decoded = DecodedValues()  # one request's spans repeat their values: each decoded once
     for resource_spans in request.resource_spans:
-        resource = _attributes(resource_spans.resource.attributes)
+        resource = {key: any_value(raw) for key, raw in resource_spans.resource.attributes.items()}
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 trace_id = span.trace_id
@@ -111,29 +126,43 @@ def decode_protobuf(body: bytes) -> DecodedBatch:
                 if len(span_id) != _SPAN_ID_BYTES or not any(span_id):
                     batch.reject("a span has an invalid span_id")
                     continue
+                raw = span.attributes
                 events = span.events
-                spans.append(
-                    SpanData(
-                        trace_id,
-                        span_id,
-                        span.parent_span_id,
-                        span.name,
-                        span.start_time_unix_nano,
-                        span.end_time_unix_nano,
-                        span.status.code,
-                        span.status.message,
-                        _attributes(span.attributes),
-                        tuple(
-                            SpanEvent(e.name, e.time_unix_nano, _attributes(e.attributes))
-                            for e in events
-                        )
-                        if events
-                        else (),
-                        resource,
-                        span.flags & _PARENT_IS_REMOTE == _PARENT_IS_REMOTE,
+                status = span.status
+                append(
+                    _new_span(
+                        SpanData,
+                        (
+                            trace_id,
+                            span_id,
+                            span.parent_span_id,
+                            span.name,
+                            span.start_time_unix_nano,
+                            span.end_time_unix_nano,
+                            status.code,
+                            status.message,
+                            RawAttributes(raw, decoded),
+                            _events(events) if events else (),
+                            resource,
+                            span.flags & _PARENT_IS_REMOTE == _PARENT_IS_REMOTE,
+                            {key: decoded[raw[key]] for key in wanted(raw)},
+                        ),
                     )
                 )
     return batch
+
+
+def _events(raw_events: Any) -> tuple[SpanEvent, ...]:
+    """A span's events, parsed with the full schema (a malformed one is left out)."""
+    event_type = _event_type()
+    events = []
+    for raw in raw_events:
+        try:
+            event = event_type.FromString(raw)
+        except Exception:  # protobuf's DecodeError: garbage in one event costs only that event
+            continue
+        events.append(SpanEvent(event.name, event.time_unix_nano, _attributes(event.attributes)))
+    return tuple(events)
 
 
 def _attributes(pairs: Any) -> dict[str, Any]:

@@ -30,6 +30,11 @@ another content type; 503 once it is stopping. No input stops the server: an une
 ``close()`` stops taking requests and waits for those being answered (``drain_timeout_s``), so
 every run answered 200 has reached the assembler before the program closes its monitor.
 
+Several receivers behind one load balancer: each assembles the traces it is sent on its own, so
+the balancer must send every span of a trace to the same receiver (route by trace id, as the
+OpenTelemetry Collector's ``loadbalancing`` exporter does); a trace split between receivers is
+recorded without the spans the other receiver got, which that one counts as orphans.
+
 This module is the server alone: it reads no flag and no environment variable. ``agentmend otel
 receive`` (``agentmend.faces.cli.otel``) starts it from the command line; other faces and the
 checker start it in process. Needs the ``[otel]`` extra.

@@ -4,13 +4,19 @@ Spans reach agentmend three ways (OTLP protobuf, OTLP/JSON, the SDK's ``Readable
 span processor); each is converted once into a :class:`SpanData` so the mapping and the
 assembly buffer are written once. Ids are kept as bytes (16 for a trace, 8 for a span) because
 that is what the protobuf and the SDK's integers turn into cheaply; hex is for display.
+
+``attributes`` is every attribute of the span; ``known`` holds those the dialects read
+(``DIALECT_KEYS``), already decoded. The mapping reads ``known`` only, so a decoder may leave
+every other attribute undecoded until someone asks for it (a user's naming rule, the evidence
+kept with a run): the protobuf decoder does. Spans built from a full mapping (the SDK's, OTLP/JSON,
+tests) share one dict for both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentmend.infrastructure.errors import ConfigurationError
 
@@ -49,14 +55,7 @@ class SpanEvent:
     attributes: Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class SpanData:
-    """One finished span with the attributes of the resource that emitted it.
-
-    ``parent_span_id`` is ``b""`` for a root span. ``status_code`` is OTLP's (0 unset, 1 ok,
-    2 error). ``resource`` is shared by every span of one resource (not copied per span).
-    """
-
+class _SpanFields(NamedTuple):
     trace_id: bytes
     span_id: bytes
     parent_span_id: bytes
@@ -68,8 +67,57 @@ class SpanData:
     attributes: Mapping[str, Any]
     events: tuple[SpanEvent, ...]
     resource: Mapping[str, Any]
-    parent_is_remote: bool = False
-    """The parent lives in another process: this span is the local root of its trace."""
+    parent_is_remote: bool
+    known: Mapping[str, Any]
+
+
+class SpanData(_SpanFields):
+    """One finished span with the attributes of the resource that emitted it (immutable).
+
+    ``parent_span_id`` is ``b""`` for a root span. ``status_code`` is OTLP's (0 unset, 1 ok,
+    2 error). ``resource`` is shared by every span of one resource (not copied per span).
+    ``parent_is_remote``: the parent lives in another process, so this span is the local root
+    of its trace. ``known``: the attributes the dialects read, decoded (``attributes`` itself
+    when not given). A tuple rather than a frozen dataclass: a receiver makes one per span,
+    and a frozen dataclass takes five times as long to make.
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        trace_id: bytes,
+        span_id: bytes,
+        parent_span_id: bytes,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        status_code: int,
+        status_message: str,
+        attributes: Mapping[str, Any],
+        events: tuple[SpanEvent, ...],
+        resource: Mapping[str, Any],
+        parent_is_remote: bool = False,
+        known: Mapping[str, Any] | None = None,
+    ) -> SpanData:
+        return tuple.__new__(
+            cls,
+            (
+                trace_id,
+                span_id,
+                parent_span_id,
+                name,
+                start_ns,
+                end_ns,
+                status_code,
+                status_message,
+                attributes,
+                events,
+                resource,
+                parent_is_remote,
+                attributes if known is None else known,
+            ),
+        )
 
     @property
     def key(self) -> bytes:

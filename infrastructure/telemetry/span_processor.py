@@ -64,7 +64,7 @@ class AgentmendSpanProcessor(SpanProcessor):
     ) -> None:
         self.monitor = monitor
         self.assembler = TraceAssembler(
-            monitor.record,
+            monitor,
             mapping,
             orphan_timeout_s=orphan_timeout_s,
             max_open_traces=max_open_traces,

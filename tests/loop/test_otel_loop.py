@@ -18,7 +18,7 @@ from agentmend.roles.socratic_mediator import SocraticMediator
 def test_a_degradation_seen_only_in_spans_is_detected() -> None:
     factory = SpanFactory(service="checkout")
     with PerformanceMonitor(baseline_n=40) as monitor:
-        assembler = TraceAssembler(monitor.record)
+        assembler = TraceAssembler(monitor)
         detector = IssueDetector(baseline_n=40, false_alarm_rate=1e-3, monitor=monitor)
         for n in range(40):
             factory.agent_run("pricing-agent", fail="upstream timeout" if n == 7 else None)

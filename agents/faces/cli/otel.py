@@ -279,9 +279,7 @@ def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | Non
         return 2
     try:
         receiver = OtlpReceiver(
-            TraceAssembler(
-                monitor.record, orphan_timeout_s=args.orphan_timeout, attribute=attribute
-            ),
+            TraceAssembler(monitor, orphan_timeout_s=args.orphan_timeout, attribute=attribute),
             host=args.host,
             port=args.port,
             token=token,

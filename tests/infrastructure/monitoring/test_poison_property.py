@@ -55,7 +55,7 @@ def _stored(store: Store, agent: str) -> int:
 def test_hostile_values_never_stop_the_writer(store_url: str, tmp_path: Path) -> None:
     store = Store(store_url, files_dir=tmp_path)
     monitor = PerformanceMonitor(store, flush_interval_s=3600)
-    receiver = OtlpReceiver(TraceAssembler(monitor.record), port=0, token=TEST_TOKEN).start()
+    receiver = OtlpReceiver(TraceAssembler(monitor), port=0, token=TEST_TOKEN).start()
     spans = SpanFactory()
     processor = AgentmendSpanProcessor(monitor, schedule_delay_s=3600)
     spans.provider.add_span_processor(processor)

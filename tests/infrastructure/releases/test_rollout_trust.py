@@ -41,7 +41,7 @@ def _send(
     ``source``; the runs of release ``failing`` fail, the others succeed."""
     with PerformanceMonitor(store, flush_interval_s=60) as monitor:
         attribution = ReleaseAttribution(log, source=source)
-        receiver = OtlpReceiver(TraceAssembler(monitor.record, attribute=attribution.tags), port=0)
+        receiver = OtlpReceiver(TraceAssembler(monitor, attribute=attribution.tags), port=0)
         receiver.start()
         try:
             for label in ("2", "1"):
