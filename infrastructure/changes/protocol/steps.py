@@ -78,6 +78,7 @@ from agentmend.infrastructure.changes.protocol.abandoned import INTERRUPTED, Aba
 from agentmend.infrastructure.changes.protocol.apply import (
     Content,
     FileEntry,
+    UnfinishedWork,
     applied_records,
     prepare,
     record_intent,
@@ -103,6 +104,10 @@ from agentmend.infrastructure.structured_logger import get_logger
 __all__ = ["LIVE_STATUSES", "ChangeProtocol", "Content", "FileEntry", "PartialRollback"]
 
 log = get_logger(__name__)
+
+# The first intent finds what a dead process left on the root and recovery settles it under the
+# root's lock, so the second finds nothing more; a third would mean recovery cannot settle it.
+_INTENT_ATTEMPTS = 2
 
 
 class ChangeProtocol:
@@ -162,19 +167,26 @@ class ChangeProtocol:
         """
         items = prepare(entries, root)
         root = Path(root).resolve()
-        with team_guard(self.store, root):
-            self.recovery.recover_root(root)
-            self.audit.ensure_appendable()  # before any byte is written
-            created = record_intent(
-                self.store,
-                self.changes,
-                items,
-                root,
-                group_id=group_id,
-                session_id=session_id,
-                author=author,
-                link=None if lease_id is None else self._linker(lease_id),
-            )
+        link = None if lease_id is None else self._linker(lease_id)
+        with team_guard(self.store, root) as team:
+            for attempt in range(_INTENT_ATTEMPTS):
+                try:  # the intent also asks whether recovery or the audit head stand in the way
+                    created = record_intent(
+                        self.changes,
+                        self.audit,
+                        items,
+                        root,
+                        team=team,
+                        group_id=group_id,
+                        session_id=session_id,
+                        author=author,
+                        link=link,
+                    )
+                    break
+                except UnfinishedWork:
+                    if attempt == _INTENT_ATTEMPTS - 1:
+                        raise
+                    self.recovery.recover_root(root)  # then read the old bytes again
             try:
                 write_and_commit(
                     self.changes,

@@ -859,8 +859,8 @@ class _FailingCommitAudit(AuditLog):
     failures = 0
 
     @contextmanager
-    def transaction(self, *, safety: bool = False) -> Iterator[AuditTransaction]:
-        with super().transaction(safety=safety) as txn:
+    def transaction(self, *, safety: bool = False, **folded: Any) -> Iterator[AuditTransaction]:
+        with super().transaction(safety=safety, **folded) as txn:
             yield txn
             if self.failures:
                 self.failures -= 1
