@@ -87,7 +87,10 @@ def test_a_kill_at_any_step_of_an_apply_leaves_it_undone_or_done_whole(
             ok = (
                 statuses == [ChangeStatus.FAILED]
                 and len(history) == 3
-                and all((r.rollback_info or {}).get("reason") == "interrupted" for r in history)
+                and all(
+                    r.rollback_info and r.rollback_info.get("reason") == "interrupted"
+                    for r in history
+                )
                 and files == OLD
                 and backups == []
                 and len(settled) == 3
