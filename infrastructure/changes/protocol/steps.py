@@ -16,7 +16,13 @@ Apply
 6. mark the changes APPLIED and append their audit rows in one synced transaction.
 
 An apply returns only after step 6, so an acknowledged change is APPLIED on disk and is never
-lost. A rollback follows the same pattern: check, record the rollback intent, restore, mark
+lost. Step 3's transaction also asks, before it commits, whether a dead process left work on the
+root (then it rolls back, recovery settles that work and step 2 is taken again) and whether the
+audit head and the database agree (else the apply is refused with nothing recorded): the
+questions step 1 and an ``ensure_appendable`` would ask on their own. On PostgreSQL each of
+steps 3 and 6 is then three or four round trips (``BEGIN``, the statements and the questions
+together, ``COMMIT``; step 6 reads the audit chain's tail before its rows), whatever the
+number of files, and an apply makes nine with the team lock's two. A rollback follows the same pattern: check, record the rollback intent, restore, mark
 ROLLED_BACK with audit rows.
 
 Rolling back an unproven change
