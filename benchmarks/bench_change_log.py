@@ -5,7 +5,8 @@ First, on SQLite and on a real PostgreSQL server (started as the tests start it,
 process): the median and p95 of one ``apply`` of one file (its team settled: measured from a
 second after the team's first change), each sample taken right after a bare durable transaction
 (one INSERT, committed and synced) on the same store, so both see the same load and the ratio of
-their medians says what an apply costs beside the cheapest durable write. Then the round trips
+their medians says what an apply costs beside the cheapest durable write; the CPU time this
+process spent in an apply (what waiting for disks and the server leaves out). Then the round trips
 one apply makes (PostgreSQL: the client waiting for the server, from libpq's trace; SQLite: the
 statements run), and the load average before and after.
 
@@ -160,14 +161,16 @@ def apply_beside_bare(
             apply(i)
         bare_ms: list[float] = []
         apply_ms: list[float] = []
+        apply_cpu_ms: list[float] = []
         for i in range(reps):
             start = time.perf_counter()
             bare(i)
-            middle = time.perf_counter()
+            middle, middle_cpu = time.perf_counter(), time.process_time()
             apply(i)
-            end = time.perf_counter()
+            end, end_cpu = time.perf_counter(), time.process_time()
             bare_ms.append((middle - start) * 1000)
             apply_ms.append((end - middle) * 1000)
+            apply_cpu_ms.append((end_cpu - middle_cpu) * 1000)
         windows: list[Seen] = []
         for fn in (apply, bare):
             if counter is not None:
@@ -184,6 +187,7 @@ def apply_beside_bare(
     return {
         "apply_median": a50, "apply_p95": a95, "bare_median": b50, "bare_p95": b95,
         "apply_trips": windows[0].count, "bare_trips": windows[1].count,
+        "apply_cpu": statistics.median(apply_cpu_ms),
     }  # fmt: skip
 
 
@@ -213,6 +217,8 @@ def backends(tmp: Path, reps: int) -> None:
     ratios = {b: r["apply_median"] / r["bare_median"] for b, r in results.items()}
     print(f"{'apply / bare durable transaction (medians)':<44}"
           + "  ".join(f"{ratios[b]:>16.2f}" for b in results))  # fmt: skip
+    print(f"{'apply, this process CPU ms (median)':<44}"
+          + "  ".join(f"{r['apply_cpu']:>16.2f}" for r in results.values()))  # fmt: skip
     trips = [f"{int(r['apply_trips'])} / {int(r['bare_trips'])}" for r in results.values()]
     print(f"{'per apply / per bare transaction':<44}"
           + "  ".join(f"{t:>16}" for t in trips)
