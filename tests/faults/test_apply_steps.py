@@ -11,6 +11,7 @@ every case nothing is PENDING and the audit chain verifies.
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from apply_step_child import NEW, OLD, STEPS
 from crash_child import child_env
 
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
-from agentmend.infrastructure.models import ChangeStatus
+from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
 from agentmend.infrastructure.store.api import Store
 
 CHILD = Path(__file__).resolve().parents[1] / "apply_step_child.py"
@@ -105,3 +106,35 @@ def test_a_kill_at_any_step_of_an_apply_leaves_it_undone_or_done_whole(
         if not ok or leftovers or not chain:
             failures.append(f"{seen}, chain {chain.problems} {chain.notes}")
     assert failures == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_next_apply_on_the_folder_settles_a_killed_one_first(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Without a reopen's recovery: the next apply's intent finds the killed group, recovery puts
+    the old bytes back, and the new change is recorded as replacing those."""
+    root = tmp_path / "team"
+    _team(root)
+    url = (
+        str(tmp_path / "agentmend.db")
+        if backend == "sqlite"
+        else str(request.getfixturevalue("pg_server").create_database())
+    )
+    _kill_at("between_writes", url, tmp_path, root)
+    assert (root / "agents" / "a.md").read_bytes() == NEW["agents/a.md"]  # half of the group
+    with (
+        Store(url, files_dir=tmp_path) as store,
+        ImprovementManager(store=store, recover=False) as manager,
+    ):
+        action = ImprovementAction(
+            target_agent="writer", action_type=ChangeType.PROMPT_MODIFICATION, confidence_score=0.9
+        )
+        record = manager.apply(action, path="agents/a.md", new_content=b"next a\n", root=root)
+        history = manager.get_history(limit=100)
+        chain = manager.verify_audit_chain()
+    assert [r.status for r in history] == [ChangeStatus.FAILED] * 3 + [ChangeStatus.APPLIED]
+    assert record.files[0].old_sha256 == hashlib.sha256(OLD["agents/a.md"] or b"").hexdigest()
+    assert _files(root) == {**OLD, "agents/a.md": b"next a\n"}
+    assert chain, chain.problems
