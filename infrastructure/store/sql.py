@@ -216,11 +216,17 @@ def pipelined(conn: StoreConnection) -> Iterator[None]:
     after it and raises when the block ends, inside the caller's transaction, which then rolls
     back; only single statements go inside (no ``COPY``, no ``;``-separated scripts).
     """
-    if backend_of(conn) == "sqlite":
-        yield
+    if backend_of(conn) == "sqlite" or not _pipeline_supported():
+        yield  # no server, or a libpq older than 14: a round trip per statement, as without
         return
     with conn.raw.pipeline():  # type: ignore[attr-defined]
         yield
+
+
+def _pipeline_supported() -> bool:
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
 
 
 def deferred(
