@@ -39,6 +39,7 @@ __all__ = [
     "json_text",
     "next_id",
     "note_id_used",
+    "pipeline_supported",
     "pipelined",
     "set_next_id",
     "table_names",
@@ -216,14 +217,15 @@ def pipelined(conn: StoreConnection) -> Iterator[None]:
     after it and raises when the block ends, inside the caller's transaction, which then rolls
     back; only single statements go inside (no ``COPY``, no ``;``-separated scripts).
     """
-    if backend_of(conn) == "sqlite" or not _pipeline_supported():
+    if backend_of(conn) == "sqlite" or not pipeline_supported():
         yield  # no server, or a libpq older than 14: a round trip per statement, as without
         return
     with conn.raw.pipeline():  # type: ignore[attr-defined]
         yield
 
 
-def _pipeline_supported() -> bool:
+def pipeline_supported() -> bool:
+    """Whether psycopg's libpq has pipeline mode (14 or later); only asked on PostgreSQL."""
     import psycopg
 
     return bool(psycopg.Pipeline.is_supported())

@@ -65,6 +65,7 @@ import hashlib
 import hmac
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, nullcontext
 from datetime import datetime
@@ -97,6 +98,7 @@ from agentmend.infrastructure.changes.audit.verification import (
     check_rows,
 )
 from agentmend.infrastructure.errors import (
+    AgentmendError,
     AuditChainError,
     LockTimeout,
     PermissionRequired,
@@ -114,6 +116,7 @@ from agentmend.infrastructure.store.sql import (
     deferred,
     next_id,
     note_id_used,
+    pipeline_supported,
     pipelined,
 )
 from agentmend.infrastructure.store.timeouts import LOCK_SETTING
@@ -129,6 +132,7 @@ __all__ = [
     "AuditTransaction",
     "ChainProblem",
     "ChainVerification",
+    "TailMoved",
     "audit_key_from_env",
     "last_audit_id",
     "note_audit_id",
@@ -231,6 +235,18 @@ _COLUMNS = (
 )
 
 
+class TailMoved(AgentmendError):
+    """A speculating audit transaction found the chain's tail elsewhere; nothing was written:
+    run the block again without ``speculate``."""
+
+
+def _note_ids(conn: StoreConnection, txn: AuditTransaction) -> None:
+    if txn.last is not None:  # rows cut off the end later leave this gap
+        note_audit_id(conn, txn.last[0])
+        # and an insert that takes the table's default id comes after them
+        note_id_used(conn, "audit_log", txn.last[0])
+
+
 def audit_key_from_env(environ: Mapping[str, str] | None = None) -> bytes | None:
     """The HMAC key from ``AGENTMEND_AUDIT_HMAC_KEY``, for callers that wire settings."""
     value = (os.environ if environ is None else environ).get(AUDIT_HMAC_KEY_ENV)
@@ -261,6 +277,11 @@ class AuditTransaction:
         self._break = head_break  # recorded by the first row of this commit, if any
         self._batch: int | None = None
         self.last: tuple[int, str] | None = None  # (id, hash) of the last row appended
+
+    @property
+    def tail(self) -> tuple[int, str]:
+        """(next id, prev hash): where the next row goes after this transaction's rows."""
+        return self._tail
 
     def append(
         self,
@@ -354,6 +375,7 @@ class AuditLog:
         # key, a head vouches for the chain up to its row (see audit_fleet_head). Without one
         # every head must name the newest row, as on SQLite.
         self._fleet = store.backend == "postgresql" and self._key is not None
+        self._seen = threading.local()  # the tail this thread's last commit left
 
     @property
     def keyed(self) -> bool:
@@ -378,6 +400,7 @@ class AuditLog:
         safety: bool = False,
         prelude: Callable[[StoreConnection], Callable[[], None]] | None = None,
         batched: bool = False,
+        speculate: bool = False,
     ) -> Iterator[AuditTransaction]:
         """A durable write transaction in which :meth:`AuditTransaction.append` adds rows.
 
@@ -397,31 +420,56 @@ class AuditLog:
                 rolls everything back.
             batched: the block only writes (it reads nothing back): its statements and the
                 chain's bookkeeping go in one round trip before the commit.
+            speculate: with ``batched``, on PostgreSQL, take the chain's tail to be where this
+                thread's last transaction on this log left it, and read the real one in the
+                same round trip as the block's writes, before the commit: the transaction
+                commits only if the two are the same and the head agrees, else it rolls back
+                and :class:`TailMoved` says to run the block again without ``speculate``.
 
         Raises:
             AuditChainBroken: the head file and the database disagree and this is not a
                 ``safety`` write; nothing is written.
+            TailMoved: ``speculate`` guessed wrong (or its round trip failed); nothing is
+                written.
         """
         with locked_file(self.head_path, self._head_wait()) as fd:
             head, unreadable = self._head_or_reason(fd)
             fresh = never_written(fd)
+            guess = self._guess() if speculate and batched and prelude is None else None
+            self._seen.tail = None  # known again only once this transaction commits
             with self.store.transaction(durable=True) as conn:
-                with pipelined(conn):
-                    check = prelude(conn) if prelude is not None else None
-                    read_tail = self._tail_state(conn, head, unreadable, fresh)
-                if check is not None:
-                    check()
-                tail, found, ahead = read_tail()
-                if found is not None and not safety:
-                    log.error("audit_append_refused", path=str(self.head_path), **_said(found))
-                    raise AuditChainBroken(found.expected, found.found)
-                txn = AuditTransaction(self, conn, tail, found)
-                with pipelined(conn) if batched else nullcontext():
-                    yield txn
-                    if txn.last is not None:  # rows cut off the end later leave this gap
-                        note_audit_id(conn, txn.last[0])
-                        # and an insert that takes the table's default id comes after them
-                        note_id_used(conn, "audit_log", txn.last[0])
+                if guess is None:
+                    with pipelined(conn):
+                        check = prelude(conn) if prelude is not None else None
+                        read_tail = self._tail_state(conn, head, unreadable, fresh)
+                    if check is not None:
+                        check()
+                    tail, found, ahead = read_tail()
+                    if found is not None and not safety:
+                        log.error("audit_append_refused", path=str(self.head_path), **_said(found))
+                        raise AuditChainBroken(found.expected, found.found)
+                    txn = AuditTransaction(self, conn, tail, found)
+                    with pipelined(conn) if batched else nullcontext():
+                        yield txn
+                        _note_ids(conn, txn)
+                else:
+                    txn = AuditTransaction(self, conn, guess)
+                    written = False
+                    try:
+                        with pipelined(conn):
+                            read_tail = self._tail_state(conn, head, unreadable, fresh)
+                            yield txn
+                            written = True
+                            _note_ids(conn, txn)
+                    except Exception as exc:
+                        if not written:
+                            raise  # the block's own error
+                        raise TailMoved() from exc  # e.g. the guessed id taken meanwhile
+                    tail, found, ahead = read_tail()
+                    if tail != guess or found is not None:
+                        raise TailMoved()
+            if found is None:
+                self._seen.tail = txn.tail
             newest = txn.last or ((ahead.id, ahead.row_hash) if ahead is not None else None)
             if newest is not None:
                 if found is not None:
@@ -432,6 +480,14 @@ class AuditLog:
                     # The rows are committed and must not be reported as failed; the stale head
                     # shows up in verify_chain(), which is where the operator looks.
                     log.error("audit_head_write_failed", path=str(self.head_path), error=str(exc))
+
+    def _guess(self) -> tuple[int, str] | None:
+        """Where this thread's last committed transaction on this log left the chain's tail,
+        if speculating on it can save a round trip (PostgreSQL's pipeline mode)."""
+        if self.store.backend != "postgresql" or not pipeline_supported():
+            return None
+        tail: tuple[int, str] | None = getattr(self._seen, "tail", None)
+        return tail
 
     def _tail_state(
         self,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
-from agentmend.infrastructure.changes.audit.log import AuditLog
+from agentmend.infrastructure.changes.audit.log import AuditLog, AuditTransaction, TailMoved
 from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, StoredFile
 from agentmend.infrastructure.changes.protocol.files import AGENT_DIR, backup, describe, sha
 from agentmend.infrastructure.errors import PathNotAllowed, StoreError
@@ -170,7 +170,8 @@ def write_and_commit(
     author: ChangeAuthor,
 ) -> None:
     """Steps 4 to 6: backups, the new bytes, then APPLIED with audit rows in one transaction
-    (on PostgreSQL: ``BEGIN``, the chain's tail, the writes, ``COMMIT``: four round trips).
+    (on PostgreSQL: ``BEGIN``, the writes with the chain's tail read beside them, ``COMMIT``;
+    one more, reading the tail first, when another writer moved it since the intent).
 
     The audit rows name ``author``'s user, else how the change was made.
 
@@ -181,7 +182,8 @@ def write_and_commit(
             backup(root, item.rel, item.change_id, item.old, created)
     for item in items:
         confined.write_or_delete(root, item.target, item.new)
-    with audit.transaction(batched=True) as txn:
+
+    def commit(txn: AuditTransaction) -> None:
         changes.set_status(txn.conn, [i.change_id for i in items], ChangeStatus.APPLIED)
         for item in items:
             txn.append(
@@ -193,6 +195,13 @@ def write_and_commit(
                 user_name=author.user_name,
                 change_id=item.change_id,
             )
+
+    try:  # the chain's tail where the intent found it: one round trip fewer
+        with audit.transaction(batched=True, speculate=True) as txn:
+            commit(txn)
+    except TailMoved:  # another writer appended since: nothing was written, read it first
+        with audit.transaction(batched=True) as txn:
+            commit(txn)
 
 
 def applied_records(

@@ -20,9 +20,12 @@ lost. Step 3's transaction also asks, before it commits, whether a dead process 
 root (then it rolls back, recovery settles that work and step 2 is taken again) and whether the
 audit head and the database agree (else the apply is refused with nothing recorded): the
 questions step 1 and an ``ensure_appendable`` would ask on their own. On PostgreSQL each of
-steps 3 and 6 is then three or four round trips (``BEGIN``, the statements and the questions
-together, ``COMMIT``; step 6 reads the audit chain's tail before its rows), whatever the
-number of files, and an apply makes nine with the team lock's two. A rollback follows the same pattern: check, record the rollback intent, restore, mark
+steps 3 and 6 is then three round trips (``BEGIN``, the statements and the questions together,
+``COMMIT``), whatever the number of files: step 6 takes the audit chain's tail to be where
+step 3 found it and reads the real one with its writes, committing only if they match (else it
+runs again reading the tail first). With the team lock's two, an apply makes eight.
+
+A rollback follows the same pattern: check, record the rollback intent, restore, mark
 ROLLED_BACK with audit rows.
 
 Rolling back an unproven change
