@@ -28,7 +28,9 @@ __all__ = ["PgRoundTrips", "Seen", "SqliteStatements", "count_round_trips"]
 
 @dataclass
 class Seen:
-    """What a counting window saw: filled in when the window closes."""
+    """What a counting window saw: filled in when the window closes. ``statements`` is for
+    reading a failure: on PostgreSQL the statements parsed (one psycopg prepared earlier and
+    runs again by name is not listed), on SQLite every statement run."""
 
     count: int = 0
     statements: list[str] = field(default_factory=list)
