@@ -78,7 +78,9 @@ def prepare(entries: Sequence[FileEntry], root: str | Path) -> list[PreparedFile
         rel = target.relative_to(root_path)
         if target == root_path or target.is_dir():
             raise PathNotAllowed(path, root_path, "it is a directory")
-        blocked = next((d for d in target.parents if d.exists() and not d.is_dir()), None)
+        # the folders between the root and the file (the root's own are folders: it is one)
+        within = (root_path / d for d in list(rel.parents)[:-1])
+        blocked = next((d for d in within if d.exists() and not d.is_dir()), None)
         if blocked is not None:
             raise PathNotAllowed(path, root_path, f"{blocked} is a file, not a directory")
         if rel.parts[0] == AGENT_DIR:

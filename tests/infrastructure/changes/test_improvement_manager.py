@@ -299,6 +299,7 @@ def test_apply_creates_and_deletes_files(manager: ImprovementManager, root: Path
         ("/etc/passwd", "absolute"),
         ("agents", "directory"),
         (".agent/backups/x.bak", "reserved"),
+        ("agents/writer.md/deeper/x.md", "is a file, not a directory"),
     ],
 )
 def test_apply_refuses_bad_paths_and_leaves_everything(
