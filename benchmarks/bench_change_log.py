@@ -1,6 +1,16 @@
-"""What one change costs: durable ``log_change`` and ``apply`` against seed 003's JSON rewrite.
+"""What one change costs: ``apply`` on both backends, and ``log_change`` against seed 003's JSON.
 
-Measures, in one process, the median cost of one ``log_change`` (one INSERT plus its audit row,
+First, on SQLite and on a real PostgreSQL server (started as the tests start it,
+``tests/pg_server.py``, with ``fsync`` and ``synchronous_commit`` on, on the same cores as this
+process): the median and p95 of one ``apply`` of one file (its team settled: measured from a
+second after the team's first change), each sample taken right after a bare durable transaction
+(one INSERT, committed and synced) on the same store, so both see the same load and the ratio of
+their medians says what an apply costs beside the cheapest durable write; the CPU time this
+process spent in an apply (what waiting for disks and the server leaves out). Then the round trips
+one apply makes (PostgreSQL: the client waiting for the server, from libpq's trace; SQLite: the
+statements run), and the load average before and after.
+
+Then, on SQLite alone: the median cost of one ``log_change`` (one INSERT plus its audit row,
 committed with ``synchronous=FULL`` and the audit head synced) and of one ``apply`` (snapshot,
 intent, backup, atomic file write, APPLIED with its audit row) with 10 and with 10,000 changes
 already in the history, beside the seed's ``_save_history`` (``json.dump`` of every record on
@@ -8,7 +18,7 @@ every change, not even synced) at 10, 1,000 and 10,000 entries. Both of ours sho
 the history grows. A durable commit cannot be cheaper than the disk's ``fdatasync``, so that is
 printed too: on a loaded host it dominates everything else.
 
-    python benchmarks/bench_change_log.py [--reps 300]
+    python benchmarks/bench_change_log.py [--reps 300] [--apply-reps 200] [--backends-only]
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import argparse
 import json
 import logging
 import os
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -27,6 +38,10 @@ from pathlib import Path
 import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from pg_server import PgServer
+from round_trips import PgRoundTrips, Seen, SqliteStatements
 
 from agentmend.infrastructure.changes.audit.log import AuditLog
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
@@ -108,6 +123,114 @@ def ours(tmp: Path, logged: int, reps: int) -> dict[str, tuple[float, float]]:
     return {"log_change (durable)": log_us, "apply (file + history)": apply_us}
 
 
+_PROBE = ["CREATE TABLE bench_probe (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)"]
+
+
+def median_p95(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+
+
+def apply_beside_bare(
+    url: str, files_dir: Path, root: Path, reps: int, counter: PgRoundTrips | None
+) -> dict[str, float]:
+    """Median and p95 ms of ``apply`` and of a bare durable transaction, sampled in turn, and
+    the round trips (statements on SQLite) of one apply and of one bare transaction."""
+    (root / "agents").mkdir(parents=True)
+    for k in range(10):
+        (root / "agents" / f"a{k}.md").write_bytes(PROMPT)
+    with Store(url, files_dir=files_dir) as store:
+        store.migrate("bench_probe", _PROBE)
+        manager = ImprovementManager(store=store, max_improvements_per_session=10**9)
+
+        def bare(i: int) -> None:
+            with store.transaction(durable=True) as conn:
+                conn.execute("INSERT INTO bench_probe (v) VALUES (?)", (i,))
+
+        def apply(i: int) -> None:
+            manager.apply(
+                ACTION, path=f"agents/a{i % 10}.md", new_content=PROMPT + b"%d" % i, root=root
+            )
+
+        # a team's first change writes its id file, which is read again at every use for a
+        # second (a rewrite may keep its timestamps): measure the team as it runs
+        apply(0)
+        time.sleep(1.1)
+        for i in range(20):  # warm the connections, the page cache and the WAL
+            bare(i)
+            apply(i)
+        bare_ms: list[float] = []
+        apply_ms: list[float] = []
+        apply_cpu_ms: list[float] = []
+        for i in range(reps):
+            start = time.perf_counter()
+            bare(i)
+            middle, middle_cpu = time.perf_counter(), time.process_time()
+            apply(i)
+            end, end_cpu = time.perf_counter(), time.process_time()
+            bare_ms.append((middle - start) * 1000)
+            apply_ms.append((end - middle) * 1000)
+            apply_cpu_ms.append((end_cpu - middle_cpu) * 1000)
+        windows: list[Seen] = []
+        for fn in (apply, bare):
+            if counter is not None:
+                with counter.window() as seen:
+                    fn(reps)
+            else:
+                sqlite_conn = store.connection()
+                assert isinstance(sqlite_conn, sqlite3.Connection)
+                with SqliteStatements(sqlite_conn).window() as seen:
+                    fn(reps)
+            windows.append(seen)
+        manager.close()
+    (a50, a95), (b50, b95) = median_p95(apply_ms), median_p95(bare_ms)
+    return {
+        "apply_median": a50, "apply_p95": a95, "bare_median": b50, "bare_p95": b95,
+        "apply_trips": windows[0].count, "bare_trips": windows[1].count,
+        "apply_cpu": statistics.median(apply_cpu_ms),
+    }  # fmt: skip
+
+
+def backends(tmp: Path, reps: int) -> None:
+    """The apply section: SQLite, then a PostgreSQL server started for it."""
+    results = {
+        "SQLite": apply_beside_bare(str(tmp / "apply.db"), tmp, tmp / "team-sqlite", reps, None)
+    }
+    counter = PgRoundTrips.install()
+    server = PgServer(fsync=True)
+    try:
+        results["PostgreSQL"] = apply_beside_bare(
+            server.create_database(), tmp, tmp / "team-pg", reps, counter
+        )
+    finally:
+        server.stop()
+        counter.uninstall()
+    goals = {"SQLite": 1.5, "PostgreSQL": 3.0}
+    print(f"apply of one file, {reps} samples each, ms      SQLite          PostgreSQL")
+    rows = (
+        ("apply, median (p95)", "apply_median", "apply_p95"),
+        ("bare durable transaction, median (p95)", "bare_median", "bare_p95"),
+    )
+    for label, mid, tail in rows:
+        cells = [f"{results[b][mid]:6.2f} ({results[b][tail]:5.2f})" for b in results]
+        print(f"{label:<44}" + "  ".join(f"{c:>16}" for c in cells))
+    ratios = {b: r["apply_median"] / r["bare_median"] for b, r in results.items()}
+    print(f"{'apply / bare durable transaction (medians)':<44}"
+          + "  ".join(f"{ratios[b]:>16.2f}" for b in results))  # fmt: skip
+    print(f"{'apply, this process CPU ms (median)':<44}"
+          + "  ".join(f"{r['apply_cpu']:>16.2f}" for r in results.values()))  # fmt: skip
+    trips = [f"{int(r['apply_trips'])} / {int(r['bare_trips'])}" for r in results.values()]
+    print(f"{'per apply / per bare transaction':<44}"
+          + "  ".join(f"{t:>16}" for t in trips)
+          + "   (SQLite: statements; PostgreSQL: round trips)")  # fmt: skip
+    verdicts = [
+        f"{b}: median <= {goals[b]} ms {'yes' if r['apply_median'] <= goals[b] else 'NO'},"
+        f" <= 4x bare {'yes' if ratios[b] <= 4 else 'NO'}"
+        for b, r in results.items()
+    ]
+    print("goals: " + "; ".join(verdicts))
+
+
 def seed_rewrite(tmp: Path, entries: int, reps: int) -> float:
     """Seed 003's ``_save_history``: append, then json.dump every record with indent=2."""
     path = tmp / f"seed{entries}.json"
@@ -155,8 +278,16 @@ def fdatasync_us(tmp: Path, reps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=300)
+    parser.add_argument("--apply-reps", type=int, default=200)
+    parser.add_argument("--backends-only", action="store_true", help="only the apply section")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parents[1]) as name:
+        backends(Path(name), args.apply_reps)
+    if args.backends_only:
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        return
     with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parents[1]) as name:
         tmp = Path(name)
         sync = fdatasync_us(tmp, 200)
@@ -187,6 +318,7 @@ def main() -> None:
         f"apply < 2000 µs: {'yes' if apply_us < 2000 else 'NO'}; "
         f"flat (10,000 / 10 < 1.5): {'yes' if flat else 'NO'}"
     )
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from tiny_project import make_project
 
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
 from agentmend.infrastructure.changes.protocol.apply import prepare, record_intent
+from agentmend.infrastructure.changes.protocol.team_registry import team_id
 from agentmend.infrastructure.code_update.updater import CodeUpdater, FileOperation
 from agentmend.infrastructure.errors import AgentmendError
 from agentmend.infrastructure.files import confined
@@ -202,7 +203,7 @@ def _interrupted_apply(manager: ImprovementManager, team: Path, n: int) -> None:
     protocol = manager.protocol
     with confined.locked(root, ".agent/agentmend.lock"):
         record_intent(
-            manager.store, protocol.changes, items, root,
+            protocol.changes, protocol.audit, items, root, team=team_id(root, manager.store),
             group_id=None, session_id="race", author=ChangeAuthor(via="race"),
         )  # fmt: skip
         for item in items:

@@ -22,7 +22,8 @@ so each component's dialect difference is one call. Transactions, snapshots and 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal, Protocol
 
 __all__ = [
@@ -32,11 +33,14 @@ __all__ = [
     "append_rows",
     "backend_of",
     "data_version",
+    "deferred",
     "has_table",
     "join_in_order",
     "json_text",
     "next_id",
     "note_id_used",
+    "pipeline_supported",
+    "pipelined",
     "set_next_id",
     "table_names",
 ]
@@ -202,3 +206,39 @@ def set_next_id(conn: StoreConnection, table: str, after: int, column: str = "id
         "SELECT setval(pg_get_serial_sequence(?, ?), CAST(? AS BIGINT), ? = 1)",
         (table, column, max(after, 1), int(after > 0)),
     )
+
+
+@contextmanager
+def pipelined(conn: StoreConnection) -> Iterator[None]:
+    """Send the statements run inside the block to PostgreSQL together, in one round trip at its
+    end (psycopg's pipeline mode), instead of one round trip each; on SQLite, which has no
+    server, nothing changes. Read a query's rows after the block through :func:`deferred`
+    (reading them inside costs a round trip of its own). A failed statement skips the ones
+    after it and raises when the block ends, inside the caller's transaction, which then rolls
+    back; only single statements go inside (no ``COPY``, no ``;``-separated scripts).
+    """
+    if backend_of(conn) == "sqlite" or not pipeline_supported():
+        yield  # no server, or a libpq older than 14: a round trip per statement, as without
+        return
+    with conn.raw.pipeline():  # type: ignore[attr-defined]
+        yield
+
+
+def pipeline_supported() -> bool:
+    """Whether psycopg's libpq has pipeline mode (14 or later); only asked on PostgreSQL."""
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
+
+
+def deferred(
+    conn: StoreConnection, sql: str, parameters: Sequence[Any] = ()
+) -> Callable[[], list[Any]]:
+    """Run query ``sql`` now and return how to read its rows later: after a :func:`pipelined`
+    block on PostgreSQL; on SQLite the rows are read at once (a later write on the same
+    connection must not change what an unfinished read sees)."""
+    cursor = conn.execute(sql, parameters)
+    if backend_of(conn) == "sqlite":
+        rows = cursor.fetchall()
+        return lambda: rows
+    return cursor.fetchall

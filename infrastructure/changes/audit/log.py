@@ -65,8 +65,9 @@ import hashlib
 import hmac
 import json
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,7 @@ from agentmend.infrastructure.changes.audit.verification import (
     check_rows,
 )
 from agentmend.infrastructure.errors import (
+    AgentmendError,
     AuditChainError,
     LockTimeout,
     PermissionRequired,
@@ -111,8 +113,11 @@ from agentmend.infrastructure.store.sql import (
     Backend,
     StoreConnection,
     backend_of,
+    deferred,
     next_id,
     note_id_used,
+    pipeline_supported,
+    pipelined,
 )
 from agentmend.infrastructure.store.timeouts import LOCK_SETTING
 from agentmend.infrastructure.structured_logger import get_logger
@@ -127,6 +132,7 @@ __all__ = [
     "AuditTransaction",
     "ChainProblem",
     "ChainVerification",
+    "TailMoved",
     "audit_key_from_env",
     "last_audit_id",
     "note_audit_id",
@@ -217,6 +223,15 @@ def last_audit_id(conn: StoreConnection) -> int:
     return int(row[0]) if row is not None else 0
 
 
+def _ask_last_audit_id(conn: StoreConnection) -> Callable[[], int]:
+    """:func:`last_audit_id` read later (see :func:`deferred`), so it can share a round trip."""
+    if backend_of(conn) == "sqlite":
+        rows = deferred(conn, "SELECT seq FROM sqlite_sequence WHERE name = 'audit_log'")
+    else:
+        rows = deferred(conn, "SELECT last_id FROM audit_counter")
+    return lambda: int(found[0][0]) if (found := rows()) else 0
+
+
 def note_audit_id(conn: StoreConnection, row_id: int) -> None:
     """Record in the caller's transaction that ids up to ``row_id`` were handed out."""
     if backend_of(conn) == "sqlite":
@@ -230,6 +245,18 @@ _COLUMNS = (
 )
 # what a reader gets: the written columns and the role the server recorded
 _READ_COLUMNS = _COLUMNS + ", db_role"
+
+
+class TailMoved(AgentmendError):
+    """A speculating audit transaction found the chain's tail elsewhere; nothing was written:
+    run the block again without ``speculate``."""
+
+
+def _note_ids(conn: StoreConnection, txn: AuditTransaction) -> None:
+    if txn.last is not None:  # rows cut off the end later leave this gap
+        note_audit_id(conn, txn.last[0])
+        # and an insert that takes the table's default id comes after them
+        note_id_used(conn, "audit_log", txn.last[0])
 
 
 def audit_key_from_env(environ: Mapping[str, str] | None = None) -> bytes | None:
@@ -262,6 +289,11 @@ class AuditTransaction:
         self._break = head_break  # recorded by the first row of this commit, if any
         self._batch: int | None = None
         self.last: tuple[int, str] | None = None  # (id, hash) of the last row appended
+
+    @property
+    def tail(self) -> tuple[int, str]:
+        """(next id, prev hash): where the next row goes after this transaction's rows."""
+        return self._tail
 
     def append(
         self,
@@ -355,6 +387,7 @@ class AuditLog:
         # key, a head vouches for the chain up to its row (see audit_fleet_head). Without one
         # every head must name the newest row, as on SQLite.
         self._fleet = store.backend == "postgresql" and self._key is not None
+        self._seen = threading.local()  # the tail this thread's last commit left
 
     @property
     def keyed(self) -> bool:
@@ -373,35 +406,82 @@ class AuditLog:
         )
 
     @contextmanager
-    def transaction(self, *, safety: bool = False) -> Iterator[AuditTransaction]:
+    def transaction(
+        self,
+        *,
+        safety: bool = False,
+        prelude: Callable[[StoreConnection], Callable[[], None]] | None = None,
+        batched: bool = False,
+        speculate: bool = False,
+    ) -> Iterator[AuditTransaction]:
         """A durable write transaction in which :meth:`AuditTransaction.append` adds rows.
 
         Other writes in the same transaction (a change's new status) commit atomically with
         their audit rows. The head file is written after the commit, under the same lock.
 
+        On PostgreSQL the chain's tail is read in one round trip after ``BEGIN``; ``prelude``
+        and ``batched`` put more in the round trips the transaction makes anyway.
+
         Args:
             safety: a rollback, recovery or acknowledgement, which a broken head never stops:
                 its first row is preceded by a break row that starts a new segment (see
                 :mod:`agentmend.infrastructure.changes.audit.breaks`).
+            prelude: runs statements in the tail's round trip (their rows read through
+                :func:`~agentmend.infrastructure.store.sql.deferred`) and returns a check that
+                runs once they are answered, before the head is compared: an error it raises
+                rolls everything back.
+            batched: the block only writes (it reads nothing back): its statements and the
+                chain's bookkeeping go in one round trip before the commit.
+            speculate: with ``batched``, on PostgreSQL, take the chain's tail to be where this
+                thread's last transaction on this log left it, and read the real one in the
+                same round trip as the block's writes, before the commit: the transaction
+                commits only if the two are the same and the head agrees, else it rolls back
+                and :class:`TailMoved` says to run the block again without ``speculate``.
 
         Raises:
             AuditChainBroken: the head file and the database disagree and this is not a
                 ``safety`` write; nothing is written.
+            TailMoved: ``speculate`` guessed wrong (or its round trip failed); nothing is
+                written.
         """
         with locked_file(self.head_path, self._head_wait()) as fd:
             head, unreadable = self._head_or_reason(fd)
             fresh = never_written(fd)
+            guess = self._guess() if speculate and batched and prelude is None else None
+            self._seen.tail = None  # known again only once this transaction commits
             with self.store.transaction(durable=True) as conn:
-                tail, found, ahead = self._tail_state(conn, head, unreadable, fresh)
-                if found is not None and not safety:
-                    log.error("audit_append_refused", path=str(self.head_path), **_said(found))
-                    raise AuditChainBroken(found.expected, found.found)
-                txn = AuditTransaction(self, conn, tail, found)
-                yield txn
-                if txn.last is not None:  # rows cut off the end later leave this gap
-                    note_audit_id(conn, txn.last[0])
-                    # and an insert that takes the table's default id comes after them
-                    note_id_used(conn, "audit_log", txn.last[0])
+                if guess is None:
+                    with pipelined(conn):
+                        check = prelude(conn) if prelude is not None else None
+                        read_tail = self._tail_state(conn, head, unreadable, fresh)
+                    if check is not None:
+                        check()
+                    tail, found, ahead = read_tail()
+                    if found is not None and not safety:
+                        log.error("audit_append_refused", path=str(self.head_path), **_said(found))
+                        raise AuditChainBroken(found.expected, found.found)
+                    txn = AuditTransaction(self, conn, tail, found)
+                    with pipelined(conn) if batched else nullcontext():
+                        yield txn
+                        _note_ids(conn, txn)
+                else:
+                    txn = AuditTransaction(self, conn, guess)
+                    written = False
+                    try:
+                        with pipelined(conn):
+                            read_tail = self._tail_state(conn, head, unreadable, fresh)
+                            yield txn
+                            written = True
+                            _note_ids(conn, txn)
+                    except Exception as exc:
+                        if not written:
+                            raise  # the block's own error
+                        raise TailMoved() from exc  # e.g. the guessed id taken meanwhile
+                    tail, found, ahead = read_tail()
+                    if tail != guess or found is not None:
+                        raise TailMoved()
+            if found is None:
+                self._seen.tail = txn.tail
             newest = txn.last or ((ahead.id, ahead.row_hash) if ahead is not None else None)
             if newest is not None:
                 if found is not None:
@@ -413,27 +493,45 @@ class AuditLog:
                     # shows up in verify_chain(), which is where the operator looks.
                     log.error("audit_head_write_failed", path=str(self.head_path), error=str(exc))
 
+    def _guess(self) -> tuple[int, str] | None:
+        """Where this thread's last committed transaction on this log left the chain's tail,
+        if speculating on it can save a round trip (PostgreSQL's pipeline mode)."""
+        if self.store.backend != "postgresql" or not pipeline_supported():
+            return None
+        tail: tuple[int, str] | None = getattr(self._seen, "tail", None)
+        return tail
+
     def _tail_state(
         self,
         conn: StoreConnection,
         head: tuple[int, str] | None,
         unreadable: str | None,
         fresh: bool,
-    ) -> tuple[tuple[int, str], HeadBreak | None, AuditEntry | None]:
-        """(next id, prev hash) for the next row, the break between head and rows if any, and
-        on a fleet the newer row the head should move to (rows other hosts appended)."""
+    ) -> Callable[[], _TailState]:
+        """Ask for (next id, prev hash) for the next row, the break between head and rows if
+        any, and on a fleet the newer row the head should move to (rows other hosts appended).
+
+        The queries run now; their answer is read by the returned call, so that inside a
+        :func:`~agentmend.infrastructure.store.sql.pipelined` block they share one round trip.
+        """
         if self._fleet:
             return self._fleet_tail_state(conn, head, unreadable, fresh)
-        # The next id comes from the highest id ever handed out, not max(id): rows cut off the
-        # end leave a gap that verification reports even after new rows are appended.
-        seq = last_audit_id(conn)
         # The newest commit's rows (they share its first row's id as ``batch``) and the row
         # before them, in one statement.
-        tail = [_entry(r) for r in conn.execute(_TAIL_QUERY)]
-        newest = tail[-1] if tail else None
-        following = max(seq, newest.id if newest else 0) + 1
-        prev_hash = newest.row_hash if newest else GENESIS_HASH
-        return (following, prev_hash), find_break(head, unreadable, tail, self._verifies), None
+        tail_rows = deferred(conn, _TAIL_QUERY)
+        # The next id comes from the highest id ever handed out, not max(id): rows cut off the
+        # end leave a gap that verification reports even after new rows are appended.
+        last_id = _ask_last_audit_id(conn)
+
+        def answer() -> _TailState:
+            tail = [_entry(r) for r in tail_rows()]
+            newest = tail[-1] if tail else None
+            following = max(last_id(), newest.id if newest else 0) + 1
+            prev_hash = newest.row_hash if newest else GENESIS_HASH
+            found = find_break(head, unreadable, tail, self._verifies)
+            return (following, prev_hash), found, None
+
+        return answer
 
     def _fleet_tail_state(
         self,
@@ -441,26 +539,30 @@ class AuditLog:
         head: tuple[int, str] | None,
         unreadable: str | None,
         fresh: bool,
-    ) -> tuple[tuple[int, str], HeadBreak | None, AuditEntry | None]:
+    ) -> Callable[[], _TailState]:
         """:meth:`_tail_state` on a fleet: the head vouches for its row, the key for the rest."""
-        seq = last_audit_id(conn)
-        found = conn.execute(
-            f"SELECT {_READ_COLUMNS} FROM audit_log ORDER BY id DESC LIMIT 1"
-        ).fetchone()
-        newest = _entry(found) if found is not None else None
-        rows: list[AuditEntry] = []
-        if newest is not None and unreadable is None and (head is not None or fresh):
+        last_id = _ask_last_audit_id(conn)
+        newest_rows = deferred(
+            conn, f"SELECT {_READ_COLUMNS} FROM audit_log ORDER BY id DESC LIMIT 1"
+        )
+        since_head: Callable[[], list[Any]] = list
+        if unreadable is None and (head is not None or fresh):
             start = head[0] if head is not None else 0
-            rows = [
-                _entry(r)
-                for r in conn.execute(
-                    f"SELECT {_READ_COLUMNS} FROM audit_log WHERE id >= ? ORDER BY id", (start,)
-                )
-            ]
-        broken, ahead = follow_head(head, fresh, unreadable, rows, newest, self._verifies)
-        following = max(seq, newest.id if newest else 0) + 1
-        prev_hash = newest.row_hash if newest else GENESIS_HASH
-        return (following, prev_hash), broken, ahead
+            since_head = deferred(
+                conn, f"SELECT {_READ_COLUMNS} FROM audit_log WHERE id >= ? ORDER BY id", (start,)
+            )
+
+        def answer() -> _TailState:
+            found = newest_rows()
+            newest = _entry(found[0]) if found else None
+            # the rows since the head matter only when the table holds any
+            rows = [_entry(r) for r in since_head()] if newest is not None else []
+            broken, ahead = follow_head(head, fresh, unreadable, rows, newest, self._verifies)
+            following = max(last_id(), newest.id if newest else 0) + 1
+            prev_hash = newest.row_hash if newest else GENESIS_HASH
+            return (following, prev_hash), broken, ahead
+
+        return answer
 
     def ensure_appendable(self) -> None:
         """Check, before an apply or keep starts work, that the head and the database agree.
@@ -473,7 +575,9 @@ class AuditLog:
             head, unreadable = self._head_or_reason(fd)
             # one state of the table: on a fleet other hosts append meanwhile
             with self.store.snapshot() as conn:
-                _, found, ahead = self._tail_state(conn, head, unreadable, never_written(fd))
+                with pipelined(conn):
+                    read_tail = self._tail_state(conn, head, unreadable, never_written(fd))
+                _, found, ahead = read_tail()
             if ahead is not None:  # rows other hosts appended verify: the head moves to them
                 write_head(fd, ahead.id, ahead.row_hash)
         if found is not None:
@@ -692,6 +796,9 @@ def _fields(row: AuditEntry) -> tuple[Any, ...]:
         row.new_value, row.user_id, row.user_name, row.change_id, row.prev_hash, row.batch,
     )  # fmt: skip
 
+
+_TailState = tuple[tuple[int, str], HeadBreak | None, AuditEntry | None]
+"""(next id, prev hash), the break between the head and the rows if any, the row to move to."""
 
 _TAIL_QUERY = (
     "WITH newest AS (SELECT CASE WHEN batch < id THEN batch ELSE id END AS start"

@@ -11,11 +11,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
-from agentmend.infrastructure.changes.audit.log import AuditLog
+from agentmend.infrastructure.changes.audit.log import AuditLog, AuditTransaction, TailMoved
 from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, StoredFile
 from agentmend.infrastructure.changes.protocol.files import AGENT_DIR, backup, describe, sha
-from agentmend.infrastructure.changes.protocol.team_registry import team_id as team_id_of
-from agentmend.infrastructure.errors import PathNotAllowed
+from agentmend.infrastructure.errors import PathNotAllowed, StoreError
 from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.files.atomic import resolve_inside
 from agentmend.infrastructure.models import (
@@ -26,13 +25,13 @@ from agentmend.infrastructure.models import (
     utc_now,
 )
 from agentmend.infrastructure.principal import ChangeAuthor
-from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.sql import StoreConnection
 
 __all__ = [
     "Content",
     "FileEntry",
     "PreparedFile",
+    "UnfinishedWork",
     "applied_records",
     "prepare",
     "record_intent",
@@ -79,7 +78,9 @@ def prepare(entries: Sequence[FileEntry], root: str | Path) -> list[PreparedFile
         rel = target.relative_to(root_path)
         if target == root_path or target.is_dir():
             raise PathNotAllowed(path, root_path, "it is a directory")
-        blocked = next((d for d in target.parents if d.exists() and not d.is_dir()), None)
+        # the folders between the root and the file (the root's own are folders: it is one)
+        within = (root_path / d for d in list(rel.parents)[:-1])
+        blocked = next((d for d in within if d.exists() and not d.is_dir()), None)
         if blocked is not None:
             raise PathNotAllowed(path, root_path, f"{blocked} is a file, not a directory")
         if rel.parts[0] == AGENT_DIR:
@@ -92,12 +93,21 @@ def prepare(entries: Sequence[FileEntry], root: str | Path) -> list[PreparedFile
     return items
 
 
+class UnfinishedWork(StoreError):
+    """The root holds work a dead process left unfinished: settle it, then record the intent
+    (raised to the caller only when recovery could not settle it)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(f"{root} holds unfinished changes that recovery did not settle")
+
+
 def record_intent(
-    store: Store,
     changes: ChangeLog,
+    audit: AuditLog,
     items: list[PreparedFile],
     root: Path,
     *,
+    team: str,
     group_id: str | None,
     session_id: str,
     author: ChangeAuthor,
@@ -106,16 +116,26 @@ def record_intent(
     """Steps 2 and 3: read the old bytes, record the changes PENDING; returns their time.
 
     The caller holds the root's lock, so the old bytes read here are what the apply replaces.
-    The changes are recorded as made by ``author.applied_by``. ``link`` puts the changes under
-    their owner's lease in the same transaction.
+    The changes are recorded as made by ``author.applied_by`` for team ``team``. ``link`` puts
+    the changes under their owner's lease in the same transaction.
+
+    One durable transaction that also checks, before it commits, that the root has no
+    unfinished work and that the audit head and the database agree (what recovery and
+    ``ensure_appendable`` would ask first); on PostgreSQL its statements and both questions
+    share one round trip between ``BEGIN`` and ``COMMIT``.
+
+    Raises:
+        UnfinishedWork: a dead process left work on the root; nothing is recorded.
+        AuditChainBroken: the audit head and the database disagree; nothing is recorded.
     """
     for item in items:
         item.old = confined.read(root, item.target)
     created = utc_now()
-    team = team_id_of(root, store)
-    with store.transaction(durable=True) as conn:
+
+    def intent(conn: StoreConnection) -> Callable[[], None]:
+        unfinished = changes.ask_unfinished(conn, str(root))
         for item in items:
-            item.seq = changes.insert(
+            changes.add(
                 conn,
                 change_id=item.change_id,
                 action=item.action,
@@ -127,9 +147,18 @@ def record_intent(
                 root=str(root),
                 team_id=team,
             )
-            changes.insert_file(conn, item.stored())
+            changes.insert_file_of_new(conn, item.stored())
         if link is not None:
             link(conn, [item.change_id for item in items], team)
+
+        def check() -> None:
+            if unfinished():
+                raise UnfinishedWork(str(root))
+
+        return check
+
+    with audit.transaction(prelude=intent):
+        pass  # the intent appends no audit row: its prelude is all of it
     return created
 
 
@@ -142,7 +171,9 @@ def write_and_commit(
     *,
     author: ChangeAuthor,
 ) -> None:
-    """Steps 4 to 6: backups, the new bytes, then APPLIED with audit rows in one transaction.
+    """Steps 4 to 6: backups, the new bytes, then APPLIED with audit rows in one transaction
+    (on PostgreSQL: ``BEGIN``, the writes with the chain's tail read beside them, ``COMMIT``;
+    one more, reading the tail first, when another writer moved it since the intent).
 
     The audit rows name ``author``'s user, else how the change was made.
 
@@ -153,7 +184,8 @@ def write_and_commit(
             backup(root, item.rel, item.change_id, item.old, created)
     for item in items:
         confined.write_or_delete(root, item.target, item.new)
-    with audit.transaction() as txn:
+
+    def commit(txn: AuditTransaction) -> None:
         changes.set_status(txn.conn, [i.change_id for i in items], ChangeStatus.APPLIED)
         for item in items:
             txn.append(
@@ -165,6 +197,13 @@ def write_and_commit(
                 user_name=author.user_name,
                 change_id=item.change_id,
             )
+
+    try:  # the chain's tail where the intent found it: one round trip fewer
+        with audit.transaction(batched=True, speculate=True) as txn:
+            commit(txn)
+    except TailMoved:  # another writer appended since: nothing was written, read it first
+        with audit.transaction(batched=True) as txn:
+            commit(txn)
 
 
 def applied_records(

@@ -13,7 +13,7 @@ existing callers.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,7 +28,7 @@ from agentmend.infrastructure.models import (
     utc_now,
 )
 from agentmend.infrastructure.store.api import Store
-from agentmend.infrastructure.store.sql import StoreConnection, join_in_order
+from agentmend.infrastructure.store.sql import StoreConnection, deferred, join_in_order
 
 __all__ = ["ChangeLog", "ChangeRow", "StoredFile"]
 
@@ -152,12 +152,37 @@ class ChangeLog:
         team_id: str | None = None,
     ) -> int:
         """Insert one change; returns its ``seq`` (its place in the history)."""
+        return self._insert(conn, locals(), returning=True)
+
+    def add(
+        self,
+        conn: StoreConnection,
+        *,
+        change_id: str,
+        action: ImprovementAction,
+        status: ChangeStatus,
+        applied_by: str,
+        session_id: str,
+        created: datetime,
+        group_id: str | None = None,
+        root: str | None = None,
+        team_id: str | None = None,
+    ) -> None:
+        """:meth:`insert` reading nothing back: inside a
+        :func:`~agentmend.infrastructure.store.sql.pipelined` block it waits for nothing and
+        shares the block's one round trip."""
+        self._insert(conn, {**locals(), "verification": None}, returning=False)
+
+    def _insert(self, conn: StoreConnection, change: dict[str, Any], *, returning: bool) -> int:
+        change_id, action, status = change["change_id"], change["action"], change["status"]
+        created, root = change["created"], change["root"]
         now = created.isoformat()
         applied = status in (ChangeStatus.APPLIED, ChangeStatus.KEPT, ChangeStatus.ROLLED_BACK)
         cursor = conn.execute(
             "INSERT INTO changes (change_id, created, updated, target_agent, action_type, action,"
             " status, applied_by, session_id, group_id, root, applied_at, verification,"
-            " unfinished, team_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING seq",
+            " unfinished, team_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+            + (" RETURNING seq" if returning else ""),
             (
                 change_id,
                 now,
@@ -166,17 +191,17 @@ class ChangeLog:
                 action.action_type.value,
                 action.model_dump_json(fallback=repr),
                 status.value,
-                applied_by,
-                session_id,
-                group_id,
+                change["applied_by"],
+                change["session_id"],
+                change["group_id"],
                 root,
                 now if applied else None,
-                _dump(verification),
+                _dump(change["verification"]),
                 int(root is not None and status is ChangeStatus.PENDING),
-                team_id,
+                change["team_id"],
             ),
         )
-        return int(cursor.fetchone()[0])
+        return int(cursor.fetchone()[0]) if returning else 0
 
     def insert_file(self, conn: StoreConnection, file: StoredFile) -> None:
         conn.execute(
@@ -185,6 +210,24 @@ class ChangeLog:
             (
                 file.change_id,
                 file.seq,
+                file.path,
+                file.rel_path,
+                file.old_sha256,
+                file.new_sha256,
+                file.old_bytes,
+            ),
+        )
+
+    def insert_file_of_new(self, conn: StoreConnection, file: StoredFile) -> None:
+        """:meth:`insert_file` for a change inserted just before in this transaction, whose
+        ``seq`` the statement reads itself: nothing waits for the change's insert to answer,
+        so both go in one round trip (``file.seq`` is not used)."""
+        conn.execute(
+            "INSERT INTO change_files (change_id, seq, path, rel_path, old_sha256, new_sha256,"
+            " old_bytes) VALUES (?, (SELECT seq FROM changes WHERE change_id = ?), ?,?,?,?,?)",
+            (
+                file.change_id,
+                file.change_id,
                 file.path,
                 file.rel_path,
                 file.old_sha256,
@@ -372,6 +415,14 @@ class ChangeLog:
             (target_agent, applied_by, *_LIVE),
             "ORDER BY seq",
         )
+
+    def ask_unfinished(self, conn: StoreConnection, root: str) -> Callable[[], bool]:
+        """Whether ``root`` has unfinished changes, asked now and read later (see
+        :func:`~agentmend.infrastructure.store.sql.deferred`)."""
+        rows = deferred(
+            conn, "SELECT count(*) FROM changes WHERE unfinished = 1 AND root = ?", (root,)
+        )
+        return lambda: int(rows()[0][0]) > 0
 
     def unfinished(self, root: str) -> list[ChangeRow]:
         return self._rows("WHERE unfinished = 1 AND root = ?", (root,), "ORDER BY seq")

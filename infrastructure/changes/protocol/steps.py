@@ -16,7 +16,16 @@ Apply
 6. mark the changes APPLIED and append their audit rows in one synced transaction.
 
 An apply returns only after step 6, so an acknowledged change is APPLIED on disk and is never
-lost. A rollback follows the same pattern: check, record the rollback intent, restore, mark
+lost. Step 3's transaction also asks, before it commits, whether a dead process left work on the
+root (then it rolls back, recovery settles that work and step 2 is taken again) and whether the
+audit head and the database agree (else the apply is refused with nothing recorded): the
+questions step 1 and an ``ensure_appendable`` would ask on their own. On PostgreSQL each of
+steps 3 and 6 is then three round trips (``BEGIN``, the statements and the questions together,
+``COMMIT``), whatever the number of files: step 6 takes the audit chain's tail to be where
+step 3 found it and reads the real one with its writes, committing only if they match (else it
+runs again reading the tail first). With the team lock's two, an apply makes eight.
+
+A rollback follows the same pattern: check, record the rollback intent, restore, mark
 ROLLED_BACK with audit rows.
 
 Rolling back an unproven change
@@ -78,6 +87,7 @@ from agentmend.infrastructure.changes.protocol.abandoned import INTERRUPTED, Aba
 from agentmend.infrastructure.changes.protocol.apply import (
     Content,
     FileEntry,
+    UnfinishedWork,
     applied_records,
     prepare,
     record_intent,
@@ -103,6 +113,10 @@ from agentmend.infrastructure.structured_logger import get_logger
 __all__ = ["LIVE_STATUSES", "ChangeProtocol", "Content", "FileEntry", "PartialRollback"]
 
 log = get_logger(__name__)
+
+# The first intent finds what a dead process left on the root and recovery settles it under the
+# root's lock, so the second finds nothing more; a third would mean recovery cannot settle it.
+_INTENT_ATTEMPTS = 2
 
 
 class ChangeProtocol:
@@ -162,19 +176,26 @@ class ChangeProtocol:
         """
         items = prepare(entries, root)
         root = Path(root).resolve()
-        with team_guard(self.store, root):
-            self.recovery.recover_root(root)
-            self.audit.ensure_appendable()  # before any byte is written
-            created = record_intent(
-                self.store,
-                self.changes,
-                items,
-                root,
-                group_id=group_id,
-                session_id=session_id,
-                author=author,
-                link=None if lease_id is None else self._linker(lease_id),
-            )
+        link = None if lease_id is None else self._linker(lease_id)
+        with team_guard(self.store, root) as team:
+            for attempt in range(_INTENT_ATTEMPTS):
+                try:  # the intent also asks whether recovery or the audit head stand in the way
+                    created = record_intent(
+                        self.changes,
+                        self.audit,
+                        items,
+                        root,
+                        team=team,
+                        group_id=group_id,
+                        session_id=session_id,
+                        author=author,
+                        link=link,
+                    )
+                    break
+                except UnfinishedWork:
+                    if attempt == _INTENT_ATTEMPTS - 1:
+                        raise
+                    self.recovery.recover_root(root)  # then read the old bytes again
             try:
                 write_and_commit(
                     self.changes,

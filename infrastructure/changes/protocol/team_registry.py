@@ -9,12 +9,14 @@ the root's ``flock`` on this host, then the store's team lock, which on PostgreS
 session-level advisory lock held across hosts (on SQLite the ``flock`` alone, as every worker
 of a SQLite store is on one host).
 
-Every apply and rollback asks for its team's id, so each store remembers, per root, the id it
-read and registered together with the id file's identity (device, inode, size, change times):
-the next call costs one ``stat``, and a file replaced, rewritten or removed since is read
-(and registered) again. A file changed less than a second before it was read is not
-remembered: a rewrite of the same size within the file system's timestamp granularity would
-leave its identity unchanged (git's "racily clean" files).
+Every apply and rollback asks for its team's id (once: :func:`team_guard` hands the id it
+locked to the work it guards), so each store remembers, per root, the id it read and
+registered together with the id file's identity (device, inode, size, change times): the next
+call costs one ``stat``, and a file replaced, rewritten or removed since is read again. A file
+changed less than a second before it was read is not remembered: a rewrite of the same size
+within the file system's timestamp granularity would leave its identity unchanged (git's
+"racily clean" files). Its registration is remembered all the same (per store, host, root and
+id): a file read again that still holds the same id asks nothing of the store.
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ _MIGRATIONS = [
 _FileIdentity = tuple[int, int, int, int, int]
 # per store: (host, root) -> (the id file's identity when read, the id read and registered)
 _known: weakref.WeakKeyDictionary[Store, dict[tuple[str, str], tuple[_FileIdentity, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+# per store: the (host, root, id) registered by this process (a registration never goes stale:
+# it is only ever overwritten with what the same host reads from the same file)
+_registered: weakref.WeakKeyDictionary[Store, set[tuple[str, str, str]]] = (
     weakref.WeakKeyDictionary()
 )
 _known_lock = threading.Lock()
@@ -117,6 +124,9 @@ def _read_and_register(root: Path, store: Store, host: str, where: str) -> str:
     except FileOperationError as exc:
         text = "team-" + uuid.uuid5(uuid.NAMESPACE_URL, f"agentmend-team://{host}{where}").hex[:12]
         log.warning("team_id_not_written", root=where, error=str(exc))
+    with _known_lock:
+        if (host, where, text) in _registered.get(store, ()):
+            return text
     known = (
         store.connection()
         .execute(
@@ -138,6 +148,9 @@ def _read_and_register(root: Path, store: Store, host: str, where: str) -> str:
                 " seen = excluded.seen",
                 (text, host, where, now),
             )
+    if not _joined(store):  # else it may yet roll back with the transaction it joined
+        with _known_lock:
+            _registered.setdefault(store, set()).add((host, where, text))
     return text
 
 
@@ -151,8 +164,9 @@ def team_roots(store: Store, team: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def team_guard(store: Store, root: Path) -> Iterator[int]:
-    """Hold the root's ``flock`` and then the store's lock on the team; yields the flock's fd.
+def team_guard(store: Store, root: Path) -> Iterator[str]:
+    """Hold the root's ``flock`` and then the store's lock on the team; yields the team's id
+    (read under the root's lock, so the work inside records the id it locked).
 
     Each is waited for at most ``store.timeouts.team_lock_s``.
 
@@ -160,5 +174,7 @@ def team_guard(store: Store, root: Path) -> Iterator[int]:
         LockTimeout: another process held one of them all along (a stopped one keeps them).
     """
     wait = LockWait(store.timeouts.team_lock_s, "the team folder's lock", TEAM_LOCK_SETTING)
-    with root_lock(root, wait) as fd, store.team_lock(team_id(root, store)):
-        yield fd
+    with root_lock(root, wait):
+        team = team_id(root, store)
+        with store.team_lock(team):
+            yield team

@@ -299,6 +299,7 @@ def test_apply_creates_and_deletes_files(manager: ImprovementManager, root: Path
         ("/etc/passwd", "absolute"),
         ("agents", "directory"),
         (".agent/backups/x.bak", "reserved"),
+        ("agents/writer.md/deeper/x.md", "is a file, not a directory"),
     ],
 )
 def test_apply_refuses_bad_paths_and_leaves_everything(
@@ -859,8 +860,8 @@ class _FailingCommitAudit(AuditLog):
     failures = 0
 
     @contextmanager
-    def transaction(self, *, safety: bool = False) -> Iterator[AuditTransaction]:
-        with super().transaction(safety=safety) as txn:
+    def transaction(self, *, safety: bool = False, **folded: Any) -> Iterator[AuditTransaction]:
+        with super().transaction(safety=safety, **folded) as txn:
             yield txn
             if self.failures:
                 self.failures -= 1
