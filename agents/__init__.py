@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from agentmend.infrastructure.changes.gates import ChangeRefused
     from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
     from agentmend.infrastructure.changes.proposal import GateVerdict, ProposedChange
+    from agentmend.infrastructure.changes.protocol.apply import UnfinishedWork
     from agentmend.infrastructure.changes.protocol.leases import LeaseLost
     from agentmend.infrastructure.changes.watch import ChangeWatch, ChangeWatcher
     from agentmend.infrastructure.code_update.plans import (
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
         PermissionRequired,
         PostgresExtraMissing,
         RollbackConflict,
+        SchemaBehind,
         SpecError,
         StoreError,
         WrongArgumentType,
@@ -258,6 +260,7 @@ __all__ = [
     "RootCauseAnalysis",
     "RuntimeConformanceError",
     "Scenario",
+    "SchemaBehind",
     "ScriptedRuntime",
     "SelfEditNotKept",
     "SelfImprover",
@@ -278,6 +281,7 @@ __all__ = [
     "ToolSpec",
     "TurnInfo",
     "UnexpectedModelCall",
+    "UnfinishedWork",
     "UnknownAgent",
     "UnrecordedServerStore",
     "VerificationVerdict",
@@ -421,6 +425,8 @@ _EXPORTS: dict[str, str] = {
     "LockTimeout": "agentmend.infrastructure.errors",
     "NotFound": "agentmend.infrastructure.errors",
     "StoreError": "agentmend.infrastructure.errors",
+    "SchemaBehind": "agentmend.infrastructure.errors",
+    "UnfinishedWork": "agentmend.infrastructure.changes.protocol.apply",
     "PostgresExtraMissing": "agentmend.infrastructure.errors",
     "WrongArgumentType": "agentmend.infrastructure.errors",
     "SuiteMismatch": "agentmend.infrastructure.evaluation.verification",

@@ -98,7 +98,6 @@ from agentmend.infrastructure.changes.audit.verification import (
     check_rows,
 )
 from agentmend.infrastructure.errors import (
-    AgentmendError,
     AuditChainError,
     LockTimeout,
     PermissionRequired,
@@ -247,9 +246,10 @@ _COLUMNS = (
 _READ_COLUMNS = _COLUMNS + ", db_role"
 
 
-class TailMoved(AgentmendError):
+class TailMoved(Exception):
     """A speculating audit transaction found the chain's tail elsewhere; nothing was written:
-    run the block again without ``speculate``."""
+    run the block again without ``speculate``. Never reaches a user (``apply`` catches it), so
+    it is not an ``AgentmendError``."""
 
 
 def _note_ids(conn: StoreConnection, txn: AuditTransaction) -> None:
