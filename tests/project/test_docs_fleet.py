@@ -6,7 +6,10 @@ asks for passwords (SCRAM over TCP), with agentmend installed from a wheel of th
 (``user_venv``). The first host runs the first host's lines, the other the every-other-host
 line; both export the key the first printed. Only ``SUBSTITUTIONS`` change the text. Then the
 page's next block, the fleet checker, runs on both hosts, and each host sees the runs, changes,
-audit rows and checkers of the other; no password appears in any output or workspace file.
+audit rows and checkers of the other. Then ``docs/fleet/opentelemetry.md``'s receiver runs on each
+host in turn, sent real spans by the real SDK's OTLP/HTTP exporter with the token it made, and
+each host sees the runs both receivers recorded. No password appears in any output or workspace
+file.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +26,9 @@ from typing import Any
 
 import pytest
 from doc_blocks import Block, of_kind
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from otel_helpers import SpanFactory
 from pg_server import PgServer, PgUnavailable
 from services import unavailable
 from test_docs_examples import _wait_for_output
@@ -64,6 +71,61 @@ def _substitutions(port: int, key: str) -> list[tuple[str, str, str]]:
             "the key the first host's `store init` printed, where a secrets manager holds it",
         ),
     ]
+
+
+RUNS_OVER_OTLP = {"otel-agent-of-host-1": 3, "otel-agent-of-host-2": 4}  # sent to each receiver
+PRINTED_RECEIVER_PORT = "--port 4318"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _receiver_as_run(block: Block) -> tuple[str, int]:
+    """The receiver's command line, and the port it listens on: the only change made to it."""
+    (command,) = [line for line in block.text.splitlines() if line.startswith("agentmend ")]
+    assert PRINTED_RECEIVER_PORT in command, f"stale substitution: {block}"
+    # 4318 is OpenTelemetry's usual port, so others on the machine may hold it, and
+    # test_docs_examples.py's server test binds it as printed, perhaps at the same time (-n 2)
+    port = _free_port()
+    return command.replace(PRINTED_RECEIVER_PORT, f"--port {port}"), port
+
+
+def _receive_over_otlp(host: Host, block: Block, agent: str, runs: int) -> None:
+    """The page's receiver on ``host``, sent ``runs`` runs of ``agent`` as an app exports them,
+    then stopped as a service manager stops it (SIGTERM stores every run answered)."""
+    command, port = _receiver_as_run(block)
+    process = subprocess.Popen(
+        ["bash", "-e", "-c", f"{host.exported}exec {command}"],
+        cwd=host.home,
+        env=host.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        line = _wait_for_output(process, 60).decode(errors="replace")
+        assert process.poll() is None, f"{block} ended: {line}"
+        assert f"127.0.0.1:{port}/v1/traces" in line, line
+        # the token it made on first start, as the page's header reads it
+        token = (host.home / ".agentmend" / "otlp-token").read_text().strip()
+        spans = SpanFactory(service="instrumented-app")
+        exporter = OTLPSpanExporter(
+            endpoint=f"http://127.0.0.1:{port}/v1/traces",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+        spans.provider.add_span_processor(BatchSpanProcessor(exporter))
+        for _ in range(runs):
+            spans.agent_run(agent, chats=[(40, 8)])
+        assert spans.provider.force_flush(20_000)
+        spans.close()
+    finally:
+        code, rest = _stop(process)
+    host.outputs.append(line + rest)
+    assert code == 0, f"{block}: exit {code}\n{line}{rest}"
+    assert "Traceback" not in line + rest, rest
 
 
 def _as_run(block: Block, port: int, key: str) -> str:
@@ -250,6 +312,18 @@ def test_the_fleet_set_up_runs_as_printed_on_two_hosts_sharing_one_server(
     ]
     assert histories[0] == histories[1]
     assert {"kept", "rolled_back"} <= {change["status"] for change in histories[1]["changes"]}
+
+    # the OpenTelemetry page's receiver, on each host in turn, each sent its own agent's runs
+    (receive,) = [b for b in of_kind("server") if "agentmend otel receive" in b.text]
+    for host, (agent, runs) in zip((first, second), RUNS_OVER_OTLP.items(), strict=True):
+        _receive_over_otlp(host, receive, agent, runs)
+    received = [
+        host.json("agentmend status --json --workspace .agentmend") for host in (first, second)
+    ]
+    for status in received:  # both receivers' runs, exactly, from either host
+        assert {a: n for a, n in _runs(status).items() if a in RUNS_OVER_OTLP} == RUNS_OVER_OTLP
+        assert _runs(status) == {**_runs(seen[0]), **RUNS_OVER_OTLP}
+        assert status["audit"]["ok"] is True, status["audit"]
 
     # the key is what makes the second host trust the first's rows: without it, no verdict
     unkeyed = subprocess.run(
