@@ -155,7 +155,10 @@ def child_command(*args: object) -> list[str]:
 
 
 def child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+    # the caller's path after the repository's: a checkout that points it at its own code
+    # (a worktree's package links) has its children run that code too
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def read_lines(stream: Iterable[str], into: list[str]) -> threading.Thread:

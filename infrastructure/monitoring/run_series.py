@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from agentmend.infrastructure.monitoring.agent_window import RUN, Row
 from agentmend.infrastructure.monitoring.run_reader import production_runs
@@ -28,15 +29,22 @@ from agentmend.infrastructure.store.snapshot import read_snapshot
 from agentmend.infrastructure.store.sql import StoreConnection, has_table
 
 __all__ = [
+    "BIN_COLUMNS",
     "BUCKET_S",
     "DURATION_BINS",
     "ROLLUP_WIDTHS",
+    "UPSERT_MINUTES",
+    "UPSERT_ROLLUP",
+    "UPSERT_TOTALS",
     "SeriesPoint",
+    "SeriesTally",
     "add_runs",
     "duration_quantile",
     "read_series",
     "series_step",
     "series_width",
+    "tally",
+    "write",
 ]
 
 COMPONENT = "run_series"
@@ -53,7 +61,7 @@ def _edge(i: int) -> float:
     return 0.0 if i < 0 else 2.0 ** (i / BINS_PER_OCTAVE)
 
 
-_BIN_COLUMNS = ", ".join(f"d{i}" for i in range(DURATION_BINS))
+BIN_COLUMNS = ", ".join(f"d{i}" for i in range(DURATION_BINS))
 _BIN_SUMS = ", ".join(f"SUM(d{i})" for i in range(DURATION_BINS))
 
 ROLLUP_WIDTHS = (300, 1_800, 10_800, 86_400)
@@ -63,7 +71,7 @@ at most 8 times it, so a chart never reads more than 8 rows per point it draws."
 _ROLLUP_BACKFILL = ";".join(
     # each level from the one below it: a pass over the minutes, then ever fewer rows
     "INSERT INTO run_rollups (width, agent, bucket, runs, failures, duration_sum, "
-    f"{_BIN_COLUMNS}) SELECT {width}, agent, bucket * {finer} / {width}, SUM(runs), "
+    f"{BIN_COLUMNS}) SELECT {width}, agent, bucket * {finer} / {width}, SUM(runs), "
     f"SUM(failures), SUM(duration_sum), {_BIN_SUMS} FROM "
     + ("run_series" if finer == BUCKET_S else f"run_rollups WHERE width = {finer}")
     + f" GROUP BY agent, bucket * {finer} / {width}"
@@ -81,7 +89,7 @@ MIGRATIONS = [
         {", ".join(f"d{i} INTEGER NOT NULL DEFAULT 0" for i in range(DURATION_BINS))},
         PRIMARY KEY (agent, bucket)
     ) WITHOUT ROWID;
-    INSERT INTO run_series (agent, bucket, runs, failures, duration_sum, {_BIN_COLUMNS})
+    INSERT INTO run_series (agent, bucket, runs, failures, duration_sum, {BIN_COLUMNS})
     SELECT agent, CAST(ts / {BUCKET_S} AS INTEGER), COUNT(*), SUM(1 - success),
         SUM(duration_ms),
         {
@@ -123,23 +131,23 @@ MIGRATIONS = [
     """,
 ]
 
-_UPSERT = (
-    f"INSERT INTO run_series (agent, bucket, runs, failures, duration_sum, {_BIN_COLUMNS}) "
+UPSERT_MINUTES = (
+    f"INSERT INTO run_series (agent, bucket, runs, failures, duration_sum, {BIN_COLUMNS}) "
     f"VALUES ({', '.join('?' * (5 + DURATION_BINS))}) "
     "ON CONFLICT (agent, bucket) DO UPDATE SET runs = run_series.runs + excluded.runs, "
     "failures = run_series.failures + excluded.failures, "
     "duration_sum = run_series.duration_sum + excluded.duration_sum, "
     + ", ".join(f"d{i} = run_series.d{i} + excluded.d{i}" for i in range(DURATION_BINS))
 )
-_UPSERT_ROLLUP = (
+UPSERT_ROLLUP = (
     f"INSERT INTO run_rollups (width, agent, bucket, runs, failures, duration_sum, "
-    f"{_BIN_COLUMNS}) VALUES ({', '.join('?' * (6 + DURATION_BINS))}) "
+    f"{BIN_COLUMNS}) VALUES ({', '.join('?' * (6 + DURATION_BINS))}) "
     "ON CONFLICT (width, agent, bucket) DO UPDATE SET runs = run_rollups.runs + excluded.runs, "
     "failures = run_rollups.failures + excluded.failures, "
     "duration_sum = run_rollups.duration_sum + excluded.duration_sum, "
     + ", ".join(f"d{i} = run_rollups.d{i} + excluded.d{i}" for i in range(DURATION_BINS))
 )
-_UPSERT_TOTALS = (
+UPSERT_TOTALS = (
     "INSERT INTO run_totals (agent, runs, failures, first_ts, last_ts) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT (agent) DO UPDATE SET runs = run_totals.runs + excluded.runs, "
     "failures = run_totals.failures + excluded.failures, first_ts = CASE WHEN "
@@ -190,9 +198,23 @@ class _Tally:
         return (self.runs, self.failures, self.duration_sum, *dense)
 
 
-def add_runs(conn: StoreConnection, rows: Iterable[Row]) -> None:
-    """Add a batch of run rows to their buckets, rollups and totals, in the caller's
-    transaction (where the rollups table exists: a store migrated by this version)."""
+class SeriesTally(NamedTuple):
+    """A batch's additions to the series, each table's rows sorted by its key (so every writer
+    takes the rows' locks in one order, and two writers cannot deadlock on them)."""
+
+    minutes: list[tuple[object, ...]]
+    """(agent, bucket, runs, failures, duration sum, *bins) per agent and minute."""
+    totals: list[tuple[object, ...]]
+    """(agent, runs, failures, first time, last time) per agent."""
+    rollups: list[tuple[object, ...]]
+    """(width, agent, bucket, runs, failures, duration sum, *bins) per coarser bucket."""
+
+
+def tally(rows: Iterable[Row]) -> SeriesTally | None:
+    """What a batch of run rows adds to the series (None: it holds no production run).
+
+    Computed before the batch's transaction begins: the transaction only sends it.
+    """
     buckets: dict[tuple[str, int], _Tally] = {}
     totals: dict[str, list[float]] = {}
     for row in rows:
@@ -200,15 +222,15 @@ def add_runs(conn: StoreConnection, rows: Iterable[Row]) -> None:
         if source != RUN:
             continue
         key = (str(agent), int(float(ts) // BUCKET_S))
-        tally = buckets.get(key)
-        if tally is None:
-            tally = buckets[key] = _Tally()
-        tally.runs += 1
+        minute = buckets.get(key)
+        if minute is None:
+            minute = buckets[key] = _Tally()
+        minute.runs += 1
         if not success:
-            tally.failures += 1
-        tally.duration_sum += float(duration_ms)
+            minute.failures += 1
+        minute.duration_sum += float(duration_ms)
         b = _bin(float(duration_ms))
-        tally.bins[b] = tally.bins.get(b, 0) + 1
+        minute.bins[b] = minute.bins.get(b, 0) + 1
         total = totals.get(key[0])
         if total is None:
             totals[key[0]] = [1, 0 if success else 1, float(ts), float(ts)]
@@ -218,17 +240,37 @@ def add_runs(conn: StoreConnection, rows: Iterable[Row]) -> None:
             total[2] = min(total[2], float(ts))
             total[3] = max(total[3], float(ts))
     if not buckets:
+        return None
+    return SeriesTally(
+        [(agent, bucket, *buckets[(agent, bucket)].values()) for agent, bucket in sorted(buckets)],
+        [(agent, int(t[0]), int(t[1]), t[2], t[3]) for agent, t in sorted(totals.items())],
+        sorted(_rollups(buckets), key=_rollup_key),
+    )
+
+
+def _rollup_key(row: tuple[object, ...]) -> tuple[int, str, int]:
+    return (int(row[0]), str(row[1]), int(row[2]))  # type: ignore[call-overload]
+
+
+def write(conn: StoreConnection, added: SeriesTally | None) -> None:
+    """Add a batch's tally to the series tables, in the caller's transaction."""
+    if added is None:
         return
-    conn.executemany(
-        _UPSERT,
-        [(agent, bucket, *tally.values()) for (agent, bucket), tally in buckets.items()],
-    )
-    conn.executemany(
-        _UPSERT_TOTALS,
-        [(agent, int(t[0]), int(t[1]), t[2], t[3]) for agent, t in totals.items()],
-    )
+    conn.executemany(UPSERT_MINUTES, added.minutes)
+    conn.executemany(UPSERT_TOTALS, added.totals)
+    conn.executemany(UPSERT_ROLLUP, added.rollups)
+
+
+def add_runs(conn: StoreConnection, rows: Iterable[Row]) -> None:
+    """Add a batch of run rows to their buckets, rollups and totals, in the caller's
+    transaction (where the rollups table exists: a store migrated by this version)."""
+    added = tally(rows)
+    if added is None:
+        return
+    conn.executemany(UPSERT_MINUTES, added.minutes)
+    conn.executemany(UPSERT_TOTALS, added.totals)
     if _has_table(conn, "run_rollups"):
-        conn.executemany(_UPSERT_ROLLUP, _rollups(buckets))
+        conn.executemany(UPSERT_ROLLUP, added.rollups)
 
 
 def _rollups(minutes: dict[tuple[str, int], _Tally]) -> list[tuple[object, ...]]:

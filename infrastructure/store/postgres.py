@@ -32,7 +32,7 @@ import re
 import select
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +119,21 @@ class PgConnection:
         except self._backend.driver_error as exc:
             raise self._backend.error("a statement failed on", exc) from exc
         return cursor
+
+    def copy_text(self, table: str, columns: Sequence[str], data: str) -> None:
+        """Append rows already formatted as ``COPY`` text (a line per row) to ``table``."""
+        cursor = self.raw.cursor()
+        try:
+            with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+                copy.write(data)
+        except self._backend.driver_error as exc:
+            raise self._backend.error("a statement failed on", exc) from exc
+
+    def unlocked_transaction(self) -> AbstractContextManager[PgConnection]:
+        """A write transaction that does not take the store-wide write lock: for appends whose
+        readers do not need ids in commit order (the executions' readers follow transaction
+        ids instead, see :mod:`agentmend.infrastructure.monitoring.run_reader`)."""
+        return self._backend.transaction(begin="BEGIN", on=self)
 
     def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
         """Append ``rows`` to ``table`` with ``COPY ... FROM STDIN`` (names are constants)."""
@@ -296,9 +311,13 @@ class PostgresBackend:
             )
 
     @contextmanager
-    def transaction(self, *, durable: bool = False) -> Iterator[PgConnection]:
+    def transaction(
+        self, *, durable: bool = False, begin: str = _BEGIN_WRITE, on: PgConnection | None = None
+    ) -> Iterator[PgConnection]:
+        """A write transaction on this thread's connection (``on``: that one), begun by
+        ``begin``: by default with the store-wide write lock."""
         pg = self._psycopg
-        conn = self.connection()
+        conn = self.connection() if on is None else on
         if conn.in_transaction:
             if durable:
                 raise StoreError(
@@ -307,7 +326,7 @@ class PostgresBackend:
             yield conn
             return
         try:
-            conn.raw.execute(_BEGIN_WRITE)
+            conn.raw.execute(begin)
         except pg.Error as exc:
             self._rollback(conn)
             raise self.error(
