@@ -172,7 +172,7 @@ def _copy_table(sconn: Any, target: Store, table: str, order: str | None) -> int
     columns = [d[0] for d in cursor.description]
     cursor.fetchall()
     # a column one backend alone has (PostgreSQL's run positions) is the target's to fill
-    into = target.connection().execute(f"SELECT * FROM {table} LIMIT 0")
+    into: Any = target.connection().execute(f"SELECT * FROM {table} LIMIT 0")
     held = {d[0] for d in into.description}
     into.fetchall()
     columns = [c for c in columns if c in held]

@@ -32,7 +32,7 @@ import re
 import select
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -129,11 +129,39 @@ class PgConnection:
         except self._backend.driver_error as exc:
             raise self._backend.error("a statement failed on", exc) from exc
 
-    def unlocked_transaction(self) -> AbstractContextManager[PgConnection]:
-        """A write transaction that does not take the store-wide write lock: for appends whose
-        readers do not need ids in commit order (the executions' readers follow transaction
-        ids instead, see :mod:`agentmend.infrastructure.monitoring.run_reader`)."""
-        return self._backend.transaction(begin="BEGIN", on=self)
+    def append_unlocked(
+        self,
+        copy: tuple[str, Sequence[str], str] | None,
+        statements: Sequence[tuple[str, Sequence[Sequence[Any]]]],
+    ) -> None:
+        """One write transaction that takes no store-wide lock, for appends that need no
+        order (the executions' readers follow transaction ids, see
+        :mod:`agentmend.infrastructure.monitoring.run_reader`): ``COPY`` text into a table
+        if ``copy`` = (table, columns, text) is given, then ``statements`` (each run once per
+        row of parameters, in order) and the commit, pipelined. Without ``copy``, the whole
+        transaction is one round trip; with it, three more (``BEGIN``, and ``COPY``'s two).
+        """
+        raw = self.raw
+        backend = self._backend
+        if raw.info.transaction_status != 0:  # 0 is IDLE
+            raise StoreError("an unlocked append cannot join an open transaction")
+        try:
+            if copy is not None:
+                raw.execute("BEGIN")
+                self.copy_text(*copy)
+            with raw.pipeline():
+                if copy is None:
+                    raw.execute("BEGIN")
+                cursor = raw.cursor()
+                for sql, rows in statements:
+                    cursor.executemany(translate_statement(sql), rows)
+                raw.execute("COMMIT")
+        except backend.driver_error as exc:
+            backend._rollback(self)
+            raise backend.error("a statement failed on", exc) from exc
+        except BaseException:
+            backend._rollback(self)
+            raise
 
     def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
         """Append ``rows`` to ``table`` with ``COPY ... FROM STDIN`` (names are constants)."""
@@ -311,13 +339,9 @@ class PostgresBackend:
             )
 
     @contextmanager
-    def transaction(
-        self, *, durable: bool = False, begin: str = _BEGIN_WRITE, on: PgConnection | None = None
-    ) -> Iterator[PgConnection]:
-        """A write transaction on this thread's connection (``on``: that one), begun by
-        ``begin``: by default with the store-wide write lock."""
+    def transaction(self, *, durable: bool = False) -> Iterator[PgConnection]:
         pg = self._psycopg
-        conn = self.connection() if on is None else on
+        conn = self.connection()
         if conn.in_transaction:
             if durable:
                 raise StoreError(
@@ -326,7 +350,7 @@ class PostgresBackend:
             yield conn
             return
         try:
-            conn.raw.execute(begin)
+            conn.raw.execute(_BEGIN_WRITE)
         except pg.Error as exc:
             self._rollback(conn)
             raise self.error(

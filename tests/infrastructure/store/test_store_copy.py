@@ -6,6 +6,7 @@ import json
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,7 +92,7 @@ def _dump(url: str, files_dir: Path) -> dict[str, list[tuple[object, ...]]]:
         conn = store.connection()
         dump: dict[str, list[tuple[object, ...]]] = {}
         for table, key in _COMPARED.items():
-            cursor = conn.execute(f"SELECT * FROM {table} ORDER BY {key}")
+            cursor: Any = conn.execute(f"SELECT * FROM {table} ORDER BY {key}")
             # a run's position (PostgreSQL's transaction id) is the backend's, not the run's
             kept = [i for i, d in enumerate(cursor.description) if d[0] != "tx"]
             dump[table] = [tuple(r[i] for i in kept) for r in cursor.fetchall()]
