@@ -76,10 +76,18 @@ class PgServer:
             still survives a killed or restarted server (the OS keeps the written pages).
         running: a server another process of this run started (its ``describe()``), to attach
             to instead of starting one.
+        max_connections: the server's ``max_connections`` (3 of them kept for superusers).
     """
 
-    def __init__(self, *, fsync: bool = False, running: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        fsync: bool = False,
+        running: dict[str, Any] | None = None,
+        max_connections: int = 200,
+    ) -> None:
         self.bindir = pg_bindir()
+        self._max_connections = max_connections
         self._as_postgres: list[str] = []
         owner: pwd.struct_passwd | None = None
         if os.geteuid() == 0:
@@ -122,7 +130,8 @@ class PgServer:
 
     def start(self) -> None:
         options = (
-            f"-k {self.base} -h 127.0.0.1 -p {self.port} -c max_connections=200"
+            f"-k {self.base} -h 127.0.0.1 -p {self.port}"
+            f" -c max_connections={self._max_connections}"
             f" -c fsync={'on' if self._fsync else 'off'}"
         )
         self._run(

@@ -190,7 +190,9 @@ class ExecutionStore:
         rollup = execution_rollup.tally(rows)
         series = run_series.tally(rows)
         if self.store.backend == "postgresql":
-            run_append.append(self.store.connection(), _INSERTED, numbered, rollup, series)
+            run_append.append(
+                self.store.connection(), "executions", _INSERTED, numbered, rollup, series
+            )
             return
         with self.store.transaction() as conn:
             append_rows(conn, "executions", _INSERTED, numbered, per_statement=_ROWS_PER_INSERT)

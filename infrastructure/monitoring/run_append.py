@@ -79,20 +79,21 @@ def rollup_statements(rollup: RollupTally, series: SeriesTally | None) -> list[S
 
 def append(
     conn: StoreConnection,
+    table: str,
     columns: Sequence[str],
     rows: Sequence[Sequence[Any]],
     rollup: RollupTally,
     series: SeriesTally | None,
 ) -> None:
-    """Append a batch (rows with their writer and number, in ``columns``' order) and its
-    tallies as one transaction that takes no store-wide lock."""
+    """Append a batch to ``table`` (the runs' table, named by its one writer: rows with
+    their writer and number, in ``columns``' order) and its tallies, as one transaction that
+    takes no store-wide lock."""
     statements = rollup_statements(rollup, series)
     if len(rows) <= PIPELINED_ROWS:
         insert = (
-            f"INSERT INTO executions ({', '.join(columns)}) VALUES"
-            f" ({', '.join('?' * len(columns))})"
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
         )
         conn.append_unlocked(None, [(insert, rows), *statements])  # type: ignore[attr-defined]
         return
     data = copy_text(rows)
-    conn.append_unlocked(("executions", columns, data), statements)  # type: ignore[attr-defined]
+    conn.append_unlocked((table, columns, data), statements)  # type: ignore[attr-defined]

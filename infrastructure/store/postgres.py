@@ -255,7 +255,11 @@ class PostgresBackend:
         self.params = params
         # the bounds after any options of the URL's own, so they win over its -c settings
         given = str(params.get("options") or "")
-        self._options = f"{given} {timeouts.pg_options()}".strip()
+        # through a transaction pooler, the next transaction may run on another server
+        # session: nothing is set up per session, and psycopg prepares nothing
+        pooled = timeouts.transaction_pooler
+        self._options = given if pooled else f"{given} {timeouts.pg_options()}".strip()
+        self._prepare_threshold = None if pooled else 5  # psycopg's default
         self._team_options = f"{given} {timeouts.pg_team_lock_options()}".strip()
         host = str(params.get("host") or "localhost")
         if "@" in host:  # libpq took the end of a password holding "@" for the host
@@ -290,6 +294,7 @@ class PostgresBackend:
                 autocommit=True,
                 connect_timeout=_CONNECT_TIMEOUT_S,
                 options=self._options,
+                prepare_threshold=self._prepare_threshold,
             )
         except pg.Error as exc:
             raise self.error("cannot open store", exc) from exc
