@@ -1,10 +1,15 @@
 """The monitor's SQL: the executions table, the baseline epoch tables, their writes and reads.
 
-Runs are appended in batches (multi-row INSERTs in one transaction) and never updated or
-deleted, so a reader catches up incrementally by row id. ``id`` is the rowid: SQLite gives each
-row max(id) + 1 under the write lock, so ids only grow in commit order (no AUTOINCREMENT: its
-bookkeeping costs ~15 % of an insert for a guarantee not needed here). On PostgreSQL an identity
-column assigns them under the store's write lock, which gives the same order.
+Runs are appended in batches and never updated or deleted, so a reader catches up by a
+cursor (see :mod:`~agentmend.infrastructure.monitoring.run_reader`). ``id`` is the rowid: SQLite
+gives each row max(id) + 1 under its write lock, so there ids grow in commit order and are the
+cursor (no AUTOINCREMENT: its bookkeeping costs ~15 % of an insert for a guarantee not needed
+here). On PostgreSQL batches are appended concurrently, without the store-wide lock
+(:mod:`~agentmend.infrastructure.monitoring.run_append`), so an identity id may commit after a
+higher one; there the cursor is the row's transaction id (``tx``), read below the oldest
+transaction still running. A monitor's refresh also reads the runs committed at or above that
+horizon (so nothing waits for an old transaction) and remembers their transactions, so it
+never reads them twice.
 
 A baseline lives here as an *epoch*: one baseline of one agent, whose runs are the agent's rows
 inside the epoch's row-id segments. Starting a baseline closes the active epoch's open segment

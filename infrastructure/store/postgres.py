@@ -9,7 +9,9 @@ Write transactions keep SQLite's contract: one writer at a time, taken up front.
 by taking a store-wide transaction-level advisory lock, so a component's read-then-write inside
 a transaction (the next epoch number, a chain's head) cannot interleave with another's, and
 generated ids grow in commit order as SQLite's do, which is what lets readers catch up by id.
-Reads never wait for it. Commits are durable (``synchronous_commit`` on) and the server, not
+Reads never wait for it. The one exception is the monitor's append of runs
+(:meth:`PgConnection.append_unlocked`): it reads nothing and collides with no one, and its
+readers follow transaction ids instead of ids, so many writers append at once. Commits are durable (``synchronous_commit`` on) and the server, not
 this process, decides when they are on disk, so ``durable`` adds nothing here.
 
 Every session starts with the store's bounds (:mod:`agentmend.infrastructure.store.timeouts`):

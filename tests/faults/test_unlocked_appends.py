@@ -240,3 +240,61 @@ def test_sixty_recorders_share_twenty_connections_through_a_transaction_pooler(
         if bouncer is not None:
             bouncer.stop()
         server.stop()
+
+
+def test_writers_adding_to_the_same_rollup_rows_at_once_never_deadlock(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    url = pg_server.create_database()
+    store = Store(url, files_dir=tmp_path)
+    ExecutionStore(store, uuid.uuid4().hex)  # the tables, before the writers race
+    errors: list[BaseException] = []
+    go = threading.Barrier(4)
+
+    def write(k: int) -> None:
+        table = ExecutionStore(store, uuid.uuid4().hex)  # its own thread, its own session
+        agents = [f"agent-{(k + j) % 5}" for j in range(5)]  # each writer its own order
+        go.wait(30)
+        try:
+            for b in range(25):
+                now = time.time() - 600 * (b % 3)  # buckets of several minutes and hours
+                rows = [
+                    (
+                        agents[i % 5],
+                        RUN,
+                        (i + b) % 4 != 0,
+                        float(i * k + 1),
+                        None,
+                        1,
+                        1,
+                        0.0,
+                        now + i,
+                        None,
+                    )
+                    for i in range(70 if b % 2 else 7)  # COPY batches and pipelined ones
+                ]
+                table.insert(rows)
+        except BaseException as exc:  # a deadlock is SQLSTATE 40P01
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    conn = store.connection()
+    stored = dict(conn.execute("SELECT agent, COUNT(*) FROM executions GROUP BY agent").fetchall())
+    totals = dict(conn.execute("SELECT agent, executions FROM execution_totals").fetchall())
+    minutes = dict(
+        conn.execute("SELECT agent, SUM(runs) FROM run_series GROUP BY agent").fetchall()
+    )
+    days = dict(
+        conn.execute(
+            "SELECT agent, SUM(runs) FROM run_rollups WHERE width = 86400 GROUP BY agent"
+        ).fetchall()
+    )
+    assert sum(stored.values()) == 4 * (12 * 70 + 13 * 7)
+    assert stored == totals == minutes == days  # every rollup row added to by every writer
+    store.close()
