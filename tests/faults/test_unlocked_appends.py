@@ -30,7 +30,7 @@ import pytest
 from crash_child import child_env
 from pg_server import PgServer, PgUnavailable
 
-from agentmend.infrastructure.monitoring.agent_window import RUN
+from agentmend.infrastructure.monitoring.agent_window import RUN, Row
 from agentmend.infrastructure.monitoring.execution_store import ExecutionStore
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.monitoring.run_reader import last_run_id, outcomes_after, runs_after
@@ -109,7 +109,7 @@ def test_a_run_committed_after_a_later_id_is_read_once_by_every_reader(
 
 _KILLED_CHILD = """
 import sys, time, uuid
-from agentmend.infrastructure.monitoring.agent_window import RUN
+from agentmend.infrastructure.monitoring.agent_window import RUN, Row
 from agentmend.infrastructure.monitoring.execution_store import ExecutionStore
 from agentmend.infrastructure.store import postgres
 from agentmend.infrastructure.store.api import Store
@@ -258,7 +258,7 @@ def test_writers_adding_to_the_same_rollup_rows_at_once_never_deadlock(
         try:
             for b in range(25):
                 now = time.time() - 600 * (b % 3)  # buckets of several minutes and hours
-                rows = [
+                rows: list[Row] = [
                     (
                         agents[i % 5],
                         RUN,
