@@ -155,9 +155,10 @@ class ExecutionStore:
         self._use_writer(writer)
 
     def insert(self, rows: list[Row]) -> None:
-        """One transaction; rows appended by ``COPY`` on PostgreSQL (one statement for a small
-        batch), by multi-row INSERTs on SQLite. The rollups' additions are tallied before the
-        transaction begins; on PostgreSQL the transaction takes no store-wide lock
+        """One transaction; rows appended by ``COPY`` on PostgreSQL (a small batch's as
+        ``INSERT`` s pipelined with its rollups and commit: one round trip), by multi-row
+        INSERTs on SQLite. The rollups' additions are tallied before the transaction begins;
+        on PostgreSQL the transaction takes no store-wide lock
         (:mod:`~agentmend.infrastructure.monitoring.run_append`).
 
         Rows sent again after a failed call keep their numbers; those the store already holds
