@@ -16,8 +16,14 @@ benchmark. Every measurement gets a fresh database with the executions table mad
 - **one-run batches**: 16 processes each writing ``--single`` batches of one run, vs the same
   processes each sending one autocommitted ``INSERT`` per run (one round trip, its commit
   included, no lock, no rollups).
+Each PostgreSQL figure is the median of ``--rounds`` paired rounds (the store and its baseline
+measured back to back, in alternating order), as the machine's load moves between rounds.
+
 - **SQLite**: one process writing batches through ``ExecutionStore.insert`` vs
-  ``executemany`` of the same rows into the same table in one transaction per batch.
+  ``executemany`` of the same rows into the same table in one transaction per batch; and the
+  whole path, ``PerformanceMonitor.record()`` of ``--runs`` runs then ``flush()`` (the
+  background writer's batches of up to 1,000), vs ``executemany`` of the same runs in
+  transactions of 1,000.
 
 Run: ``.venv/bin/python benchmarks/bench_writer.py [--runs 40000] [--batch 5000]``.
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,9 +103,10 @@ def _child(argv: list[str]) -> None:
         seq = iter(range(1, len(rows) + 1))
 
         def run(part: list[tuple[Any, ...]]) -> None:
-            with conn.transaction(), conn.cursor().copy(
-                f"COPY executions ({', '.join(_COLUMNS)}) FROM STDIN"
-            ) as copy:
+            with (
+                conn.transaction(),
+                conn.cursor().copy(f"COPY executions ({', '.join(_COLUMNS)}) FROM STDIN") as copy,
+            ):
                 for row in part:
                     copy.write_row((*row[:2], int(row[2]), *row[3:], writer, next(seq)))
 
@@ -177,27 +185,65 @@ def _rate(
     return workers * runs / elapsed
 
 
+def _paired(
+    server: PgServer,
+    files_dir: Path,
+    base: str,
+    workers: int,
+    runs: int,
+    batch: int,
+    rounds: int,
+    shared: bool,
+) -> tuple[float, float, float]:
+    """(median runs/s through the store, median of the baseline, median of the per-round
+    ratios): each round measures both, in alternating order, so a change in the machine's
+    load moves both sides of a ratio alike."""
+    stores, bases, ratios = [], [], []
+    for r in range(rounds):
+        order = ("store", base) if r % 2 else (base, "store")
+        rate = {
+            mode: _rate(server, files_dir, mode, workers, runs, batch, shared and mode == "store")
+            for mode in order
+        }
+        stores.append(rate["store"])
+        bases.append(rate[base])
+        ratios.append(rate["store"] / rate[base])
+    return statistics.median(stores), statistics.median(bases), statistics.median(ratios)
+
+
 def postgres(args: argparse.Namespace, files_dir: Path) -> None:
     server = PgServer(fsync=True)
     try:
-        by_workers: dict[int, float] = {}
+        by_workers: dict[int, tuple[float, float]] = {}
         for workers in (1, 4, 8):
-            copy = _rate(server, files_dir, "copy", workers, args.runs, args.batch, False)
-            store = _rate(
-                server, files_dir, "store", workers, args.runs, args.batch, args.shared_agents
+            store, copy, ratio = _paired(
+                server,
+                files_dir,
+                "copy",
+                workers,
+                args.runs,
+                args.batch,
+                args.rounds,
+                args.shared_agents,
             )
-            by_workers[workers] = store
+            by_workers[workers] = (store, copy)
             print(
                 f"PostgreSQL, {workers} writer(s), batches of {args.batch:,}: "
-                f"{store:,.0f} runs/s vs bare COPY {copy:,.0f} runs/s = {store / copy:.2f}x",
+                f"{store:,.0f} runs/s vs bare COPY {copy:,.0f} runs/s = {ratio:.2f}x"
+                f" (median of {args.rounds} paired rounds)",
                 flush=True,
             )
-        print(f"PostgreSQL, 8 writers over 4 writers: {by_workers[8] / by_workers[4]:.2f}x")
-        single = _rate(server, files_dir, "insert", 16, args.single, 1, False)
-        store = _rate(server, files_dir, "store", 16, args.single, 1, False)
+        print(
+            f"PostgreSQL, 8 writers over 4 writers: {by_workers[8][0] / by_workers[4][0]:.2f}x"
+            f" (bare COPY: {by_workers[8][1] / by_workers[4][1]:.2f}x)"
+        )
+        store, single, ratio = _paired(
+            server, files_dir, "insert", 16, args.single, 1, args.rounds, False
+        )
         print(
             f"PostgreSQL, 16 processes, one-run batches: {store:,.0f} runs/s vs one autocommitted"
-            f" INSERT per run {single:,.0f} runs/s = {store / single:.2f}x",
+            f" INSERT per run {single:,.0f} runs/s = {ratio:.2f}x"
+            f" (median of {args.rounds} paired rounds)",
             flush=True,
         )
     finally:
@@ -240,6 +286,59 @@ def sqlite(args: argparse.Namespace, base: Path) -> None:
         f"{best['plain']:,.0f} runs/s = {best['store'] / best['plain']:.2f}x",
         flush=True,
     )
+    monitors, plains, ratios = [], [], []
+    for attempt in range(args.rounds * 2 + 1):  # paired rounds, alternating order
+        rates = {}
+        for side in ("monitor", "plain") if attempt % 2 else ("plain", "monitor"):
+            path = base / f"{side}-m{attempt}.db"
+            rates[side] = (_monitor_rate if side == "monitor" else _executemany_rate)(
+                path, args.runs
+            )
+        monitors.append(rates["monitor"])
+        plains.append(rates["plain"])
+        ratios.append(rates["monitor"] / rates["plain"])
+    print(
+        f"SQLite, PerformanceMonitor record() + flush: {statistics.median(monitors):,.0f} runs/s"
+        f" vs executemany in transactions of 1,000 {statistics.median(plains):,.0f} runs/s"
+        f" = {statistics.median(ratios):.2f}x (median of {len(ratios)} paired rounds)",
+        flush=True,
+    )
+
+
+def _monitor_rate(path: Path, runs: int) -> float:
+    """Runs/s from the first ``record()`` to the last run committed, the production batching."""
+    from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+
+    with Store(path) as store:
+        monitor = PerformanceMonitor(store)
+        start = time.perf_counter()
+        for i in range(runs):
+            monitor.record("agent-0", success=i % 9 != 0, duration_ms=float(i % 100) + 0.5)
+        monitor.flush()
+        rate = runs / (time.perf_counter() - start)
+        monitor.close()
+    return rate
+
+
+def _executemany_rate(path: Path, runs: int) -> float:
+    """The same runs by ``executemany``, 1,000 per transaction (the monitor's batch)."""
+    with Store(path) as store:
+        ExecutionStore(store, uuid.uuid4().hex)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    insert = (
+        f"INSERT INTO executions ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+    )
+    rows = [(*r[:2], int(r[2]), *r[3:], "w", i) for i, r in enumerate(_rows(0, runs, False))]
+    start = time.perf_counter()
+    for i in range(0, runs, 1000):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(insert, rows[i : i + 1000])
+        conn.execute("COMMIT")
+    rate = runs / (time.perf_counter() - start)
+    conn.close()
+    return rate
 
 
 def main() -> None:
@@ -250,6 +349,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=40_000, help="runs per writer process")
     parser.add_argument("--batch", type=int, default=5_000, help="runs per batch")
     parser.add_argument("--single", type=int, default=300, help="one-run batches per process")
+    parser.add_argument("--rounds", type=int, default=3, help="paired rounds per figure")
     parser.add_argument("--shared-agents", action="store_true")
     parser.add_argument("--only", choices=("sqlite", "postgresql"))
     args = parser.parse_args()

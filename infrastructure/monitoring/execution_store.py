@@ -164,15 +164,22 @@ class ExecutionStore:
         Rows sent again after a failed call keep their numbers; those the store already holds
         (the failed call's commit did land) are skipped, runs and series alike.
         """
-        numbers = [self._number(row) for row in rows]
-        sent = {id(row): n for row, n in zip(rows, numbers, strict=True)}
-        numbered = [(*row, self.writer, n) for row, n in zip(rows, numbers, strict=True)]
+        numbers: Sequence[int]
+        if self._numbered:  # a batch sent again: its rows keep their numbers
+            numbers = [self._number(row) for row in rows]
+        else:
+            numbers = range(self._last_seq + 1, self._last_seq + 1 + len(rows))
+            self._last_seq += len(rows)
+        writer = self.writer
+        numbered = [(*row, writer, n) for row, n in zip(rows, numbers, strict=True)]
         try:
             try:
+                written = rows
                 if self._numbered:  # only this writer writes its rows: asked before writing
                     numbered = self._not_landed(self.store.connection(), numbered)
+                    written = [row[:-2] for row in numbered]
                 if numbered:
-                    self._write(numbered)
+                    self._write(numbered, written)
             except Exception as exc:
                 if not is_row_error(exc):
                     raise
@@ -187,12 +194,11 @@ class ExecutionStore:
                     reason=f"{type(exc).__name__}: {exc}"[:500],
                 )
         except BaseException:
-            self._numbered = sent
+            self._numbered = {id(row): n for row, n in zip(rows, numbers, strict=True)}
             raise
         self._numbered = {}
 
-    def _write(self, numbered: list[Any]) -> None:
-        rows = [row[:-2] for row in numbered]
+    def _write(self, numbered: list[Any], rows: list[Row]) -> None:
         rollup = execution_rollup.tally(rows)
         series = run_series.tally(rows)
         if self.store.backend == "postgresql":

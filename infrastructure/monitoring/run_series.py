@@ -159,16 +159,24 @@ UPSERT_TOTALS = (
 )
 
 
+_EDGES = tuple(_edge(i) for i in range(DURATION_BINS))  # the same floats, looked up
+_LAST_BIN = DURATION_BINS - 1
+
+
 def _bin(duration_ms: float) -> int:
     if duration_ms < 1.0:
         return 0
     index = int(math.log2(duration_ms) * BINS_PER_OCTAVE) + 1
     # float rounding at an edge: keep the bin the SQL backfill would choose
-    if duration_ms < _edge(index - 1):
-        index -= 1
-    elif duration_ms >= _edge(index):
-        index += 1
-    return min(DURATION_BINS - 1, index)
+    if index >= _LAST_BIN:  # the last bin holds everything longer
+        return (
+            _LAST_BIN - 1 if index == _LAST_BIN and duration_ms < _EDGES[index - 1] else _LAST_BIN
+        )
+    if duration_ms < _EDGES[index - 1]:
+        return index - 1
+    if duration_ms >= _EDGES[index]:
+        return index + 1
+    return index
 
 
 class _Tally:
@@ -178,13 +186,14 @@ class _Tally:
     the 97 bins, so rolling minutes up into coarser buckets costs per bin in use, not per bin.
     """
 
-    __slots__ = ("bins", "duration_sum", "failures", "runs")
+    __slots__ = ("bins", "duration_sum", "failures", "first_ts", "last_ts", "runs")
 
-    def __init__(self) -> None:
+    def __init__(self, ts: float = 0.0) -> None:
         self.runs = 0
         self.failures = 0
         self.duration_sum = 0.0
         self.bins: dict[int, int] = {}
+        self.first_ts = self.last_ts = ts  # of the runs added one by one (not merged)
 
     def merge(self, other: _Tally) -> None:
         self.runs += other.runs
@@ -218,29 +227,36 @@ def tally(rows: Iterable[Row]) -> SeriesTally | None:
     Computed before the batch's transaction begins: the transaction only sends it.
     """
     buckets: dict[tuple[str, int], _Tally] = {}
-    totals: dict[str, list[float]] = {}
-    for row in rows:
-        agent, source, success, duration_ms, ts = row[0], row[1], row[2], row[3], row[8]
-        if source != RUN:
+    for row in rows:  # storable rows: the agent is text, the numbers are numbers
+        if row[1] != RUN:
             continue
-        key = (str(agent), int(float(ts) // BUCKET_S))
+        agent, success, duration_ms, ts = row[0], row[2], row[3], row[8]
+        key = (agent, int(ts // BUCKET_S))
         minute = buckets.get(key)
         if minute is None:
-            minute = buckets[key] = _Tally()
+            minute = buckets[key] = _Tally(float(ts))
+        elif ts < minute.first_ts:
+            minute.first_ts = float(ts)
+        elif ts > minute.last_ts:
+            minute.last_ts = float(ts)
         minute.runs += 1
         if not success:
             minute.failures += 1
-        minute.duration_sum += float(duration_ms)
-        b = _bin(float(duration_ms))
-        minute.bins[b] = minute.bins.get(b, 0) + 1
-        total = totals.get(key[0])
+        minute.duration_sum += duration_ms
+        b = _bin(duration_ms)
+        bins = minute.bins
+        bins[b] = bins.get(b, 0) + 1
+    # an agent's totals from its minutes: a handful per batch, not a step per run
+    totals: dict[str, list[float]] = {}
+    for (agent, _), minute in buckets.items():
+        total = totals.get(agent)
         if total is None:
-            totals[key[0]] = [1, 0 if success else 1, float(ts), float(ts)]
+            totals[agent] = [minute.runs, minute.failures, minute.first_ts, minute.last_ts]
         else:
-            total[0] += 1
-            total[1] += 0 if success else 1
-            total[2] = min(total[2], float(ts))
-            total[3] = max(total[3], float(ts))
+            total[0] += minute.runs
+            total[1] += minute.failures
+            total[2] = min(total[2], minute.first_ts)
+            total[3] = max(total[3], minute.last_ts)
     if not buckets:
         return None
     return SeriesTally(

@@ -11,8 +11,9 @@ a transaction (the next epoch number, a chain's head) cannot interleave with ano
 generated ids grow in commit order as SQLite's do, which is what lets readers catch up by id.
 Reads never wait for it. The one exception is the monitor's append of runs
 (:meth:`PgConnection.append_unlocked`): it reads nothing and collides with no one, and its
-readers follow transaction ids instead of ids, so many writers append at once. Commits are durable (``synchronous_commit`` on) and the server, not
-this process, decides when they are on disk, so ``durable`` adds nothing here.
+readers follow transaction ids instead of ids, so many writers append at once. Commits are
+durable (``synchronous_commit`` on) and the server, not this process, decides when they are on
+disk, so ``durable`` adds nothing here.
 
 Every session starts with the store's bounds (:mod:`agentmend.infrastructure.store.timeouts`):
 a lock waited for past ``lock_timeout`` is a :class:`~agentmend.infrastructure.errors.LockTimeout`,
