@@ -15,8 +15,9 @@ is written by a plain transaction, and everything that can happen before it does
   adding to the same rows take their locks in one order and cannot deadlock (taking them in
   batch order did: that is why the lock was there). The upserts and the ``COMMIT`` are sent
   pipelined, one round trip for them all; each is a one-row upsert the server plans once per
-  session (one statement carrying every table's rows as arrays cost 14 ms of planning per
-  batch, ten times its execution, and was never planned generically);
+  session (every time through a transaction pooler, which keeps no prepared statement), where
+  one statement carrying every table's rows as arrays cost 14 ms of planning per batch, ten
+  times its execution, and was never planned generically;
 * a batch of at most :data:`PIPELINED_ROWS` runs sends its rows as ``INSERT`` s in the same
   pipeline, after ``BEGIN``: the whole batch is one round trip, commit included. A larger
   one is ``BEGIN``, ``COPY`` (two round trips), then the pipeline.
