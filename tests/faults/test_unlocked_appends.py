@@ -62,7 +62,8 @@ def test_a_run_committed_after_a_later_id_is_read_once_by_every_reader(
         url = str(tmp_path / "agentmend.db")
     store = Store(url, files_dir=tmp_path / "w")
     later = ExecutionStore(store, uuid.uuid4().hex)
-    checker = PerformanceMonitor(Store(url, files_dir=tmp_path / "c"))  # reads by refresh
+    checker_store = Store(url, files_dir=tmp_path / "c")
+    checker = PerformanceMonitor(checker_store)  # reads by refresh, as the checker does
     conn = store.connection()
     start = last_run_id(conn)
     early_writer = uuid.uuid4().hex
@@ -104,6 +105,7 @@ def test_a_run_committed_after_a_later_id_is_read_once_by_every_reader(
     assert _counts(checker) == {"early": 1, "later": 1}  # each run counted once
     assert checker.refresh() == 0
     checker.close()
+    checker_store.close()
     store.close()
 
 
@@ -134,7 +136,8 @@ def test_a_writer_killed_mid_batch_leaves_none_of_it_and_readers_move_on(
     url = pg_server.create_database()
     store = Store(url, files_dir=tmp_path / "w")
     other = ExecutionStore(store, uuid.uuid4().hex)
-    checker = PerformanceMonitor(Store(url, files_dir=tmp_path / "c"))
+    checker_store = Store(url, files_dir=tmp_path / "c")
+    checker = PerformanceMonitor(checker_store)
     conn = store.connection()
     start = last_run_id(conn)
     child = subprocess.Popen(
@@ -172,6 +175,7 @@ def test_a_writer_killed_mid_batch_leaves_none_of_it_and_readers_move_on(
     series = dict(conn.execute("SELECT agent, runs FROM run_totals").fetchall())
     assert stored == totals == series == {"killed": 10, "other": 3}  # rollups match the rows
     checker.close()
+    checker_store.close()
     store.close()
 
 
