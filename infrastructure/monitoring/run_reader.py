@@ -23,8 +23,9 @@ change type). The price is latency, not loss: runs wait until every write transa
 than theirs has ended, on the whole server (PostgreSQL's snapshot does not tell databases
 apart): writes are short, and every session of the store is bounded by
 ``store_idle_transaction_timeout_s``, but a long write on another database of the same server
-holds readers back as long. A monitor's refresh does not wait (see ``ExecutionStore``). The offset keeps positions above every id: a store's
-rows from before positions existed have ``tx = id``, so a cursor kept then still reads on.
+holds readers back as long. A monitor's refresh does not wait (see ``ExecutionStore``). The
+offset keeps positions above every id: a store's rows from before positions existed have
+``tx = id``, so a cursor kept then still reads on.
 The per-writer numbers ``(writer, writer_seq)`` were the other choice; they make a cursor a map
 that grows with every process that ever recorded, which an integer column cannot hold.
 """
