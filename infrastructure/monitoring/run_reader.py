@@ -16,14 +16,14 @@ append concurrently (no store-wide lock), so a run with a lower id may commit af
 higher id, and a reader at the higher id would skip it for good. There a run's position is its
 *transaction's* id (``tx``: ``pg_current_xact_id()`` plus :data:`POSITION_OFFSET`), and a reader
 reads only below the *horizon*: the oldest transaction still running when it reads
-(``pg_snapshot_xmin`` of its snapshot, plus the offset). Every transaction below the horizon
+(:func:`read_horizon`: the oldest transaction writing the runs' table, or inside a
+snapshot the oldest write on the server). Every transaction below the horizon that appends runs
 has committed or rolled back, so nothing can appear there later: a cursor is exact whatever
 order writers commit in, and still one integer (a rollout's and a watch's stored cursor did not
-change type). The price is latency, not loss: runs wait until every write transaction older
-than theirs has ended, on the whole server (PostgreSQL's snapshot does not tell databases
-apart): writes are short, and every session of the store is bounded by
-``store_idle_transaction_timeout_s``, but a long write on another database of the same server
-holds readers back as long. A monitor's refresh does not wait (see ``ExecutionStore``). The
+change type). The price is latency, not loss: runs wait until every append older than theirs has
+ended (appends are short, and every session of the store is bounded by
+``store_idle_transaction_timeout_s``); a read inside a snapshot waits for every older write
+on the server instead. A monitor's refresh does not wait (see ``ExecutionStore``). The
 offset keeps positions above every id: a store's rows from before positions existed have
 ``tx = id``, so a cursor kept then still reads on.
 The per-writer numbers ``(writer, writer_seq)`` were the other choice; they make a cursor a map
@@ -91,14 +91,39 @@ def position_column(conn: StoreConnection) -> str:
     return "id" if backend_of(conn) == "sqlite" else "tx"
 
 
+# the transactions that hold a lock on the runs' table in this database, and the next
+# transaction id as of the statement's start (taken before the locks are looked at)
+_WRITERS = (
+    "SELECT CAST(CAST(pg_snapshot_xmax(pg_current_snapshot()) AS TEXT) AS BIGINT),"
+    " ARRAY(SELECT CAST(CAST(t.transactionid AS TEXT) AS BIGINT) FROM pg_locks r"
+    " JOIN pg_locks t ON t.virtualtransaction = r.virtualtransaction"
+    " AND t.locktype = 'transactionid' WHERE r.locktype = 'relation'"
+    f" AND r.relation = CAST('{_TABLE}' AS regclass) AND r.database ="
+    " (SELECT oid FROM pg_database WHERE datname = current_database()))"
+)
+
+
 def read_horizon(conn: StoreConnection) -> int:
-    """The lowest position a run committed later could still take: every run below it is in
-    ``conn``'s view for good (in a snapshot, as of the snapshot)."""
+    """The lowest position a run committed later could still take.
+
+    Inside a transaction: the oldest write running on the server when its snapshot was taken,
+    so every run below it is in the snapshot. Outside one: the oldest transaction id held by
+    a writer of the runs' table in this database (or the next id), for statements run after
+    this one: a transaction that appends runs writes them first, so it holds its lock on the
+    table before it has an id, and one that is not holding the lock yet gets a newer id. So a
+    long write elsewhere on the server (another database, another table) holds no reader
+    back.
+    """
     if backend_of(conn) == "sqlite":
         row = conn.execute(f"SELECT COALESCE(MAX(id), 0) + 1 FROM {_TABLE}").fetchone()
-    else:
-        row = conn.execute(f"SELECT {_HORIZON}").fetchone()
-    return int(row[0])
+        return int(row[0])
+    if conn.in_transaction:
+        return int(conn.execute(f"SELECT {_HORIZON}").fetchone()[0])
+    upcoming, holders = conn.execute(_WRITERS).fetchone()
+    upcoming = int(upcoming)
+    # 32-bit ids from the locks, behind the next id by less than 2**31: as 64-bit ones
+    oldest = min([upcoming - (upcoming - int(x)) % (1 << 32) for x in holders or ()] + [upcoming])
+    return oldest + POSITION_OFFSET
 
 
 def last_run_id(conn: StoreConnection) -> int:
@@ -123,14 +148,14 @@ def runs_after(conn: StoreConnection, cursor: int, limit: int) -> list[RunRow]:
         )
         params: tuple[Any, ...] = (cursor, limit)
     else:
+        top = read_horizon(conn)  # before the statement that reads below it
         query = (
-            f"WITH h AS (SELECT {_HORIZON} AS top), b AS (SELECT COALESCE((SELECT e.tx FROM"
-            f" {_TABLE} e, h WHERE e.tx > ? AND e.tx < h.top ORDER BY e.tx LIMIT 1 OFFSET ?),"
-            " (SELECT top - 1 FROM h)) AS last)"
+            f"WITH b AS (SELECT COALESCE((SELECT e.tx FROM {_TABLE} e WHERE e.tx > ?"
+            " AND e.tx < ? ORDER BY e.tx LIMIT 1 OFFSET ?), ?) AS last)"
             f" SELECT e.tx, e.source, e.success, e.duration_ms, e.extra FROM {_TABLE} e, b"
             " WHERE e.tx > ? AND e.tx <= b.last ORDER BY e.tx, e.id"
         )
-        params = (cursor, max(limit - 1, 0), cursor)
+        params = (cursor, top, max(limit - 1, 0), top - 1, cursor)
     rows = conn.execute(query, params).fetchall()
     return [RunRow(int(i), str(s), bool(ok), float(d), extra) for i, s, ok, d, extra in rows]
 
@@ -172,7 +197,7 @@ def outcomes_after(conn: StoreConnection, agent: str, after_id: int, limit: int)
     if not _has_runs(conn):
         return []
     position = position_column(conn)
-    below = "" if position == "id" else f" AND tx < {_HORIZON}"
+    below = "" if position == "id" else f" AND tx < {read_horizon(conn)}"
     rows = conn.execute(
         f"SELECT success FROM {_TABLE} WHERE agent = ? AND source = ? AND {position} > ?"
         f"{below} ORDER BY {position}, id LIMIT ?",

@@ -48,6 +48,18 @@ def _run(agent: str, success: bool = True) -> tuple[Any, ...]:
     return (agent, RUN, success, 12.0, None, 3, 4, 0.001, time.time(), None)
 
 
+def _read(conn: Any, cursor: int, count: int) -> list[Any]:
+    """The runs past ``cursor`` once ``count`` are readable (at most 20 s): on PostgreSQL a
+    run is read once every older write on the server has ended, and the tests' server is
+    shared with other tests' writes."""
+    for _ in range(400):
+        rows = runs_after(conn, cursor, 1000)
+        if len(rows) >= count:
+            return rows
+        time.sleep(0.05)
+    return runs_after(conn, cursor, 1000)
+
+
 def _counts(monitor: PerformanceMonitor) -> dict[str, int]:
     return {agent: m.executions for agent, m in monitor.get_metrics().items()}
 
@@ -96,7 +108,7 @@ def test_a_run_committed_after_a_later_id_is_read_once_by_every_reader(
         later_id = conn.execute("SELECT MAX(id) FROM executions").fetchone()[0]
         assert later_id > early_id  # committed after, numbered after
     early.close()
-    rows = runs_after(conn, start, 100)
+    rows = _read(conn, start, 2)
     assert [(r.success, r.source) for r in rows] == [(False, RUN), (True, RUN)]
     assert runs_after(conn, rows[-1].id, 100) == []  # read once: the cursor is past both
     assert outcomes_after(conn, "early", start, 10) == [False]
@@ -151,7 +163,7 @@ def test_a_writer_killed_mid_batch_leaves_none_of_it_and_readers_move_on(
         lines = [child.stdout.readline().strip() for _ in range(2)]
         assert lines == ["COMMITTED", "MID"]
         other.insert([_run("other") for _ in range(3)])  # commits while the batch is open
-        held = runs_after(conn, start, 1000)
+        held = _read(conn, start, 10)
         assert [r.source for r in held] == [RUN] * 10  # the killed writer's first batch only
         os.kill(child.pid, signal.SIGKILL)
         child.wait(30)
