@@ -31,14 +31,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-# what docs/fleet/postgresql.md tells a fleet to set, and what the tests run PgBouncer with
-# (tests/project/test_docs_examples.py holds the page's block to these)
-SESSION_SETTINGS = {
-    "pool_mode": "transaction",
-    "ignore_startup_parameters": "options,extra_float_digits",
-}
-
-
 def pgbouncer_binary() -> str:
     """Debian's ``pgbouncer``; PgUnavailable naming the package when it is not installed."""
     binary = shutil.which("pgbouncer") or _BINARY
@@ -67,9 +59,9 @@ class PgBouncer:
             "[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
             f"auth_type = trust\nauth_file = {self.base / 'users.txt'}\n"
-            + "".join(f"{name} = {value}\n" for name, value in SESSION_SETTINGS.items())
-            + f"default_pool_size = {pool_size}\n"
+            f"pool_mode = transaction\ndefault_pool_size = {pool_size}\n"
             f"max_client_conn = {max_clients}\nmax_db_connections = {pool_size}\n"
+            "ignore_startup_parameters = options,extra_float_digits\n"
             f"logfile = {self.base / 'pgbouncer.log'}\n"
         )
         self._process = subprocess.Popen(
