@@ -8,26 +8,6 @@ layout, its indexes and the cursor a reader keeps can change in one place
 
 Each function takes a connection (a store's, a transaction's or a read-only snapshot's) and
 answers for a store no monitor has written to yet as for one with no runs.
-
-**The run cursor.** A reader that follows the runs (rollouts, watches, every monitor's refresh)
-keeps a *position*: every run at or below it has been read, and none above it. On SQLite a
-run's position is its id: one writer at a time gives ids in commit order. On PostgreSQL writers
-append concurrently (no store-wide lock), so a run with a lower id may commit after one with a
-higher id, and a reader at the higher id would skip it for good. There a run's position is its
-*transaction's* id (``tx``: ``pg_current_xact_id()`` plus :data:`POSITION_OFFSET`), and a reader
-reads only below the *horizon*: the oldest transaction still running when it reads
-(:func:`read_horizon`: the oldest transaction writing the runs' table, or inside a
-snapshot the oldest write on the server). Every transaction below the horizon that appends runs
-has committed or rolled back, so nothing can appear there later: a cursor is exact whatever
-order writers commit in, and still one integer (a rollout's and a watch's stored cursor did not
-change type). The price is latency, not loss: runs wait until every append older than theirs has
-ended (appends are short, and every session of the store is bounded by
-``store_idle_transaction_timeout_s``); a read inside a snapshot waits for every older write
-on the server instead. A monitor's refresh does not wait (see ``ExecutionStore``). The
-offset keeps positions above every id: a store's rows from before positions existed have
-``tx = id``, so a cursor kept then still reads on.
-The per-writer numbers ``(writer, writer_seq)`` were the other choice; they make a cursor a map
-that grows with every process that ever recorded, which an integer column cannot hold.
 """
 
 from __future__ import annotations
@@ -36,18 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentmend.infrastructure.monitoring.agent_window import RUN
-from agentmend.infrastructure.store.sql import StoreConnection, backend_of, has_table
+from agentmend.infrastructure.store.sql import StoreConnection, has_table
 
 __all__ = [
-    "POSITION_DEFAULT",
-    "POSITION_OFFSET",
     "RunRow",
     "last_run_id",
     "nth_newest_run_id",
     "outcomes_after",
-    "position_column",
     "production_runs",
-    "read_horizon",
     "recent_outcomes",
     "recent_runs",
     "run_ids",
@@ -57,22 +33,12 @@ __all__ = [
 
 _TABLE = "executions"
 
-POSITION_OFFSET = 1 << 48
-"""Added to PostgreSQL transaction ids to make run positions, so they sit above every id a
-store held before (a position below it is such an id)."""
-POSITION_DEFAULT = f"CAST(CAST(pg_current_xact_id() AS TEXT) AS BIGINT) + {POSITION_OFFSET}"
-"""The SQL that gives a PostgreSQL run its position: its transaction's id, offset."""
-_HORIZON = (
-    f"(CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT) + {POSITION_OFFSET})"
-)
-
 
 @dataclass(frozen=True, slots=True)
 class RunRow:
     """One recorded run as a cursor reads it: enough to attribute and judge it."""
 
     id: int
-    """The run's position (see the module's note): the cursor to keep once it is read."""
     source: str
     success: bool
     duration_ms: float
@@ -86,77 +52,23 @@ def _has_runs(conn: StoreConnection) -> bool:
     return has_table(conn, _TABLE)
 
 
-def position_column(conn: StoreConnection) -> str:
-    """The column that holds a run's position: ``id`` on SQLite, ``tx`` on PostgreSQL."""
-    return "id" if backend_of(conn) == "sqlite" else "tx"
-
-
-# the transactions that hold a lock on the runs' table in this database, and the next
-# transaction id as of the statement's start (taken before the locks are looked at)
-_WRITERS = (
-    "SELECT CAST(CAST(pg_snapshot_xmax(pg_current_snapshot()) AS TEXT) AS BIGINT),"
-    " ARRAY(SELECT CAST(CAST(t.transactionid AS TEXT) AS BIGINT) FROM pg_locks r"
-    " JOIN pg_locks t ON t.virtualtransaction = r.virtualtransaction"
-    " AND t.locktype = 'transactionid' WHERE r.locktype = 'relation'"
-    f" AND r.relation = CAST('{_TABLE}' AS regclass) AND r.database ="
-    " (SELECT oid FROM pg_database WHERE datname = current_database()))"
-)
-
-
-def read_horizon(conn: StoreConnection) -> int:
-    """The lowest position a run committed later could still take.
-
-    Inside a transaction: the oldest write running on the server when its snapshot was taken,
-    so every run below it is in the snapshot. Outside one: the oldest transaction id held by
-    a writer of the runs' table in this database (or the next id), for statements run after
-    this one: a transaction that appends runs writes them first, so it holds its lock on the
-    table before it has an id, and one that is not holding the lock yet gets a newer id. So a
-    long write elsewhere on the server (another database, another table) holds no reader
-    back.
-    """
-    if backend_of(conn) == "sqlite":
-        row = conn.execute(f"SELECT COALESCE(MAX(id), 0) + 1 FROM {_TABLE}").fetchone()
-        return int(row[0])
-    if conn.in_transaction:
-        return int(conn.execute(f"SELECT {_HORIZON}").fetchone()[0])
-    upcoming, holders = conn.execute(_WRITERS).fetchone()
-    upcoming = int(upcoming)
-    # 32-bit ids from the locks, behind the next id by less than 2**31: as 64-bit ones
-    oldest = min([upcoming - (upcoming - int(x)) % (1 << 32) for x in holders or ()] + [upcoming])
-    return oldest + POSITION_OFFSET
-
-
 def last_run_id(conn: StoreConnection) -> int:
-    """A cursor past every run in the store (0 if none): runs after it are "from now on".
-
-    On PostgreSQL a run still being written may land after it, as it commits after now.
-    """
+    """The id of the newest run in the store (0 if none): runs after it are "from now on"."""
     if not _has_runs(conn):
         return 0
-    return read_horizon(conn) - 1
+    row = conn.execute(f"SELECT MAX(id) FROM {_TABLE}").fetchone()
+    return int(row[0] or 0) if row else 0
 
 
 def runs_after(conn: StoreConnection, cursor: int, limit: int) -> list[RunRow]:
-    """Every agent's runs (of every source) past ``cursor``, oldest first: about ``limit``
-    (a transaction's runs are never split, so the last one's may add a batch)."""
+    """Every agent's runs (of every source) with an id above ``cursor``, oldest first."""
     if not _has_runs(conn):
         return []
-    if backend_of(conn) == "sqlite":
-        query = (
-            f"SELECT id, source, success, duration_ms, extra FROM {_TABLE} "
-            "WHERE id > ? ORDER BY id LIMIT ?"
-        )
-        params: tuple[Any, ...] = (cursor, limit)
-    else:
-        top = read_horizon(conn)  # before the statement that reads below it
-        query = (
-            f"WITH b AS (SELECT COALESCE((SELECT e.tx FROM {_TABLE} e WHERE e.tx > ?"
-            " AND e.tx < ? ORDER BY e.tx LIMIT 1 OFFSET ?), ?) AS last)"
-            f" SELECT e.tx, e.source, e.success, e.duration_ms, e.extra FROM {_TABLE} e, b"
-            " WHERE e.tx > ? AND e.tx <= b.last ORDER BY e.tx, e.id"
-        )
-        params = (cursor, top, max(limit - 1, 0), top - 1, cursor)
-    rows = conn.execute(query, params).fetchall()
+    rows = conn.execute(
+        f"SELECT id, source, success, duration_ms, extra FROM {_TABLE} "
+        "WHERE id > ? ORDER BY id LIMIT ?",
+        (cursor, limit),
+    ).fetchall()
     return [RunRow(int(i), str(s), bool(ok), float(d), extra) for i, s, ok, d, extra in rows]
 
 
@@ -187,8 +99,8 @@ def production_runs(conn: StoreConnection) -> list[tuple[str, bool, float, float
 
 
 def outcomes_after(conn: StoreConnection, agent: str, after_id: int, limit: int) -> list[bool]:
-    """Success of ``agent``'s first ``limit`` production runs past the cursor ``after_id``
-    (from :func:`last_run_id`), oldest first.
+    """Success of ``agent``'s first ``limit`` production runs with an id above ``after_id``,
+    oldest first.
 
     What a watch on a live change reads: the runs are in the store, so a process that takes
     over the watch after a crash reads the same ones. Runs recorded apart (verification,
@@ -196,11 +108,9 @@ def outcomes_after(conn: StoreConnection, agent: str, after_id: int, limit: int)
     """
     if not _has_runs(conn):
         return []
-    position = position_column(conn)
-    below = "" if position == "id" else f" AND tx < {read_horizon(conn)}"
     rows = conn.execute(
-        f"SELECT success FROM {_TABLE} WHERE agent = ? AND source = ? AND {position} > ?"
-        f"{below} ORDER BY {position}, id LIMIT ?",
+        f"SELECT success FROM {_TABLE} WHERE agent = ? AND source = ? AND id > ?"
+        " ORDER BY id LIMIT ?",
         (agent, RUN, after_id, limit),
     ).fetchall()
     return [bool(ok) for (ok,) in rows]
