@@ -8,8 +8,9 @@
   is a worker that may also judge (issues, detector state), apply and record changes, publish
   canaries and settle rollouts on their evidence;
 - ``agentmend_admin`` owns the tables: it alone promotes, pauses or aborts by hand, publishes a
-  stable release, acknowledges audit breaks, approves test changes, migrates the schema
-  (``agentmend store migrate``) and prunes by the retention policy.
+  stable release, acknowledges audit breaks, approves test changes, changes the trusted
+  receivers, migrates the schema (``agentmend store migrate``) and prunes by the retention
+  policy.
 
 The privileges are the server's: table rights by ``GRANT``, and where a controller may change a
 table only in some ways (a rollout settled by its evidence, not by hand; the heads moved only as
