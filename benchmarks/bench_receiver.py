@@ -25,12 +25,8 @@ import statistics
 import time
 from typing import Any
 
-from bench_otel import SPANS_PER_REQUEST, request_bodies
+from bench_otel import SPANS_PER_REQUEST, receiver_in_process, request_bodies
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.telemetry.assembly import TraceAssembler
-from agentmend.infrastructure.telemetry.receiver import PROTOBUF, OtlpReceiver
 
 
 def parse_only(bodies: list[bytes]) -> float:
@@ -81,21 +77,9 @@ def read_every_attribute(bodies: list[bytes]) -> float:
 
 
 def receiver(bodies: list[bytes]) -> tuple[float, int]:
-    with PerformanceMonitor(flush_interval_s=3600) as monitor:
-        assembler = TraceAssembler(monitor)
-        served = OtlpReceiver(assembler, port=0)
-        try:
-            start = time.process_time()
-            for body in bodies:
-                assert served.export(PROTOBUF, "", body).status == 200
-            monitor.flush()
-            elapsed = time.process_time() - start
-        finally:
-            served.close()
-        counts = assembler.counts()
-    assert counts.orphans == 0  # each request leaves one trace open: its last, cut short
-    assert counts.executions_recorded == len(bodies) * (SPANS_PER_REQUEST // 3)
-    return elapsed, counts.executions_recorded
+    _, elapsed, recorded = receiver_in_process(bodies, clock=time.process_time)
+    assert recorded == len(bodies) * (SPANS_PER_REQUEST // 3)
+    return elapsed, recorded
 
 
 def main() -> None:
