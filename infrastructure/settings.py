@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     # migrations and ``store copy`` are exempt
     store_statement_timeout_s: float = Field(default=300.0, gt=0)
     store_idle_transaction_timeout_s: float = Field(default=60.0, gt=0)
+    # PostgreSQL reached through a transaction pooler (PgBouncer's pool_mode = transaction):
+    # a session keeps nothing between transactions (no prepared statements, no startup
+    # options), so the two bounds above are then the database role's own settings
+    store_transaction_pooler: bool = False
     # the session and the MCP server as workers: follow the team's releases when it has some
     # (auto), insist (on) or serve the team folder (off); serve_release pins one release
     follow_releases: Literal["auto", "on", "off"] = "auto"

@@ -155,7 +155,8 @@ def child_command(*args: object) -> list[str]:
 
 
 def child_env() -> dict[str, str]:
-    # the repository first, then whatever path made ``agentmend`` importable here
+    # the caller's path after the repository's: a checkout that points it at its own code
+    # (a worktree's package links) has its children run that code too
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
 

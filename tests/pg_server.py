@@ -76,6 +76,7 @@ class PgServer:
             still survives a killed or restarted server (the OS keeps the written pages).
         running: a server another process of this run started (its ``describe()``), to attach
             to instead of starting one.
+        max_connections: the server's ``max_connections`` (3 of them kept for superusers).
     """
 
     def __init__(
@@ -84,8 +85,10 @@ class PgServer:
         fsync: bool = False,
         running: dict[str, Any] | None = None,
         password: str | None = None,
+        max_connections: int = 200,
     ) -> None:
         self.bindir = pg_bindir()
+        self._max_connections = max_connections
         self._as_postgres: list[str] = []
         owner: pwd.struct_passwd | None = None
         if os.geteuid() == 0:
@@ -136,7 +139,8 @@ class PgServer:
 
     def start(self) -> None:
         options = (
-            f"-k {self.base} -h 127.0.0.1 -p {self.port} -c max_connections=200"
+            f"-k {self.base} -h 127.0.0.1 -p {self.port}"
+            f" -c max_connections={self._max_connections}"
             f" -c fsync={'on' if self._fsync else 'off'}"
         )
         self._run(

@@ -95,7 +95,9 @@ class ChangeWatch:
 
     Attributes:
         before: the agent's pre-change outcomes the new runs are compared with, oldest first.
-        after_id: runs with a larger id in the executions table are the change's.
+        after_id: the run cursor at the change: runs the executions reader gives after it
+            are the change's (an id on SQLite, a position on PostgreSQL; see
+            :mod:`agentmend.infrastructure.monitoring.run_reader`).
         pairs: new runs judged so far (as of the last :meth:`ChangeWatcher.advance`).
     """
 

@@ -19,12 +19,23 @@ Totals are lifetime figures: retention deletes old rows but never subtracts from
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentmend.infrastructure.monitoring.agent_window import RUN, Row
 from agentmend.infrastructure.store.sql import StoreConnection
 
-__all__ = ["COMPONENT", "MIGRATIONS", "add_runs", "baseline_runs", "read_totals"]
+__all__ = [
+    "BASELINE_RUNS",
+    "COMPONENT",
+    "MIGRATIONS",
+    "TOTALS",
+    "RollupTally",
+    "add_runs",
+    "baseline_runs",
+    "read_totals",
+    "tally",
+    "write",
+]
 
 COMPONENT = "execution_rollup"
 
@@ -74,7 +85,7 @@ MIGRATIONS = [
     """,
 ]
 
-_TOTALS = (
+TOTALS = (
     "INSERT INTO execution_totals (agent, source, executions, failures, input_tokens,"
     " output_tokens, cost_usd, streak) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (agent, source) DO UPDATE SET"
@@ -83,49 +94,63 @@ _TOTALS = (
     " input_tokens = execution_totals.input_tokens + excluded.input_tokens,"
     " output_tokens = execution_totals.output_tokens + excluded.output_tokens,"
     " cost_usd = execution_totals.cost_usd + excluded.cost_usd,"
+    # a batch with a success (fewer failures than runs) sets the streak to the failures after
+    # its last success; a batch of failures only extends it
+    " streak = CASE WHEN excluded.failures < excluded.executions THEN excluded.streak"
+    " ELSE execution_totals.streak + excluded.streak END"
 )
-# a batch with a success sets the streak to the failures after its last success; a batch of
-# failures only extends it
-_TOTALS_RESET = _TOTALS + " streak = excluded.streak"
-_TOTALS_EXTEND = _TOTALS + " streak = execution_totals.streak + excluded.streak"
-_BASELINE_RUNS = (
+BASELINE_RUNS = (
     "INSERT INTO baseline_runs (agent, epoch, runs) VALUES (?, COALESCE((SELECT epoch FROM"
     " baseline_epochs WHERE agent = ? AND status = 'active'), 0), ?)"
     " ON CONFLICT (agent, epoch) DO UPDATE SET runs = baseline_runs.runs + excluded.runs"
 )
 
 
-def add_runs(conn: StoreConnection, rows: list[Row]) -> None:
-    """Add a batch of rows (in id order) to the rollups, inside the caller's transaction."""
+class RollupTally(NamedTuple):
+    """A batch's additions to the rollups, each table's rows sorted by its key (so writers
+    take the rows' locks in one order and cannot deadlock on them)."""
+
+    totals: list[tuple[Any, ...]]
+    """(agent, source, executions, failures, input, output, cost, streak) per agent, source."""
+    baseline: list[tuple[str, int]]
+    """(agent, production runs) per agent: added to the agent's active epoch."""
+
+
+def tally(rows: list[Row]) -> RollupTally:
+    """What a batch of rows (in order) adds to the rollups, computed before its transaction."""
     totals: dict[tuple[str, str], list[Any]] = {}
     for agent, source, success, _, _, tin, tout, cost, _, _ in rows:
         total = totals.get((agent, source))
         if total is None:
-            # executions, failures, input, output, cost, streak, saw a success
-            total = totals[(agent, source)] = [0, 0, 0, 0, 0.0, 0, False]
+            # executions, failures, input, output, cost, streak
+            total = totals[(agent, source)] = [0, 0, 0, 0, 0.0, 0]
         total[0] += 1
         total[2] += tin
         total[3] += tout
         total[4] += cost
         if success:
             total[5] = 0
-            total[6] = True
         else:
             total[1] += 1
             total[5] += 1
-    reset: list[tuple[Any, ...]] = []
-    extend: list[tuple[Any, ...]] = []
-    baseline: list[tuple[str, str, int]] = []
-    for (agent, source), (count, failures, tin, tout, cost, streak, saw) in totals.items():
-        (reset if saw else extend).append((agent, source, count, failures, tin, tout, cost, streak))
-        if source == RUN:
-            baseline.append((agent, agent, count))
-    if reset:
-        conn.executemany(_TOTALS_RESET, reset)
-    if extend:
-        conn.executemany(_TOTALS_EXTEND, extend)
-    if baseline:
-        conn.executemany(_BASELINE_RUNS, baseline)
+    keys = sorted(totals)
+    return RollupTally(
+        [(agent, source, *totals[(agent, source)]) for agent, source in keys],
+        [(agent, totals[(agent, source)][0]) for agent, source in keys if source == RUN],
+    )
+
+
+def write(conn: StoreConnection, added: RollupTally) -> None:
+    """Add a batch's tally to the rollups, inside the caller's transaction."""
+    if added.totals:
+        conn.executemany(TOTALS, added.totals)
+    if added.baseline:
+        conn.executemany(BASELINE_RUNS, [(agent, agent, n) for agent, n in added.baseline])
+
+
+def add_runs(conn: StoreConnection, rows: list[Row]) -> None:
+    """Add a batch of rows (in id order) to the rollups, inside the caller's transaction."""
+    write(conn, tally(rows))
 
 
 def read_totals(conn: StoreConnection) -> list[tuple[Any, ...]]:

@@ -1,10 +1,15 @@
 """The monitor's SQL: the executions table, the baseline epoch tables, their writes and reads.
 
-Runs are appended in batches (multi-row INSERTs in one transaction) and never updated or
-deleted, so a reader catches up incrementally by row id. ``id`` is the rowid: SQLite gives each
-row max(id) + 1 under the write lock, so ids only grow in commit order (no AUTOINCREMENT: its
-bookkeeping costs ~15 % of an insert for a guarantee not needed here). On PostgreSQL an identity
-column assigns them under the store's write lock, which gives the same order.
+Runs are appended in batches and never updated or deleted, so a reader catches up by a
+cursor (see :mod:`~agentmend.infrastructure.monitoring.run_reader`). ``id`` is the rowid: SQLite
+gives each row max(id) + 1 under its write lock, so there ids grow in commit order and are the
+cursor (no AUTOINCREMENT: its bookkeeping costs ~15 % of an insert for a guarantee not needed
+here). On PostgreSQL batches are appended concurrently, without the store-wide lock
+(:mod:`~agentmend.infrastructure.monitoring.run_append`), so an identity id may commit after a
+higher one; there the cursor is the row's transaction id (``tx``), read below the oldest
+transaction still running. A monitor's refresh also reads the runs committed at or above that
+horizon (so nothing waits for an old transaction) and remembers their transactions, so it
+never reads them twice.
 
 A baseline lives here as an *epoch*: one baseline of one agent, whose runs are the agent's rows
 inside the epoch's row-id segments. Starting a baseline closes the active epoch's open segment
@@ -30,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from agentmend.infrastructure.monitoring import execution_rollup, run_series
+from agentmend.infrastructure.monitoring import execution_rollup, run_append, run_series
 from agentmend.infrastructure.monitoring.agent_window import (
     RECENT_ERRORS,
     RUN,
@@ -39,10 +44,15 @@ from agentmend.infrastructure.monitoring.agent_window import (
     Baseline,
     Row,
 )
+from agentmend.infrastructure.monitoring.run_reader import (
+    POSITION_DEFAULT,
+    position_column,
+    read_horizon,
+)
 from agentmend.infrastructure.store import quarantine
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.quarantine import append_isolating, is_row_error
-from agentmend.infrastructure.store.sql import StoreConnection, append_rows
+from agentmend.infrastructure.store.sql import Backend, StoreConnection, append_rows
 from agentmend.infrastructure.structured_logger import get_logger
 
 __all__ = ["ExecutionStore", "LoadedState", "delete_runs"]
@@ -56,7 +66,7 @@ _COLUMNS = (
 )
 _INSERTED = (*_COLUMNS.split(", "), "writer", "writer_seq")
 
-_MIGRATIONS = [
+_MIGRATIONS: list[str | dict[Backend, str]] = [
     """
     CREATE TABLE executions (
         id INTEGER PRIMARY KEY,
@@ -97,6 +107,18 @@ _MIGRATIONS = [
     ALTER TABLE executions ADD COLUMN writer_seq INTEGER;
     CREATE UNIQUE INDEX executions_by_writer ON executions (writer, writer_seq)
     """,
+    # PostgreSQL writers append concurrently, so readers follow each run's transaction id
+    # (its position, see run_reader); the rows from before have their id as their position
+    {
+        "sqlite": "",
+        "postgresql": f"""
+        ALTER TABLE executions ADD COLUMN tx BIGINT;
+        UPDATE executions SET tx = id;
+        ALTER TABLE executions ALTER COLUMN tx SET DEFAULT {POSITION_DEFAULT};
+        ALTER TABLE executions ALTER COLUMN tx SET NOT NULL;
+        CREATE INDEX executions_by_position ON executions (tx)
+        """,
+    },
 ]
 
 
@@ -121,7 +143,11 @@ class ExecutionStore:
         store.migrate(execution_rollup.COMPONENT, execution_rollup.MIGRATIONS)
         store.migrate(quarantine.COMPONENT, quarantine.MIGRATIONS)
         self.store = store
-        self.seen_id = 0  # every foreign row with id <= seen_id has been ingested
+        # the refresh cursor (run_reader's positions): every foreign row below ``horizon``
+        # has been ingested, and of those at or above it, the ones in transactions
+        # ``ingested_above`` (read early: they committed while an older one still ran)
+        self.horizon = 0
+        self.ingested_above: set[int] = set()
         self._own: tuple[str, ...] = ()  # every writer id this handle's runs were written as
         # numbers given to the rows of a batch that failed, by the rows' identity: the caller
         # sends those same row objects again first (and nothing else holds them meanwhile)
@@ -129,20 +155,31 @@ class ExecutionStore:
         self._use_writer(writer)
 
     def insert(self, rows: list[Row]) -> None:
-        """One transaction; rows appended by ``COPY`` on PostgreSQL, by multi-row INSERTs on
-        SQLite (:func:`~agentmend.infrastructure.store.sql.append_rows`).
+        """One transaction; rows appended by ``COPY`` on PostgreSQL (a small batch's as
+        ``INSERT`` s pipelined with its rollups and commit: one round trip), by multi-row
+        INSERTs on SQLite. The rollups' additions are tallied before the transaction begins;
+        on PostgreSQL the transaction takes no store-wide lock
+        (:mod:`~agentmend.infrastructure.monitoring.run_append`).
 
         Rows sent again after a failed call keep their numbers; those the store already holds
         (the failed call's commit did land) are skipped, runs and series alike.
         """
-        numbers = [self._number(row) for row in rows]
-        sent = {id(row): n for row, n in zip(rows, numbers, strict=True)}
-        numbered = [(*row, self.writer, n) for row, n in zip(rows, numbers, strict=True)]
+        numbers: Sequence[int]
+        if self._numbered:  # a batch sent again: its rows keep their numbers
+            numbers = [self._number(row) for row in rows]
+        else:
+            numbers = range(self._last_seq + 1, self._last_seq + 1 + len(rows))
+            self._last_seq += len(rows)
+        writer = self.writer
+        numbered = [(*row, writer, n) for row, n in zip(rows, numbers, strict=True)]
         try:
             try:
-                with self.store.transaction() as conn:
-                    numbered = self._not_landed(conn, numbered)
-                    _append(conn, numbered)
+                written = rows
+                if self._numbered:  # only this writer writes its rows: asked before writing
+                    numbered = self._not_landed(self.store.connection(), numbered)
+                    written = [row[:-2] for row in numbered]
+                if numbered:
+                    self._write(numbered, written)
             except Exception as exc:
                 if not is_row_error(exc):
                     raise
@@ -157,9 +194,22 @@ class ExecutionStore:
                     reason=f"{type(exc).__name__}: {exc}"[:500],
                 )
         except BaseException:
-            self._numbered = sent
+            self._numbered = {id(row): n for row, n in zip(rows, numbers, strict=True)}
             raise
         self._numbered = {}
+
+    def _write(self, numbered: list[Any], rows: list[Row]) -> None:
+        rollup = execution_rollup.tally(rows)
+        series = run_series.tally(rows)
+        if self.store.backend == "postgresql":
+            run_append.append(
+                self.store.connection(), "executions", _INSERTED, numbered, rollup, series
+            )
+            return
+        with self.store.transaction() as conn:
+            append_rows(conn, "executions", _INSERTED, numbered, per_statement=_ROWS_PER_INSERT)
+            run_series.write(conn, series)
+            execution_rollup.write(conn, rollup)
 
     def _not_landed(self, conn: StoreConnection, numbered: list[Any]) -> list[Any]:
         """The rows of a batch sent again that the store does not hold yet (a failed call's
@@ -208,19 +258,25 @@ class ExecutionStore:
         Rows of an unknown source are skipped, as :meth:`load` skips them.
         """
         adopted: dict[str, Baseline] = {}
-        with self.store.snapshot() as conn:  # one snapshot for rows and epochs
+        with self.store.snapshot() as conn:  # one snapshot for rows, horizon and epochs
+            position = position_column(conn)
+            horizon = read_horizon(conn)
             rows = conn.execute(
-                f"SELECT id, {_COLUMNS} FROM executions WHERE id > ?"
-                f" AND writer NOT IN ({self._own_clause()}) ORDER BY id",
-                (self.seen_id,),
+                f"SELECT {position}, {_COLUMNS} FROM executions WHERE {position} >= ?"
+                f" AND writer NOT IN ({self._own_clause()}) ORDER BY {position}, id",
+                (self.horizon,),
             ).fetchall()
             for agent, epoch in conn.execute(
                 "SELECT agent, epoch FROM baseline_epochs WHERE status = 'active'"
             ).fetchall():
                 if active_epoch(agent) != epoch:
                     adopted[agent] = self.load_baseline(agent, epoch, capacity)
-        if rows:
-            self.seen_id = max(self.seen_id, rows[-1][0])
+        seen = self.ingested_above
+        if seen:  # rows read early by the last call are not read twice
+            rows = [row for row in rows if row[0] not in seen]
+        self.ingested_above = {p for p in seen if p >= horizon}
+        self.ingested_above.update(row[0] for row in rows if row[0] >= horizon)
+        self.horizon = max(self.horizon, horizon)
         return [
             (a, src, bool(ok), d, err, ti, to, c, ts, ex)
             for _, a, src, ok, d, err, ti, to, c, ts, ex in rows
@@ -232,9 +288,18 @@ class ExecutionStore:
         stats: dict[str, dict[str, AgentStats]] = {source: {} for source in SOURCES}
         baselines: dict[str, Baseline] = {}
         with self.store.snapshot() as conn:
-            self.seen_id = upto = int(
-                conn.execute("SELECT COALESCE(MAX(id), 0) FROM executions").fetchone()[0]
-            )
+            upto = _last_id(conn)
+            # the totals count every run in the snapshot: those at or above the horizon
+            # (committed while an older write still ran) are ingested already
+            self.horizon = read_horizon(conn)
+            position = position_column(conn)
+            self.ingested_above = {
+                int(p)
+                for (p,) in conn.execute(
+                    f"SELECT DISTINCT {position} FROM executions WHERE {position} >= ?",
+                    (self.horizon,),
+                )
+            }
             for total in execution_rollup.read_totals(conn):
                 if total[1] in SOURCES:
                     stats[total[1]][total[0]] = _load_stats(conn, total, upto, window)
@@ -257,7 +322,7 @@ class ExecutionStore:
         self, agent: str, epoch: int, capacity: int, *, counted: bool = False
     ) -> Baseline:
         """Rebuild a baseline from its segments, from the runs the caller has ingested
-        (foreign rows up to ``seen_id`` and every row of its own).
+        (foreign rows the refresh cursor has passed and every row of its own).
 
         Each segment is read as an id range of the ``(agent, source, id)`` index, so the
         sample costs O(capacity) wherever the epoch starts. ``counted``: every row is ingested
@@ -274,12 +339,14 @@ class ExecutionStore:
         )
         base = Baseline(agent, epoch, capacity)
         runs = 0
+        position = position_column(conn)
+        above = "".join(f" OR {position} = {int(p)}" for p in sorted(self.ingested_above))
         for start, end in segments:
             where = (
-                "agent = ? AND source = ? AND id > ? AND (id <= ?"
+                f"agent = ? AND source = ? AND id > ? AND ({position} < ?{above}"
                 f" OR writer IN ({self._own_clause()}))"
             )
-            params: list[Any] = [agent, RUN, start, self.seen_id]
+            params: list[Any] = [agent, RUN, start, self.horizon]
             if end is not None:
                 where += " AND id <= ?"
                 params.append(end)

@@ -759,9 +759,10 @@ class PerformanceMonitor:
     def refresh(self) -> int:
         """Ingest the runs other processes (or other handles) wrote since the last refresh.
 
-        Incremental by row id; this monitor's own rows are never read back, so nothing is
-        counted twice. Also adopts a baseline another process started or restored. Returns
-        the number of runs ingested (always 0 in memory).
+        Incremental by the run cursor (``run_reader``): a run another writer commits late,
+        below runs already read, is still read once; this monitor's own rows are never read
+        back, so nothing is counted twice. Also adopts a baseline another process started or
+        restored. Returns the number of runs ingested (always 0 in memory).
         """
         if self._table is None:
             return 0

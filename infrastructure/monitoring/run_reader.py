@@ -8,6 +8,33 @@ layout, its indexes and the cursor a reader keeps can change in one place
 
 Each function takes a connection (a store's, a transaction's or a read-only snapshot's) and
 answers for a store no monitor has written to yet as for one with no runs.
+
+**The run cursor.** A reader that follows the runs (rollouts, watches, every monitor's refresh)
+keeps a *position*: every run at or below it has been read, and none above it. On SQLite a
+run's position is its id: one writer at a time gives ids in commit order. On PostgreSQL writers
+append concurrently (no store-wide lock), so a run with a lower id may commit after one with a
+higher id, and a reader at the higher id would skip it for good. There a run's position is its
+*transaction's* id (``tx``: ``pg_current_xact_id()`` plus :data:`POSITION_OFFSET`), and a reader
+reads only below the *horizon*: the oldest transaction id still running on the server when
+its statement's snapshot was taken (``pg_snapshot_xmin``, plus the offset). Every transaction
+below it had ended before that snapshot, so each of its runs is in the snapshot or was never
+committed, and nothing can appear there later: a cursor is exact whatever order writers commit
+in and whatever else their transactions did first, and still one integer (a rollout's and a
+watch's stored cursor did not change type). Where one statement can, it reads the horizon and
+the runs below it together (:func:`runs_after`, :func:`outcomes_after`).
+The price is latency, not loss: a run is read once every write transaction older than its own
+has ended, on the whole server (a snapshot does not tell databases apart). agentmend's own
+transactions are short, and each of its sessions is bounded by
+``store_idle_transaction_timeout_s``; a long write by another program on the same server (a
+bulk load, a transaction left open) holds rollouts and watches back for as long. A monitor's
+refresh does not wait (see ``ExecutionStore``). The offset keeps positions above every id: a
+store's rows from before positions existed have ``tx = id``, so a cursor kept then still reads
+on.
+A horizon from the lock table (the oldest transaction holding a lock on the runs' table) would
+not wait for writes elsewhere, but it is exact only if every transaction takes that lock
+before it has an id, which a savepoint rolled back (it releases its locks, not its id) breaks.
+The per-writer numbers ``(writer, writer_seq)`` were the other choice; they make a cursor a map
+that grows with every process that ever recorded, which an integer column cannot hold.
 """
 
 from __future__ import annotations
@@ -16,14 +43,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentmend.infrastructure.monitoring.agent_window import RUN
-from agentmend.infrastructure.store.sql import StoreConnection, has_table
+from agentmend.infrastructure.store.sql import StoreConnection, backend_of, has_table
 
 __all__ = [
+    "POSITION_DEFAULT",
+    "POSITION_OFFSET",
     "RunRow",
     "last_run_id",
     "nth_newest_run_id",
     "outcomes_after",
+    "position_column",
     "production_runs",
+    "read_horizon",
     "recent_outcomes",
     "recent_runs",
     "run_ids",
@@ -33,12 +64,22 @@ __all__ = [
 
 _TABLE = "executions"
 
+POSITION_OFFSET = 1 << 48
+"""Added to PostgreSQL transaction ids to make run positions, so they sit above every id a
+store held before (a position below it is such an id)."""
+POSITION_DEFAULT = f"CAST(CAST(pg_current_xact_id() AS TEXT) AS BIGINT) + {POSITION_OFFSET}"
+"""The SQL that gives a PostgreSQL run its position: its transaction's id, offset."""
+_HORIZON = (
+    f"(CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT) + {POSITION_OFFSET})"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class RunRow:
     """One recorded run as a cursor reads it: enough to attribute and judge it."""
 
     id: int
+    """The run's position (see the module's note): the cursor to keep once it is read."""
     source: str
     success: bool
     duration_ms: float
@@ -52,23 +93,54 @@ def _has_runs(conn: StoreConnection) -> bool:
     return has_table(conn, _TABLE)
 
 
+def position_column(conn: StoreConnection) -> str:
+    """The column that holds a run's position: ``id`` on SQLite, ``tx`` on PostgreSQL."""
+    return "id" if backend_of(conn) == "sqlite" else "tx"
+
+
+def read_horizon(conn: StoreConnection) -> int:
+    """The lowest position a run committed later could still take: every run below it is in
+    ``conn``'s view for good (inside a snapshot, as of the snapshot; outside one, for every
+    statement after this one)."""
+    if backend_of(conn) == "sqlite":
+        row = conn.execute(f"SELECT COALESCE(MAX(id), 0) + 1 FROM {_TABLE}").fetchone()
+    else:
+        row = conn.execute(f"SELECT {_HORIZON}").fetchone()
+    return int(row[0])
+
+
 def last_run_id(conn: StoreConnection) -> int:
-    """The id of the newest run in the store (0 if none): runs after it are "from now on"."""
+    """A cursor past every run in the store (0 if none): runs after it are "from now on".
+
+    On PostgreSQL a run still being written may land after it, as it commits after now.
+    """
     if not _has_runs(conn):
         return 0
-    row = conn.execute(f"SELECT MAX(id) FROM {_TABLE}").fetchone()
-    return int(row[0] or 0) if row else 0
+    return read_horizon(conn) - 1
 
 
 def runs_after(conn: StoreConnection, cursor: int, limit: int) -> list[RunRow]:
-    """Every agent's runs (of every source) with an id above ``cursor``, oldest first."""
+    """Every agent's runs (of every source) past ``cursor``, oldest first: about ``limit``
+    (a transaction's runs are never split, so the last one's may add a batch)."""
     if not _has_runs(conn):
         return []
-    rows = conn.execute(
-        f"SELECT id, source, success, duration_ms, extra FROM {_TABLE} "
-        "WHERE id > ? ORDER BY id LIMIT ?",
-        (cursor, limit),
-    ).fetchall()
+    if backend_of(conn) == "sqlite":
+        query = (
+            f"SELECT id, source, success, duration_ms, extra FROM {_TABLE} "
+            "WHERE id > ? ORDER BY id LIMIT ?"
+        )
+        params: tuple[Any, ...] = (cursor, limit)
+    else:
+        # the horizon from this statement's own snapshot, the one that reads below it
+        query = (
+            f"WITH h AS (SELECT {_HORIZON} AS top), b AS (SELECT COALESCE((SELECT e.tx FROM"
+            f" {_TABLE} e, h WHERE e.tx > ? AND e.tx < h.top ORDER BY e.tx LIMIT 1 OFFSET ?),"
+            " (SELECT top - 1 FROM h)) AS last)"
+            f" SELECT e.tx, e.source, e.success, e.duration_ms, e.extra FROM {_TABLE} e, b"
+            " WHERE e.tx > ? AND e.tx <= b.last ORDER BY e.tx, e.id"
+        )
+        params = (cursor, max(limit - 1, 0), cursor)
+    rows = conn.execute(query, params).fetchall()
     return [RunRow(int(i), str(s), bool(ok), float(d), extra) for i, s, ok, d, extra in rows]
 
 
@@ -99,8 +171,8 @@ def production_runs(conn: StoreConnection) -> list[tuple[str, bool, float, float
 
 
 def outcomes_after(conn: StoreConnection, agent: str, after_id: int, limit: int) -> list[bool]:
-    """Success of ``agent``'s first ``limit`` production runs with an id above ``after_id``,
-    oldest first.
+    """Success of ``agent``'s first ``limit`` production runs past the cursor ``after_id``
+    (from :func:`last_run_id`), oldest first.
 
     What a watch on a live change reads: the runs are in the store, so a process that takes
     over the watch after a crash reads the same ones. Runs recorded apart (verification,
@@ -108,9 +180,11 @@ def outcomes_after(conn: StoreConnection, agent: str, after_id: int, limit: int)
     """
     if not _has_runs(conn):
         return []
+    position = position_column(conn)
+    below = "" if position == "id" else f" AND tx < {_HORIZON}"  # this statement's
     rows = conn.execute(
-        f"SELECT success FROM {_TABLE} WHERE agent = ? AND source = ? AND id > ?"
-        " ORDER BY id LIMIT ?",
+        f"SELECT success FROM {_TABLE} WHERE agent = ? AND source = ? AND {position} > ?"
+        f"{below} ORDER BY {position}, id LIMIT ?",
         (agent, RUN, after_id, limit),
     ).fetchall()
     return [bool(ok) for (ok,) in rows]

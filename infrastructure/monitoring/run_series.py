@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
 
 from agentmend.infrastructure.monitoring.agent_window import RUN, Row
 from agentmend.infrastructure.monitoring.run_reader import production_runs
@@ -28,15 +30,23 @@ from agentmend.infrastructure.store.snapshot import read_snapshot
 from agentmend.infrastructure.store.sql import StoreConnection, has_table
 
 __all__ = [
+    "BIN_COLUMNS",
     "BUCKET_S",
     "DURATION_BINS",
     "ROLLUP_WIDTHS",
+    "UPSERT_MINUTES",
+    "UPSERT_ROLLUP",
+    "UPSERT_TOTALS",
     "SeriesPoint",
+    "SeriesTally",
     "add_runs",
     "duration_quantile",
     "read_series",
     "series_step",
     "series_width",
+    "tally",
+    "upserts",
+    "write",
 ]
 
 COMPONENT = "run_series"
@@ -53,7 +63,7 @@ def _edge(i: int) -> float:
     return 0.0 if i < 0 else 2.0 ** (i / BINS_PER_OCTAVE)
 
 
-_BIN_COLUMNS = ", ".join(f"d{i}" for i in range(DURATION_BINS))
+BIN_COLUMNS = ", ".join(f"d{i}" for i in range(DURATION_BINS))
 _BIN_SUMS = ", ".join(f"SUM(d{i})" for i in range(DURATION_BINS))
 
 ROLLUP_WIDTHS = (300, 1_800, 10_800, 86_400)
@@ -63,7 +73,7 @@ at most 8 times it, so a chart never reads more than 8 rows per point it draws."
 _ROLLUP_BACKFILL = ";".join(
     # each level from the one below it: a pass over the minutes, then ever fewer rows
     "INSERT INTO run_rollups (width, agent, bucket, runs, failures, duration_sum, "
-    f"{_BIN_COLUMNS}) SELECT {width}, agent, bucket * {finer} / {width}, SUM(runs), "
+    f"{BIN_COLUMNS}) SELECT {width}, agent, bucket * {finer} / {width}, SUM(runs), "
     f"SUM(failures), SUM(duration_sum), {_BIN_SUMS} FROM "
     + ("run_series" if finer == BUCKET_S else f"run_rollups WHERE width = {finer}")
     + f" GROUP BY agent, bucket * {finer} / {width}"
@@ -81,7 +91,7 @@ MIGRATIONS = [
         {", ".join(f"d{i} INTEGER NOT NULL DEFAULT 0" for i in range(DURATION_BINS))},
         PRIMARY KEY (agent, bucket)
     ) WITHOUT ROWID;
-    INSERT INTO run_series (agent, bucket, runs, failures, duration_sum, {_BIN_COLUMNS})
+    INSERT INTO run_series (agent, bucket, runs, failures, duration_sum, {BIN_COLUMNS})
     SELECT agent, CAST(ts / {BUCKET_S} AS INTEGER), COUNT(*), SUM(1 - success),
         SUM(duration_ms),
         {
@@ -123,23 +133,23 @@ MIGRATIONS = [
     """,
 ]
 
-_UPSERT = (
-    f"INSERT INTO run_series (agent, bucket, runs, failures, duration_sum, {_BIN_COLUMNS}) "
+UPSERT_MINUTES = (
+    f"INSERT INTO run_series (agent, bucket, runs, failures, duration_sum, {BIN_COLUMNS}) "
     f"VALUES ({', '.join('?' * (5 + DURATION_BINS))}) "
     "ON CONFLICT (agent, bucket) DO UPDATE SET runs = run_series.runs + excluded.runs, "
     "failures = run_series.failures + excluded.failures, "
     "duration_sum = run_series.duration_sum + excluded.duration_sum, "
     + ", ".join(f"d{i} = run_series.d{i} + excluded.d{i}" for i in range(DURATION_BINS))
 )
-_UPSERT_ROLLUP = (
+UPSERT_ROLLUP = (
     f"INSERT INTO run_rollups (width, agent, bucket, runs, failures, duration_sum, "
-    f"{_BIN_COLUMNS}) VALUES ({', '.join('?' * (6 + DURATION_BINS))}) "
+    f"{BIN_COLUMNS}) VALUES ({', '.join('?' * (6 + DURATION_BINS))}) "
     "ON CONFLICT (width, agent, bucket) DO UPDATE SET runs = run_rollups.runs + excluded.runs, "
     "failures = run_rollups.failures + excluded.failures, "
     "duration_sum = run_rollups.duration_sum + excluded.duration_sum, "
     + ", ".join(f"d{i} = run_rollups.d{i} + excluded.d{i}" for i in range(DURATION_BINS))
 )
-_UPSERT_TOTALS = (
+UPSERT_TOTALS = (
     "INSERT INTO run_totals (agent, runs, failures, first_ts, last_ts) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT (agent) DO UPDATE SET runs = run_totals.runs + excluded.runs, "
     "failures = run_totals.failures + excluded.failures, first_ts = CASE WHEN "
@@ -149,16 +159,24 @@ _UPSERT_TOTALS = (
 )
 
 
+_EDGES = tuple(_edge(i) for i in range(DURATION_BINS))  # the same floats, looked up
+_LAST_BIN = DURATION_BINS - 1
+
+
 def _bin(duration_ms: float) -> int:
     if duration_ms < 1.0:
         return 0
     index = int(math.log2(duration_ms) * BINS_PER_OCTAVE) + 1
     # float rounding at an edge: keep the bin the SQL backfill would choose
-    if duration_ms < _edge(index - 1):
-        index -= 1
-    elif duration_ms >= _edge(index):
-        index += 1
-    return min(DURATION_BINS - 1, index)
+    if index >= _LAST_BIN:  # the last bin holds everything longer
+        return (
+            _LAST_BIN - 1 if index == _LAST_BIN and duration_ms < _EDGES[index - 1] else _LAST_BIN
+        )
+    if duration_ms < _EDGES[index - 1]:
+        return index - 1
+    if duration_ms >= _EDGES[index]:
+        return index + 1
+    return index
 
 
 class _Tally:
@@ -168,13 +186,14 @@ class _Tally:
     the 97 bins, so rolling minutes up into coarser buckets costs per bin in use, not per bin.
     """
 
-    __slots__ = ("bins", "duration_sum", "failures", "runs")
+    __slots__ = ("bins", "duration_sum", "failures", "first_ts", "last_ts", "runs")
 
-    def __init__(self) -> None:
+    def __init__(self, ts: float = 0.0) -> None:
         self.runs = 0
         self.failures = 0
         self.duration_sum = 0.0
         self.bins: dict[int, int] = {}
+        self.first_ts = self.last_ts = ts  # of the runs added one by one (not merged)
 
     def merge(self, other: _Tally) -> None:
         self.runs += other.runs
@@ -190,45 +209,132 @@ class _Tally:
         return (self.runs, self.failures, self.duration_sum, *dense)
 
 
+class SeriesTally(NamedTuple):
+    """A batch's additions to the series, each table's rows sorted by its key (so every writer
+    takes the rows' locks in one order, and two writers cannot deadlock on them)."""
+
+    minutes: list[tuple[object, ...]]
+    """(agent, bucket, runs, failures, duration sum, *bins) per agent and minute."""
+    totals: list[tuple[object, ...]]
+    """(agent, runs, failures, first time, last time) per agent."""
+    rollups: list[tuple[object, ...]]
+    """(width, agent, bucket, runs, failures, duration sum, *bins) per coarser bucket."""
+
+
+def tally(rows: Iterable[Row]) -> SeriesTally | None:
+    """What a batch of run rows adds to the series (None: it holds no production run).
+
+    Computed before the batch's transaction begins: the transaction only sends it.
+    """
+    buckets: dict[tuple[str, int], _Tally] = {}
+    for row in rows:  # storable rows: the agent is text, the numbers are numbers
+        if row[1] != RUN:
+            continue
+        agent, success, duration_ms, ts = row[0], row[2], row[3], row[8]
+        key = (agent, int(ts // BUCKET_S))
+        minute = buckets.get(key)
+        if minute is None:
+            minute = buckets[key] = _Tally(float(ts))
+        elif ts < minute.first_ts:
+            minute.first_ts = float(ts)
+        elif ts > minute.last_ts:
+            minute.last_ts = float(ts)
+        minute.runs += 1
+        if not success:
+            minute.failures += 1
+        minute.duration_sum += duration_ms
+        b = _bin(duration_ms)
+        bins = minute.bins
+        bins[b] = bins.get(b, 0) + 1
+    # an agent's totals from its minutes: a handful per batch, not a step per run
+    totals: dict[str, list[float]] = {}
+    for (agent, _), minute in buckets.items():
+        total = totals.get(agent)
+        if total is None:
+            totals[agent] = [minute.runs, minute.failures, minute.first_ts, minute.last_ts]
+        else:
+            total[0] += minute.runs
+            total[1] += minute.failures
+            total[2] = min(total[2], minute.first_ts)
+            total[3] = max(total[3], minute.last_ts)
+    if not buckets:
+        return None
+    return SeriesTally(
+        [(agent, bucket, *buckets[(agent, bucket)].values()) for agent, bucket in sorted(buckets)],
+        [(agent, int(t[0]), int(t[1]), t[2], t[3]) for agent, t in sorted(totals.items())],
+        sorted(_rollups(buckets), key=_rollup_key),
+    )
+
+
+def _rollup_key(row: tuple[object, ...]) -> tuple[int, str, int]:
+    return (int(row[0]), str(row[1]), int(row[2]))  # type: ignore[call-overload]
+
+
+@lru_cache(maxsize=2 * DURATION_BINS)
+def _one_bin_upsert(table: str, keys: tuple[str, ...], b: int) -> str:
+    """The upsert of a bucket whose runs all fell in bin ``b``: the other bins are left as
+    they are (a new row's are 0), so it binds 6 or 7 values instead of 100 or more."""
+    columns = ", ".join(keys)
+    return (
+        f"INSERT INTO {table} ({columns}, runs, failures, duration_sum, d{b}) "
+        f"VALUES ({', '.join('?' * (len(keys) + 4))}) "
+        f"ON CONFLICT ({columns}) DO UPDATE SET runs = {table}.runs + excluded.runs, "
+        f"failures = {table}.failures + excluded.failures, "
+        f"duration_sum = {table}.duration_sum + excluded.duration_sum, "
+        f"d{b} = {table}.d{b} + excluded.d{b}"
+    )
+
+
+def _bucket_upserts(
+    table: str, keys: tuple[str, ...], dense: str, rows: list[tuple[object, ...]]
+) -> list[tuple[str, list[tuple[object, ...]]]]:
+    """A table's upserts for ``rows`` in their order, consecutive rows of one statement
+    grouped: a bucket of one bin by the short statement of its bin, any other in full."""
+    head = len(keys) + 3
+    out: list[tuple[str, list[tuple[object, ...]]]] = []
+    for row in rows:
+        bins = row[head:]
+        used = [i for i, count in enumerate(bins) if count]
+        if len(used) == 1:
+            sql, params = _one_bin_upsert(table, keys, used[0]), (*row[:head], bins[used[0]])
+        else:
+            sql, params = dense, row
+        if out and out[-1][0] == sql:
+            out[-1][1].append(params)
+        else:
+            out.append((sql, [params]))
+    return out
+
+
+def upserts(added: SeriesTally) -> list[tuple[str, list[tuple[object, ...]]]]:
+    """The statements (each with the parameters of each time it runs) that add a batch's
+    tally to the series tables: tables in a fixed order, each table's rows in key order, so
+    concurrent writers lock shared rows in one order."""
+    return [
+        *_bucket_upserts("run_series", ("agent", "bucket"), UPSERT_MINUTES, added.minutes),
+        (UPSERT_TOTALS, list(added.totals)),
+        *_bucket_upserts("run_rollups", ("width", "agent", "bucket"), UPSERT_ROLLUP, added.rollups),
+    ]
+
+
+def write(conn: StoreConnection, added: SeriesTally | None) -> None:
+    """Add a batch's tally to the series tables, in the caller's transaction."""
+    if added is None:
+        return
+    for sql, params in upserts(added):
+        conn.executemany(sql, params)
+
+
 def add_runs(conn: StoreConnection, rows: Iterable[Row]) -> None:
     """Add a batch of run rows to their buckets, rollups and totals, in the caller's
     transaction (where the rollups table exists: a store migrated by this version)."""
-    buckets: dict[tuple[str, int], _Tally] = {}
-    totals: dict[str, list[float]] = {}
-    for row in rows:
-        agent, source, success, duration_ms, ts = row[0], row[1], row[2], row[3], row[8]
-        if source != RUN:
-            continue
-        key = (str(agent), int(float(ts) // BUCKET_S))
-        tally = buckets.get(key)
-        if tally is None:
-            tally = buckets[key] = _Tally()
-        tally.runs += 1
-        if not success:
-            tally.failures += 1
-        tally.duration_sum += float(duration_ms)
-        b = _bin(float(duration_ms))
-        tally.bins[b] = tally.bins.get(b, 0) + 1
-        total = totals.get(key[0])
-        if total is None:
-            totals[key[0]] = [1, 0 if success else 1, float(ts), float(ts)]
-        else:
-            total[0] += 1
-            total[1] += 0 if success else 1
-            total[2] = min(total[2], float(ts))
-            total[3] = max(total[3], float(ts))
-    if not buckets:
+    added = tally(rows)
+    if added is None:
         return
-    conn.executemany(
-        _UPSERT,
-        [(agent, bucket, *tally.values()) for (agent, bucket), tally in buckets.items()],
-    )
-    conn.executemany(
-        _UPSERT_TOTALS,
-        [(agent, int(t[0]), int(t[1]), t[2], t[3]) for agent, t in totals.items()],
-    )
+    conn.executemany(UPSERT_MINUTES, added.minutes)
+    conn.executemany(UPSERT_TOTALS, added.totals)
     if _has_table(conn, "run_rollups"):
-        conn.executemany(_UPSERT_ROLLUP, _rollups(buckets))
+        conn.executemany(UPSERT_ROLLUP, added.rollups)
 
 
 def _rollups(minutes: dict[tuple[str, int], _Tally]) -> list[tuple[object, ...]]:

@@ -30,13 +30,17 @@ __all__ = ["storable_rows"]
 def storable_rows(rows: list[Row]) -> list[Row]:
     """``rows`` with every row that needs it replaced by its storable form (the list itself
     is changed in place and returned); a row that needs nothing is kept as it is."""
+    names: set[str] = set()  # agent names found storable: a batch has a few, many times
     for i, row in enumerate(rows):
         agent, _, _, duration, error, tin, tout, cost, _, extra = row
+        if agent not in names:
+            if len(agent) <= MAX_NAME_CHARS and agent.isascii() and "\x00" not in agent:
+                names.add(agent)
+            else:
+                rows[i] = _storable(row)
+                continue
         if (
-            len(agent) <= MAX_NAME_CHARS
-            and agent.isascii()
-            and "\x00" not in agent
-            and (error is None or (len(error) <= MAX_ERROR_CHARS and error.isascii()))
+            (error is None or (len(error) <= MAX_ERROR_CHARS and error.isascii()))
             and (error is None or "\x00" not in error)
             and (extra is None or (len(extra) <= MAX_EXTRA_CHARS and "\\u" not in extra))
             and 0.0 <= duration <= MAX_NUMBER

@@ -272,11 +272,11 @@ class Rollouts:
         # Read and pair outside any write transaction (the monitors keep writing meanwhile),
         # then store the step with a compare-and-set on the cursor: of two workers stepping
         # at once, one step counts and the other is dropped, never counted twice.
-        # The cursor is safe because execution ids become visible in id order on both
-        # backends: SQLite has one writer; on PostgreSQL every insert runs in a store
-        # transaction, which takes the store-wide writer lock before its first statement and
-        # holds it past its commit, so no id below one a reader has seen can commit later
-        # (tests/infrastructure/releases/test_release_race.py checks it with concurrent writers).
+        # The cursor is safe whatever order writers commit in: run_reader reads only below
+        # a horizon nothing can commit under later (ids on SQLite, which has one writer;
+        # transaction ids below the oldest running one on PostgreSQL, whose writers append
+        # without a lock); tests/infrastructure/releases/test_release_race.py and
+        # tests/faults/test_unlocked_appends.py check it with concurrent writers.
         conn = self.releases.store.connection()
         rows = runs_after(conn, record.cursor, _READ_BATCH)
         age_hours = ((now or time.time()) - record.started_at) / 3600.0

@@ -9,7 +9,9 @@ the backend modules (:mod:`~agentmend.infrastructure.store.sqlite`,
 Each component (executions, changes, audit, plans, ...) owns its tables and registers its own
 ordered list of migrations; the store records the version each component has reached, so a
 component can evolve its schema without touching the others. Write transactions are taken one
-at a time, up front, on both backends; commits survive a process crash.
+at a time, up front, on both backends, except the appends of runs on PostgreSQL, which go in
+concurrently without the store-wide lock (see
+:mod:`agentmend.infrastructure.monitoring.run_append`); commits survive a process crash.
 """
 
 from __future__ import annotations

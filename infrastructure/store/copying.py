@@ -174,6 +174,11 @@ def _copy_table(sconn: Any, target: Store, table: str, order: str | None) -> int
     cursor = sconn.execute(f"SELECT * FROM {table} LIMIT 0")
     columns = [d[0] for d in cursor.description]
     cursor.fetchall()
+    # a column one backend alone has (PostgreSQL's run positions) is the target's to fill
+    into: Any = target.connection().execute(f"SELECT * FROM {table} LIMIT 0")
+    held = {d[0] for d in into.description}
+    into.fetchall()
+    columns = [c for c in columns if c in held]
     names = ", ".join(columns)
     marks = ", ".join("?" * len(columns))
     insert = f"INSERT INTO {table} ({names}) VALUES ({marks})"

@@ -9,8 +9,11 @@ Write transactions keep SQLite's contract: one writer at a time, taken up front.
 by taking a store-wide transaction-level advisory lock, so a component's read-then-write inside
 a transaction (the next epoch number, a chain's head) cannot interleave with another's, and
 generated ids grow in commit order as SQLite's do, which is what lets readers catch up by id.
-Reads never wait for it. Commits are durable (``synchronous_commit`` on) and the server, not
-this process, decides when they are on disk, so ``durable`` adds nothing here.
+Reads never wait for it. The one exception is the monitor's append of runs
+(:meth:`PgConnection.append_unlocked`): it reads nothing and collides with no one, and its
+readers follow transaction ids instead of ids, so many writers append at once. Commits are
+durable (``synchronous_commit`` on) and the server, not this process, decides when they are on
+disk, so ``durable`` adds nothing here.
 
 Every session starts with the store's bounds (:mod:`agentmend.infrastructure.store.timeouts`):
 a lock waited for past ``lock_timeout`` is a :class:`~agentmend.infrastructure.errors.LockTimeout`,
@@ -125,6 +128,49 @@ class PgConnection:
             raise self._backend.error("a statement failed on", exc) from exc
         return cursor
 
+    def copy_text(self, table: str, columns: Sequence[str], data: str) -> None:
+        """Append rows already formatted as ``COPY`` text (a line per row) to ``table``."""
+        cursor = self.raw.cursor()
+        try:
+            with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+                copy.write(data)
+        except self._backend.driver_error as exc:
+            raise self._backend.error("a statement failed on", exc) from exc
+
+    def append_unlocked(
+        self,
+        copy: tuple[str, Sequence[str], str] | None,
+        statements: Sequence[tuple[str, Sequence[Sequence[Any]]]],
+    ) -> None:
+        """One write transaction that takes no store-wide lock, for appends that need no
+        order (the executions' readers follow transaction ids, see
+        :mod:`agentmend.infrastructure.monitoring.run_reader`): ``COPY`` text into a table
+        if ``copy`` = (table, columns, text) is given, then ``statements`` (each run once per
+        row of parameters, in order) and the commit, pipelined. Without ``copy``, the whole
+        transaction is one round trip; with it, three more (``BEGIN``, and ``COPY``'s two).
+        """
+        raw = self.raw
+        backend = self._backend
+        if raw.info.transaction_status != 0:  # 0 is IDLE
+            raise StoreError("an unlocked append cannot join an open transaction")
+        try:
+            if copy is not None:
+                raw.execute("BEGIN")
+                self.copy_text(*copy)
+            with raw.pipeline():
+                if copy is None:
+                    raw.execute("BEGIN")
+                cursor = raw.cursor()
+                for sql, rows in statements:
+                    cursor.executemany(translate_statement(sql), rows)
+                raw.execute("COMMIT")
+        except backend.driver_error as exc:
+            backend._rollback(self)
+            raise backend.error("a statement failed on", exc) from exc
+        except BaseException:
+            backend._rollback(self)
+            raise
+
     def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
         """Append ``rows`` to ``table`` with ``COPY ... FROM STDIN`` (names are constants)."""
         cursor = self.raw.cursor()
@@ -217,7 +263,11 @@ class PostgresBackend:
         self.params = params
         # the bounds after any options of the URL's own, so they win over its -c settings
         given = str(params.get("options") or "")
-        self._options = f"{given} {timeouts.pg_options()}".strip()
+        # through a transaction pooler, the next transaction may run on another server
+        # session: nothing is set up per session, and psycopg prepares nothing
+        pooled = timeouts.transaction_pooler
+        self._options = given if pooled else f"{given} {timeouts.pg_options()}".strip()
+        self._prepare_threshold = None if pooled else 5  # psycopg's default
         self._team_options = f"{given} {timeouts.pg_team_lock_options()}".strip()
         host = str(params.get("host") or "localhost")
         if "@" in host:  # libpq took the end of a password holding "@" for the host
@@ -252,6 +302,7 @@ class PostgresBackend:
                 autocommit=True,
                 connect_timeout=_CONNECT_TIMEOUT_S,
                 options=self._options,
+                prepare_threshold=self._prepare_threshold,
             )
         except pg.Error as exc:
             raise self.error("cannot open store", exc) from exc

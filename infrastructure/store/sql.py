@@ -24,6 +24,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from itertools import chain
 from typing import Any, Literal, Protocol
 
 __all__ = [
@@ -102,7 +103,7 @@ def append_rows(
     if full:
         many = head + ",".join([one] * per_statement)
         for i in range(0, full, per_statement):
-            conn.execute(many, [value for row in rows[i : i + per_statement] for value in row])
+            conn.execute(many, list(chain.from_iterable(rows[i : i + per_statement])))
     if full < len(rows):
         conn.executemany(head + one, rows[full:])
 

@@ -34,6 +34,9 @@ class StoreTimeouts:
     """One statement on PostgreSQL, before the server cancels it."""
     idle_s: float | None = float(_DEFAULTS["store_idle_transaction_timeout_s"].default)
     """A PostgreSQL session idle inside a transaction, before the server ends it."""
+    transaction_pooler: bool = False
+    """PostgreSQL is reached through a transaction pooler: sessions start with none of these
+    bounds (a pooler refuses startup options) and keep nothing between transactions."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StoreTimeouts:
@@ -42,6 +45,7 @@ class StoreTimeouts:
             team_lock_s=settings.team_lock_timeout_s,
             statement_s=settings.store_statement_timeout_s,
             idle_s=settings.store_idle_transaction_timeout_s,
+            transaction_pooler=settings.store_transaction_pooler,
         )
 
     def for_bulk_work(self) -> StoreTimeouts:

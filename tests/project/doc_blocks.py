@@ -30,6 +30,8 @@ KINDS = {
     "mcp-config": "the configured server started over stdio, its six tools listed",
     "fleet-setup": "run by test_docs_fleet.py: the first host's lines and another host's in two "
     "workspaces, on a real PostgreSQL server that asks for the password",
+    "pgbouncer-config": "its session settings (pool mode, ignored startup parameters) are "
+    "those the tests run PgBouncer with (tests/pgbouncer.py, sixty recorders through it)",
     "make": "each target dry-run with `make -n` (running `make test` would run the suite "
     "inside itself; `make run` installs on first use)",
     "text": "a figure (a diagram, a folder tree): nothing to run",

@@ -112,6 +112,20 @@ def test_the_make_targets_exist_and_run_what_the_docs_say() -> None:
             assert expected[target] in done.stdout, block
 
 
+def test_the_pgbouncer_settings_are_those_the_tests_record_through() -> None:
+    import configparser
+
+    from pgbouncer import SESSION_SETTINGS
+
+    (block,) = of_kind("pgbouncer-config")
+    config = configparser.ConfigParser(inline_comment_prefixes=(";",))
+    config.read_string(block.text)
+    documented = dict(config["pgbouncer"])
+    assert {name: documented.get(name) for name in SESSION_SETTINGS} == SESSION_SETTINGS
+    # a pool below the server's connections, more clients than the pool
+    assert int(documented["default_pool_size"]) < int(documented["max_client_conn"])
+
+
 def test_every_agent_file_loads_whole(tmp_path: Path) -> None:
     from agentmend import load_agent_specs
 

@@ -26,6 +26,7 @@ from release_followers import FollowingWorkers
 
 from agentmend.infrastructure.changes.audit.log import AuditLog
 from agentmend.infrastructure.files.atomic import sha256_bytes
+from agentmend.infrastructure.monitoring.run_reader import runs_after
 from agentmend.infrastructure.principal import ADMIN, Principal
 from agentmend.infrastructure.releases.follower import ReleaseFollower
 from agentmend.infrastructure.releases.log import ReleaseLog
@@ -137,10 +138,9 @@ def test_a_harmful_canary_is_rolled_back_while_stable_serves_most_runs(fleet: Fl
     # three workers stepped the rollout at once: every tagged run up to its cursor was
     # counted exactly once
     tagged = [
-        json.loads(extra)
-        for (extra,) in fleet.store.connection().execute(
-            "SELECT extra FROM executions WHERE id <= ?", (settled.cursor,)
-        )
+        json.loads(str(r.extra))
+        for r in runs_after(fleet.store.connection(), 0, 1_000_000)
+        if r.id <= settled.cursor and r.extra
     ]
     mine = [t for t in tagged if t.get("rollout") == record.rollout_id]
     assert settled.evidence.canary_runs == sum(t["release"] == harmful for t in mine)
@@ -481,10 +481,9 @@ def _outage_mid_rollout(fleet: Fleet, outage: AbstractContextManager[None]) -> N
     settled = fleet.rollouts.get(record.rollout_id)
     assert (settled.state, settled.reason) == ("promoted", "by_hand")
     mine = [
-        json.loads(extra)
-        for (extra,) in fleet.store.connection().execute(
-            "SELECT extra FROM executions WHERE id <= ?", (settled.cursor,)
-        )
+        json.loads(str(r.extra))
+        for r in runs_after(fleet.store.connection(), 0, 1_000_000)
+        if r.id <= settled.cursor and r.extra
     ]
     mine = [t for t in mine if t.get("rollout") == record.rollout_id]
     # the runs served while cut off were counted once the store was back, each once

@@ -3,12 +3,11 @@
 * Two processes publish stable releases of one team at once (each as its own host, unaudited,
   so nothing but the store serializes them): every publication gets its own version and its
   own parent, the releases form one line, the heads count every change.
-* Four processes record runs while a reader follows the executions table by id, as a rollout
-  does (``id > cursor ORDER BY id``): the reader sees every run. On PostgreSQL identity values
-  are handed out at insert time, not at commit, so this holds only because every insert runs
-  in a store transaction, which takes the store-wide writer lock before its first statement and
-  keeps it until after its commit (``store_postgres.PostgresBackend.transaction``): no run can
-  commit below an id a reader has already passed.
+* Four processes record runs while a reader follows them at a cursor, as a rollout does
+  (``run_reader.runs_after``): the reader reads every run once. The writers take no
+  store-wide lock, so a lower id may commit after a higher one; the cursor holds because it
+  follows transaction ids below the oldest transaction still running, where nothing can
+  appear later.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from crash_child import child_env
 from pg_server import PgServer
 
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.monitoring.run_reader import last_run_id, runs_after
 from agentmend.infrastructure.principal import Principal
 from agentmend.infrastructure.releases.log import ReleaseLog
 from agentmend.infrastructure.simulation import copy_team
@@ -100,7 +100,7 @@ def test_two_publishers_at_once_never_share_a_version_or_a_parent(
             assert tag in log.files(version)["research-agent.md"]  # its own content
 
 
-def test_a_reader_by_id_never_misses_a_run_committed_by_concurrent_writers(
+def test_a_reader_by_cursor_never_misses_a_run_committed_by_concurrent_writers(
     pg_server: PgServer, tmp_path: Path
 ) -> None:
     url = pg_server.create_database()
@@ -113,21 +113,18 @@ def test_a_reader_by_id_never_misses_a_run_committed_by_concurrent_writers(
         for k in range(RECORDERS)
     ]
     conn = store.connection()
-    cursor, reads_with_rows = 0, 0
-    seen: set[int] = set()
+    cursor, reads_with_rows, read = last_run_id(conn), 0, 0
     try:
         deadline = time.monotonic() + 180
         while True:
             running = any(proc.poll() is None for proc in procs)
-            rows = conn.execute(
-                "SELECT id FROM executions WHERE id > ? ORDER BY id", (cursor,)
-            ).fetchall()
+            rows = runs_after(conn, cursor, 1000)  # what a rollout reads, at its cursor
             if rows:
                 reads_with_rows += 1
-                seen.update(int(r[0]) for r in rows)
-                cursor = int(rows[-1][0])
-            if not running:
-                break  # this read began after every writer had exited
+                read += len(rows)
+                cursor = rows[-1].id
+            elif not running:
+                break  # this read began after every writer had exited, and found nothing
             assert time.monotonic() < deadline, "the recorders did not finish"
             time.sleep(0.002)
     finally:
@@ -136,8 +133,16 @@ def test_a_reader_by_id_never_misses_a_run_committed_by_concurrent_writers(
                 proc.kill()
             proc.wait()
     assert [proc.returncode for proc in procs] == [0] * RECORDERS
-    stored = {int(r[0]) for r in conn.execute("SELECT id FROM executions")}
-    assert len(stored) == RECORDERS * RUNS
+    stored = conn.execute("SELECT COUNT(*) FROM executions").fetchone()[0]
+    assert stored == RECORDERS * RUNS
+    # the last runs are read once every older write on the (shared) server has ended
+    deadline = time.monotonic() + 30
+    while read < stored and time.monotonic() < deadline:
+        rows = runs_after(conn, cursor, 1000)
+        read += len(rows)
+        cursor = rows[-1].id if rows else cursor
+        time.sleep(0 if rows else 0.05)
+    assert runs_after(conn, cursor, 1000) == []
     assert reads_with_rows > 10  # the reader really read while the writers wrote
-    assert stored - seen == set(), "runs committed below the reader's cursor were missed"
+    assert read == stored, "the reader's cursor missed runs or read some twice"
     store.close()

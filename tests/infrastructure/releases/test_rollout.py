@@ -8,6 +8,7 @@ test with a store runs on both backends (a SQLite file, a PostgreSQL database).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from agentmend.infrastructure.errors import (
     WrongArgumentType,
 )
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
+from agentmend.infrastructure.monitoring.run_reader import runs_after
 from agentmend.infrastructure.principal import ADMIN, Principal
 from agentmend.infrastructure.releases.errors import RolloutConflict
 from agentmend.infrastructure.releases.follower import ReleaseFollower
@@ -319,10 +321,23 @@ def test_what_counts_as_carrying_a_canarys_change(
 
 
 def _tagged(fleet: Fleet, rollout_id: str, version: int, *, up_to: int) -> int:
-    """The canary runs of ``rollout_id`` recorded with ids up to ``up_to``."""
-    rows = fleet.store.connection().execute("SELECT extra FROM executions WHERE id <= ?", (up_to,))
-    tags = [json.loads(extra) for (extra,) in rows]
+    """The canary runs of ``rollout_id`` at or below the cursor ``up_to``."""
+    rows = runs_after(fleet.store.connection(), 0, 1_000_000)
+    tags = [json.loads(str(r.extra)) for r in rows if r.id <= up_to and r.extra]
     return sum(t.get("rollout") == rollout_id and t.get("release") == version for t in tags)
+
+
+def _readable(fleet: Fleet) -> None:
+    """Wait until every stored run is below the readers' horizon: on PostgreSQL a run is read
+    once every write transaction older than its own has ended, and the tests' server is
+    shared with other tests' writes."""
+    conn = fleet.store.connection()
+    stored = conn.execute("SELECT COUNT(*) FROM executions").fetchone()[0]
+    for _ in range(400):  # at most 20 s
+        if len(runs_after(conn, 0, 1_000_000)) >= stored:
+            return
+        time.sleep(0.05)
+    raise AssertionError("stored runs never became readable")
 
 
 def _serve_tagged(fleet: Fleet, rollout_id: str, version: int, runs: int) -> None:
@@ -335,6 +350,7 @@ def _serve_tagged(fleet: Fleet, rollout_id: str, version: int, runs: int) -> Non
             AGENT, success=True, duration_ms=10.0, release=1, arm="stable", rollout=rollout_id
         )
     fleet.monitor.flush()
+    _readable(fleet)
 
 
 def test_a_settlement_never_overwrites_a_step_another_worker_took(

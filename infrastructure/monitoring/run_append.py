@@ -1,0 +1,100 @@
+"""A batch of runs appended to PostgreSQL by many writers at once, without a store-wide lock.
+
+Every write transaction of the store takes its store-wide lock, and with it every writer waits
+for every other's whole transaction, commit included. Runs need none of that: a batch's rows
+collide with no other writer's (each writer numbers its own, ``(writer, writer_seq)`` is
+unique), and the readers that follow them go by transaction id below a horizon
+(:mod:`~agentmend.infrastructure.monitoring.run_reader`), not by id in commit order. So a batch
+is written by a plain transaction, and everything that can happen before it does:
+
+* the rows are formatted as ``COPY`` text and the rollups' additions tallied
+  (:func:`~agentmend.infrastructure.monitoring.execution_rollup.tally`,
+  :func:`~agentmend.infrastructure.monitoring.run_series.tally`) before ``BEGIN``;
+* the rollups (totals, baseline counts, minute series, coarser series, series totals) are
+  upserted in one fixed order of tables, each table's rows in its key's order, so two writers
+  adding to the same rows take their locks in one order and cannot deadlock (taking them in
+  batch order did: that is why the lock was there). The upserts and the ``COMMIT`` are sent
+  pipelined, one round trip for them all; each is a one-row upsert the server plans once per
+  session (every time through a transaction pooler, which keeps no prepared statement), where
+  one statement carrying every table's rows as arrays cost 14 ms of planning per batch, ten
+  times its execution, and was never planned generically;
+* a batch of at most :data:`PIPELINED_ROWS` runs sends its rows as ``INSERT`` s in the same
+  pipeline, after ``BEGIN``: the whole batch is one round trip, commit included. A larger
+  one is ``BEGIN``, ``COPY`` (two round trips), then the pipeline.
+
+The store's other writes keep the lock, and the audit chain its own sequencer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agentmend.infrastructure.monitoring.execution_rollup import BASELINE_RUNS, TOTALS, RollupTally
+from agentmend.infrastructure.monitoring.run_series import SeriesTally, upserts
+from agentmend.infrastructure.store.sql import StoreConnection
+
+__all__ = ["PIPELINED_ROWS", "append", "copy_text", "rollup_statements"]
+
+PIPELINED_ROWS = 64
+"""Up to this many rows a batch's rows are ``INSERT`` s in its pipeline (one round trip in
+all); beyond it ``COPY`` is cheaper per row than a statement each."""
+
+_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+Statement = tuple[str, Sequence[Sequence[Any]]]
+"""A statement and the parameters of each time it runs."""
+
+
+def _text(value: str | None) -> str:
+    if value is None:
+        return "\\N"
+    return value.translate(_ESCAPES)
+
+
+def copy_text(rows: Sequence[Sequence[Any]]) -> str:
+    """Numbered run rows (ExecutionStore's columns) as ``COPY ... FROM STDIN`` text:
+    tab-separated, ``\\N`` for NULL, text escaped. Each column's type is known (storable rows),
+    so each is written its own way instead of asking every value what it is."""
+    return "".join(
+        [
+            f"{_text(agent)}\t{source}\t{1 if ok else 0}\t{duration!r}\t{_text(error)}\t"
+            f"{tin}\t{tout}\t{cost!r}\t{ts!r}\t{_text(extra)}\t{writer}\t{seq}\n"
+            for agent, source, ok, duration, error, tin, tout, cost, ts, extra, writer, seq in rows
+        ]
+    )
+
+
+def rollup_statements(rollup: RollupTally, series: SeriesTally | None) -> list[Statement]:
+    """The upserts that add a batch to every rollup, tables in their fixed order, each
+    table's rows in key order (as the tallies give them)."""
+    statements: list[Statement] = []
+    if rollup.totals:
+        statements.append((TOTALS, rollup.totals))
+    if rollup.baseline:
+        statements.append((BASELINE_RUNS, [(agent, agent, n) for agent, n in rollup.baseline]))
+    if series is not None:
+        statements.extend(upserts(series))
+    return statements
+
+
+def append(
+    conn: StoreConnection,
+    table: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    rollup: RollupTally,
+    series: SeriesTally | None,
+) -> None:
+    """Append a batch to ``table`` (the runs' table, named by its one writer: rows with
+    their writer and number, in ``columns``' order) and its tallies, as one transaction that
+    takes no store-wide lock."""
+    statements = rollup_statements(rollup, series)
+    if len(rows) <= PIPELINED_ROWS:
+        insert = (
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+        )
+        conn.append_unlocked(None, [(insert, rows), *statements])  # type: ignore[attr-defined]
+        return
+    data = copy_text(rows)
+    conn.append_unlocked((table, columns, data), statements)  # type: ignore[attr-defined]
