@@ -209,6 +209,9 @@ class ChangeWatcher:
         watch_id = "w-" + uuid4().hex[:12]
         # the row first, then its lease (found by the watch's id), then the change under it: a
         # crash between leaves a watch that settles as "nothing applied"
+        # the run cursor before the transaction: read outside one, it waits only for this
+        # database's older writes (run_reader.read_horizon)
+        before_id = last_run_id(self.store.connection())
         with self.store.transaction(durable=True) as conn:
             conn.execute(
                 f"INSERT INTO change_watches ({_COLUMNS}, started)"
@@ -219,7 +222,7 @@ class ChangeWatcher:
                     self.host.hostname,
                     self.host.machine_id,
                     "".join("1" if ok else "0" for ok in before),
-                    last_run_id(conn),
+                    before_id,
                     budget,
                     margin,
                     alpha,
@@ -239,10 +242,10 @@ class ChangeWatcher:
             raise
         # runs recorded while the change was applied were made by the old definition: count
         # from here (a crash before this line counts those few as the change's)
+        after_id = last_run_id(self.store.connection())
         with self.store.transaction() as conn:
             conn.execute(
-                "UPDATE change_watches SET after_id = ? WHERE watch_id = ?",
-                (last_run_id(conn), watch_id),
+                "UPDATE change_watches SET after_id = ? WHERE watch_id = ?", (after_id, watch_id)
             )
         log.info("watch_started", watch_id=watch_id, agent=agent, budget=budget)
         watch = self.get(watch_id)

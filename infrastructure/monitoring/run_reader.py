@@ -15,26 +15,29 @@ run's position is its id: one writer at a time gives ids in commit order. On Pos
 append concurrently (no store-wide lock), so a run with a lower id may commit after one with a
 higher id, and a reader at the higher id would skip it for good. There a run's position is its
 *transaction's* id (``tx``: ``pg_current_xact_id()`` plus :data:`POSITION_OFFSET`), and a reader
-reads only below the *horizon*: the oldest transaction id still running on the server when
-its statement's snapshot was taken (``pg_snapshot_xmin``, plus the offset). Every transaction
-below it had ended before that snapshot, so each of its runs is in the snapshot or was never
-committed, and nothing can appear there later: a cursor is exact whatever order writers commit
-in and whatever else their transactions did first, and still one integer (a rollout's and a
-watch's stored cursor did not change type). Where one statement can, it reads the horizon and
-the runs below it together (:func:`runs_after`, :func:`outcomes_after`).
-The price is latency, not loss: a run is read once every write transaction older than its own
-has ended, on the whole server (a snapshot does not tell databases apart). agentmend's own
-transactions are short, and each of its sessions is bounded by
-``store_idle_transaction_timeout_s``; a long write by another program on the same server (a
-bulk load, a transaction left open) holds rollouts and watches back for as long. A monitor's
-refresh does not wait (see ``ExecutionStore``). The offset keeps positions above every id: a
-store's rows from before positions existed have ``tx = id``, so a cursor kept then still reads
-on.
-A horizon from the lock table (the oldest transaction holding a lock on the runs' table) would
-not wait for writes elsewhere, but it is exact only if every transaction takes that lock
-before it has an id, which a savepoint rolled back (it releases its locks, not its id) breaks.
-The per-writer numbers ``(writer, writer_seq)`` were the other choice; they make a cursor a map
-that grows with every process that ever recorded, which an integer column cannot hold.
+reads only below the *horizon* (:func:`read_horizon`): no transaction that can still
+commit has an id below it, so no run can appear there later, and a cursor is exact whatever
+order writers commit in and whatever else their transactions did first. It is still one
+integer (a rollout's and a watch's stored cursor did not change type).
+
+Outside a transaction the horizon is the oldest id among the transactions running in the
+store's database (the sessions' ``backend_xid``, and prepared transactions), or the next id if
+none runs, read in a statement before the one that reads below it: a transaction running
+elsewhere on the server cannot write this database's runs, so it holds no reader back. Inside
+a transaction it is the oldest transaction running on the whole server when the snapshot was
+taken (``pg_snapshot_xmin``): exact for a snapshot, which a listing of sessions taken after it
+is not. The price is latency, not loss: a run is read once every write transaction in the
+database older than its own has ended. agentmend's own are short, and each of its sessions is
+bounded by ``store_idle_transaction_timeout_s``. A monitor's refresh does not wait at all (see
+``ExecutionStore``). The offset keeps positions above every id: a store's rows from before
+positions existed have ``tx = id``, so a cursor kept then still reads on.
+
+Two other horizons were tried. The oldest holder of a lock on the runs' table is exact only if
+every transaction takes that lock before it has an id, which a savepoint rolled back (it
+releases its locks, not its id) breaks: a cursor passed such a transaction and missed its runs.
+``pg_snapshot_xmin`` alone is exact everywhere but waits for every write on the server, in
+every database. A cursor per writer (the ``(writer, writer_seq)`` every run carries) would be a
+map that grows with every process that ever recorded, which an integer column cannot hold.
 """
 
 from __future__ import annotations
@@ -98,15 +101,37 @@ def position_column(conn: StoreConnection) -> str:
     return "id" if backend_of(conn) == "sqlite" else "tx"
 
 
+# the next transaction id as of this statement's snapshot, then the ids of the transactions
+# running in this database (read after the snapshot: one running at it is listed, or has ended)
+_RUNNING_HERE = (
+    "SELECT CAST(CAST(pg_snapshot_xmax(pg_current_snapshot()) AS TEXT) AS BIGINT),"
+    " ARRAY(SELECT CAST(CAST(backend_xid AS TEXT) AS BIGINT) FROM pg_stat_activity"
+    " WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND backend_xid IS NOT NULL UNION ALL SELECT CAST(CAST(transaction AS TEXT) AS BIGINT)"
+    " FROM pg_prepared_xacts WHERE database = current_database())"
+)
+_XID_SPAN = 1 << 32
+
+
 def read_horizon(conn: StoreConnection) -> int:
     """The lowest position a run committed later could still take: every run below it is in
-    ``conn``'s view for good (inside a snapshot, as of the snapshot; outside one, for every
+    ``conn``'s view for good (inside a transaction, in its snapshot; outside one, in every
     statement after this one)."""
     if backend_of(conn) == "sqlite":
         row = conn.execute(f"SELECT COALESCE(MAX(id), 0) + 1 FROM {_TABLE}").fetchone()
-    else:
-        row = conn.execute(f"SELECT {_HORIZON}").fetchone()
-    return int(row[0])
+        return int(row[0])
+    if conn.in_transaction:
+        return int(conn.execute(f"SELECT {_HORIZON}").fetchone()[0])
+    upcoming, running = conn.execute(_RUNNING_HERE).fetchone()
+    upcoming = int(upcoming)
+    oldest = upcoming
+    for xid in running or ():
+        # a 32-bit id as the 64-bit one it is: running ids lie within 2**31 of the next id, and
+        # one at or after it (given after the snapshot) cannot hold the horizon below it
+        behind = (upcoming - int(xid)) % _XID_SPAN
+        if 0 < behind < _XID_SPAN // 2:
+            oldest = min(oldest, upcoming - behind)
+    return oldest + POSITION_OFFSET
 
 
 def last_run_id(conn: StoreConnection) -> int:
@@ -131,15 +156,14 @@ def runs_after(conn: StoreConnection, cursor: int, limit: int) -> list[RunRow]:
         )
         params: tuple[Any, ...] = (cursor, limit)
     else:
-        # the horizon from this statement's own snapshot, the one that reads below it
+        top = read_horizon(conn)  # in a statement before the one that reads below it
         query = (
-            f"WITH h AS (SELECT {_HORIZON} AS top), b AS (SELECT COALESCE((SELECT e.tx FROM"
-            f" {_TABLE} e, h WHERE e.tx > ? AND e.tx < h.top ORDER BY e.tx LIMIT 1 OFFSET ?),"
-            " (SELECT top - 1 FROM h)) AS last)"
+            f"WITH b AS (SELECT COALESCE((SELECT e.tx FROM {_TABLE} e WHERE e.tx > ?"
+            " AND e.tx < ? ORDER BY e.tx LIMIT 1 OFFSET ?), ?) AS last)"
             f" SELECT e.tx, e.source, e.success, e.duration_ms, e.extra FROM {_TABLE} e, b"
             " WHERE e.tx > ? AND e.tx <= b.last ORDER BY e.tx, e.id"
         )
-        params = (cursor, max(limit - 1, 0), cursor)
+        params = (cursor, top, max(limit - 1, 0), top - 1, cursor)
     rows = conn.execute(query, params).fetchall()
     return [RunRow(int(i), str(s), bool(ok), float(d), extra) for i, s, ok, d, extra in rows]
 
@@ -181,7 +205,8 @@ def outcomes_after(conn: StoreConnection, agent: str, after_id: int, limit: int)
     if not _has_runs(conn):
         return []
     position = position_column(conn)
-    below = "" if position == "id" else f" AND tx < {_HORIZON}"  # this statement's
+    # on PostgreSQL, below a horizon read in a statement before this one
+    below = "" if position == "id" else f" AND tx < {read_horizon(conn)}"
     rows = conn.execute(
         f"SELECT success FROM {_TABLE} WHERE agent = ? AND source = ? AND {position} > ?"
         f"{below} ORDER BY {position}, id LIMIT ?",

@@ -127,6 +127,10 @@ class Rollouts:
         by: Principal,
     ) -> None:
         version = release.version
+        # the cursor before the transaction (read outside one, it waits only for this
+        # database's older writes): every run of this rollout is recorded after its start
+        # commits, so it lies past the cursor
+        cursor = last_run_id(self.releases.store.connection())
         with self.releases.write() as (conn, txn):
             heads = self.releases.lock_heads(conn)
             if heads.stable is None:
@@ -144,7 +148,6 @@ class Rollouts:
                 raise PermissionRequired(
                     by.user_id, ADMIN, "start a canary that widens " + "; ".join(widens)
                 )
-            cursor = last_run_id(conn)
             conn.execute(
                 "INSERT INTO rollout_secrets (rollout_id, secret) VALUES (?, ?)",
                 (rollout_id, secrets.token_hex(16)),

@@ -35,7 +35,12 @@ from services import unavailable
 from agentmend.infrastructure.monitoring.agent_window import RUN, Row
 from agentmend.infrastructure.monitoring.execution_store import ExecutionStore
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
-from agentmend.infrastructure.monitoring.run_reader import last_run_id, outcomes_after, runs_after
+from agentmend.infrastructure.monitoring.run_reader import (
+    last_run_id,
+    outcomes_after,
+    read_horizon,
+    runs_after,
+)
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.timeouts import StoreTimeouts
 
@@ -168,6 +173,35 @@ def test_a_transaction_that_had_its_id_before_writing_runs_is_not_passed_by_a_cu
     assert _counts(checker) == {"early": 1, "later": 1}
     checker.close()
     checker_store.close()
+    store.close()
+
+
+def test_a_write_left_open_in_another_database_holds_no_reader_back(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    """A transaction of another database cannot write this one's runs, so readers outside a
+    transaction do not wait for it; a snapshot (which cannot tell databases apart) does."""
+    import psycopg
+
+    url = pg_server.create_database()
+    elsewhere: Any = psycopg.connect(pg_server.create_database(), autocommit=True)
+    store = Store(url, files_dir=tmp_path / "w")
+    writer = ExecutionStore(store, uuid.uuid4().hex)
+    conn = store.connection()
+    start = last_run_id(conn)
+    try:
+        elsewhere.execute("CREATE TABLE bulk_load (x int)")
+        elsewhere.execute("BEGIN")
+        elsewhere.execute("INSERT INTO bulk_load VALUES (1)")  # an id, held open
+        writer.insert([_run("later")])
+        rows = runs_after(conn, start, 100)
+        assert [r.source for r in rows] == [RUN]  # read at once
+        assert outcomes_after(conn, "later", start, 10) == [True]
+        with store.snapshot() as snap:  # a snapshot's horizon is the whole server's
+            assert read_horizon(snap) <= rows[0].id
+        assert last_run_id(conn) >= rows[0].id
+    finally:
+        elsewhere.close()
     store.close()
 
 
