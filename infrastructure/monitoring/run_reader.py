@@ -127,7 +127,7 @@ def read_horizon(conn: StoreConnection) -> int:
     oldest = upcoming
     for xid in running or ():
         # a 32-bit id as the 64-bit one it is: running ids lie within 2**31 of the next id, and
-        # one at or after it (given after the snapshot) cannot hold the horizon below it
+        # one at or past it cannot hold the horizon below it
         behind = (upcoming - int(xid)) % _XID_SPAN
         if 0 < behind < _XID_SPAN // 2:
             oldest = min(oldest, upcoming - behind)
@@ -137,7 +137,8 @@ def read_horizon(conn: StoreConnection) -> int:
 def last_run_id(conn: StoreConnection) -> int:
     """A cursor past every run in the store (0 if none): runs after it are "from now on".
 
-    On PostgreSQL a run still being written may land after it, as it commits after now.
+    On PostgreSQL a run still being written may land after it, as it commits after now, and
+    so may a run committed just now while an older transaction of the database still runs.
     """
     if not _has_runs(conn):
         return 0
