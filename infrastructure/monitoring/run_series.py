@@ -18,6 +18,7 @@ whatever the length of the history.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -159,24 +160,11 @@ UPSERT_TOTALS = (
 )
 
 
-_EDGES = tuple(_edge(i) for i in range(DURATION_BINS))  # the same floats, looked up
+# A duration's bin is the number of edges at or below it (bin i holds [edge(i - 1), edge(i))),
+# the last bin holding everything longer: what the SQL backfill chooses, as the same floats
+# are compared, so no rounding can move a run across an edge.
+_EDGES = tuple(_edge(i) for i in range(DURATION_BINS))
 _LAST_BIN = DURATION_BINS - 1
-
-
-def _bin(duration_ms: float) -> int:
-    if duration_ms < 1.0:
-        return 0
-    index = int(math.log2(duration_ms) * BINS_PER_OCTAVE) + 1
-    # float rounding at an edge: keep the bin the SQL backfill would choose
-    if index >= _LAST_BIN:  # the last bin holds everything longer
-        return (
-            _LAST_BIN - 1 if index == _LAST_BIN and duration_ms < _EDGES[index - 1] else _LAST_BIN
-        )
-    if duration_ms < _EDGES[index - 1]:
-        return index - 1
-    if duration_ms >= _EDGES[index]:
-        return index + 1
-    return index
 
 
 class _Tally:
@@ -227,6 +215,7 @@ def tally(rows: Iterable[Row]) -> SeriesTally | None:
     Computed before the batch's transaction begins: the transaction only sends it.
     """
     buckets: dict[tuple[str, int], _Tally] = {}
+    edges, last = _EDGES, _LAST_BIN
     for row in rows:  # storable rows: the agent is text, the numbers are numbers
         if row[1] != RUN:
             continue
@@ -243,7 +232,9 @@ def tally(rows: Iterable[Row]) -> SeriesTally | None:
         if not success:
             minute.failures += 1
         minute.duration_sum += duration_ms
-        b = _bin(duration_ms)
+        b = bisect_right(edges, duration_ms)  # its bin (see _EDGES)
+        if b > last:
+            b = last
         bins = minute.bins
         bins[b] = bins.get(b, 0) + 1
     # an agent's totals from its minutes: a handful per batch, not a step per run

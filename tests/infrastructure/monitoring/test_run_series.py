@@ -4,6 +4,7 @@ chart of a long history reads from."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from pathlib import Path
 
@@ -77,6 +78,35 @@ def test_the_rollups_kept_as_runs_are_written_equal_a_backfill_from_the_minutes(
     assert [r[5] for r in live] == pytest.approx([r[5] for r in backfilled], rel=1e-12)
     assert per_width == dict.fromkeys(ROLLUP_WIDTHS, runs)  # verification runs left out
     assert 4 <= day_buckets <= 5
+    store.close()
+
+
+def test_the_minutes_kept_as_runs_are_written_bin_every_duration_as_the_backfill_does(
+    tmp_path: Path,
+) -> None:
+    """Every bin edge, the floats either side of it, and random durations: the bins a batch's
+    tally adds equal those the SQL backfill computes from the same runs."""
+    edges = [2.0 ** (i / 4) for i in range(100)]
+    durations = [0.0, 0.5, 1e300] + [
+        d for e in edges for d in (math.nextafter(e, 0.0), e, math.nextafter(e, math.inf))
+    ]
+    rng = random.Random(5)
+    durations += [rng.lognormvariate(5.0, 3.0) for _ in range(2_000)]
+    start = 1_700_000_000.0
+    rows: list[Row] = [
+        ("a", "run", True, d, None, 1, 1, 0.0, start + i * 0.01, None)
+        for i, d in enumerate(durations)
+    ]
+    store = _store_with(tmp_path, rows, batch=101)
+    with store.transaction() as conn:
+        live = conn.execute("SELECT * FROM run_series ORDER BY agent, bucket").fetchall()
+        for table in ("run_rollups", "run_totals", "run_series"):
+            conn.execute(f"DROP TABLE {table}")
+        for statement in _split_sql(MIGRATIONS[0]):
+            conn.execute(statement)
+        backfilled = conn.execute("SELECT * FROM run_series ORDER BY agent, bucket").fetchall()
+    assert sum(r[2] for r in live) == len(durations)
+    assert [r[:4] + r[5:] for r in live] == [r[:4] + r[5:] for r in backfilled]
     store.close()
 
 
