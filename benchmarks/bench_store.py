@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -83,11 +84,13 @@ def _child(argv: list[str]) -> None:
     store.close()
 
 
-def _processes(mode: str, url: str, files_dir: Path, workers: int, count: int) -> float:
-    """Start ``workers`` children, release them together; seconds until the last is done."""
+def release_together(script: str, args: Sequence[str], workers: int) -> float:
+    """Start ``workers`` children of ``script`` (``--child``, then ``args`` with the worker's
+    number after the third), release them together once each has said ``READY``; seconds
+    until the last is done."""
     children = [
         subprocess.Popen(
-            [sys.executable, __file__, "--child", mode, url, str(files_dir), str(w), str(count)],
+            [sys.executable, script, "--child", *args[:3], str(w), *args[3:]],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -96,16 +99,17 @@ def _processes(mode: str, url: str, files_dir: Path, workers: int, count: int) -
     ]
     for child in children:
         assert child.stdout is not None
-        child.stdout.readline()
+        if child.stdout.readline().strip() != "READY":
+            raise SystemExit(f"a {args[0]} worker did not start")
     start = time.perf_counter()
     for child in children:
         assert child.stdin is not None
         child.stdin.write("go\n")
         child.stdin.flush()
     for child in children:
-        child.wait(timeout=600)
+        child.wait(timeout=900)
         if child.returncode != 0:
-            raise SystemExit(f"a {mode} worker failed ({child.returncode})")
+            raise SystemExit(f"a {args[0]} worker failed ({child.returncode})")
     elapsed = time.perf_counter() - start
     for child in children:
         for stream in (child.stdin, child.stdout):
@@ -121,7 +125,7 @@ def _count(url: str, files_dir: Path, table: str) -> int:
 
 def recording(url: str, files_dir: Path, workers: int, runs: int) -> tuple[float, bool]:
     before = _count(url, files_dir, "executions") if workers > 1 else None
-    elapsed = _processes("record", url, files_dir, workers, runs)
+    elapsed = release_together(__file__, ["record", url, str(files_dir), str(runs)], workers)
     after = _count(url, files_dir, "executions")
     whole = before is None or after - before == workers * runs
     return workers * runs / elapsed, whole
@@ -189,7 +193,7 @@ def _median_p95(values: list[float]) -> tuple[float, float]:
 
 
 def audit_throughput(url: str, files_dir: Path, rows: int) -> tuple[float, bool]:
-    elapsed = _processes("audit", url, files_dir, 4, rows)
+    elapsed = release_together(__file__, ["audit", url, str(files_dir), str(rows)], 4)
     with Store(url, files_dir=files_dir) as store:
         verified = bool(AuditLog(store).verify_chain(repair=False))
     return 4 * rows / elapsed, verified

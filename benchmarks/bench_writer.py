@@ -34,7 +34,6 @@ import argparse
 import os
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from bench_store import release_together
 from pg_server import PgServer
 
 from agentmend.infrastructure.monitoring.agent_window import RUN
@@ -133,38 +133,6 @@ def _child(argv: list[str]) -> None:
     sys.stdout.flush()
 
 
-def _processes(args: list[str], workers: int) -> float:
-    """Start ``workers`` children, release them together; seconds until the last is done."""
-    children = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--child", args[0], args[1], args[2], str(w), *args[3:]],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for w in range(workers)
-    ]
-    for child in children:
-        assert child.stdout is not None
-        if child.stdout.readline().strip() != "READY":
-            raise SystemExit(f"a {args[0]} worker did not start")
-    start = time.perf_counter()
-    for child in children:
-        assert child.stdin is not None
-        child.stdin.write("go\n")
-        child.stdin.flush()
-    for child in children:
-        child.wait(timeout=900)
-        if child.returncode != 0:
-            raise SystemExit(f"a {args[0]} worker failed ({child.returncode})")
-    elapsed = time.perf_counter() - start
-    for child in children:
-        for stream in (child.stdin, child.stdout):
-            if stream is not None:
-                stream.close()
-    return elapsed
-
-
 def _fresh(server: PgServer, files_dir: Path) -> str:
     url = server.create_database()
     with Store(url, files_dir=files_dir) as store:
@@ -177,7 +145,7 @@ def _rate(
 ) -> float:
     url = _fresh(server, files_dir)
     args = [mode, url, str(files_dir), str(runs), str(batch), "1" if shared else "0"]
-    elapsed = _processes(args, workers)
+    elapsed = release_together(__file__, args, workers)
     with Store(url, files_dir=files_dir) as store:
         stored = int(store.connection().execute("SELECT COUNT(*) FROM executions").fetchone()[0])
     if stored != workers * runs:
@@ -250,21 +218,24 @@ def postgres(args: argparse.Namespace, files_dir: Path) -> None:
         server.stop()
 
 
+def _plain_sqlite(path: Path) -> tuple[sqlite3.Connection, str]:
+    """A fresh SQLite file with the executions table ``ExecutionStore`` makes, opened as the
+    store opens it (WAL, ``synchronous=NORMAL``), and the bare INSERT of one run."""
+    with Store(path) as store:
+        ExecutionStore(store, uuid.uuid4().hex)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    columns = ", ".join(_COLUMNS)
+    return conn, f"INSERT INTO executions ({columns}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+
+
 def sqlite(args: argparse.Namespace, base: Path) -> None:
     rows = _rows(0, args.runs, False)
     batches = [rows[i : i + args.batch] for i in range(0, len(rows), args.batch)]
     best: dict[str, float] = {}
     for attempt in range(3):  # interleaved, best of three each
-        path = base / f"plain-{attempt}.db"
-        with Store(path) as store:
-            ExecutionStore(store, uuid.uuid4().hex)
-        conn = sqlite3.connect(path, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        insert = (
-            f"INSERT INTO executions ({', '.join(_COLUMNS)}) VALUES "
-            f"({', '.join('?' * len(_COLUMNS))})"
-        )
+        conn, insert = _plain_sqlite(base / f"plain-{attempt}.db")
         writer, seq = uuid.uuid4().hex, 0
         start = time.perf_counter()
         for part in batches:
@@ -322,14 +293,7 @@ def _monitor_rate(path: Path, runs: int) -> float:
 
 def _executemany_rate(path: Path, runs: int) -> float:
     """The same runs by ``executemany``, 1,000 per transaction (the monitor's batch)."""
-    with Store(path) as store:
-        ExecutionStore(store, uuid.uuid4().hex)
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    insert = (
-        f"INSERT INTO executions ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
-    )
+    conn, insert = _plain_sqlite(path)
     rows = [(*r[:2], int(r[2]), *r[3:], "w", i) for i, r in enumerate(_rows(0, runs, False))]
     start = time.perf_counter()
     for i in range(0, runs, 1000):

@@ -71,6 +71,24 @@ def _counts(monitor: PerformanceMonitor) -> dict[str, int]:
     return {agent: m.executions for agent, m in monitor.get_metrics().items()}
 
 
+class _Readers:
+    """A store with a writer of its own, a monitor on another connection that reads by
+    refresh (as the checker does), the store's connection and a cursor taken at the start."""
+
+    def __init__(self, url: str, tmp_path: Path) -> None:
+        self.store = Store(url, files_dir=tmp_path / "w")
+        self.writer = ExecutionStore(self.store, uuid.uuid4().hex)
+        self._checker_store = Store(url, files_dir=tmp_path / "c")
+        self.checker = PerformanceMonitor(self._checker_store)
+        self.conn = self.store.connection()
+        self.start = last_run_id(self.conn)
+
+    def close(self) -> None:
+        self.checker.close()
+        self._checker_store.close()
+        self.store.close()
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_run_committed_after_a_later_id_is_read_once_by_every_reader(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
@@ -79,12 +97,8 @@ def test_a_run_committed_after_a_later_id_is_read_once_by_every_reader(
         url = request.getfixturevalue("pg_server").create_database()
     else:
         url = str(tmp_path / "agentmend.db")
-    store = Store(url, files_dir=tmp_path / "w")
-    later = ExecutionStore(store, uuid.uuid4().hex)
-    checker_store = Store(url, files_dir=tmp_path / "c")
-    checker = PerformanceMonitor(checker_store)  # reads by refresh, as the checker does
-    conn = store.connection()
-    start = last_run_id(conn)
+    readers = _Readers(url, tmp_path)
+    later, checker, conn, start = readers.writer, readers.checker, readers.conn, readers.start
     early_writer = uuid.uuid4().hex
     insert = _INSERT_ONE.format(ts=time.time(), writer=early_writer)
     if backend == "postgresql":
@@ -123,9 +137,7 @@ def test_a_run_committed_after_a_later_id_is_read_once_by_every_reader(
     checker.refresh()
     assert _counts(checker) == {"early": 1, "later": 1}  # each run counted once
     assert checker.refresh() == 0
-    checker.close()
-    checker_store.close()
-    store.close()
+    readers.close()
 
 
 def test_a_transaction_that_had_its_id_before_writing_runs_is_not_passed_by_a_cursor(
@@ -139,12 +151,8 @@ def test_a_transaction_that_had_its_id_before_writing_runs_is_not_passed_by_a_cu
     import psycopg
 
     url = pg_server.create_database()
-    store = Store(url, files_dir=tmp_path / "w")
-    later = ExecutionStore(store, uuid.uuid4().hex)
-    checker_store = Store(url, files_dir=tmp_path / "c")
-    checker = PerformanceMonitor(checker_store)
-    conn = store.connection()
-    start = last_run_id(conn)
+    readers = _Readers(url, tmp_path)
+    later, checker, conn, start = readers.writer, readers.checker, readers.conn, readers.start
     insert = _INSERT_ONE.format(ts=time.time(), writer=uuid.uuid4().hex)
     early: Any = psycopg.connect(url, autocommit=True)
     try:
@@ -171,9 +179,7 @@ def test_a_transaction_that_had_its_id_before_writing_runs_is_not_passed_by_a_cu
     assert outcomes_after(conn, "early", start, 10) == [False]
     checker.refresh()
     assert _counts(checker) == {"early": 1, "later": 1}
-    checker.close()
-    checker_store.close()
-    store.close()
+    readers.close()
 
 
 def test_a_write_left_open_in_another_database_holds_no_reader_back(
@@ -230,12 +236,8 @@ def test_a_writer_killed_mid_batch_leaves_none_of_it_and_readers_move_on(
     pg_server: PgServer, tmp_path: Path
 ) -> None:
     url = pg_server.create_database()
-    store = Store(url, files_dir=tmp_path / "w")
-    other = ExecutionStore(store, uuid.uuid4().hex)
-    checker_store = Store(url, files_dir=tmp_path / "c")
-    checker = PerformanceMonitor(checker_store)
-    conn = store.connection()
-    start = last_run_id(conn)
+    readers = _Readers(url, tmp_path)
+    other, checker, conn, start = readers.writer, readers.checker, readers.conn, readers.start
     child = subprocess.Popen(
         [sys.executable, "-c", _KILLED_CHILD, url, str(tmp_path / "k")],
         stdout=subprocess.PIPE,
@@ -270,9 +272,7 @@ def test_a_writer_killed_mid_batch_leaves_none_of_it_and_readers_move_on(
     totals = dict(conn.execute("SELECT agent, executions FROM execution_totals").fetchall())
     series = dict(conn.execute("SELECT agent, runs FROM run_totals").fetchall())
     assert stored == totals == series == {"killed": 10, "other": 3}  # rollups match the rows
-    checker.close()
-    checker_store.close()
-    store.close()
+    readers.close()
 
 
 RECORDERS = 60
