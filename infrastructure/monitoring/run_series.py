@@ -234,6 +234,8 @@ def tally(rows: Iterable[Row]) -> SeriesTally | None:
         minute.duration_sum += duration_ms
         b = bisect_right(edges, duration_ms)  # its bin (see _EDGES)
         if b > last:
+            if not duration_ms < math.inf:  # infinite or NaN: no sum or bin can hold it
+                raise OverflowError(f"a run's duration is not a finite number: {duration_ms}")
             b = last
         bins = minute.bins
         bins[b] = bins.get(b, 0) + 1
