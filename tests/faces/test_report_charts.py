@@ -15,6 +15,7 @@ import pytest
 from cli_run import demo_workspace
 
 from agentmend.faces.report.data import ReportData, collect_report
+from agentmend.faces.report.page import _ticks as axis_ticks
 from agentmend.faces.report.page import render_report
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
 from agentmend.infrastructure.detection.series import StatisticStep
@@ -131,6 +132,19 @@ def test_each_chart_has_a_time_axis_in_utc(demo: ReportData) -> None:
             moment = datetime.fromtimestamp(ts, UTC)
             assert label.startswith(moment.strftime("%H:%M"))
         assert "UTC" in [el.text for el in svg.iter(f"{SVG}text")]
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 60.0, 3600.0, 86_400.0])
+def test_an_axis_of_any_span_has_three_to_seven_ticks(scale: float) -> None:
+    """Spans from a few scale units to a few hundred, at starts that put the ticks anywhere:
+    never fewer than 3 ticks (a span of 1.3 s once got 2, half a second apart), never more
+    than 7."""
+    for step in range(1, 400):
+        span = scale * (3 + step * 0.37)
+        start = T0 + (step * 7919 % 1000) / 1000 * span
+        ticks = axis_ticks(start, start + span)
+        assert 3 <= len(ticks) <= 7, (span, len(ticks))
+        assert all(start <= ts <= start + span for ts, _ in ticks)
 
 
 def test_ticks_are_hours_over_a_day_and_dates_beyond(demo: ReportData) -> None:

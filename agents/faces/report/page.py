@@ -33,14 +33,16 @@ _RATE, _LATENCY, _STATISTIC = (10, 67), (75, 132), (148, 192)
 _AXIS_Y = 200
 """The time axis: its line, and its tick labels beneath it."""
 _TICKS_S = (
-    *(0.001 * m for m in (1, 2, 5, 10, 20, 50, 100, 200, 500)),
-    *(1, 2, 5, 10, 15, 30),
-    *(60 * m for m in (1, 2, 5, 10, 15, 30)),
+    *(0.001 * m for m in (1, 2, 3, 5, 10, 20, 30, 50, 100, 200, 300, 500)),
+    *(1, 2, 3, 5, 10, 15, 30),
+    *(60 * m for m in (1, 2, 3, 5, 10, 15, 30)),
     *(3600 * h for h in (1, 2, 3, 6, 12)),
-    *(86_400 * d for d in (1, 2, 7, 14, 30, 61, 91, 183, 365)),
+    *(86_400 * d for d in (1, 2, 4, 7, 14, 30, 61, 91, 183, 365)),
 )
-"""Tick intervals a time axis may use, finest first: each a round number on a clock."""
-_MAX_TICKS = 6
+"""Tick intervals a time axis may use, finest first: each a round number on a clock, and each
+at most 7/3 times the one before, so the first that gives at most ``_MAX_TICKS`` ticks gives at
+least 3 (the one before gave 8 or more)."""
+_MAX_TICKS = 7
 _STAT_COLOURS = {LOW_SUCCESS: "#6a4c93", SLOWDOWN: "#2a9d8f"}
 
 _STYLE = """
@@ -153,9 +155,11 @@ def _ticks(start: float, end: float) -> list[tuple[float, str]]:
     """A few round times inside ``start``..``end`` (UTC), labelled HH:MM (with seconds or
     their fractions when the ticks are that close), or by date when the span passes a day."""
     span = end - start
-    interval = next((t for t in _TICKS_S if span / t <= _MAX_TICKS), _TICKS_S[-1])
-    first = math.ceil(start / interval - 1e-9)
-    last = math.floor(end / interval + 1e-9)
+    for interval in _TICKS_S:  # the finest whose ticks inside the span are few enough
+        first = math.ceil(start / interval - 1e-9)
+        last = math.floor(end / interval + 1e-9)
+        if last - first + 1 <= _MAX_TICKS:
+            break
     if span > 86_400:
         fmt = "%m-%d" if interval >= 86_400 else "%m-%d %H:%M"
     elif interval >= 60:
