@@ -46,6 +46,7 @@ from statistics import NormalDist
 __all__ = [
     "EXACT_SUBSET_MAX",
     "FAILURE_MULTIPLES",
+    "LEGACY_FAILURE_MULTIPLES",
     "LEGACY_SLOWNESS_TILTS",
     "SLOWNESS_TILTS",
     "CanaryGuard",
@@ -54,16 +55,14 @@ __all__ = [
     "subset_log_mgf",
 ]
 
-FAILURE_MULTIPLES: tuple[tuple[float, float], ...] = (
-    (2.0, 0.5),
-    (3.0, 0.2),
-    (5.0, 0.15),
-    (12.0, 0.15),
-)
+FAILURE_MULTIPLES: tuple[tuple[float, float], ...] = ((2.25, 0.6), (3.0, 0.4))
 """(the canary's failure rate as a multiple of stable's, its weight) in the failure guard's
-mixture. Half the weight is on doubling: a small harm needs every bit of the budget to be seen
-as soon as the detector would see it on a full rollout, while a large one earns its evidence in a
-few runs and pays little for a small weight (``benchmarks/bench_rollout.py`` part 1)."""
+mixture. All the weight is near the smallest harm worth seeing as soon as the detector would
+on a full rollout, a canary failing twice as often, and a little above it: half of such canaries
+are caught on windows luckier than average, where a multiple above the true one reaches the
+boundary sooner (a mixture centred on 2 itself catches them later in the median, one centred on
+3 later on average). A larger harm earns its evidence in a few runs at these multiples too
+(``benchmarks/bench_rollout.py`` part 1)."""
 
 SLOWNESS_TILTS: tuple[tuple[float, float], ...] = ((0.6, 0.7), (1.2, 0.3))
 """(tilt in normal-score units, its weight) in the slow-run guard's mixture. The guard's
@@ -75,6 +74,15 @@ there, and the tilt of 1.2 serves it best (``benchmarks/bench_rollout.py`` part 
 LEGACY_SLOWNESS_TILTS: tuple[tuple[float, float], ...] = ((0.5, 0.3), (1.0, 0.4), (2.0, 0.3))
 """The slow-run guard's mixture before ``SLOWNESS_TILTS``: a rollout keeps the mixture it
 started with (its log-wealths are per tilt, so changing tilts midway would break the test)."""
+
+LEGACY_FAILURE_MULTIPLES: tuple[tuple[float, float], ...] = (
+    (2.0, 0.5),
+    (3.0, 0.2),
+    (5.0, 0.15),
+    (12.0, 0.15),
+)
+"""The failure guard's mixture before ``FAILURE_MULTIPLES``, kept for the rollouts that started
+with it (likewise per multiple)."""
 
 _NORMAL = NormalDist()
 
@@ -192,9 +200,12 @@ class CanaryGuard:
             raise ValueError(f"{len(self.log_wealth)} wealths for {len(self.tilts)} tilts")
 
     @classmethod
-    def for_failures(cls, log_wealth: Sequence[float] = ()) -> CanaryGuard:
-        tilts = tuple(math.log(m) for m, _ in FAILURE_MULTIPLES)
-        return cls(tilts, list(log_wealth), tuple(w for _, w in FAILURE_MULTIPLES))
+    def for_failures(cls, log_wealth: Sequence[float] = (), *, legacy: bool = False) -> CanaryGuard:
+        """The failure guard; ``legacy``: with the mixture of rollouts started before
+        ``FAILURE_MULTIPLES`` (``LEGACY_FAILURE_MULTIPLES``)."""
+        mixture = LEGACY_FAILURE_MULTIPLES if legacy else FAILURE_MULTIPLES
+        tilts = tuple(math.log(m) for m, _ in mixture)
+        return cls(tilts, list(log_wealth), tuple(w for _, w in mixture))
 
     @classmethod
     def for_slowness(cls, log_wealth: Sequence[float] = (), *, legacy: bool = False) -> CanaryGuard:

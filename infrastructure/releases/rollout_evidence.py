@@ -87,9 +87,11 @@ fault takes 1.13 times as long, and must still be promoted)."""
 TRUSTED_RECEIVERS_SETTING = "AGENTMEND_TRUSTED_RECEIVERS"
 """The receivers whose labelled runs count in a rollout: names, comma-separated."""
 
-GUARD_MIXTURE = 2
-"""The slow-run guard's mixture a new rollout starts with: 2, ``SLOWNESS_TILTS``; 1 (a rollout
-recorded before this field), ``LEGACY_SLOWNESS_TILTS``. A rollout keeps its mixture to the end."""
+GUARD_MIXTURE = 3
+"""The guards' mixtures a new rollout starts with: 3, ``FAILURE_MULTIPLES`` and
+``SLOWNESS_TILTS``; 2, ``LEGACY_FAILURE_MULTIPLES`` and ``SLOWNESS_TILTS``; 1 (a rollout
+recorded before this field), ``LEGACY_FAILURE_MULTIPLES`` and ``LEGACY_SLOWNESS_TILTS``. A
+rollout keeps its mixtures to the end."""
 
 _MAX_SKIP_REASONS = 16  # distinct reasons kept in ``not_counted``; the rest count as "other"
 
@@ -163,7 +165,7 @@ class Evidence:
     ``window`` is the guard's open window, one character per run (``C``/``c``: a canary run
     that succeeded / failed, ``S``/``s`` a stable one) with ``window_ms`` its durations;
     ``failure_guard`` and ``slowness_guard`` the guards' log-wealths (``guard_mixture``: which
-    slow-run mixture they belong to, see ``GUARD_MIXTURE``); ``decided_by`` the test that
+    mixtures they belong to, see ``GUARD_MIXTURE``); ``decided_by`` the test that
     settled the rollout (empty while it runs).
     """
 
@@ -257,7 +259,7 @@ class Evidence:
     def guards(self) -> tuple[CanaryGuard, CanaryGuard]:
         """The failure guard and the slow-run guard, with every closed window so far."""
         return (
-            CanaryGuard.for_failures(self.failure_guard),
+            CanaryGuard.for_failures(self.failure_guard, legacy=self.guard_mixture < 3),
             CanaryGuard.for_slowness(self.slowness_guard, legacy=self.guard_mixture < 2),
         )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import statistics
 
 import pytest
 from hypothesis import given, settings
@@ -44,15 +45,20 @@ def _window_e(guard: CanaryGuard, values: list[int], canary: list[bool], slow: b
     values=st.lists(st.integers(min_value=0, max_value=5), min_size=2, max_size=10),
     n_canary=st.integers(min_value=1, max_value=9),
     slow=st.booleans(),
+    legacy=st.booleans(),
 )
 def test_each_window_is_an_e_value_under_no_harm(
-    values: list[int], n_canary: int, slow: bool
+    values: list[int], n_canary: int, slow: bool, legacy: bool
 ) -> None:
     # Under no harm the canary's runs are a uniformly random subset of the window: average
-    # the window's e-value over every such subset, exactly.
+    # the window's e-value over every such subset, exactly (today's mixtures and those that
+    # rollouts already running keep).
     n = len(values)
     n_canary = min(n_canary, n - 1)
-    guard = CanaryGuard.for_failures() if not slow else CanaryGuard.for_slowness()
+    if slow:
+        guard = CanaryGuard.for_slowness(legacy=legacy)
+    else:
+        guard = CanaryGuard.for_failures(legacy=legacy)
     subsets = list(itertools.combinations(range(n), n_canary))
     mean = sum(
         _window_e(guard, values, [i in chosen for i in range(n)], slow) for chosen in subsets
@@ -94,16 +100,37 @@ def test_a_window_too_large_to_enumerate_takes_the_bound_above_the_exact_value(
         subset_log_mgf(scores, 60, 0.6)
 
 
-def test_a_rollout_keeps_the_slow_run_mixture_it_started_with() -> None:
+def _failure_tilts(mixture: tuple[tuple[float, float], ...]) -> tuple[float, ...]:
+    return tuple(math.log(m) for m, _ in mixture)
+
+
+def test_a_rollout_keeps_the_mixtures_it_started_with() -> None:
     fresh = Evidence()
-    _, slowness = fresh.guards()
+    failures, slowness = fresh.guards()
+    assert failures.tilts == _failure_tilts(canary_guard.FAILURE_MULTIPLES)
     assert slowness.tilts == tuple(t for t, _ in canary_guard.SLOWNESS_TILTS)
-    # a record written before the mixture was recorded continues with the mixture it began
-    started_before = Evidence.from_json('{"slowness_guard": [0.1, 0.2, 0.3]}')
-    _, slowness = started_before.guards()
+    assert Evidence.from_json(fresh.to_json()).guard_mixture == fresh.guard_mixture
+    # a record written before the mixture was recorded continues with the mixtures it began
+    started_before = Evidence.from_json(
+        '{"failure_guard": [0.4, 0.3, 0.2, 0.1], "slowness_guard": [0.1, 0.2, 0.3]}'
+    )
+    failures, slowness = started_before.guards()
+    assert failures.tilts == _failure_tilts(canary_guard.LEGACY_FAILURE_MULTIPLES)
     assert slowness.tilts == tuple(t for t, _ in canary_guard.LEGACY_SLOWNESS_TILTS)
     assert slowness.log_wealth == [0.1, 0.2, 0.3]
-    assert Evidence.from_json(fresh.to_json()).guard_mixture == fresh.guard_mixture
+    # one started under today's slow-run mixture but the failure mixture before today's
+    # keeps both, and its next window moves the wealths it has, one per multiple it began with
+    second = Evidence(failure_guard=[0.4, 0.3, 0.2, 0.1], slowness_guard=[0.1, 0.2])
+    second.guard_mixture = 2
+    second = Evidence.from_json(second.to_json())
+    failures, slowness = second.guards()
+    assert failures.tilts == _failure_tilts(canary_guard.LEGACY_FAILURE_MULTIPLES)
+    assert failures.weights == tuple(w for _, w in canary_guard.LEGACY_FAILURE_MULTIPLES)
+    assert slowness.tilts == tuple(t for t, _ in canary_guard.SLOWNESS_TILTS)
+    second.add_all([("canary", False, 900.0), ("stable", True, 1000.0), ("stable", True, 950.0)])
+    assert second.windows == 1
+    assert len(second.failure_guard) == len(canary_guard.LEGACY_FAILURE_MULTIPLES)
+    assert second.failure_guard[0] > 0.4  # the canary's failure is evidence for every multiple
 
 
 def test_slowness_scores_are_rank_normal_scores_with_shared_ties() -> None:
@@ -202,3 +229,36 @@ def test_the_exact_e_value_and_its_mixture_catch_a_canary_half_as_slow_again_soo
     before = [_windows_to_catch(s, CanaryGuard.for_slowness(legacy=True), 1.5, 0.06) for s in seeds]
     assert max(now) < 100
     assert sum(now) < 0.9 * sum(before), (sum(now), sum(before))
+
+
+def _canary_runs_to_catch(seed: int, guard: CanaryGuard, multiple: float) -> int:
+    """Canary runs until ``guard`` rejects at the failure guard's share of the default budget
+    (0.7 of 0.2), over windows of 50 runs, a tenth of them the canary's, stable failing 2.8 %
+    of its runs and the canary ``multiple`` times as often; 200 windows at most."""
+    rng = random.Random(seed)
+    canary_runs = 0
+    for _ in range(200):
+        canary = [rng.random() < 0.1 for _ in range(50)]
+        failed = [rng.random() < 0.028 * (multiple if c else 1.0) for c in canary]
+        canary_runs += sum(canary)
+        guard.observe_failures(failed, canary)
+        if guard.rejects(0.14):
+            break
+    return canary_runs
+
+
+def test_the_failure_mixture_catches_a_canary_failing_twice_as_often_sooner() -> None:
+    # The same windows judged by today's failure mixture and by the one before, which put
+    # half its weight on doubling itself: half of such canaries are caught on luckier windows
+    # than average, where a multiple a little above 2 reaches the boundary sooner.
+    seeds = range(400)
+    now = [_canary_runs_to_catch(s, CanaryGuard.for_failures(), 2.0) for s in seeds]
+    before = [_canary_runs_to_catch(s, CanaryGuard.for_failures(legacy=True), 2.0) for s in seeds]
+    assert statistics.median(now) < 0.9 * statistics.median(before)
+    assert statistics.mean(now) < statistics.mean(before)
+    # a canary failing four times as often is caught about as soon as before
+    now = [_canary_runs_to_catch(s, CanaryGuard.for_failures(), 4.0) for s in range(200)]
+    before = [
+        _canary_runs_to_catch(s, CanaryGuard.for_failures(legacy=True), 4.0) for s in range(200)
+    ]
+    assert statistics.mean(now) < 1.05 * statistics.mean(before)
