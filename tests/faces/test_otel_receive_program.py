@@ -148,6 +148,7 @@ def test_sigterm_while_exporters_send_stores_every_run_answered_200(tmp_path: Pa
     _lines_until(receiver, "receiving OTLP traces")
     url = f"http://127.0.0.1:{port}/v1/traces"
     answered: list[int] = []
+    unanswered: list[int] = []  # cut off mid-request: stored or not, the exporter cannot know
     lock = threading.Lock()
 
     def export(worker: int) -> None:
@@ -157,7 +158,9 @@ def test_sigterm_while_exporters_send_stores_every_run_answered_200(tmp_path: Pa
                 spans.agent_run(f"writer-{worker}")
                 try:
                     status = post(url, spans.body(), token="t0ken")[0]
-                except OSError:  # the receiver stopped listening
+                except OSError:  # the receiver stopped: this request's answer never came
+                    with lock:
+                        unanswered.append(worker)
                     return
                 if status != 200:
                     return
@@ -180,4 +183,5 @@ def test_sigterm_while_exporters_send_stores_every_run_answered_200(tmp_path: Pa
     assert len(answered) >= 50
     with sqlite3.connect(workspace / "agentmend.db") as conn:
         stored = conn.execute("SELECT COUNT(*) FROM executions").fetchone()[0]
-    assert stored == len(answered)
+    # every run answered 200 is stored; a request the stop cut off may have been stored too
+    assert len(answered) <= stored <= len(answered) + len(unanswered)
