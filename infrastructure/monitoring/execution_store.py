@@ -258,9 +258,11 @@ class ExecutionStore:
         Rows of an unknown source are skipped, as :meth:`load` skips them.
         """
         adopted: dict[str, Baseline] = {}
-        with self.store.snapshot() as conn:  # one snapshot for rows, horizon and epochs
+        # the horizon outside the snapshot: it then waits only for this database's writes
+        # (run_reader.read_horizon), and every run below it is in the snapshot taken after
+        horizon = read_horizon(self.store.connection())
+        with self.store.snapshot() as conn:  # one snapshot for rows and epochs
             position = position_column(conn)
-            horizon = read_horizon(conn)
             rows = conn.execute(
                 f"SELECT {position}, {_COLUMNS} FROM executions WHERE {position} >= ?"
                 f" AND writer NOT IN ({self._own_clause()}) ORDER BY {position}, id",
@@ -287,11 +289,12 @@ class ExecutionStore:
         """Rebuild a monitor's state from the tables (one snapshot; unknown sources skipped)."""
         stats: dict[str, dict[str, AgentStats]] = {source: {} for source in SOURCES}
         baselines: dict[str, Baseline] = {}
+        horizon = read_horizon(self.store.connection())  # outside the snapshot, as above
         with self.store.snapshot() as conn:
             upto = _last_id(conn)
             # the totals count every run in the snapshot: those at or above the horizon
             # (committed while an older write still ran) are ingested already
-            self.horizon = read_horizon(conn)
+            self.horizon = horizon
             position = position_column(conn)
             self.ingested_above = {
                 int(p)

@@ -205,6 +205,12 @@ def test_a_write_left_open_in_another_database_holds_no_reader_back(
         assert outcomes_after(conn, "later", start, 10) == [True]
         with store.snapshot() as snap:  # a snapshot's horizon is the whole server's
             assert read_horizon(snap) <= rows[0].id
+        # a monitor's refresh reads the run once and moves past it, keeping nothing to skip
+        reader = ExecutionStore(store, uuid.uuid4().hex)
+        read, _ = reader.read_foreign(lambda agent: None, 100)
+        assert [r[0] for r in read] == ["later"]
+        assert reader.horizon > rows[0].id
+        assert reader.ingested_above == set()
         assert last_run_id(conn) >= rows[0].id
     finally:
         elsewhere.close()
