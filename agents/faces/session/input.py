@@ -97,12 +97,24 @@ class LineReader:
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
         self._loop = loop
         self.ended = False
-        threading.Thread(target=self._pump, name="stdin-reader", daemon=True).start()
+        self._thread = threading.Thread(target=self._pump, name="stdin-reader", daemon=True)
+        self._thread.start()
 
     def _pump(self) -> None:
         for line in sys.stdin:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, line.rstrip("\n"))
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+            if not self._hand_over(line.rstrip("\n")):
+                return
+        self._hand_over(None)
+
+    def _hand_over(self, line: str | None) -> bool:
+        """Queue ``line`` on the session's loop; False once that loop is closed. A session run
+        inside a longer-lived process (an app, a test) ends while this thread still waits on
+        standard input: what arrives after that has no reader left, and is dropped quietly."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, line)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
 
     async def read(self) -> str | None:
         """The next line, or None at (and after) the end of input."""
