@@ -16,6 +16,10 @@ it configured nothing. To see agentmend's steps::
 Programs (the session, the ``agentmend`` command, the MCP server) call ``configure_logging``,
 which renders agentmend's records, key/value pairs included, on stderr: the MCP server speaks
 its protocol on stdout, and no face prints logs there.
+
+structlog is imported when the first event passes its level, not before: importing it (and
+the ``rich`` it looks for) is about a fifth of a short command's start, and a process that
+logs nothing above the level it was given (most of them) never needs it.
 """
 
 from __future__ import annotations
@@ -23,15 +27,16 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
-from typing import Any, TextIO
-
-import structlog
+from typing import TYPE_CHECKING, Any, TextIO
 
 from agentmend.infrastructure.errors import InvalidArgument
 from agentmend.infrastructure.redaction import redact
 from agentmend.infrastructure.terminal_text import terminal_text
 
-__all__ = ["LOGGER_ROOT", "configure_logging", "get_logger"]
+if TYPE_CHECKING:
+    import structlog
+
+__all__ = ["LOGGER_ROOT", "Logger", "configure_logging", "get_logger"]
 
 LOGGER_ROOT = "agentmend"
 """The stdlib logger every agentmend logger sits under."""
@@ -83,6 +88,8 @@ def _redact_values(logger: Any, method: str, event_dict: Any) -> Any:
 
 def _to_log_kwargs(logger: Any, method: str, event_dict: Any) -> Any:
     """structlog's ``render_to_log_kwargs``, with the pairs in the message as well."""
+    import structlog
+
     redacted_traceback = event_dict.pop(_NO_EXC_INFO, False)
     kwargs = structlog.stdlib.render_to_log_kwargs(logger, method, event_dict)
     if redacted_traceback:
@@ -93,7 +100,55 @@ def _to_log_kwargs(logger: Any, method: str, event_dict: Any) -> Any:
     return kwargs
 
 
-def get_logger(name: str) -> Any:
+class Logger:
+    """A library logger: structlog's stdlib logger, built when an event first passes the level.
+
+    An event below the stdlib logger's level is dropped before structlog sees it, as
+    structlog's own chain would drop it at the end; what passes goes through the same chain
+    (redaction, record-field clashes, key/value pairs in the message).
+    """
+
+    __slots__ = ("_bound", "_stdlib")
+
+    def __init__(self, stdlib: logging.Logger) -> None:
+        self._stdlib = stdlib
+        self._bound: Any = None
+
+    def _emit(self, level: int, method: str, event: str, args: Any, pairs: Any) -> None:
+        if not self._stdlib.isEnabledFor(level):
+            return
+        if self._bound is None:
+            import structlog
+
+            # a race here builds two equal wrappers and keeps one: no lock needed
+            self._bound = structlog.wrap_logger(
+                self._stdlib,
+                wrapper_class=structlog.stdlib.BoundLogger,
+                processors=[_redact_values, _clear_of_record_fields, _to_log_kwargs],
+            )
+        getattr(self._bound, method)(event, *args, **pairs)
+
+    def debug(self, event: str, *args: Any, **pairs: Any) -> None:
+        self._emit(logging.DEBUG, "debug", event, args, pairs)
+
+    def info(self, event: str, *args: Any, **pairs: Any) -> None:
+        self._emit(logging.INFO, "info", event, args, pairs)
+
+    def warning(self, event: str, *args: Any, **pairs: Any) -> None:
+        self._emit(logging.WARNING, "warning", event, args, pairs)
+
+    def error(self, event: str, *args: Any, **pairs: Any) -> None:
+        self._emit(logging.ERROR, "error", event, args, pairs)
+
+    def exception(self, event: str, *args: Any, **pairs: Any) -> None:
+        """``error`` with the exception being handled attached, as ``logging`` does."""
+        self._emit(logging.ERROR, "exception", event, args, pairs)
+
+    def critical(self, event: str, *args: Any, **pairs: Any) -> None:
+        self._emit(logging.CRITICAL, "critical", event, args, pairs)
+
+
+def get_logger(name: str) -> Logger:
     """A library logger for module ``name``: events go to the stdlib logger of that name.
 
     Every module of the package is named ``agentmend.<...>``, so its events sit under the one
@@ -102,11 +157,7 @@ def get_logger(name: str) -> Any:
     """
     if name != LOGGER_ROOT and not name.startswith(f"{LOGGER_ROOT}."):
         name = f"{LOGGER_ROOT}.{name}"
-    return structlog.wrap_logger(
-        logging.getLogger(name),
-        wrapper_class=structlog.stdlib.BoundLogger,
-        processors=[_redact_values, _clear_of_record_fields, _to_log_kwargs],
-    )
+    return Logger(logging.getLogger(name))
 
 
 class _OwnHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -127,34 +178,52 @@ def configure_logging(
     numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     if not isinstance(numeric, int):
         raise InvalidArgument("level", level, "is not a log level")
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer()  # ASCII: every control character is \u-escaped
-        if json
-        else _escaped(structlog.dev.ConsoleRenderer(colors=False))
-    )
     handler = _OwnHandler(stream or sys.stderr)
-    handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[
-                structlog.stdlib.add_log_level,
-                structlog.stdlib.ExtraAdder(),  # the pairs, and ``event`` as the bare event
-                structlog.processors.TimeStamper(fmt="iso", utc=True),
-            ],
-            processors=[
-                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                # a traceback is text like the rest: rendered here, then redacted
-                structlog.processors.format_exc_info,
-                _redact_values,
-                renderer,
-            ],
-        )
-    )
+    handler.setFormatter(_RecordRenderer(json=json))
     logger = logging.getLogger(LOGGER_ROOT)
     for old in [h for h in logger.handlers if isinstance(h, _OwnHandler)]:
         logger.removeHandler(old)
     logger.addHandler(handler)
     logger.setLevel(numeric)
     logger.propagate = False  # the program chose this output; no second copy via the root
+
+
+class _RecordRenderer(logging.Formatter):
+    """structlog's ``ProcessorFormatter`` for our records, built when the first one is shown."""
+
+    def __init__(self, *, json: bool) -> None:
+        super().__init__()
+        self._json = json
+        self._inner: logging.Formatter | None = None
+
+    def format(self, record: logging.LogRecord) -> str:
+        if self._inner is None:
+            self._inner = _processor_formatter(json=self._json)
+        return self._inner.format(record)
+
+
+def _processor_formatter(*, json: bool) -> logging.Formatter:
+    import structlog
+
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer()  # ASCII: every control character is \u-escaped
+        if json
+        else _escaped(structlog.dev.ConsoleRenderer(colors=False))
+    )
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.ExtraAdder(),  # the pairs, and ``event`` as the bare event
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            # a traceback is text like the rest: rendered here, then redacted
+            structlog.processors.format_exc_info,
+            _redact_values,
+            renderer,
+        ],
+    )
 
 
 def _escaped(renderer: structlog.typing.Processor) -> structlog.typing.Processor:
