@@ -6,6 +6,7 @@ import itertools
 import math
 import random
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,43 @@ def test_bernoulli_arl_matches_simulation() -> None:
             s = s + up if rng.random() < p else max(0, s - down)
         total += t
     assert total / trials == pytest.approx(bernoulli_arl(up, down, threshold, p), rel=0.05)
+
+
+def _dense_arl(up: int, down: int, threshold: int, p: Fraction) -> Fraction:
+    """The same chain solved densely in exact arithmetic: no band, no rounding."""
+    n, q = threshold, 1 - p
+    a = [[Fraction(int(i == j)) for j in range(n)] + [Fraction(1)] for i in range(n)]
+    for i in range(n):
+        a[i][max(0, i - down)] -= q
+        if i + up < n:
+            a[i][i + up] -= p
+    for k in range(n):
+        pivot = next(r for r in range(k, n) if a[r][k] != 0)
+        a[k], a[pivot] = a[pivot], a[k]
+        for i in range(n):
+            if i != k and a[i][k] != 0:
+                f = a[i][k] / a[k][k]
+                a[i] = [x - f * y for x, y in zip(a[i], a[k], strict=True)]
+    return a[0][n] / a[0][0]
+
+
+@pytest.mark.parametrize(
+    ("up", "down", "threshold", "p"),
+    [
+        (7, 2, 15, "3/20"),
+        (3, 5, 30, "1/4"),
+        (12, 3, 40, "1/20"),
+        (1, 4, 9, "1/2"),
+        (9, 9, 9, "1/3"),
+    ],
+)
+def test_bernoulli_arl_equals_an_exact_dense_solution(
+    up: int, down: int, threshold: int, p: str
+) -> None:
+    exact = _dense_arl(up, down, threshold, Fraction(p))
+    assert bernoulli_arl(up, down, threshold, float(Fraction(p))) == pytest.approx(
+        float(exact), rel=1e-9
+    )
 
 
 def test_integer_weights_approximate_the_ratio() -> None:
