@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentmend.faces.cli.common import Subcommand
 from agentmend.faces.cli.watch import add_policy_argument
@@ -31,15 +31,9 @@ from agentmend.infrastructure.errors import AgentmendError, ConfigurationError
 from agentmend.infrastructure.local_http import is_loopback
 from agentmend.infrastructure.redaction import redact, redact_url
 from agentmend.infrastructure.structured_logger import get_logger
-from agentmend.infrastructure.telemetry.assembly import TraceAssembler
-from agentmend.infrastructure.telemetry.claude_code_events import LogAssembler
-from agentmend.infrastructure.telemetry.otlp_decode import require_proto
-from agentmend.infrastructure.telemetry.receiver import (
-    LOGS_PATH,
-    METRICS_PATH,
-    TRACES_PATH,
-    OtlpReceiver,
-)
+
+if TYPE_CHECKING:
+    from agentmend.infrastructure.telemetry.receiver import OtlpReceiver
 
 __all__ = ["SUBCOMMANDS", "add_arguments", "main", "run"]
 
@@ -237,9 +231,19 @@ def _receiver_name(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace, *, ready: Callable[[OtlpReceiver], None] | None = None) -> int:
     """Serve until interrupted; the exit code (2 bad arguments, 3 store unavailable)."""
+    # imported here, not with the command table: every other command starts without them
     from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
     from agentmend.infrastructure.store.api import Store
     from agentmend.infrastructure.structured_logger import configure_logging
+    from agentmend.infrastructure.telemetry.assembly import TraceAssembler
+    from agentmend.infrastructure.telemetry.claude_code_events import LogAssembler
+    from agentmend.infrastructure.telemetry.otlp_decode import require_proto
+    from agentmend.infrastructure.telemetry.receiver import (
+        LOGS_PATH,
+        METRICS_PATH,
+        TRACES_PATH,
+        OtlpReceiver,
+    )
 
     configure_logging("INFO")
     try:
