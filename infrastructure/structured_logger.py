@@ -1,7 +1,7 @@
 """Logging: quiet by default as a library should be, configured only when a program asks.
 
-Library modules log with ``get_logger(__name__)``: a structlog logger that hands each event
-to the standard ``logging`` module under the module's own name (``agentmend.loop.cycle``,
+Library modules log with ``get_logger(__name__)``: a logger that hands each event, through
+structlog, to the standard ``logging`` module under the module's own name (``agentmend.loop.cycle``,
 ``agentmend.infrastructure.store.api``, ...). The record's message is the event and its key/value
 pairs (``close_monitor_failed runs_lost=5 error='...'``), so even stdlib's bare last resort
 shows what happened; the pairs are also the record's attributes (``record.event``,
