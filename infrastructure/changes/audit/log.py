@@ -388,6 +388,10 @@ class AuditLog:
         # every head must name the newest row, as on SQLite.
         self._fleet = store.backend == "postgresql" and self._key is not None
         self._seen = threading.local()  # the tail this thread's last commit left
+        # rows this log hashed lately, (id, hash) -> the fields hashed: a tail row read back
+        # the same, value for value and type for type, verifies without hashing it again
+        self._hashed: dict[tuple[int, str], tuple[Any, ...]] = {}
+        self._hashed_lock = threading.Lock()
 
     @property
     def keyed(self) -> bool:
@@ -396,14 +400,30 @@ class AuditLog:
     def _hash(self, fields: tuple[Any, ...]) -> str:
         message = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         if self._key is not None:
-            return hmac.new(self._key, message, hashlib.sha256).hexdigest()
-        return hashlib.sha256(message).hexdigest()
+            digest = hmac.new(self._key, message, hashlib.sha256).hexdigest()
+        else:
+            digest = hashlib.sha256(message).hexdigest()
+        if isinstance(fields[0], int):
+            with self._hashed_lock:
+                if len(self._hashed) >= _HASHED_KEPT:
+                    self._hashed.pop(next(iter(self._hashed)))
+                self._hashed[(fields[0], digest)] = fields
+        return digest
 
     def _verifies(self, row: AuditEntry) -> bool:
-        """Whether ``row``'s content matches its hash under this log's key (and keying)."""
-        return row.keyed == self.keyed and hmac.compare_digest(
-            self._hash(_fields(row)), row.row_hash
-        )
+        """Whether ``row``'s content matches its hash under this log's key (and keying).
+
+        The tail rows every append checks are mostly rows this log hashed moments before: the
+        same fields (equal and of the same types, so serialised the same) give the same hash.
+        """
+        if row.keyed != self.keyed:
+            return False
+        fields = _fields(row)
+        with self._hashed_lock:
+            hashed = self._hashed.get((row.id, row.row_hash))
+        if hashed is not None and _same(hashed, fields):
+            return True
+        return hmac.compare_digest(self._hash(fields), row.row_hash)
 
     @contextmanager
     def transaction(
@@ -788,6 +808,15 @@ class AuditLog:
         """How long to wait for the head's file lock: the store's lock timeout by default."""
         wait_s = self.store.timeouts.lock_s if seconds is None else seconds
         return LockWait(wait_s, "the audit head's file lock", LOCK_SETTING)
+
+
+_HASHED_KEPT = 64
+"""Rows whose hashed fields a log remembers (a commit's rows and the one before are checked)."""
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Equal and of the same types field by field (``1 == 1.0`` but they serialise apart)."""
+    return a == b and all(type(x) is type(y) for x, y in zip(a, b, strict=True))
 
 
 def _fields(row: AuditEntry) -> tuple[Any, ...]:
