@@ -224,10 +224,7 @@ def last_audit_id(conn: StoreConnection) -> int:
 
 def _ask_last_audit_id(conn: StoreConnection) -> Callable[[], int]:
     """:func:`last_audit_id` read later (see :func:`deferred`), so it can share a round trip."""
-    if backend_of(conn) == "sqlite":
-        rows = deferred(conn, "SELECT seq FROM sqlite_sequence WHERE name = 'audit_log'")
-    else:
-        rows = deferred(conn, "SELECT last_id FROM audit_counter")
+    rows = deferred(conn, _LAST_ID_QUERY[backend_of(conn) == "sqlite"])
     return lambda: int(found[0][0]) if (found := rows()) else 0
 
 
@@ -536,17 +533,19 @@ class AuditLog:
         """
         if self._fleet:
             return self._fleet_tail_state(conn, head, unreadable, fresh)
-        # The newest commit's rows (they share its first row's id as ``batch``) and the row
-        # before them, in one statement.
-        tail_rows = deferred(conn, _TAIL_QUERY)
-        # The next id comes from the highest id ever handed out, not max(id): rows cut off the
-        # end leave a gap that verification reports even after new rows are appended.
-        last_id = _ask_last_audit_id(conn)
+        # The newest commit's rows (they share its first row's id as ``batch``), the row
+        # before them and the highest id ever handed out, in one statement. The next id comes
+        # from that highest id, not max(id): rows cut off the end leave a gap that
+        # verification reports even after new rows are appended.
+        tail_rows = deferred(conn, _TAIL_AND_LAST_ID[backend_of(conn) == "sqlite"])
 
         def answer() -> _TailState:
-            tail = [_entry(r) for r in tail_rows()]
+            rows = tail_rows()
+            # one row at least (the id's), whose audit columns are NULL when the table is empty
+            tail = [_entry(r) for r in rows if r[0] is not None]
+            last_id = int(rows[0][-1]) if rows and rows[0][-1] is not None else 0
             newest = tail[-1] if tail else None
-            following = max(last_id(), newest.id if newest else 0) + 1
+            following = max(last_id, newest.id if newest else 0) + 1
             prev_hash = newest.row_hash if newest else GENESIS_HASH
             found = find_break(head, unreadable, tail, self._verifies)
             return (following, prev_hash), found, None
@@ -837,6 +836,20 @@ _TAIL_QUERY = (
     " (SELECT start FROM newest)) ORDER BY id"
 )
 """The newest commit's rows and the one row before them (what :func:`find_break` checks)."""
+
+_LAST_ID_QUERY = {
+    True: "SELECT seq FROM sqlite_sequence WHERE name = 'audit_log'",
+    False: "SELECT last_id FROM audit_counter LIMIT 1",
+}
+"""The highest audit id ever handed out (:func:`last_audit_id`), on SQLite (True) or not."""
+
+_TAIL_AND_LAST_ID = {
+    sqlite: f"SELECT tail.*, counter.last_id FROM (SELECT ({query}) AS last_id) AS counter"
+    f" LEFT JOIN ({_TAIL_QUERY}) AS tail ON 1 = 1 ORDER BY tail.id"
+    for sqlite, query in _LAST_ID_QUERY.items()
+}
+""":data:`_TAIL_QUERY`'s rows, each followed by the highest id handed out; one row of NULLs
+and that id when the table is empty."""
 
 
 def _entry(row: tuple[Any, ...]) -> AuditEntry:
