@@ -116,10 +116,13 @@ def locked_file(path: Path, wait: LockWait | None = None) -> Iterator[int]:
     path = Path(path)
 
     def open_lock() -> int:
-        _make_parent(path)
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            return os.open(path, flags, 0o644)
+            try:
+                return os.open(path, flags, 0o644)
+            except (FileNotFoundError, NotADirectoryError):  # no directory yet (or a file there)
+                _make_parent(path)
+                return os.open(path, flags, 0o644)
         except OSError as exc:
             raise FileOperationError(path, "open the lock file", exc) from None
 
@@ -133,6 +136,7 @@ def resolve_inside(
     *,
     allowed_suffixes: frozenset[str] | None = None,
     allow_absolute: bool = False,
+    root_resolved: bool = False,
 ) -> Path:
     """Resolve ``path`` against ``root`` and refuse anything that would leave it.
 
@@ -141,32 +145,31 @@ def resolve_inside(
     text (NUL or undecodable bytes, names over 255 bytes, paths over 4096 bytes). This is the
     check made when a change is planned; the write itself goes through
     :mod:`agentmend.infrastructure.files.confined`, which holds however the tree changes in between.
-    With ``allowed_suffixes``, the file's suffix must be one of them.
+    With ``allowed_suffixes``, the file's suffix must be one of them. With ``root_resolved``
+    the caller has resolved ``root`` already (it is not resolved again).
     """
-    root_resolved = Path(root).resolve()
+    root_path = Path(root) if root_resolved else Path(root).resolve()
     raw = Path(path)
     if ".." in raw.parts:
-        raise PathNotAllowed(path, root_resolved, "'..' is not allowed")
+        raise PathNotAllowed(path, root_path, "'..' is not allowed")
     if raw.is_absolute():
         if not allow_absolute:
-            raise PathNotAllowed(path, root_resolved, "absolute paths are not allowed")
+            raise PathNotAllowed(path, root_path, "absolute paths are not allowed")
         candidate = raw
     else:
-        candidate = root_resolved / raw
-    confined.check_path_text(root_resolved, path)
+        candidate = root_path / raw
+    confined.check_path_text(root_path, path)
     try:
         resolved = candidate.resolve()
     except RuntimeError:  # Python 3.11 reports a symlink loop so
-        raise PathNotAllowed(path, root_resolved, "a symlink loop") from None
+        raise PathNotAllowed(path, root_path, "a symlink loop") from None
     except OSError as exc:
-        raise PathNotAllowed(
-            path, root_resolved, f"it cannot be resolved: {exc.strerror}"
-        ) from None
-    if resolved != root_resolved and root_resolved not in resolved.parents:
-        raise PathNotAllowed(path, root_resolved, "it resolves through a symlink or outside")
+        raise PathNotAllowed(path, root_path, f"it cannot be resolved: {exc.strerror}") from None
+    if resolved != root_path and root_path not in resolved.parents:
+        raise PathNotAllowed(path, root_path, "it resolves through a symlink or outside")
     if allowed_suffixes is not None and resolved.suffix not in allowed_suffixes:
         allowed = " ".join(sorted(allowed_suffixes))
         raise PathNotAllowed(
-            path, root_resolved, f"extension {resolved.suffix or '(none)'!r} not in {allowed}"
+            path, root_path, f"extension {resolved.suffix or '(none)'!r} not in {allowed}"
         )
     return resolved

@@ -29,7 +29,7 @@ import secrets
 import stat
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from agentmend.infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllowed
 from agentmend.infrastructure.files.lock_wait import LockWait, flock_within
@@ -95,18 +95,28 @@ def relative_parts(root: str | Path, path: str | Path | bytes) -> tuple[str, ...
             over 4096 bytes, the root itself, or an absolute path outside ``root``.
     """
     text = check_path_text(root, path)
-    raw = PurePosixPath(text)
-    if ".." in raw.parts:
+    # split as PurePosixPath would (empty and "." names dropped), without building one: this
+    # runs for every file operation
+    names = [name for name in text.split("/") if name not in ("", ".")]
+    if ".." in names:
         raise PathNotAllowed(text, root, "'..' is not allowed")
-    if raw.is_absolute():
-        try:
-            raw = raw.relative_to(PurePosixPath(os.fspath(root)))
-        except ValueError:
-            raise PathNotAllowed(text, root, "it lies outside the root") from None
-    parts = tuple(part for part in raw.parts if part not in ("", "."))
-    if not parts:
+    if text.startswith("/"):
+        base_text = os.fspath(root)
+        base = [name for name in base_text.split("/") if name not in ("", ".")]
+        if _anchor(base_text) != _anchor(text) or names[: len(base)] != base:
+            raise PathNotAllowed(text, root, "it lies outside the root")
+        names = names[len(base) :]
+    if not names:
         raise PathNotAllowed(text, root, "it is the root itself")
-    return parts
+    return tuple(names)
+
+
+def _anchor(text: str) -> str:
+    """The root PurePosixPath gives ``text``: "//" for exactly two leading slashes (POSIX
+    leaves their meaning to the system), "/" for one or more than two, "" when relative."""
+    if not text.startswith("/"):
+        return ""
+    return "//" if text.startswith("//") and not text.startswith("///") else "/"
 
 
 def check_path_text(root: str | Path, path: str | Path | bytes) -> str:
@@ -119,8 +129,8 @@ def check_path_text(root: str | Path, path: str | Path | bytes) -> str:
     text = _decoded(root, path)
     if "\x00" in text:
         raise PathNotAllowed(repr(text), root, "it contains a NUL byte")
-    for part in PurePosixPath(text).parts:
-        if len(part.encode("utf-8")) > NAME_MAX:
+    for part in text.split("/"):  # the names PurePosixPath would find, and empty ones
+        if len(part) * 4 > NAME_MAX and len(part.encode("utf-8")) > NAME_MAX:
             raise PathNotAllowed(
                 f"{text[:80]}...", root, f"a name is over {NAME_MAX} bytes ({part[:40]}...)"
             )

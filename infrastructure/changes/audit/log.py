@@ -224,10 +224,7 @@ def last_audit_id(conn: StoreConnection) -> int:
 
 def _ask_last_audit_id(conn: StoreConnection) -> Callable[[], int]:
     """:func:`last_audit_id` read later (see :func:`deferred`), so it can share a round trip."""
-    if backend_of(conn) == "sqlite":
-        rows = deferred(conn, "SELECT seq FROM sqlite_sequence WHERE name = 'audit_log'")
-    else:
-        rows = deferred(conn, "SELECT last_id FROM audit_counter")
+    rows = deferred(conn, _LAST_ID_QUERY[backend_of(conn) == "sqlite"])
     return lambda: int(found[0][0]) if (found := rows()) else 0
 
 
@@ -388,6 +385,10 @@ class AuditLog:
         # every head must name the newest row, as on SQLite.
         self._fleet = store.backend == "postgresql" and self._key is not None
         self._seen = threading.local()  # the tail this thread's last commit left
+        # rows this log hashed lately, (id, hash) -> the fields hashed: a tail row read back
+        # the same, value for value and type for type, verifies without hashing it again
+        self._hashed: dict[tuple[int, str], tuple[Any, ...]] = {}
+        self._hashed_lock = threading.Lock()
 
     @property
     def keyed(self) -> bool:
@@ -396,14 +397,30 @@ class AuditLog:
     def _hash(self, fields: tuple[Any, ...]) -> str:
         message = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         if self._key is not None:
-            return hmac.new(self._key, message, hashlib.sha256).hexdigest()
-        return hashlib.sha256(message).hexdigest()
+            digest = hmac.new(self._key, message, hashlib.sha256).hexdigest()
+        else:
+            digest = hashlib.sha256(message).hexdigest()
+        if isinstance(fields[0], int):
+            with self._hashed_lock:
+                if len(self._hashed) >= _HASHED_KEPT:
+                    self._hashed.pop(next(iter(self._hashed)))
+                self._hashed[(fields[0], digest)] = fields
+        return digest
 
     def _verifies(self, row: AuditEntry) -> bool:
-        """Whether ``row``'s content matches its hash under this log's key (and keying)."""
-        return row.keyed == self.keyed and hmac.compare_digest(
-            self._hash(_fields(row)), row.row_hash
-        )
+        """Whether ``row``'s content matches its hash under this log's key (and keying).
+
+        The tail rows every append checks are mostly rows this log hashed moments before: the
+        same fields (equal and of the same types, so serialised the same) give the same hash.
+        """
+        if row.keyed != self.keyed:
+            return False
+        fields = _fields(row)
+        with self._hashed_lock:
+            hashed = self._hashed.get((row.id, row.row_hash))
+        if hashed is not None and _same(hashed, fields):
+            return True
+        return hmac.compare_digest(self._hash(fields), row.row_hash)
 
     @contextmanager
     def transaction(
@@ -516,17 +533,19 @@ class AuditLog:
         """
         if self._fleet:
             return self._fleet_tail_state(conn, head, unreadable, fresh)
-        # The newest commit's rows (they share its first row's id as ``batch``) and the row
-        # before them, in one statement.
-        tail_rows = deferred(conn, _TAIL_QUERY)
-        # The next id comes from the highest id ever handed out, not max(id): rows cut off the
-        # end leave a gap that verification reports even after new rows are appended.
-        last_id = _ask_last_audit_id(conn)
+        # The newest commit's rows (they share its first row's id as ``batch``), the row
+        # before them and the highest id ever handed out, in one statement. The next id comes
+        # from that highest id, not max(id): rows cut off the end leave a gap that
+        # verification reports even after new rows are appended.
+        tail_rows = deferred(conn, _TAIL_AND_LAST_ID[backend_of(conn) == "sqlite"])
 
         def answer() -> _TailState:
-            tail = [_entry(r) for r in tail_rows()]
+            rows = tail_rows()
+            # one row at least (the id's), whose audit columns are NULL when the table is empty
+            tail = [_entry(r) for r in rows if r[0] is not None]
+            last_id = int(rows[0][-1]) if rows and rows[0][-1] is not None else 0
             newest = tail[-1] if tail else None
-            following = max(last_id(), newest.id if newest else 0) + 1
+            following = max(last_id, newest.id if newest else 0) + 1
             prev_hash = newest.row_hash if newest else GENESIS_HASH
             found = find_break(head, unreadable, tail, self._verifies)
             return (following, prev_hash), found, None
@@ -790,6 +809,15 @@ class AuditLog:
         return LockWait(wait_s, "the audit head's file lock", LOCK_SETTING)
 
 
+_HASHED_KEPT = 64
+"""Rows whose hashed fields a log remembers (a commit's rows and the one before are checked)."""
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Equal and of the same types field by field (``1 == 1.0`` but they serialise apart)."""
+    return a == b and all(type(x) is type(y) for x, y in zip(a, b, strict=True))
+
+
 def _fields(row: AuditEntry) -> tuple[Any, ...]:
     return (
         row.id, row.timestamp.isoformat(), row.agent_name, row.edit_type, row.old_value,
@@ -808,6 +836,20 @@ _TAIL_QUERY = (
     " (SELECT start FROM newest)) ORDER BY id"
 )
 """The newest commit's rows and the one row before them (what :func:`find_break` checks)."""
+
+_LAST_ID_QUERY = {
+    True: "SELECT seq FROM sqlite_sequence WHERE name = 'audit_log'",
+    False: "SELECT last_id FROM audit_counter LIMIT 1",
+}
+"""The highest audit id ever handed out (:func:`last_audit_id`), on SQLite (True) or not."""
+
+_TAIL_AND_LAST_ID = {
+    sqlite: f"SELECT tail.*, counter.last_id FROM (SELECT ({query}) AS last_id) AS counter"
+    f" LEFT JOIN ({_TAIL_QUERY}) AS tail ON 1 = 1 ORDER BY tail.id"
+    for sqlite, query in _LAST_ID_QUERY.items()
+}
+""":data:`_TAIL_QUERY`'s rows, each followed by the highest id handed out; one row of NULLs
+and that id when the table is empty."""
 
 
 def _entry(row: tuple[Any, ...]) -> AuditEntry:

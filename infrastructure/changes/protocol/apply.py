@@ -7,6 +7,9 @@ an apply is either acknowledged APPLIED or undone; see that module's docstring f
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -34,7 +37,9 @@ __all__ = [
     "UnfinishedWork",
     "applied_records",
     "prepare",
+    "prepare_under",
     "record_intent",
+    "resolved_root",
     "write_and_commit",
 ]
 
@@ -68,19 +73,37 @@ def prepare(entries: Sequence[FileEntry], root: str | Path) -> list[PreparedFile
         PathNotAllowed: a path leaves ``root``, is a directory, lies in ``.agent/`` or appears
             twice, or ``root`` is not an existing directory.
     """
+    return prepare_under(entries, resolved_root(root))
+
+
+def resolved_root(root: str | Path) -> Path:
+    """``root`` resolved, as every step records and walks it.
+
+    Raises:
+        PathNotAllowed: ``root`` is not an existing directory.
+    """
     root_path = Path(root).resolve()
     if not root_path.is_dir():
         raise PathNotAllowed(root, root_path, "the root is not an existing directory")
+    return root_path
+
+
+def prepare_under(entries: Sequence[FileEntry], root_path: Path) -> list[PreparedFile]:
+    """:func:`prepare` under a root :func:`resolved_root` returned (resolved once per apply).
+
+    Raises:
+        PathNotAllowed: as :func:`prepare`.
+    """
     items: list[PreparedFile] = []
     seen: set[Path] = set()
     for action, path, content in entries:
-        target = resolve_inside(root_path, path)
+        target = resolve_inside(root_path, path, root_resolved=True)
         rel = target.relative_to(root_path)
-        if target == root_path or target.is_dir():
+        if target == root_path or _is_dir(target):
             raise PathNotAllowed(path, root_path, "it is a directory")
         # the folders between the root and the file (the root's own are folders: it is one)
         within = (root_path / d for d in list(rel.parents)[:-1])
-        blocked = next((d for d in within if d.exists() and not d.is_dir()), None)
+        blocked = next((d for d in within if _is_file_not_dir(d)), None)
         if blocked is not None:
             raise PathNotAllowed(path, root_path, f"{blocked} is a file, not a directory")
         if rel.parts[0] == AGENT_DIR:
@@ -91,6 +114,30 @@ def prepare(entries: Sequence[FileEntry], root: str | Path) -> list[PreparedFile
         data = content.encode("utf-8") if isinstance(content, str) else content
         items.append(PreparedFile(action, target, rel.as_posix(), data))
     return items
+
+
+def _is_dir(path: Path) -> bool:
+    """``path.is_dir()`` in one ``stat`` (following links, as the resolved path has none)."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError as exc:
+        if exc.errno in _ABSENT:
+            return False
+        raise
+
+
+def _is_file_not_dir(path: Path) -> bool:
+    """``path.exists() and not path.is_dir()`` in one ``stat``."""
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError as exc:
+        if exc.errno in _ABSENT:
+            return False
+        raise
+
+
+_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
+"""What ``Path.exists`` and ``Path.is_dir`` take for "not there" (others they raise)."""
 
 
 class UnfinishedWork(StoreError):
@@ -129,7 +176,7 @@ def record_intent(
         AuditChainBroken: the audit head and the database disagree; nothing is recorded.
     """
     for item in items:
-        item.old = confined.read(root, item.target)
+        item.old = confined.read(root, item.rel)  # relative: no prefix to strip again
     created = utc_now()
 
     def intent(conn: StoreConnection) -> Callable[[], None]:
@@ -183,7 +230,7 @@ def write_and_commit(
         if item.old is not None:
             backup(root, item.rel, item.change_id, item.old, created)
     for item in items:
-        confined.write_or_delete(root, item.target, item.new)
+        confined.write_or_delete(root, item.rel, item.new)
 
     def commit(txn: AuditTransaction) -> None:
         changes.set_status(txn.conn, [i.change_id for i in items], ChangeStatus.APPLIED)

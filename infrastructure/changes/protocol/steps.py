@@ -89,8 +89,9 @@ from agentmend.infrastructure.changes.protocol.apply import (
     FileEntry,
     UnfinishedWork,
     applied_records,
-    prepare,
+    prepare_under,
     record_intent,
+    resolved_root,
     write_and_commit,
 )
 from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, ChangeRow
@@ -174,8 +175,8 @@ class ChangeProtocol:
             AuditChainBroken: the audit head and the database disagree (an administrator
                 acknowledges the break first); nothing is written or recorded.
         """
-        items = prepare(entries, root)
-        root = Path(root).resolve()
+        root = resolved_root(root)
+        items = prepare_under(entries, root)
         link = None if lease_id is None else self._linker(lease_id)
         with team_guard(self.store, root) as team:
             for attempt in range(_INTENT_ATTEMPTS):
