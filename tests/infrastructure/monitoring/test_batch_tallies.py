@@ -91,7 +91,7 @@ def _batch(rng: random.Random, agents: int, shuffled: bool) -> list[Row]:
     if shuffled:
         rng.shuffle(stamps)
     names = [f"agent-{i}" for i in range(agents)]
-    return [
+    return [  # type: ignore[misc]  # odd types on purpose: 0/1 successes, float counts
         (
             rng.choice(names),
             rng.choice(("run", "run", "run", "verification")),
