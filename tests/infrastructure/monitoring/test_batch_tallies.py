@@ -84,14 +84,15 @@ def _reference_series(rows: list[Row]) -> tuple[list[Any], list[Any], list[Any]]
     )
 
 
-def _batch(rng: random.Random, agents: int, shuffled: bool) -> list[Row]:
+def _batch(rng: random.Random, agents: int, shuffled: bool) -> list[Any]:
+    """Runs of odd types on purpose too: 0/1 and 0.0/1.0 successes, float token counts."""
     start = 1_700_000_000.0 + rng.random() * 3_600
     span = rng.choice((0.2, 90.0, 4_000.0))  # within a minute, across a few, across hours
     stamps = sorted(start + rng.random() * span for _ in range(rng.randint(1, 400)))
     if shuffled:
         rng.shuffle(stamps)
     names = [f"agent-{i}" for i in range(agents)]
-    return [  # type: ignore[misc]  # odd types on purpose: 0/1 successes, float counts
+    return [
         (
             rng.choice(names),
             rng.choice(("run", "run", "run", "verification")),
