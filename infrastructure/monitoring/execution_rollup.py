@@ -19,6 +19,9 @@ Totals are lifetime figures: retention deletes old rows but never subtracts from
 
 from __future__ import annotations
 
+from functools import reduce
+from itertools import compress, repeat
+from operator import add, eq, itemgetter, truth
 from typing import Any, NamedTuple
 
 from agentmend.infrastructure.monitoring.agent_window import RUN, Row
@@ -117,7 +120,71 @@ class RollupTally(NamedTuple):
 
 
 def tally(rows: list[Row]) -> RollupTally:
-    """What a batch of rows (in order) adds to the rollups, computed before its transaction."""
+    """What a batch of rows (in order) adds to the rollups, computed before its transaction.
+
+    A batch of a few agents and sources (the usual) is summed a column at a time with C-level
+    builtins, each sum taken in run order as one run at a time would; a batch of many, or one
+    whose values the column steps refuse, a run at a time (the same figures and errors).
+    """
+    try:
+        totals = _column_totals(rows)
+    except (TypeError, ValueError, OverflowError):
+        totals = None  # a bad value: the run-at-a-time tally meets it as it always has
+    if totals is None:
+        totals = _row_totals(rows)
+    keys = sorted(totals)
+    return RollupTally(
+        [(agent, source, *totals[(agent, source)]) for agent, source in keys],
+        [(agent, totals[(agent, source)][0]) for agent, source in keys if source == RUN],
+    )
+
+
+_agent, _source = itemgetter(0), itemgetter(1)
+_columns = tuple(itemgetter(i) for i in (2, 5, 6, 7))  # success, input, output, cost
+_COLUMN_KEYS = 8
+"""Up to this many (agent, source) pairs a batch is summed a column at a time."""
+
+
+def _column_totals(rows: list[Row]) -> dict[tuple[str, str], list[Any]] | None:
+    """Each (agent, source)'s additions, column by column (None: too many pairs for it)."""
+    if not rows:
+        return {}
+    agents, sources = list(map(_agent, rows)), list(map(_source, rows))
+    columns = [list(map(column, rows)) for column in _columns]
+    n = len(rows)
+    if agents.count(agents[0]) == n and sources.count(sources[0]) == n:
+        return {(agents[0], sources[0]): _total(*columns)}
+    keys = list(zip(agents, sources, strict=True))
+    distinct = dict.fromkeys(keys)
+    if len(distinct) > _COLUMN_KEYS:
+        return None
+    totals: dict[tuple[str, str], list[Any]] = {}
+    for key in distinct:
+        mask = list(map(eq, keys, repeat(key)))
+        totals[key] = _total(*(list(compress(column, mask)) for column in columns))
+    return totals
+
+
+def _total(successes: list[Any], tin: list[Any], tout: list[Any], cost: list[Any]) -> list[Any]:
+    """executions, failures, input, output, cost, streak of one pair's runs, in run order."""
+    n = len(successes)
+    ok = successes.count(True)  # == True: True, 1 and 1.0, each of them true
+    if ok + successes.count(False) != n:  # another kind of value: by its truth
+        successes = list(map(truth, successes))
+        ok = successes.count(True)
+    # the streak: the failures after the last success, or every run if none succeeded
+    streak = n if ok == 0 else 0 if successes[-1] else successes[::-1].index(True)
+    return [n, n - ok, _int_sum(tin), _int_sum(tout), reduce(add, cost, 0.0), streak]
+
+
+def _int_sum(values: list[Any]) -> Any:
+    """The sum of whole counts; of anything else added in order, as a run at a time would."""
+    total = sum(values)
+    return total if type(total) is int else reduce(add, values, 0)
+
+
+def _row_totals(rows: list[Row]) -> dict[tuple[str, str], list[Any]]:
+    """Each (agent, source)'s additions, a run at a time."""
     totals: dict[tuple[str, str], list[Any]] = {}
     for agent, source, success, _, _, tin, tout, cost, _, _ in rows:
         total = totals.get((agent, source))
@@ -133,11 +200,7 @@ def tally(rows: list[Row]) -> RollupTally:
         else:
             total[1] += 1
             total[5] += 1
-    keys = sorted(totals)
-    return RollupTally(
-        [(agent, source, *totals[(agent, source)]) for agent, source in keys],
-        [(agent, totals[(agent, source)][0]) for agent, source in keys if source == RUN],
-    )
+    return totals
 
 
 def write(conn: StoreConnection, added: RollupTally) -> None:
