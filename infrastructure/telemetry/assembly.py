@@ -6,6 +6,8 @@ buffered per trace; an agent span, when it arrives, takes the spans of its subtr
 before it and becomes one execution; chat spans with no agent span above them become one
 execution each once their trace's local root has arrived. A trace idle for ``orphan_timeout_s``
 is flushed: what is left in it is counted as orphans (its agent span never came) and dropped.
+A trace that comes whole in one request (a root agent span and the spans right below it, the
+common case) becomes its run at once, without being buffered: the same run, the same counts.
 
 ``(trace_id, span_id)`` is the idempotency key: the keys of the last ``remember`` spans are kept
 (two generations of sets, so memory is bounded and lookups O(1)), and a span seen again is
@@ -235,49 +237,24 @@ class TraceAssembler:
         records: list[RunRow] = []
         with self._lock:
             self.rejected += rejected
+            arrived, in_order = self._new_spans(spans)
+            whole = self._whole_runs(arrived)
             touched: dict[bytes, _Trace] = {}
-            seen = self._seen
-            for span in spans:
-                self._received += 1
+            # in the order they came (opening a trace may evict another, which may come again)
+            for span in in_order if len(whole) < len(arrived) else ():
                 trace_id = span.trace_id
-                key = trace_id + span.span_id
-                if key in seen or key in self._seen_before:
-                    self._duplicates += 1
+                if trace_id in whole:
                     continue
-                seen.add(key)
-                if len(seen) >= self._half:  # a new generation: the oldest keys are forgotten
-                    self._seen_before = seen
-                    seen = self._seen = set()
                 trace = touched.get(trace_id)
                 if trace is None or trace.dropped:
                     trace = touched[trace_id] = self._open(trace_id, now)
-                if is_recorded_by_agentmend(span) or (
-                    trace.own and span.parent_span_id in trace.own
-                ):
-                    # agentmend's own work and everything below it (a role's chat spans)
-                    self._own += 1
-                    if trace.own is _NO_IDS:
-                        trace.own = set()
-                    trace.own.add(span.span_id)
-                    trace.own_new.append(span)
-                    if not span.parent_span_id or span.parent_is_remote:
-                        trace.root_seen = True
+                self._buffer(trace, span)
+            for trace_id in arrived:
+                run = whole.get(trace_id)
+                if run is not None:  # the whole trace came at once: its run, with no buffering
+                    self._keep(self.mapping.execution(*run), records)
                     continue
-                span_id = span.span_id
-                trace.spans[span_id] = span
-                trace.new.append(span)
-                parent = span.parent_span_id
-                if parent:
-                    siblings = trace.children.get(parent)
-                    if siblings is None:
-                        trace.children[parent] = [span_id]
-                    else:
-                        siblings.append(span_id)
-                if is_agent_span(span):
-                    trace.agents.append(span)
-                if not parent or span.parent_is_remote:
-                    trace.root_seen = True
-            for trace_id, trace in touched.items():
+                trace = touched[trace_id]
                 if trace.dropped:
                     continue
                 self._assemble(trace_id, trace, records)
@@ -298,6 +275,81 @@ class TraceAssembler:
             elif record is not None:
                 record(run_record(row))
         return len(records)
+
+    def _new_spans(
+        self, spans: Iterable[SpanData]
+    ) -> tuple[dict[bytes, list[SpanData]], list[SpanData]]:
+        """``spans`` not seen before, counted: by trace (in the order each trace first came),
+        and in the order they came."""
+        arrived: dict[bytes, list[SpanData]] = {}
+        in_order: list[SpanData] = []
+        keep = in_order.append
+        seen = self._seen
+        for span in spans:
+            self._received += 1
+            trace_id = span.trace_id
+            key = trace_id + span.span_id
+            if key in seen or key in self._seen_before:
+                self._duplicates += 1
+                continue
+            seen.add(key)
+            if len(seen) >= self._half:  # a new generation: the oldest keys are forgotten
+                self._seen_before = seen
+                seen = self._seen = set()
+            keep(span)
+            group = arrived.get(trace_id)
+            if group is None:
+                arrived[trace_id] = [span]
+            else:
+                group.append(span)
+        return arrived, in_order
+
+    def _whole_runs(
+        self, arrived: dict[bytes, list[SpanData]]
+    ) -> dict[bytes, tuple[SpanData, list[SpanData]]]:
+        """The traces of ``arrived`` that are one whole agent run (the agent span and its
+        chat spans, say): trace id -> (agent span, its chat spans, as ``_subtree`` lists
+        them). Such a trace would be opened, assembled and closed within this call, so it is
+        not buffered at all. Only when no trace can be evicted meanwhile (opening the others
+        stays within ``max_open_traces``), so the buffer ends as it would have."""
+        whole: dict[bytes, tuple[SpanData, list[SpanData]]] = {}
+        traces = self._traces
+        if len(traces) + len(arrived) > self._max_open:
+            return whole
+        for trace_id, group in arrived.items():
+            if trace_id in traces:
+                continue
+            run = _whole_run(group)
+            if run is not None:
+                whole[trace_id] = run
+        return whole
+
+    def _buffer(self, trace: _Trace, span: SpanData) -> None:
+        """Add ``span`` to its open ``trace``."""
+        if is_recorded_by_agentmend(span) or (trace.own and span.parent_span_id in trace.own):
+            # agentmend's own work and everything below it (a role's chat spans)
+            self._own += 1
+            if trace.own is _NO_IDS:
+                trace.own = set()
+            trace.own.add(span.span_id)
+            trace.own_new.append(span)
+            if not span.parent_span_id or span.parent_is_remote:
+                trace.root_seen = True
+            return
+        span_id = span.span_id
+        trace.spans[span_id] = span
+        trace.new.append(span)
+        parent = span.parent_span_id
+        if parent:
+            siblings = trace.children.get(parent)
+            if siblings is None:
+                trace.children[parent] = [span_id]
+            else:
+                siblings.append(span_id)
+        if is_agent_span(span):
+            trace.agents.append(span)
+        if not parent or span.parent_is_remote:
+            trace.root_seen = True
 
     def _attribute(self, extra: dict[str, Any]) -> None:
         """Resolve the release label in a run's ``extra`` to tags (never dropped for it)."""
@@ -509,6 +561,32 @@ class TraceAssembler:
         trace.agents.clear()
         trace.sizes.clear()
         trace.bytes = 0
+
+
+def _whole_run(group: list[SpanData]) -> tuple[SpanData, list[SpanData]] | None:
+    """(the agent span, its chat spans) if ``group`` is one whole run: a root agent span and
+    spans right below it, none of them agentmend's own nor another agent's; else None. The
+    chat spans are in the order ``_subtree`` finds them (the last to come first)."""
+    agent: SpanData | None = None
+    for span in group:
+        if is_recorded_by_agentmend(span):
+            return None
+        if is_agent_span(span):
+            if agent is not None or span.parent_span_id:
+                return None
+            agent = span
+    if agent is None:
+        return None
+    agent_id = agent.span_id
+    chats: list[SpanData] = []
+    for span in reversed(group):
+        if span is agent:
+            continue
+        if span.parent_span_id != agent_id:
+            return None
+        if is_chat_span(span):
+            chats.append(span)
+    return agent, chats
 
 
 def _end_ns(span: SpanData) -> int:
