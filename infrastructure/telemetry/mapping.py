@@ -57,6 +57,7 @@ from agentmend.infrastructure.models import ExecutionRecord
 from agentmend.infrastructure.release_labels import RELEASE_ATTRIBUTE, TEAM_ATTRIBUTE
 from agentmend.infrastructure.telemetry.model_calls import (
     CALL_KEYS,
+    USAGE_KEYS,
     ModelCall,
     call_tokens,
     number,
@@ -192,10 +193,12 @@ class SpanMapping:
         name = self.agent_name(agent, chats)
         if name is None:
             return None
-        input_tokens = number(agent.known, _AGGREGATED_INPUT)
-        output_tokens = number(agent.known, _AGGREGATED_OUTPUT)
-        if not (input_tokens or output_tokens):
-            input_tokens, output_tokens = usage(agent)
+        input_tokens = output_tokens = 0
+        if not agent.known.keys().isdisjoint(_AGENT_TOKEN_KEYS):  # (most count none)
+            input_tokens = number(agent.known, _AGGREGATED_INPUT)
+            output_tokens = number(agent.known, _AGGREGATED_OUTPUT)
+            if not (input_tokens or output_tokens):
+                input_tokens, output_tokens = usage(agent)
         if not (input_tokens or output_tokens):
             input_tokens, output_tokens = call_tokens(chats)
         return _record(
@@ -318,6 +321,8 @@ def _error(span: SpanData) -> str | None:
 
 _AGGREGATED_INPUT = ("gen_ai.aggregated_usage.input_tokens",)
 _AGGREGATED_OUTPUT = ("gen_ai.aggregated_usage.output_tokens",)
+# every key an agent span may count its own tokens by (its run's total, or its own usage)
+_AGENT_TOKEN_KEYS = frozenset((*_AGGREGATED_INPUT, *_AGGREGATED_OUTPUT, *USAGE_KEYS))
 _MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "model", "llm.model_name")
 
 

@@ -27,6 +27,7 @@ from agentmend.infrastructure.telemetry.span import SpanData
 
 __all__ = [
     "CALL_KEYS",
+    "USAGE_KEYS",
     "ModelCall",
     "call_tokens",
     "closest",
@@ -57,7 +58,9 @@ _OUTPUT_KEYS = (
 _MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "model", "llm.model_name")
 _RESPONSE_ID = "gen_ai.response.id"
 _HTTP_METHOD = "http.request.method"
-CALL_KEYS = frozenset((*_INPUT_KEYS, *_OUTPUT_KEYS, *_MODEL_KEYS, _RESPONSE_ID, _HTTP_METHOD))
+USAGE_KEYS = frozenset((*_INPUT_KEYS, *_OUTPUT_KEYS))
+"""The keys ``usage`` reads a span's own tokens by."""
+CALL_KEYS = frozenset((*USAGE_KEYS, *_MODEL_KEYS, _RESPONSE_ID, _HTTP_METHOD))
 """The span attributes this module reads (``SpanData.known``)."""
 
 
