@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 from agentmend.infrastructure.monitoring import execution_rollup, run_series
 from agentmend.infrastructure.monitoring.agent_window import RUN, Row
 from agentmend.infrastructure.monitoring.run_reader import POSITION_OFFSET, read_horizon
-from agentmend.infrastructure.store.sql import Backend, StoreConnection, backend_of
+from agentmend.infrastructure.store.sql import Backend, StoreConnection, backend_of, has_table
 
 __all__ = [
     "COMPONENT",
@@ -53,6 +53,7 @@ __all__ = [
     "FOLD_INTERVAL_S",
     "MIGRATIONS",
     "Folded",
+    "add_runs",
     "add_tail",
     "baseline_tail",
     "fold",
@@ -107,8 +108,8 @@ def fold(conn: StoreConnection, *, wait: bool, covering: int | None = None) -> F
     ``covering``: a position the caller needs folded (its last append's); if the cursor is
     past it already, nothing is done.
     """
-    if backend_of(conn) == "sqlite":
-        return None
+    if backend_of(conn) == "sqlite" or not has_table(conn, "run_fold"):
+        return None  # (a store no writer of this version has opened has nothing to fold)
     horizon = read_horizon(conn)  # outside a transaction: before the snapshot that reads
     own = not conn.in_transaction
     if own:
@@ -139,7 +140,7 @@ def _fold_locked(
         return Folded(0, cursor), False
     runs = _read(conn, f"tx >= {cursor} AND tx < {horizon}")
     if runs:
-        _add(conn, runs)
+        add_runs(conn, runs)
     conn.execute("UPDATE run_fold SET position = ?", (horizon,))
     return Folded(len(runs), horizon), True
 
@@ -157,14 +158,15 @@ def _read(conn: StoreConnection, where: str) -> list[tuple[int, Row]]:
 def unfolded(conn: StoreConnection) -> list[tuple[int, Row]]:
     """(id, run) of the runs not yet folded in ``conn``'s snapshot, in position order (none on
     SQLite): what a reader adds to the rollups it reads in the same snapshot."""
-    if backend_of(conn) == "sqlite":
+    if backend_of(conn) == "sqlite" or not has_table(conn, "run_fold"):
         return []
     return _read(conn, "tx >= (SELECT position FROM run_fold)")
 
 
-def _add(conn: StoreConnection, runs: list[tuple[int, Row]]) -> None:
-    """Upsert the runs' tallies, tables in the writers' fixed order (totals, baselines,
-    series), each table's rows in key order."""
+def add_runs(conn: StoreConnection, runs: list[tuple[int, Row]]) -> None:
+    """Add (id, run) pairs to the rollups, in the caller's transaction: the runs' tallies
+    upserted in the writers' fixed order of tables (totals, baselines, series), each
+    table's rows in key order."""
     rows = [row for _, row in runs]
     rollup = execution_rollup.tally(rows)
     if rollup.totals:
