@@ -54,6 +54,7 @@ COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
     ("executions", execution_store._MIGRATIONS),
     (run_series.COMPONENT, run_series.MIGRATIONS),
     (execution_rollup.COMPONENT, execution_rollup.MIGRATIONS),
+    (run_fold.COMPONENT, run_fold.MIGRATIONS),
     ("monitoring", issue_ledger._MIGRATIONS),
     (detector_series.COMPONENT, detector_series.MIGRATIONS),
     ("changes", change_log._CHANGE_MIGRATIONS),
