@@ -276,10 +276,8 @@ def test_a_writer_killed_mid_batch_leaves_none_of_it_and_readers_move_on(
     checker.refresh()
     assert _counts(checker) == {"killed": 10, "other": 3}
     # the killed writer's small batch was committed but never folded: another process's
-    # fold takes it, once
-    folded = other.fold()
-    assert folded is not None
-    assert folded.runs >= 10
+    # fold takes it (this one, or the other writer's own after its append), once
+    assert other.fold() is not None
     again = other.fold()
     assert again is not None
     assert again.runs == 0
