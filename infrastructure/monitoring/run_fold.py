@@ -53,6 +53,7 @@ __all__ = [
     "FOLD_INTERVAL_S",
     "MIGRATIONS",
     "Folded",
+    "add_run_totals",
     "add_runs",
     "add_tail",
     "baseline_tail",
@@ -241,3 +242,17 @@ def add_tail(totals: list[tuple[Any, ...]], tail: list[Row]) -> list[tuple[Any, 
 def due(last_fold: float, interval_s: float) -> bool:
     """Whether a writer whose last fold was at ``last_fold`` (``time.monotonic()``) folds now."""
     return time.monotonic() - last_fold >= interval_s
+
+
+def add_run_totals(totals: list[tuple[Any, ...]], tail: list[Row]) -> list[tuple[Any, ...]]:
+    """``run_totals`` rows (agent, runs, failures, last time) with the tail's production runs
+    added, by agent."""
+    merged = {str(t[0]): list(t) for t in totals}
+    for agent, source, success, *_, ts, _extra in tail:
+        if source != RUN:
+            continue
+        row = merged.setdefault(agent, [agent, 0, 0, None])
+        row[1] += 1
+        row[2] += 0 if success else 1
+        row[3] = ts if row[3] is None else max(row[3], ts)
+    return [tuple(merged[agent]) for agent in sorted(merged)]

@@ -3,8 +3,8 @@
 Real server, real processes and threads: after a fold the rollups equal a recount from the runs
 whatever order writers committed in, two folders never fold a run twice, a baseline started
 between a run's append and its fold counts the run in the epoch whose segment holds it, a
-monitor opening before a fold counts every run anyway, and retention folds before it prunes
-(and keeps a run no fold could take yet). A writer killed before folding is in
+monitor opening (and ``status``) before a fold counts every run anyway, and retention folds
+before it prunes (and keeps a run no fold could take yet). A writer killed before folding is in
 ``tests/faults/test_unlocked_appends.py``; a server restart mid-run in
 ``tests/infrastructure/store/test_store_fleet.py``.
 """
@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from pg_server import PgServer
 
+from agentmend.faces.report.data import agent_statuses
 from agentmend.infrastructure.monitoring import run_fold
 from agentmend.infrastructure.monitoring.agent_window import RUN, Row
 from agentmend.infrastructure.monitoring.execution_store import ExecutionStore, delete_runs
@@ -229,7 +230,7 @@ def test_a_baseline_started_between_append_and_fold_counts_runs_in_their_segment
     store.close()
 
 
-def test_a_monitor_opening_counts_runs_no_fold_has_taken(
+def test_a_monitor_opening_and_status_count_runs_no_fold_has_taken(
     pg_server: PgServer, tmp_path: Path
 ) -> None:
     url = pg_server.create_database()
@@ -250,6 +251,13 @@ def test_a_monitor_opening_counts_runs_no_fold_has_taken(
             assert metrics["b"].consecutive_failures == 0  # run 4 succeeded
             assert monitor._baselines["a"][-1].runs == 40
             monitor.close()
+            # status and the report read the rollups and the same tail
+            statuses = {s.name: s for s in agent_statuses(other, baseline_n=30)}
+            assert {a: (s.runs, s.failures) for a, s in statuses.items()} == {
+                "a": (40, 14),
+                "b": (5, 2),
+            }
+            assert (statuses["a"].baseline_runs, statuses["b"].baseline_runs) == (30, 5)
         folded = store.connection().execute("SELECT COUNT(*) FROM execution_totals")
         assert folded.fetchone()[0] == 0  # nothing was folded: the counts came from the tail
     finally:
