@@ -83,9 +83,8 @@ MIGRATIONS: list[str | dict[Backend, str]] = [
     }
 ]
 
-_COLUMNS = (
-    "agent, source, success, duration_ms, error, input_tokens, output_tokens, cost_usd, ts, extra"
-)
+# what the tallies read of a run: its error and extra fields are not sent (None in their place)
+_COLUMNS = "agent, source, success, duration_ms, input_tokens, output_tokens, cost_usd, ts"
 _BASELINE_ADD = (
     "INSERT INTO baseline_runs (agent, epoch, runs) VALUES (?, ?, ?)"
     " ON CONFLICT (agent, epoch) DO UPDATE SET runs = baseline_runs.runs + excluded.runs"
@@ -151,14 +150,15 @@ def _read(conn: StoreConnection, where: str) -> list[tuple[int, Row]]:
         f"SELECT id, {_COLUMNS} FROM executions WHERE NOT rolled AND {where} ORDER BY tx, id"
     ).fetchall()
     return [
-        (int(i), (a, s, bool(ok), d, e, ti, to, c, ts, x))
-        for i, a, s, ok, d, e, ti, to, c, ts, x in rows
+        (int(i), (a, s, bool(ok), d, None, ti, to, c, ts, None))
+        for i, a, s, ok, d, ti, to, c, ts in rows
     ]
 
 
 def unfolded(conn: StoreConnection) -> list[tuple[int, Row]]:
     """(id, run) of the runs not yet folded in ``conn``'s snapshot, in position order (none on
-    SQLite): what a reader adds to the rollups it reads in the same snapshot."""
+    SQLite), without their error and extra fields: what a reader adds to the rollups it reads
+    in the same snapshot."""
     if backend_of(conn) == "sqlite" or not has_table(conn, "run_fold"):
         return []
     return _read(conn, "tx >= (SELECT position FROM run_fold)")
