@@ -163,11 +163,13 @@ class ExecutionStore:
         self._use_writer(writer)
 
     def insert(self, rows: list[Row]) -> None:
-        """One transaction; rows appended by ``COPY`` on PostgreSQL (a small batch's as
-        ``INSERT`` s pipelined with its rollups and commit: one round trip), by multi-row
-        INSERTs on SQLite. The rollups' additions are tallied before the transaction begins;
-        on PostgreSQL the transaction takes no store-wide lock
-        (:mod:`~agentmend.infrastructure.monitoring.run_append`).
+        """One transaction; rows appended by ``COPY`` on PostgreSQL, by multi-row INSERTs on
+        SQLite. The rollups' additions are tallied before the transaction begins; on
+        PostgreSQL the transaction takes no store-wide lock
+        (:mod:`~agentmend.infrastructure.monitoring.run_append`), and a batch of at most
+        ``run_fold.DEFERRED_ROWS`` runs is one autocommitted ``INSERT`` without its rollups,
+        which a fold adds later (after this append if this handle's last fold is older than
+        ``fold_interval_s``; :mod:`~agentmend.infrastructure.monitoring.run_fold`).
 
         Rows sent again after a failed call keep their numbers; those the store already holds
         (the failed call's commit did land) are skipped, runs and series alike.

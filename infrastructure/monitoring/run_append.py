@@ -22,10 +22,11 @@ is written by a plain transaction, and everything that can happen before it does
   pipeline, after ``BEGIN``: the whole batch is one round trip, commit included. A larger
   one is ``BEGIN``, ``COPY`` (two round trips), then the pipeline.
 
-A batch of at most :data:`~agentmend.infrastructure.monitoring.run_fold.DEFERRED_ROWS` runs is
-appended without its rollups instead, by one autocommitted ``INSERT``
-(:func:`append_deferred`): they are folded in later, many batches at a time
-(:mod:`~agentmend.infrastructure.monitoring.run_fold`).
+``ExecutionStore`` appends a batch of at most
+:data:`~agentmend.infrastructure.monitoring.run_fold.DEFERRED_ROWS` runs without its rollups
+instead, by one autocommitted ``INSERT`` (:func:`append_deferred`): they are folded in later,
+many batches at a time (:mod:`~agentmend.infrastructure.monitoring.run_fold`); seven upserts
+per run were most of a one-run batch's cost.
 
 The store's other writes keep the lock, and the audit chain its own sequencer.
 """
