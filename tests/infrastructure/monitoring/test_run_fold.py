@@ -293,3 +293,25 @@ def test_retention_folds_before_it_prunes_and_keeps_runs_no_fold_could_take(
     assert executions.fetchone()[0] == 5  # the pruned runs were counted before they went
     assert run_fold.unfolded(conn) == []
     store.close()
+
+
+def test_a_store_copy_counts_the_runs_its_source_had_not_folded(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    from agentmend.infrastructure.store.copying import copy_store
+
+    url = pg_server.create_database()
+    source = Store(url, files_dir=tmp_path / "s")
+    table = ExecutionStore(source, uuid.uuid4().hex, fold_interval_s=_NEVER)
+    table.insert([_run("a", i) for i in range(100)])  # a large batch: rolled up inline
+    for i in range(7):
+        table.insert([_run("b", i)])  # small ones: not folded
+    target = Store(tmp_path / "copy.db")
+    report = copy_store(source, target, hmac_key="k" * 32)
+    assert report.rows["executions"] == 107
+    conn = target.connection()
+    assert _rollups(conn) == _recount(conn)  # the copied rollups and the source's tail
+    assert conn.execute("SELECT COUNT(*) FROM run_totals").fetchone()[0] == 2
+    assert run_fold.unfolded(source.connection()) != []  # the source was left as it was
+    source.close()
+    target.close()
