@@ -1,9 +1,10 @@
 """Deferred rollups on PostgreSQL: small batches of runs are appended alone and *folded* later.
 
-A batch of one run used to be eight statements in one transaction: its ``INSERT`` and seven
-rollup upserts (totals, baseline counts, minute series, series totals, coarser series). With
-many writers each recording a run at a time, the upserts were most of the server's work, and a
-run cost 2.5 to 3 times a bare ``INSERT``. So on PostgreSQL a batch of at most
+A batch of one run used to be nine statements in one transaction: its ``INSERT`` and eight
+rollup upserts (totals, baseline counts, minute series, series totals, four coarser series).
+With many writers each recording a run at a time, the upserts were most of the server's work
+and of its WAL (5 times a bare ``INSERT``'s), and a run cost 2.3 to 3.3 times a bare
+``INSERT`` (``benchmarks/bench_writer.py``, one-run batches). So on PostgreSQL a batch of at most
 :data:`DEFERRED_ROWS` runs is appended alone (``rolled`` false; one round trip, the commit
 included), and a *fold* adds such runs to the rollups later, many at a time:
 
@@ -21,18 +22,23 @@ included), and a *fold* adds such runs to the rollups later, many at a time:
   ``ExecutionStore.load_baseline`` counts), not the epoch active when it is folded, so
   starting or restoring a baseline between a run's append and its fold does not move it;
   those also take the cursor, so no fold reads the segments while they change.
-* Readers that need exact rollups (a monitor opening) add the *tail*, the runs not folded yet
-  in their snapshot (:func:`unfolded`), to what the rollups say; retention folds before it
-  deletes and never deletes a run not yet folded.
+* Readers that need exact figures (a monitor opening, ``status`` and the report's agent
+  figures) add the *tail*, the runs not folded yet in their snapshot (:func:`unfolded`), to
+  what the rollups say; retention folds before it deletes and never deletes a run not yet
+  folded; a store copy adds its source's tail to the copied rollups.
 
-So the rollups lag the runs by at most a writer's fold interval (:data:`FOLD_INTERVAL_S`) while
-any writer lives, every writer folds at ``flush()`` and ``close()``, and a monitor's opening
-counts are exact either way. A flag per run is cheaper than a table of pending runs (one row
-written, not two) and, with a default of true, marks rows written by an older version (which
-roll up inline) as rolled. Per-writer rollup rows summed at read were the other way offered:
-every reader would then sum a row per process that ever wrote. Large batches keep their
-rollups inline (``COPY`` then the upserts, already near a bare ``COPY``). SQLite keeps them
-inline too: one writer at a time there, no lock to spare.
+So while writers keep appending, the rollups lag the runs by about the fold interval
+(:data:`FOLD_INTERVAL_S`; longer while a transaction older than the runs still runs, as any
+reader of runs waits for it), a writer's ``flush()`` and ``close()`` fold its runs (those
+below the horizon), and the figures a reader needs exact are exact either way; charts read
+the series as folded.
+
+A flag per run is cheaper than a table of pending runs (one row written, not two) and, with a
+default of true, marks rows written by an older version (which roll up inline) as rolled.
+Per-writer rollup rows summed at read were the other way offered: every reader would then sum
+a row per process that ever wrote. Large batches keep their rollups inline (``COPY`` then the
+upserts, already near a bare ``COPY``). SQLite keeps them inline too: one writer at a time
+there, no lock to spare.
 """
 
 from __future__ import annotations
