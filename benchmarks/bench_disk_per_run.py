@@ -7,7 +7,8 @@ over about ten minutes of timestamps:
 - **batches**: ``--runs`` runs through ``ExecutionStore.insert`` in batches of 5,000 (the
   background writer's large batches);
 - **one-run batches**: ``--single`` runs through ``ExecutionStore.insert`` one at a time (a
-  lightly loaded worker);
+  lightly loaded worker), then a fold of the rollups not folded yet (PostgreSQL folds small
+  batches into the rollups later, ``run_fold``; its folds are counted);
 - the baselines: the same rows by a bare ``COPY`` per 5,000 into the same table (for the
   batches), and by one autocommitted ``INSERT`` each (for the one-run batches), nothing else.
 
@@ -104,6 +105,7 @@ def _measure(
         elif mode == "one-run batches":
             for row in rows:
                 table.insert([row])
+            table.fold()  # the rollups of the runs not folded yet: part of what they cost
         elif mode == "bare INSERT":
             import psycopg
 

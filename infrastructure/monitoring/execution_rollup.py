@@ -6,7 +6,9 @@ the runs themselves, every one of these is a scan that grows with history (a ``G
 every row, a walk back to the last success, a walk back to the tenth error when errors are
 rare, a count over the baseline's runs), and every session start, MCP server start and
 ``PerformanceMonitor(store)`` pays it. So the writer keeps them up to date instead, in the same
-transaction as the runs (a rollup is never ahead of or behind its rows):
+transaction as the runs (a rollup is never ahead of or behind its rows), except on PostgreSQL
+for a small batch, which a fold adds later (:mod:`~agentmend.infrastructure.monitoring.run_fold`:
+readers that need exact figures add the runs not folded yet):
 
 * ``execution_totals``: per agent and source, the lifetime counters and the failure streak;
 * ``baseline_runs``: per agent and baseline epoch, the runs the epoch has counted (every new

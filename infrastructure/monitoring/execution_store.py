@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from agentmend.infrastructure.monitoring import execution_rollup, run_append, run_series
+from agentmend.infrastructure.monitoring import execution_rollup, run_append, run_fold, run_series
 from agentmend.infrastructure.monitoring.agent_window import (
     RECENT_ERRORS,
     RUN,
@@ -137,12 +137,20 @@ class ExecutionStore:
     state lock. Errors are the store's (``sqlite3`` errors, ``StoreError``).
     """
 
-    def __init__(self, store: Store, writer: str) -> None:
+    def __init__(
+        self, store: Store, writer: str, *, fold_interval_s: float = run_fold.FOLD_INTERVAL_S
+    ) -> None:
         store.migrate(_COMPONENT, _MIGRATIONS)
         store.migrate(run_series.COMPONENT, run_series.MIGRATIONS)  # after: it reads executions
         store.migrate(execution_rollup.COMPONENT, execution_rollup.MIGRATIONS)
         store.migrate(quarantine.COMPONENT, quarantine.MIGRATIONS)
+        store.migrate(run_fold.COMPONENT, run_fold.MIGRATIONS)
         self.store = store
+        # on PostgreSQL small batches' rollups are folded in later (run_fold): at most this
+        # long after this handle's last fold, an append folds
+        self.fold_interval_s = fold_interval_s
+        self._last_fold = time.monotonic()
+        self._unfolded: int | None = None  # the position of this handle's last unrolled append
         # the refresh cursor (run_reader's positions): every foreign row below ``horizon``
         # has been ingested, and of those at or above it, the ones in transactions
         # ``ingested_above`` (read early: they committed while an older one still ran)
@@ -155,11 +163,13 @@ class ExecutionStore:
         self._use_writer(writer)
 
     def insert(self, rows: list[Row]) -> None:
-        """One transaction; rows appended by ``COPY`` on PostgreSQL (a small batch's as
-        ``INSERT`` s pipelined with its rollups and commit: one round trip), by multi-row
-        INSERTs on SQLite. The rollups' additions are tallied before the transaction begins;
-        on PostgreSQL the transaction takes no store-wide lock
-        (:mod:`~agentmend.infrastructure.monitoring.run_append`).
+        """One transaction; rows appended by ``COPY`` on PostgreSQL, by multi-row INSERTs on
+        SQLite. The rollups' additions are tallied before the transaction begins; on
+        PostgreSQL the transaction takes no store-wide lock
+        (:mod:`~agentmend.infrastructure.monitoring.run_append`), and a batch of at most
+        ``run_fold.DEFERRED_ROWS`` runs is one autocommitted ``INSERT`` without its rollups,
+        which a fold adds later (after this append if this handle's last fold is older than
+        ``fold_interval_s``; :mod:`~agentmend.infrastructure.monitoring.run_fold`).
 
         Rows sent again after a failed call keep their numbers; those the store already holds
         (the failed call's commit did land) are skipped, runs and series alike.
@@ -199,6 +209,13 @@ class ExecutionStore:
         self._numbered = {}
 
     def _write(self, numbered: list[Any], rows: list[Row]) -> None:
+        if self.store.backend == "postgresql" and len(numbered) <= run_fold.DEFERRED_ROWS:
+            self._unfolded = run_append.append_deferred(
+                self.store.connection(), "executions", _INSERTED, numbered
+            )
+            if run_fold.due(self._last_fold, self.fold_interval_s):
+                self.fold_quietly(wait=False)
+            return
         rollup = execution_rollup.tally(rows)
         series = run_series.tally(rows)
         if self.store.backend == "postgresql":
@@ -210,6 +227,42 @@ class ExecutionStore:
             append_rows(conn, "executions", _INSERTED, numbered, per_statement=_ROWS_PER_INSERT)
             run_series.write(conn, series)
             execution_rollup.write(conn, rollup)
+
+    def fold_quietly(self, *, wait: bool) -> None:
+        """A writer's fold of its appends not rolled up yet (none: nothing to do). ``wait``
+        false: skipped if another is folding; true: once it returns, they are folded (unless
+        it failed). A failure is logged, not raised: the runs are committed, and the next fold
+        by anyone takes them."""
+        self._last_fold = time.monotonic()
+        covering = self._unfolded
+        if covering is None:
+            return
+        try:
+            folded = run_fold.fold(self.store.connection(), wait=wait, covering=covering)
+            if folded is not None and folded.position > covering:
+                self._unfolded = None
+        except Exception as exc:  # the store's errors: the runs stay for the next fold
+            log.warning("fold_failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+
+    def ingest_fold(self) -> None:
+        """A reader's fold before it reads the rollups with their tail: skipped if another is
+        folding (the tail then holds the runs); a failure is logged, not raised (the tail
+        holds them too)."""
+        try:
+            run_fold.fold(self.store.connection(), wait=False)
+        except Exception as exc:  # the store's errors: read on, the tail is exact
+            log.warning("fold_failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+
+    def fold(self) -> run_fold.Folded | None:
+        """Fold every run not yet rolled up (PostgreSQL), waiting for a fold running elsewhere:
+        the rollups then count every run committed before it began, unless a transaction
+        older than them still ran (see run_reader's horizon). None on SQLite, where rollups
+        are written with their runs."""
+        self._last_fold = time.monotonic()
+        folded = run_fold.fold(self.store.connection(), wait=True)
+        if folded is not None and self._unfolded is not None and folded.position > self._unfolded:
+            self._unfolded = None
+        return folded
 
     def _not_landed(self, conn: StoreConnection, numbered: list[Any]) -> list[Any]:
         """The rows of a batch sent again that the store does not hold yet (a failed call's
@@ -289,8 +342,12 @@ class ExecutionStore:
         """Rebuild a monitor's state from the tables (one snapshot; unknown sources skipped)."""
         stats: dict[str, dict[str, AgentStats]] = {source: {} for source in SOURCES}
         baselines: dict[str, Baseline] = {}
+        self.ingest_fold()  # keeps the tail read below short; exact without it
         horizon = read_horizon(self.store.connection())  # outside the snapshot, as above
         with self.store.snapshot() as conn:
+            # the runs no fold has added to the rollups yet, in this snapshot: added here
+            tail = run_fold.unfolded(conn)
+            tail_baselines = run_fold.baseline_tail(conn, tail)
             upto = _last_id(conn)
             # the totals count every run in the snapshot: those at or above the horizon
             # (committed while an older write still ran) are ingested already
@@ -303,20 +360,27 @@ class ExecutionStore:
                     (self.horizon,),
                 )
             }
-            for total in execution_rollup.read_totals(conn):
+            totals = execution_rollup.read_totals(conn)
+            for total in run_fold.add_tail(totals, [row for _, row in tail]):
                 if total[1] in SOURCES:
                     stats[total[1]][total[0]] = _load_stats(conn, total, upto, window)
-            for (agent,) in conn.execute(
-                "SELECT agent FROM execution_totals WHERE source = ?"
-                " UNION SELECT agent FROM baseline_epochs",
-                (RUN,),
-            ).fetchall():
+            agents = {
+                str(agent)
+                for (agent,) in conn.execute(
+                    "SELECT agent FROM execution_totals WHERE source = ?"
+                    " UNION SELECT agent FROM baseline_epochs",
+                    (RUN,),
+                ).fetchall()
+            }
+            agents.update(agent for agent, _ in tail_baselines)
+            for agent in sorted(agents):
                 row = conn.execute(
                     "SELECT epoch FROM baseline_epochs WHERE agent = ? AND status = 'active'",
                     (agent,),
                 ).fetchone()
                 epoch = int(row[0]) if row else 0
                 baselines[agent] = self.load_baseline(agent, epoch, capacity, counted=True)
+                baselines[agent].runs += tail_baselines.get((agent, epoch), 0)
                 if epoch and agent in stats[RUN]:
                     _split_errors(conn, stats[RUN][agent], agent, epoch, upto)
         return LoadedState(stats, baselines)
@@ -376,6 +440,9 @@ class ExecutionStore:
         ``label`` names what started it (the kept change), shown with the errors before it.
         """
         with self.store.transaction() as conn:
+            # the runs before the boundary are counted in the epoch that holds them, by a fold
+            # that cannot run while the segments change (it waits for the fold cursor)
+            run_fold.fold(conn, wait=True)
             boundary = _last_id(conn)
             row = conn.execute(
                 "SELECT epoch FROM baseline_epochs WHERE agent = ? AND status = 'active'", (agent,)
@@ -411,6 +478,7 @@ class ExecutionStore:
     def restore_epoch(self, agent: str) -> int | None:
         """Mark the active epoch rolled back and reopen its parent; None if it has none."""
         with self.store.transaction() as conn:
+            run_fold.fold(conn, wait=True)  # as in start_epoch
             row = conn.execute(
                 "SELECT epoch, parent FROM baseline_epochs WHERE agent = ? AND status = 'active'",
                 (agent,),
@@ -505,5 +573,10 @@ def _close_segment(
 
 
 def delete_runs(conn: StoreConnection, ids: list[int]) -> None:
-    """Delete the runs ``ids`` (retention's prune, inside the caller's transaction)."""
-    conn.execute(f"DELETE FROM executions WHERE id IN ({','.join('?' * len(ids))})", ids)
+    """Delete the runs ``ids`` (retention's prune, inside the caller's transaction), those
+    already in the rollups: on PostgreSQL it folds first, and a run no fold could take yet
+    (committed since the fold's horizon) is left for the next prune."""
+    kept = ""
+    if run_fold.fold(conn, wait=True) is not None:
+        kept = " AND (rolled OR tx < (SELECT position FROM run_fold))"
+    conn.execute(f"DELETE FROM executions WHERE id IN ({','.join('?' * len(ids))}){kept}", ids)

@@ -641,6 +641,8 @@ class PerformanceMonitor:
         """
         with self._write_lock:
             self._write_unwritten()
+            if self._table is not None:  # the rollups then count every run written
+                self._table.fold_quietly(wait=True)
 
     def _write_unwritten(self, deadline: float | None = None, *, chunks: int | None = None) -> None:
         """Drain, then write in bounded transactions until nothing is left, ``deadline``
@@ -754,6 +756,8 @@ class PerformanceMonitor:
             elif not self._unwritten and not self._closing:
                 return 0
             self._write_unwritten(deadline)
+            if self._table is not None:  # leave no run of this process to another's fold
+                self._table.fold_quietly(wait=True)
             left = self._unwritten_at_close = len(self._unwritten) + len(self._closing)
         if left:
             log.warning("close_deadline_passed", runs_unwritten=left, timeout_s=timeout)

@@ -2,10 +2,12 @@
 
 Charts over months of history must not replay every run. So the monitor's writer adds each
 batch to per-agent, per-minute buckets in the same transaction as the runs themselves (a bucket
-is never ahead of or behind its runs): the count, the failures, the sum of durations and a
-histogram of durations in quarter-octave bins (each 19 % wider than the last). Coarser series
-are sums of these rows, and a latency quantile is read off the histogram, interpolated within
-its bin (so within 19 % of the exact figure, which is what a chart of months can show).
+is never ahead of or behind its runs; on PostgreSQL a small batch's are added by a later fold,
+:mod:`~agentmend.infrastructure.monitoring.run_fold`): the count, the failures, the sum of
+durations and a histogram of durations in quarter-octave bins (each 19 % wider than the last).
+Coarser series are sums of these rows, and a latency quantile is read off the histogram,
+interpolated within its bin (so within 19 % of the exact figure, which is what a chart of
+months can show).
 Verification runs are not part of the series, as they are not part of detection.
 
 A chart of months summed from minutes would read a row per agent and minute: as many rows as

@@ -28,7 +28,12 @@ from agentmend.infrastructure.detection import checker_seat, issue_ledger, team_
 from agentmend.infrastructure.detection import series as detector_series
 from agentmend.infrastructure.errors import StoreError
 from agentmend.infrastructure.files.atomic import locked_file
-from agentmend.infrastructure.monitoring import execution_rollup, execution_store, run_series
+from agentmend.infrastructure.monitoring import (
+    execution_rollup,
+    execution_store,
+    run_fold,
+    run_series,
+)
 from agentmend.infrastructure.releases import attribution
 from agentmend.infrastructure.releases import tables as release_tables
 from agentmend.infrastructure.store import quarantine
@@ -49,6 +54,7 @@ COMPONENTS: tuple[tuple[str, Sequence[str | Mapping[Backend, str]]], ...] = (
     ("executions", execution_store._MIGRATIONS),
     (run_series.COMPONENT, run_series.MIGRATIONS),
     (execution_rollup.COMPONENT, execution_rollup.MIGRATIONS),
+    (run_fold.COMPONENT, run_fold.MIGRATIONS),
     ("monitoring", issue_ledger._MIGRATIONS),
     (detector_series.COMPONENT, detector_series.MIGRATIONS),
     ("changes", change_log._CHANGE_MIGRATIONS),
@@ -144,6 +150,9 @@ def copy_store(source: Store, target: Store, *, hmac_key: bytes | str | None = N
             if not has_table(sconn, table):
                 continue
             counts[table] = _copy_table(sconn, target, table, id_column)
+        # runs a PostgreSQL source has not folded into its rollups yet, in this snapshot:
+        # the copied rollups plus these count every copied run (each copied run is rolled)
+        tail = run_fold.unfolded(sconn) if "executions" in counts else []
         sequences = {
             table: last_audit_id(sconn)
             if table == "audit_log"
@@ -152,6 +161,7 @@ def copy_store(source: Store, target: Store, *, hmac_key: bytes | str | None = N
             if column is not None and table in counts
         }
     with target.transaction() as conn:
+        run_fold.add_runs(conn, tail)
         for table, last in sequences.items():
             column = dict(_TABLES)[table] or "id"
             if target.backend == "sqlite" and table not in _AUTOINCREMENT:
@@ -178,7 +188,8 @@ def _copy_table(sconn: Any, target: Store, table: str, order: str | None) -> int
     into: Any = target.connection().execute(f"SELECT * FROM {table} LIMIT 0")
     held = {d[0] for d in into.description}
     into.fetchall()
-    columns = [c for c in columns if c in held]
+    # and whether a run is rolled up is the target's too: every copied run is (see above)
+    columns = [c for c in columns if c in held and c != "rolled"]
     names = ", ".join(columns)
     marks = ", ".join("?" * len(columns))
     insert = f"INSERT INTO {table} ({names}) VALUES ({marks})"

@@ -79,6 +79,7 @@ TABLE_RIGHTS: Mapping[str, tuple[str, str]] = {
     "run_rollups": (_RECORD, ""),
     "execution_totals": (_RECORD, ""),
     "baseline_runs": (_WRITE, ""),
+    "run_fold": ("UPDATE", ""),  # the fold's cursor (taken FOR UPDATE, moved)
     "quarantined_rows": ("INSERT", ""),
     "telemetry_receivers": (_RECORD, ""),
     "teams": ("INSERT", "UPDATE"),

@@ -7,8 +7,9 @@
   the first (the backend's own write serialization), and ids stay in commit order. The same
   when the late transaction had its id before it wrote any run (a savepoint rolled back).
 * A writer SIGKILLed in the middle of a batch (after its ``COPY``, before its commit) leaves
-  none of that batch: readers never see it, the rollups match the rows, and a cursor held
-  back by the open transaction moves on once the server ends it.
+  none of that batch: readers never see it, the rollups match the rows once another process
+  folds the small batch it committed and never folded, and a cursor held back by the open
+  transaction moves on once the server ends it.
 * Sixty recording processes against a server of twenty connections, through PgBouncer in
   transaction mode: every run of every process is stored once, and no connection is refused.
 """
@@ -274,6 +275,12 @@ def test_a_writer_killed_mid_batch_leaves_none_of_it_and_readers_move_on(
     assert len(rows) == 3  # the other writer's runs, and none of the killed batch
     checker.refresh()
     assert _counts(checker) == {"killed": 10, "other": 3}
+    # the killed writer's small batch was committed but never folded: another process's
+    # fold takes it (this one, or the other writer's own after its append), once
+    assert other.fold() is not None
+    again = other.fold()
+    assert again is not None
+    assert again.runs == 0
     stored = dict(conn.execute("SELECT agent, COUNT(*) FROM executions GROUP BY agent").fetchall())
     totals = dict(conn.execute("SELECT agent, executions FROM execution_totals").fetchall())
     series = dict(conn.execute("SELECT agent, runs FROM run_totals").fetchall())
@@ -359,7 +366,9 @@ def test_writers_adding_to_the_same_rollup_rows_at_once_never_deadlock(
     go = threading.Barrier(4)
 
     def write(k: int) -> None:
-        table = ExecutionStore(store, uuid.uuid4().hex)  # its own thread, its own session
+        # its own thread, its own session, folding after every small batch (into the same
+        # rollup rows as the large batches' inline upserts)
+        table = ExecutionStore(store, uuid.uuid4().hex, fold_interval_s=0.0)
         agents = [f"agent-{(k + j) % 5}" for j in range(5)]  # each writer its own order
         go.wait(30)
         try:
@@ -391,6 +400,7 @@ def test_writers_adding_to_the_same_rollup_rows_at_once_never_deadlock(
         thread.join(120)
     assert not any(t.is_alive() for t in threads)
     assert errors == []
+    ExecutionStore(store, uuid.uuid4().hex).fold()  # the small batches no writer folded yet
     conn = store.connection()
     stored = dict(conn.execute("SELECT agent, COUNT(*) FROM executions GROUP BY agent").fetchall())
     totals = dict(conn.execute("SELECT agent, executions FROM execution_totals").fetchall())

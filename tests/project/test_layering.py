@@ -312,6 +312,7 @@ RUNS_TABLE_OWNERS: dict[str, str] = {
     "infrastructure/monitoring/run_reader.py": "the one reader",
     "infrastructure/monitoring/execution_rollup.py": "its migration fills the rollup from the runs",
     "infrastructure/monitoring/run_series.py": "its migration fills the series from the runs",
+    "infrastructure/monitoring/run_fold.py": "adds the runs not rolled up yet to the rollups",
 }
 # SQL keywords are written in capitals throughout, so prose ("turned into executions") is not SQL
 _RUNS_TABLE = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+executions\b")

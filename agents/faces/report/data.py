@@ -26,6 +26,7 @@ from agentmend.infrastructure.detection.issue_ledger import (
 from agentmend.infrastructure.detection.series import StatisticStep, read_statistic_series
 from agentmend.infrastructure.models import ChangeRecord
 from agentmend.infrastructure.monitoring.execution_rollup import baseline_runs
+from agentmend.infrastructure.monitoring.run_fold import add_run_totals, baseline_tail, unfolded
 from agentmend.infrastructure.monitoring.run_reader import recent_runs
 from agentmend.infrastructure.monitoring.run_series import (
     BUCKET_S,
@@ -110,17 +111,19 @@ def _p95(values: Sequence[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
 
 
-def _baseline_runs(conn: StoreConnection, agent: str, cap: int) -> int:
+def _baseline_runs(
+    conn: StoreConnection, agent: str, cap: int, unfolded: dict[tuple[str, int], int]
+) -> int:
     """Runs in the agent's active baseline (at most ``cap``), from the count the monitor's
-    writer keeps per baseline epoch (``execution_rollup``): two lookups, however long the
-    history."""
+    writer keeps per baseline epoch (``execution_rollup``) and the runs not folded into it
+    yet (``unfolded``, by agent and epoch): two lookups, however long the history."""
     if not (_has_table(conn, "baseline_epochs") and _has_table(conn, "baseline_runs")):
         return 0
     row = conn.execute(
         "SELECT MAX(epoch) FROM baseline_epochs WHERE agent = ? AND status = 'active'", (agent,)
     ).fetchone()
     epoch = int(row[0]) if row is not None and row[0] is not None else 0
-    return min(cap, baseline_runs(conn, agent, epoch))
+    return min(cap, baseline_runs(conn, agent, epoch) + unfolded.get((agent, epoch), 0))
 
 
 def agent_statuses(store: Store, *, baseline_n: int) -> list[AgentStatus]:
@@ -129,9 +132,13 @@ def agent_statuses(store: Store, *, baseline_n: int) -> list[AgentStatus]:
     with read_snapshot(store) as conn:
         if not _has_table(conn, "run_totals"):
             return []
-        totals = conn.execute(
-            "SELECT agent, runs, failures, last_ts FROM run_totals ORDER BY agent"
-        ).fetchall()
+        # on PostgreSQL, the runs of small batches no fold has added to the rollups yet
+        tail = unfolded(conn)
+        totals = add_run_totals(
+            conn.execute("SELECT agent, runs, failures, last_ts FROM run_totals").fetchall(),
+            [row for _, row in tail],
+        )
+        tail_baselines = baseline_tail(conn, tail)
         issues: dict[str, list[dict[str, Any]]] = {}
         charts: dict[str, dict[str, Any]] = {}
         if _has_table(conn, "monitoring_issues"):
@@ -162,7 +169,7 @@ def agent_statuses(store: Store, *, baseline_n: int) -> list[AgentStatus]:
                     recent_runs=len(recent),
                     recent_success_rate=sum(oks) / len(oks) if oks else 1.0,
                     p95_ms=_p95([float(d) for _, d in recent]),
-                    baseline_runs=_baseline_runs(conn, agent, baseline_n),
+                    baseline_runs=_baseline_runs(conn, agent, baseline_n, tail_baselines),
                     baseline_n=baseline_n,
                     last_run=datetime.fromtimestamp(float(last_ts), UTC) if last_ts else None,
                     detector=charts.get(agent),

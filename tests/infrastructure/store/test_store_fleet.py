@@ -3,8 +3,9 @@ changes on one team, at once; then the same with an applier killed by SIGKILL mi
 the server restarted (``pg_ctl restart -m immediate``) mid-run.
 
 Afterwards every run is counted (a recorder retries a flush the restart broke, and the runs of a
-flush that returned are never lost), every change is whole (applied, kept or rolled back, its
-file equal to a replay of the history, nothing half-written), and the audit chain verifies.
+flush that returned are never lost), in the rollups too once folded (each run once), every
+change is whole (applied, kept or rolled back, its file equal to a replay of the history,
+nothing half-written), and the audit chain verifies.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from crash_child import check_history, child_env, make_content, read_lines
 from pg_server import PgServer
 
+from agentmend.infrastructure.monitoring.execution_store import ExecutionStore
 from agentmend.infrastructure.store.api import Store
 
 RECORDERS = 8
@@ -101,6 +103,9 @@ def _fleet(
         assert process.returncode == expected, (worker, outputs[worker][-5:])
     with Store(url, files_dir=files_dir) as store:
         conn = store.connection()
+        # small batches are folded into the rollups later: by their writer's close, or (its
+        # fold broken by the restart) by the next fold of anyone, as here, each run once
+        ExecutionStore(store, "checker").fold()
         for worker in range(RECORDERS):
             flushed = max(int(line.split()[1]) for line in outputs[worker])
             assert flushed == RUNS
@@ -112,6 +117,14 @@ def _fleet(
                 "SELECT runs FROM run_totals WHERE agent = ?", (f"agent-{worker}",)
             ).fetchone()[0]
             assert totals == RUNS
+            rollup = conn.execute(
+                "SELECT executions FROM execution_totals WHERE agent = ? AND source = 'run'",
+                (f"agent-{worker}",),
+            ).fetchone()[0]
+            baseline = conn.execute(
+                "SELECT SUM(runs) FROM baseline_runs WHERE agent = ?", (f"agent-{worker}",)
+            ).fetchone()[0]
+            assert rollup == baseline == RUNS
     acked = [
         line.split()[1] for lines in outputs[RECORDERS:] for line in lines if line[:3] == "ACK"
     ]
