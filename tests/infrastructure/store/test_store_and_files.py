@@ -291,6 +291,34 @@ def test_resolve_inside_accepts_nested_paths(tmp_path: Path) -> None:
     assert resolve_inside(tmp_path, inside, allow_absolute=True) == inside
 
 
+def test_resolve_inside_a_resolved_root_answers_as_a_full_resolve(tmp_path: Path) -> None:
+    """Below a root resolved already only the names under it are looked up: links inside,
+    links out, loops, a file on the way and absent names give what resolving it all gives."""
+    root = (tmp_path / "root").resolve()
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "f.md").write_text("x")
+    (tmp_path / "outside").mkdir()
+    (root / "in").symlink_to(root / "a")
+    (root / "a" / "up").symlink_to(root)
+    (root / "out").symlink_to(tmp_path / "outside")
+    (root / "loop").symlink_to(root / "loop")
+    paths = [
+        "a/b/c.md", "a/f.md", "a/f.md/x.md", "gone/x.md", "a/gone/y/z.md", "in/f.md",
+        "a/up/a/f.md", "out/x.md", "loop/x.md", "./a//f.md",
+    ]  # fmt: skip
+    for path in paths:
+        try:
+            full: Path | str = resolve_inside(root, path)
+        except PathNotAllowed as exc:
+            full = exc.problem
+        try:
+            quick: Path | str = resolve_inside(root, path, root_resolved=True)
+        except PathNotAllowed as exc:
+            quick = exc.problem
+        assert quick == full, path
+    assert resolve_inside(root, "in/f.md", root_resolved=True) == root / "a" / "f.md"
+
+
 def _held_elsewhere(path: Path) -> bool:
     """Whether another open file description (as another process would have) is locked out."""
     fd = os.open(path, os.O_RDWR)
