@@ -338,20 +338,11 @@ def list_names(root: str | Path, directory: str | Path) -> list[str]:
 # -- writes --------------------------------------------------------------------------------
 
 
-def write(
-    root: str | Path,
-    path: PathArg,
-    data: bytes | str,
-    *,
-    before_rename: Callable[[], None] | None = None,
-) -> None:
+def write(root: str | Path, path: PathArg, data: bytes | str) -> None:
     """Replace regular file ``path`` under ``root`` with ``data``; a crash leaves old or new.
 
     Missing directories on the way are created (without following symlinks). The file keeps
     its permissions. A symlink swapped in at the name is replaced, never followed.
-    ``before_rename`` runs once the new bytes are synced, before they replace the old ones
-    (what must be done first but may overlap the write); an error it raises ends the write
-    with the target untouched.
 
     Raises:
         PathNotAllowed: a symlink or a file on the way, a directory at the name, an odd path.
@@ -378,8 +369,6 @@ def write(
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            if before_rename is not None:
-                before_rename()
             os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
         except BaseException as exc:
             with contextlib.suppress(OSError):
@@ -421,12 +410,8 @@ def _clip(name: str) -> str:
     return name.encode("utf-8")[:_TMP_NAME_BYTES].decode("utf-8", errors="ignore")
 
 
-def delete(
-    root: str | Path, path: PathArg, *, before_rename: Callable[[], None] | None = None
-) -> None:
+def delete(root: str | Path, path: PathArg) -> None:
     """Remove ``path`` under ``root`` (if present) durably; a symlink there is removed itself.
-
-    ``before_rename`` runs before the name is removed, as for :func:`write`.
 
     Raises:
         PathNotAllowed: a directory at the name, a symlink on the way, an odd path.
@@ -435,8 +420,6 @@ def delete(
     parts = relative_parts(root, path)
     where = _display(root, parts)
     with _directory(root, parts[:-1], create=False, operation="delete") as parent:
-        if before_rename is not None:
-            before_rename()
         if parent is None:
             return
         try:
@@ -448,19 +431,12 @@ def delete(
         _fsync_dir(parent, root, where)
 
 
-def write_or_delete(
-    root: str | Path,
-    path: PathArg,
-    data: bytes | None,
-    *,
-    before_rename: Callable[[], None] | None = None,
-) -> None:
-    """Make ``path`` hold ``data``, or not exist when it is None; crash-safe either way.
-    ``before_rename``: as for :func:`write` and :func:`delete`."""
+def write_or_delete(root: str | Path, path: PathArg, data: bytes | None) -> None:
+    """Make ``path`` hold ``data``, or not exist when it is None; crash-safe either way."""
     if data is None:
-        delete(root, path, before_rename=before_rename)
+        delete(root, path)
     else:
-        write(root, path, data, before_rename=before_rename)
+        write(root, path, data)
 
 
 def make_dirs(root: str | Path, path: str | Path) -> None:

@@ -12,7 +12,6 @@ import os
 import stat
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from functools import partial
 from pathlib import Path
 
 from agentmend.infrastructure.changes.audit.log import AuditLog, AuditTransaction, TailMoved
@@ -21,7 +20,6 @@ from agentmend.infrastructure.changes.protocol.files import AGENT_DIR, backup, d
 from agentmend.infrastructure.errors import PathNotAllowed, StoreError
 from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.files.atomic import resolve_inside
-from agentmend.infrastructure.files.background import BackgroundStep
 from agentmend.infrastructure.models import (
     ChangeRecord,
     ChangeStatus,
@@ -224,19 +222,15 @@ def write_and_commit(
     (on PostgreSQL: ``BEGIN``, the writes with the chain's tail read beside them, ``COMMIT``;
     one more, reading the tail first, when another writer moved it since the intent).
 
-    The audit rows name ``author``'s user, else how the change was made. The backups are
-    made on a worker thread while the first new file is written and synced: each sync is
-    needed before that file's rename, which waits for both, but not before the other.
+    The audit rows name ``author``'s user, else how the change was made.
 
     An error leaves the recorded intent unfinished; the caller hands it to recovery.
     """
-    backups = BackgroundStep(partial(_back_up, root, items, created))
-    try:
-        for item in items:
-            confined.write_or_delete(root, item.rel, item.new, before_rename=backups.result)
-        backups.result()
-    finally:
-        backups.settle()  # on an error too: recovery must not meet a backup being written
+    for item in items:
+        if item.old is not None:
+            backup(root, item.rel, item.change_id, item.old, created)
+    for item in items:
+        confined.write_or_delete(root, item.rel, item.new)
 
     def commit(txn: AuditTransaction) -> None:
         changes.set_status(txn.conn, [i.change_id for i in items], ChangeStatus.APPLIED)
@@ -257,13 +251,6 @@ def write_and_commit(
     except TailMoved:  # another writer appended since: nothing was written, read it first
         with audit.transaction(batched=True) as txn:
             commit(txn)
-
-
-def _back_up(root: Path, items: list[PreparedFile], created: datetime) -> None:
-    """Step 4: the human backup of every file the group replaces or deletes."""
-    for item in items:
-        if item.old is not None:
-            backup(root, item.rel, item.change_id, item.old, created)
 
 
 def applied_records(

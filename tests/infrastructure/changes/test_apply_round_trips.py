@@ -124,8 +124,8 @@ def test_an_audit_row_appended_between_intent_and_commit_moves_the_commit_after_
         other_log = AuditLog(other, head_path=manager.audit.head_path)
         write = confined.write_or_delete
 
-        def write_then_someone_appends(*args: Any, **kwargs: Any) -> None:
-            write(*args, **kwargs)
+        def write_then_someone_appends(*args: Any) -> None:
+            write(*args)
             other_log.append(
                 agent_name="other", edit_type="bench", old_value=1, new_value=2, user_id="x"
             )
