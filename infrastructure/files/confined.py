@@ -6,9 +6,9 @@ directory for a symlink that points outside the root. Resolving the path again d
 opens the root (or starts from the one :func:`root_held` keeps open), walks to the file one
 component at a time from the descriptor it holds (``openat`` with ``O_NOFOLLOW |
 O_DIRECTORY``), refuses any symlink on the way, opens the last component with ``O_NOFOLLOW``,
-and renames within the directory descriptor it opened. A swap
-made at any instant then makes the call fail with :class:`PathNotAllowed`; it never redirects
-it. This is how ``openat``-based tools (coreutils ``rm``, ``rsync``) avoid the same race.
+and renames within the directory descriptor it opened. A swap made at any instant then makes
+the call fail with :class:`PathNotAllowed`; it never redirects it. This is how
+``openat``-based tools (coreutils ``rm``, ``rsync``) avoid the same race.
 
 Writes are crash-safe as :func:`agentmend.infrastructure.files.atomic.atomic_write` promises: a
 temporary file in the same directory, fsynced, renamed over the target, then the directory fsynced.
