@@ -3,11 +3,12 @@
 A path is checked once and used later; between the two another process can swap a file or a
 directory for a symlink that points outside the root. Resolving the path again does not help
 (the swap can happen after that check too), so nothing here follows a path by name. Each call
-opens the root, walks to the file one component at a time from the descriptor it holds
-(``openat`` with ``O_NOFOLLOW | O_DIRECTORY``), refuses any symlink on the way, opens the last
-component with ``O_NOFOLLOW``, and renames within the directory descriptor it opened. A swap
-made at any instant then makes the call fail with :class:`PathNotAllowed`; it never redirects
-it. This is how ``openat``-based tools (coreutils ``rm``, ``rsync``) avoid the same race.
+opens the root (or starts from the one :func:`root_held` keeps open), walks to the file one
+component at a time from the descriptor it holds (``openat`` with ``O_NOFOLLOW |
+O_DIRECTORY``), refuses any symlink on the way, opens the last component with ``O_NOFOLLOW``,
+and renames within the directory descriptor it opened. A swap made at any instant then makes
+the call fail with :class:`PathNotAllowed`; it never redirects it. This is how
+``openat``-based tools (coreutils ``rm``, ``rsync``) avoid the same race.
 
 Writes are crash-safe as :func:`agentmend.infrastructure.files.atomic.atomic_write` promises: a
 temporary file in the same directory, fsynced, renamed over the target, then the directory fsynced.
@@ -51,6 +52,7 @@ __all__ = [
     "relative_parts",
     "remove_leftovers",
     "remove_named",
+    "root_held",
     "write",
     "write_or_delete",
 ]
@@ -195,6 +197,37 @@ def _open_root(root: str | Path) -> int:
         raise FileOperationError(root, "open the root", exc) from None
 
 
+_held_roots = threading.local()  # per thread: root text -> the descriptor root_held opened
+
+
+@contextlib.contextmanager
+def root_held(root: str | Path) -> Iterator[None]:
+    """Open ``root`` once for every walk this thread makes from it (``root`` spelled the same)
+    inside the block, instead of once per call: the steps of one apply start from the same
+    directory, and each saves an ``open`` and a ``close``. Nested blocks share the outer one's.
+
+    Raises:
+        PathNotAllowed: ``root`` is not a directory that can be opened.
+    """
+    held: dict[str, int] | None = getattr(_held_roots, "fds", None)
+    if held is None:
+        held = _held_roots.fds = {}
+    key = os.fspath(root)
+    if key in held:
+        yield
+        return
+    held[key] = _open_root(root)
+    try:
+        yield
+    finally:
+        os.close(held.pop(key))
+
+
+def _shared_root(root: str | Path) -> int | None:
+    held: dict[str, int] | None = getattr(_held_roots, "fds", None)
+    return held.get(os.fspath(root)) if held else None
+
+
 @contextlib.contextmanager
 def _directory(
     root: str | Path, parts: tuple[str, ...], *, create: bool, operation: str
@@ -203,7 +236,8 @@ def _directory(
 
     Yields None when a directory on the way does not exist and ``create`` is False.
     """
-    current = _open_root(root)
+    shared = _shared_root(root)
+    current = _open_root(root) if shared is None else shared
     try:
         for depth, name in enumerate(parts):
             where = _display(root, parts[: depth + 1])
@@ -222,11 +256,13 @@ def _directory(
                 following = _open_component(current, name, root, where, operation)
             except OSError as exc:
                 raise _walk_failure(exc, current, name, root, where, operation) from None
-            os.close(current)
+            if current != shared:
+                os.close(current)
             current = following
         yield current
     finally:
-        os.close(current)
+        if current != shared:  # the held root stays open for the next walk
+            os.close(current)
 
 
 def _open_component(parent: int, name: str, root: str | Path, where: str, operation: str) -> int:

@@ -5,7 +5,9 @@ a lock upgrade, and wait on each other through SQLite's busy timeout (the store'
 rather than failing at once with ``database is locked``; a wait that runs out (the holder is
 stuck or stopped) is a :class:`~agentmend.infrastructure.errors.LockTimeout`. Readers never wait
 for a writer (WAL). Commits survive a process crash; a ``durable`` transaction's also
-survive a power cut.
+survive a power cut. A connection keeps the sync mode of its last transaction and switches
+only when the next one needs the other (durable work comes in runs: an apply is two durable
+transactions), so a run of durable transactions pays for no switch.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ __all__ = ["SqliteBackend"]
 
 log = get_logger(__name__)
 
-_SYNC_NORMAL = 1  # every connection's sync mode; a durable transaction puts it back after
+_SYNC_NORMAL = 1  # a plain transaction's sync mode: its commit survives a process crash
+_SYNC_FULL = 2  # a durable transaction's: its commit survives a power cut too
 
 
 class SqliteBackend:
@@ -64,6 +67,7 @@ class SqliteBackend:
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"cannot open store {self.path}: {exc}") from exc
             self._local.conn = conn
+            self._local.sync = _SYNC_NORMAL
             with self._lock:
                 self._connections.append(conn)
         return conn
@@ -91,33 +95,38 @@ class SqliteBackend:
                 )
             yield conn
             return
-        previous: int | None = None  # the sync mode to put back after a durable commit
         try:
-            if durable:
-                previous = _SYNC_NORMAL
-                conn.execute("PRAGMA synchronous=FULL")
+            self._set_sync(conn, _SYNC_FULL if durable else _SYNC_NORMAL)
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            self._restore_sync(conn, previous)
             raise self._error("cannot begin a transaction on", exc) from exc
         try:
-            try:
-                yield conn
-            except sqlite3.Error as exc:
-                # SQLite ends the transaction itself on some errors (disk full, I/O error);
-                # a ROLLBACK then would fail and hide the error that matters.
-                self._rollback(conn)
-                raise self._error("a statement failed on", exc) from exc
-            except BaseException:
-                self._rollback(conn)
-                raise
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                self._rollback(conn)  # a COMMIT that fails may leave the transaction open
-                raise self._error("cannot commit to", exc) from exc
-        finally:
-            self._restore_sync(conn, previous)
+            yield conn
+        except sqlite3.Error as exc:
+            # SQLite ends the transaction itself on some errors (disk full, I/O error);
+            # a ROLLBACK then would fail and hide the error that matters.
+            self._rollback(conn)
+            raise self._error("a statement failed on", exc) from exc
+        except BaseException:
+            self._rollback(conn)
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._rollback(conn)  # a COMMIT that fails may leave the transaction open
+            raise self._error("cannot commit to", exc) from exc
+
+    def _set_sync(self, conn: sqlite3.Connection, mode: int) -> None:
+        """Put ``conn`` in sync mode ``mode`` unless its last transaction left it there.
+
+        Statements run outside a transaction keep the mode the last one left: a durable mode
+        only makes their commits slower, never less safe.
+        """
+        if getattr(self._local, "sync", None) == mode:
+            return
+        self._local.sync = None  # unknown until the switch succeeds
+        conn.execute(f"PRAGMA synchronous={mode}")
+        self._local.sync = mode
 
     @contextmanager
     def snapshot(self) -> Iterator[sqlite3.Connection]:
@@ -161,14 +170,6 @@ class SqliteBackend:
             conn.execute("ROLLBACK")
         except sqlite3.Error as exc:
             log.error("store_rollback_failed", path=str(self.path), error=str(exc))
-
-    def _restore_sync(self, conn: sqlite3.Connection, previous: int | None) -> None:
-        if previous is None:
-            return
-        try:
-            conn.execute(f"PRAGMA synchronous={previous}")
-        except sqlite3.Error as exc:  # only slower commits follow; not worth hiding an error
-            log.error("store_sync_mode_not_restored", path=str(self.path), error=str(exc))
 
     def close(self) -> None:
         with self._lock:

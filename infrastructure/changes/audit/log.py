@@ -815,7 +815,8 @@ _HASHED_KEPT = 64
 
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     """Equal and of the same types field by field (``1 == 1.0`` but they serialise apart)."""
-    return a == b and all(type(x) is type(y) for x, y in zip(a, b, strict=True))
+    # types compare by identity; map keeps the walk in C (every append checks its tail)
+    return a == b and tuple(map(type, a)) == tuple(map(type, b))
 
 
 def _fields(row: AuditEntry) -> tuple[Any, ...]:

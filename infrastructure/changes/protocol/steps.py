@@ -105,6 +105,7 @@ from agentmend.infrastructure.changes.protocol.rollback import (
     Rollbacks,
 )
 from agentmend.infrastructure.changes.protocol.team_registry import team_guard
+from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.models import ChangeRecord, ChangeStatus
 from agentmend.infrastructure.principal import ChangeAuthor
 from agentmend.infrastructure.store.api import Store
@@ -178,7 +179,8 @@ class ChangeProtocol:
         root = resolved_root(root)
         items = prepare_under(entries, root)
         link = None if lease_id is None else self._linker(lease_id)
-        with team_guard(self.store, root) as team:
+        # every step walks from one opened root: the lock, the reads, backups and writes
+        with confined.root_held(root), team_guard(self.store, root) as team:
             for attempt in range(_INTENT_ATTEMPTS):
                 try:  # the intent also asks whether recovery or the audit head stand in the way
                     created = record_intent(

@@ -23,6 +23,7 @@ from agentmend.infrastructure.changes.audit.log import (
     GENESIS_HASH,
     AuditChainBroken,
     AuditLog,
+    _same,
     audit_key_from_env,
     verify_audit_chain,
 )
@@ -103,6 +104,15 @@ def test_entries_filter_by_agent_and_change_and_keep_oldest_first(store: Store) 
     assert [e.change_id for e in audit.entries(agent_name="agent-1")] == ["c1", "c3", "c5"]
     assert [e.change_id for e in audit.entries(limit=2)] == ["c4", "c5"]
     assert [e.id for e in audit.entries(change_id="c2")] == [3]
+
+
+def test_a_remembered_row_counts_as_hashed_only_when_equal_and_of_the_same_types() -> None:
+    """Values that compare equal but serialise apart (1, 1.0, True) are hashed again."""
+    assert _same((1, "a", None), (1, "a", None))
+    assert not _same((1, "a"), (1.0, "a"))
+    assert not _same((1, "a"), (True, "a"))
+    assert not _same((1, "a"), (1, "b"))
+    assert not _same((1, "a"), (1,))
 
 
 def test_an_untouched_chain_verifies_and_is_truthy(store: Store) -> None:

@@ -718,6 +718,27 @@ def test_a_failed_write_puts_back_the_group_and_records_why(
     assert manager.audit.entries() == []
 
 
+def test_a_backup_that_fails_stops_the_apply_before_the_file_is_replaced(
+    manager: ImprovementManager, root: Path, tmp_path: Path
+) -> None:
+    """A backup that cannot be made ends the apply with the file's old bytes and no
+    temporary file left; recovery settles the change once the backups folder is usable."""
+    before = _tree(root)
+    (root / ".agent").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (root / ".agent" / "backups").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PathNotAllowed, match="symlink"):
+        manager.apply(_action(), path="agents/writer.md", new_content="new", root=root)
+    assert _tree(root) == before
+    assert sorted(p.name for p in (root / "agents").iterdir()) == ["writer.md"]
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert manager.audit.entries() == []
+    # recovery walks the same folder: once it is a folder again the change is settled
+    (root / ".agent" / "backups").unlink()
+    assert [r.status for r in manager.recover()] == [ChangeStatus.FAILED]
+    assert _tree(root) == before
+
+
 # -- recovery ---------------------------------------------------------------------------------
 
 

@@ -103,7 +103,7 @@ def test_a_full_disk_inside_a_transaction_raises_the_real_error(tmp_path: Path) 
         assert caught.value.path == str(tmp_path / "a.db")
         conn = store.connection()
         assert not conn.in_transaction
-        assert _sync_mode(store) == 1
+        assert _plain_sync_mode(store) == 1
         conn.execute("PRAGMA max_page_count=100000")
         with store.transaction() as c:  # the connection is usable again
             c.execute("INSERT INTO blobs VALUES (x'00')")
@@ -152,29 +152,37 @@ def test_a_begin_that_cannot_get_the_lock_is_a_lock_timeout_naming_the_database(
             assert caught.value.setting == "store_lock_timeout_s"
             assert caught.value.cause == "SQLITE_BUSY"
             assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
-            assert _sync_mode(store) == 1  # the durable mode was put back
         finally:
             other.execute("ROLLBACK")
             other.close()
+        assert _plain_sync_mode(store) == 1  # the durable mode does not outlive the failure
 
 
 def _sync_mode(store: Store) -> int:
     return int(store.connection().execute("PRAGMA synchronous").fetchone()[0])
 
 
-def test_a_durable_transaction_commits_with_full_sync_and_restores_the_mode(
+def _plain_sync_mode(store: Store) -> int:
+    """The sync mode a plain transaction commits with."""
+    with store.transaction():
+        return _sync_mode(store)
+
+
+def test_a_durable_transaction_commits_with_full_sync_and_a_plain_one_after_it_without(
     tmp_path: Path,
 ) -> None:
     with Store(tmp_path / "a.db") as store:
         store.migrate("things", [V1])
-        before = _sync_mode(store)
+        before = _plain_sync_mode(store)
         assert before == 1  # NORMAL: the store's everyday mode
         with store.transaction(durable=True) as conn:
             assert _sync_mode(store) == 2  # FULL while the commit is pending
             conn.execute("INSERT INTO things (name) VALUES ('kept')")
             with store.transaction() as inner:  # a plain one joins the durable one
                 inner.execute("INSERT INTO things (name) VALUES ('joined')")
-        assert _sync_mode(store) == before
+        with store.transaction(durable=True):
+            assert _sync_mode(store) == 2  # a run of durable ones stays in FULL
+        assert _plain_sync_mode(store) == before
     with Store(tmp_path / "a.db") as reopened:
         names = reopened.connection().execute("SELECT name FROM things ORDER BY id").fetchall()
         assert names == [("kept",), ("joined",)]
@@ -191,7 +199,7 @@ def test_a_durable_transaction_rolls_back_on_error_and_restores_the_mode(tmp_pat
 
         with pytest.raises(RuntimeError, match="boom"):
             write_then_fail()
-        assert _sync_mode(store) == 1
+        assert _plain_sync_mode(store) == 1
         assert store.connection().execute("SELECT count(*) FROM things").fetchone()[0] == 0
 
 
@@ -207,7 +215,7 @@ def test_a_durable_transaction_refuses_to_nest_inside_an_open_one(tmp_path: Path
             with pytest.raises(StoreError, match="nested"), store.transaction(durable=True):
                 pass
             assert _sync_mode(store) == 2  # still the outer durable one's mode
-        assert _sync_mode(store) == 1
+        assert _plain_sync_mode(store) == 1
         assert store.connection().execute("SELECT name FROM things").fetchall() == [("outer",)]
 
 
@@ -281,6 +289,34 @@ def test_resolve_inside_accepts_nested_paths(tmp_path: Path) -> None:
     assert resolve_inside(tmp_path, "a/b/c.md") == tmp_path.resolve() / "a/b/c.md"
     inside = tmp_path.resolve() / "x.md"
     assert resolve_inside(tmp_path, inside, allow_absolute=True) == inside
+
+
+def test_resolve_inside_a_resolved_root_answers_as_a_full_resolve(tmp_path: Path) -> None:
+    """Below a root resolved already only the names under it are looked up: links inside,
+    links out, loops, a file on the way and absent names give what resolving it all gives."""
+    root = (tmp_path / "root").resolve()
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "f.md").write_text("x")
+    (tmp_path / "outside").mkdir()
+    (root / "in").symlink_to(root / "a")
+    (root / "a" / "up").symlink_to(root)
+    (root / "out").symlink_to(tmp_path / "outside")
+    (root / "loop").symlink_to(root / "loop")
+    paths = [
+        "a/b/c.md", "a/f.md", "a/f.md/x.md", "gone/x.md", "a/gone/y/z.md", "in/f.md",
+        "a/up/a/f.md", "out/x.md", "loop/x.md", "./a//f.md",
+    ]  # fmt: skip
+    for path in paths:
+        try:
+            full: Path | str = resolve_inside(root, path)
+        except PathNotAllowed as exc:
+            full = exc.problem
+        try:
+            quick: Path | str = resolve_inside(root, path, root_resolved=True)
+        except PathNotAllowed as exc:
+            quick = exc.problem
+        assert quick == full, path
+    assert resolve_inside(root, "in/f.md", root_resolved=True) == root / "a" / "f.md"
 
 
 def _held_elsewhere(path: Path) -> bool:
