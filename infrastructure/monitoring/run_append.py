@@ -18,15 +18,13 @@ is written by a plain transaction, and everything that can happen before it does
   session (every time through a transaction pooler, which keeps no prepared statement), where
   one statement carrying every table's rows as arrays cost 14 ms of planning per batch, ten
   times its execution, and was never planned generically;
-* a batch of at most :data:`PIPELINED_ROWS` runs sends its rows as ``INSERT`` s in the same
-  pipeline, after ``BEGIN``: the whole batch is one round trip, commit included. A larger
-  one is ``BEGIN``, ``COPY`` (two round trips), then the pipeline.
+* the rows go in by ``COPY`` after ``BEGIN`` (two round trips), then that pipeline.
 
-``ExecutionStore`` appends a batch of at most
-:data:`~agentmend.infrastructure.monitoring.run_fold.DEFERRED_ROWS` runs without its rollups
-instead, by one autocommitted ``INSERT`` (:func:`append_deferred`): they are folded in later,
-many batches at a time (:mod:`~agentmend.infrastructure.monitoring.run_fold`); seven upserts
-per run were most of a one-run batch's cost.
+A batch of at most :data:`~agentmend.infrastructure.monitoring.run_fold.DEFERRED_ROWS` runs is
+appended without its rollups instead, by one autocommitted ``INSERT`` (:func:`append_deferred`):
+they are folded in later, many batches at a time
+(:mod:`~agentmend.infrastructure.monitoring.run_fold`); the upserts were most of a one-run
+batch's cost.
 
 The store's other writes keep the lock, and the audit chain its own sequencer.
 """
@@ -41,11 +39,7 @@ from agentmend.infrastructure.monitoring.execution_rollup import BASELINE_RUNS, 
 from agentmend.infrastructure.monitoring.run_series import SeriesTally, upserts
 from agentmend.infrastructure.store.sql import StoreConnection
 
-__all__ = ["PIPELINED_ROWS", "append", "append_deferred", "copy_text", "rollup_statements"]
-
-PIPELINED_ROWS = 64
-"""Up to this many rows a batch's rows are ``INSERT`` s in its pipeline (one round trip in
-all); beyond it ``COPY`` is cheaper per row than a statement each."""
+__all__ = ["append", "append_deferred", "copy_text", "rollup_statements"]
 
 _ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
@@ -96,14 +90,8 @@ def append(
     """Append a batch to ``table`` (the runs' table, named by its one writer: rows with
     their writer and number, in ``columns``' order) and its tallies, as one transaction that
     takes no store-wide lock."""
-    statements = rollup_statements(rollup, series)
-    if len(rows) <= PIPELINED_ROWS:
-        insert = (
-            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-        )
-        conn.append_unlocked(None, [(insert, rows), *statements])  # type: ignore[attr-defined]
-        return
     data = copy_text(rows)
+    statements = rollup_statements(rollup, series)
     conn.append_unlocked((table, columns, data), statements)  # type: ignore[attr-defined]
 
 

@@ -139,27 +139,24 @@ class PgConnection:
 
     def append_unlocked(
         self,
-        copy: tuple[str, Sequence[str], str] | None,
+        copy: tuple[str, Sequence[str], str],
         statements: Sequence[tuple[str, Sequence[Sequence[Any]]]],
     ) -> None:
         """One write transaction that takes no store-wide lock, for appends that need no
         order (the executions' readers follow transaction ids, see
         :mod:`agentmend.infrastructure.monitoring.run_reader`): ``COPY`` text into a table
-        if ``copy`` = (table, columns, text) is given, then ``statements`` (each run once per
-        row of parameters, in order) and the commit, pipelined. Without ``copy``, the whole
-        transaction is one round trip; with it, three more (``BEGIN``, and ``COPY``'s two).
+        (``copy`` = (table, columns, text)), then ``statements`` (each run once per row of
+        parameters, in order) and the commit, pipelined: three round trips (``BEGIN``,
+        ``COPY``'s two) and one for the rest.
         """
         raw = self.raw
         backend = self._backend
         if raw.info.transaction_status != 0:  # 0 is IDLE
             raise StoreError("an unlocked append cannot join an open transaction")
         try:
-            if copy is not None:
-                raw.execute("BEGIN")
-                self.copy_text(*copy)
+            raw.execute("BEGIN")
+            self.copy_text(*copy)
             with raw.pipeline():
-                if copy is None:
-                    raw.execute("BEGIN")
                 cursor = raw.cursor()
                 for sql, rows in statements:
                     cursor.executemany(translate_statement(sql), rows)

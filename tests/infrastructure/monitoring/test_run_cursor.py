@@ -12,7 +12,7 @@ from pg_server import PgServer
 
 from agentmend.infrastructure.monitoring.agent_window import RUN
 from agentmend.infrastructure.monitoring.execution_store import _MIGRATIONS, ExecutionStore
-from agentmend.infrastructure.monitoring.run_append import PIPELINED_ROWS
+from agentmend.infrastructure.monitoring.run_fold import DEFERRED_ROWS
 from agentmend.infrastructure.monitoring.run_reader import (
     POSITION_OFFSET,
     last_run_id,
@@ -65,10 +65,10 @@ def test_text_that_copy_must_escape_is_stored_as_given(pg_server: PgServer, tmp_
     agent = "tab\there back\\slash new\nline cr\rend \\N"
     error = "boom\t\\N\\n\r\n"
     extra = '{"note": "a\\\\tb", "k": "\\\\N"}'
-    rows = [_row(agent, error, extra) for _ in range(PIPELINED_ROWS + 1)]  # the COPY path
+    rows = [_row(agent, error, extra) for _ in range(DEFERRED_ROWS + 1)]  # the COPY path
     table.insert(rows)
-    table.insert([_row(agent, error, extra)])  # and the pipelined one
+    table.insert([_row(agent, error, extra)])  # and a small batch's one INSERT
     stored = store.connection().execute("SELECT agent, error, extra FROM executions").fetchall()
-    assert len(stored) == PIPELINED_ROWS + 2
+    assert len(stored) == DEFERRED_ROWS + 2
     assert {tuple(r) for r in stored} == {(agent, error, extra)}
     store.close()
