@@ -66,8 +66,9 @@ log = get_logger(__name__)
 # pg_advisory_xact_lock key every write transaction takes ("agmend" in ASCII)
 _WRITER_LOCK_KEY = 0x61676D656E64
 _CONNECT_TIMEOUT_S = 10
+_WRITE_LOCK = f"SELECT pg_advisory_xact_lock({_WRITER_LOCK_KEY})"
 # BEGIN and the store-wide write lock in one round trip (a simple query may hold two statements)
-_BEGIN_WRITE = f"BEGIN; SELECT pg_advisory_xact_lock({_WRITER_LOCK_KEY})"
+_BEGIN_WRITE = f"BEGIN; {_WRITE_LOCK}"
 # connections holding team locks at once in one process; one more waits for one to come back
 _LOCK_HOLDERS = 64
 _LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of a wait past lock_timeout
@@ -102,34 +103,102 @@ class PgConnection:
     transaction or not, so callers handle one error on either backend.
     """
 
-    __slots__ = ("_backend", "raw")
+    __slots__ = ("_backend", "_begin_pending", "_write_lock", "raw")
 
     def __init__(self, raw: psycopg.Connection[Any], backend: PostgresBackend) -> None:
         self.raw = raw
         self._backend = backend
+        # A write transaction's ``BEGIN`` and store-wide lock wait for its first statement, so
+        # that they travel in the same round trip (see :meth:`begin_write`).
+        self._begin_pending = False
+        self._write_lock: psycopg.Cursor[Any] | None = None  # the lock's, until it is answered
 
     @property
     def in_transaction(self) -> bool:
+        return self._begin_pending or bool(self.raw.info.transaction_status != 0)  # 0 is IDLE
+
+    def begin_write(self) -> None:
+        """Open a write transaction: ``BEGIN`` and the store's write lock go to the server with
+        the first statement of the transaction (in its pipeline, or in one made for a statement
+        with parameters), not in a round trip of their own; a transaction that runs no
+        statement sends nothing. The wait for the lock happens then, and a failure to get it
+        is reported as before, naming the write lock."""
+        self._begin_pending = True
+
+    def end_write(self) -> bool:
+        """Forget a ``BEGIN`` never sent; whether a transaction is open on the server (so
+        there is one to commit or roll back)."""
+        self._begin_pending = False
+        self._write_lock = None
         return bool(self.raw.info.transaction_status != 0)  # 0 is IDLE
 
-    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[Any]:
+    def _send_begin(self) -> bool:
+        """Send the pending ``BEGIN`` and write lock: queued in an open pipeline (True), else in
+        a round trip now (False; a parameterless statement may be a script, which a pipeline
+        cannot carry)."""
+        self._begin_pending = False
+        raw = self.raw
+        if raw.pgconn.pipeline_status:  # ON (or ABORTED, which fails at the pipeline's end)
+            raw.execute("BEGIN")
+            self._write_lock = raw.execute(_WRITE_LOCK)
+            return True
         try:
-            if not parameters:
-                return self.raw.execute(sql)
-            return self.raw.execute(translate_statement(sql), parameters)
+            raw.execute(_BEGIN_WRITE)
         except self._backend.driver_error as exc:
-            raise self._backend.error("a statement failed on", exc) from exc
+            raise self._backend.error(
+                "cannot begin a transaction on", exc, "the store's write lock"
+            ) from exc
+        return False
+
+    def failed(self, exc: Exception) -> StoreError:
+        """``exc``, raised by the server for this connection's statements, as a StoreError:
+        one naming the write lock when the pipelined ``BEGIN``'s lock was not granted."""
+        lock = self._write_lock
+        if lock is not None and lock.pgresult is None:  # not answered: the lock failed
+            self._write_lock = None
+            return self._backend.error(
+                "cannot begin a transaction on", exc, "the store's write lock"
+            )
+        return self._backend.error("a statement failed on", exc)
+
+    @contextmanager
+    def pipeline(self) -> Iterator[None]:
+        """psycopg's pipeline mode, its errors raised as StoreErrors (see :meth:`failed`)."""
+        try:
+            with self.raw.pipeline():
+                yield
+        except self._backend.driver_error as exc:
+            raise self.failed(exc) from exc
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[Any]:
+        raw = self.raw
+        try:
+            if self._begin_pending and parameters and not raw.pgconn.pipeline_status:
+                with raw.pipeline():  # BEGIN, the lock and this one statement: one round trip
+                    self._send_begin()
+                    return raw.execute(translate_statement(sql), parameters)
+            if self._begin_pending:
+                self._send_begin()
+            if not parameters:
+                return raw.execute(sql)
+            return raw.execute(translate_statement(sql), parameters)
+        except self._backend.driver_error as exc:
+            raise self.failed(exc) from exc
 
     def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> psycopg.Cursor[Any]:
         cursor = self.raw.cursor()
         try:
+            if self._begin_pending:
+                self._send_begin()
             cursor.executemany(translate_statement(sql), parameters)
         except self._backend.driver_error as exc:
-            raise self._backend.error("a statement failed on", exc) from exc
+            raise self.failed(exc) from exc
         return cursor
 
     def copy_text(self, table: str, columns: Sequence[str], data: str) -> None:
         """Append rows already formatted as ``COPY`` text (a line per row) to ``table``."""
+        if self._begin_pending:
+            self._send_begin()
         cursor = self.raw.cursor()
         try:
             with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
@@ -151,7 +220,7 @@ class PgConnection:
         """
         raw = self.raw
         backend = self._backend
-        if raw.info.transaction_status != 0:  # 0 is IDLE
+        if self.in_transaction:
             raise StoreError("an unlocked append cannot join an open transaction")
         try:
             raw.execute("BEGIN")
@@ -170,6 +239,8 @@ class PgConnection:
 
     def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
         """Append ``rows`` to ``table`` with ``COPY ... FROM STDIN`` (names are constants)."""
+        if self._begin_pending:
+            self._send_begin()
         cursor = self.raw.cursor()
         try:
             with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
@@ -369,21 +440,17 @@ class PostgresBackend:
                 )
             yield conn
             return
-        try:
-            conn.raw.execute(_BEGIN_WRITE)
-        except pg.Error as exc:
-            self._rollback(conn)
-            raise self.error(
-                "cannot begin a transaction on", exc, "the store's write lock"
-            ) from exc
+        conn.begin_write()
         try:
             yield conn
         except pg.Error as exc:  # a statement run on ``conn.raw`` directly
             self._rollback(conn)
-            raise self.error("a statement failed on", exc) from exc
+            raise conn.failed(exc) from exc
         except BaseException:
             self._rollback(conn)
             raise
+        if not conn.end_write():
+            return  # no statement ran: nothing was begun
         try:
             conn.raw.execute("COMMIT")
         except pg.Error as exc:
@@ -522,7 +589,8 @@ class PostgresBackend:
         return StoreError(f"{what} {self.display}: {redact(message)} ({cause})", cause=cause)
 
     def _rollback(self, conn: PgConnection) -> None:
-        if conn.raw.closed or not conn.in_transaction:
+        in_transaction = conn.end_write()
+        if conn.raw.closed or not in_transaction:
             return
         try:
             conn.raw.execute("ROLLBACK")

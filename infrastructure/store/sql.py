@@ -221,7 +221,7 @@ def pipelined(conn: StoreConnection) -> Iterator[None]:
     if backend_of(conn) == "sqlite" or not pipeline_supported():
         yield  # no server, or a libpq older than 14: a round trip per statement, as without
         return
-    with conn.raw.pipeline():  # type: ignore[attr-defined]
+    with conn.pipeline():  # type: ignore[attr-defined]
         yield
 
 

@@ -491,8 +491,8 @@ class AuditLog:
                             written = True
                             _note_ids(conn, txn)
                     except Exception as exc:
-                        if not written:
-                            raise  # the block's own error
+                        if not written or isinstance(exc, LockTimeout):
+                            raise  # the block's own error, or a lock it waited for in vain
                         raise TailMoved() from exc  # e.g. the guessed id taken meanwhile
                     tail, found, ahead = read_tail()
                     if tail != guess or found is not None:
