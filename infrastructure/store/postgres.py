@@ -34,6 +34,7 @@ import hashlib
 import re
 import select
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
@@ -351,6 +352,8 @@ class PostgresBackend:
         self._connections: list[PgConnection] = []
         self._lock = threading.Lock()
         self._holders: Any = None  # the pool of team-lock connections, made on first use
+        # (pool, connection) of team locks whose unlock was sent and not yet answered
+        self._unlocking: list[tuple[Any, Any]] = []
 
     def __repr__(self) -> str:
         return f"PostgresBackend({self.display!r})"
@@ -480,7 +483,6 @@ class PostgresBackend:
 
         Re-entrant within a thread, as the root's ``flock`` it is taken with is.
         """
-        pg = self._psycopg
         key = _lock_key("team:" + team_id)
         held: dict[int, int] = self._local.__dict__.setdefault("team_locks", {})
         if held.get(key):
@@ -495,17 +497,41 @@ class PostgresBackend:
         try:
             yield
         finally:
+            held.pop(key, None)
+            self._unlock_later(pool, holder, key)
+
+    def _unlock_later(self, pool: Any, holder: Any, key: int) -> None:
+        """Send the unlock of ``key`` without waiting for its answer: the server releases the
+        lock as soon as the message arrives, and the answer is read (and ``holder`` given
+        back to ``pool``) by the next lock this process takes, or at :meth:`close`, so an
+        apply does not wait a round trip for it. A session that cannot unlock is closed,
+        which releases the lock."""
+        pgconn = holder.pgconn
+        try:
+            pgconn.send_query_params(b"SELECT pg_advisory_unlock($1)", [str(key).encode()])
+            _flush(pgconn)  # all of it sent now: the team must not stay locked meanwhile
+        except Exception as exc:  # the session is gone, or the send could not finish
+            log.warning("store_team_unlock_failed", store=self.display, error=str(exc))
+            holder.close()
+            pool.putconn(holder)  # a closed one is dropped, not reused
+            return
+        with self._lock:
+            self._unlocking.append((pool, holder))
+
+    def _settle_unlocks(self) -> None:
+        """Read the answers of the unlocks sent earlier and give their connections back to
+        their pool (closed, when one did not unlock)."""
+        with self._lock:
+            unlocking, self._unlocking = self._unlocking, []
+        for pool, holder in unlocking:
             unlocked = False
-            try:  # a session that cannot unlock is closed, which releases the lock
-                unlocked = bool(
-                    holder.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()[0]
-                )
-            except pg.Error as exc:
+            try:
+                unlocked = _answer(holder.pgconn) == b"t"
+            except Exception as exc:  # the server went away, or no answer in time
                 log.warning("store_team_unlock_failed", store=self.display, error=str(exc))
             if not unlocked:
                 holder.close()
-            pool.putconn(holder)  # a closed one is dropped, not reused
-            held.pop(key, None)
+            pool.putconn(holder)
 
     def _lock_holder(self, key: int, lock: str) -> tuple[Any, Any]:
         """A pooled connection holding the advisory lock ``key`` (waits for the lock), and
@@ -517,6 +543,7 @@ class PostgresBackend:
         """
         pg = self._psycopg
         pool = self._pool()
+        self._settle_unlocks()  # their connections back to the pool first, to be used again
         for attempt in (1, 2):
             try:
                 holder = pool.getconn()
@@ -598,6 +625,7 @@ class PostgresBackend:
             log.error("store_rollback_failed", store=self.display, error=str(exc))
 
     def close(self) -> None:
+        self._settle_unlocks()
         with self._lock:
             for conn in self._connections:
                 conn.raw.close()
@@ -615,11 +643,55 @@ class PostgresBackend:
         inherited: list[object] = list(self._connections)
         if self._holders is not None:  # its worker threads did not cross the fork either
             inherited.append(self._holders)
+        inherited.extend(holder for _, holder in self._unlocking)
         self._holders = None
+        self._unlocking = []
         self._connections = []
         self._local = threading.local()
         self._lock = threading.Lock()
         return inherited
+
+
+def _flush(pgconn: Any) -> None:
+    """Send what libpq holds for ``pgconn`` (a non-blocking connection sends what the socket
+    takes), waiting for the socket at most ``_CONNECT_TIMEOUT_S``.
+
+    Raises:
+        TimeoutError: not all of it could be sent in that time.
+    """
+    deadline = time.monotonic() + _CONNECT_TIMEOUT_S
+    while pgconn.flush():  # 1: some is left to send
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the server takes nothing more")
+        select.select([], [pgconn.socket], [], left)
+
+
+def _answer(pgconn: Any) -> bytes | None:
+    """The one value the query sent on ``pgconn`` answered, read when it arrives (waiting at
+    most ``_CONNECT_TIMEOUT_S``); None when it failed.
+
+    Raises:
+        TimeoutError: no answer in that time.
+        psycopg.OperationalError: the connection broke.
+    """
+    from psycopg.pq import ExecStatus
+
+    deadline = time.monotonic() + _CONNECT_TIMEOUT_S
+    pgconn.consume_input()
+    while pgconn.is_busy():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no answer from the server")
+        select.select([pgconn.socket], [], [], left)
+        pgconn.consume_input()
+    results = []
+    while (result := pgconn.get_result()) is not None:
+        results.append(result)
+    if len(results) != 1 or results[0].status != ExecStatus.TUPLES_OK or not results[0].ntuples:
+        return None
+    value: bytes | None = results[0].get_value(0, 0)
+    return value
 
 
 def _lock_key(name: str) -> int:

@@ -1,10 +1,11 @@
 """What one apply asks of the store: a bound on its round trips, so the count cannot grow back.
 
-On PostgreSQL an apply waits for the server six times (counted from libpq's protocol trace of
+On PostgreSQL an apply waits for the server five times (counted from libpq's protocol trace of
 every connection, the team lock's included): the team lock; ``BEGIN`` and the store's write lock
 with the intent, its checks for unfinished work and the audit tail, ``COMMIT``; ``BEGIN`` and the
 write lock with APPLIED, its audit rows and the tail read beside them (taken to be where the
-intent found it), ``COMMIT``; the unlock (eight while ``BEGIN`` went alone). When
+intent found it), ``COMMIT``. The team's unlock is sent and not waited for (eight while
+``BEGIN`` went alone and the unlock was waited for). When
 another writer appends between the intent and the commit, the commit runs again reading the
 tail first, and the audit chain stays whole. It was nineteen before the intent and the commit
 were folded (21
@@ -34,7 +35,7 @@ from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction
 from agentmend.infrastructure.store.api import Store
 
-PG_ROUND_TRIPS = 6
+PG_ROUND_TRIPS = 5
 SQLITE_STATEMENTS = 11
 
 ACTION = ImprovementAction(
@@ -75,7 +76,7 @@ def test_the_trace_counts_each_wait_for_the_server_once() -> None:
     assert count_round_trips(trace) == 2  # the last message is still unanswered
 
 
-def test_an_apply_on_postgresql_makes_at_most_six_round_trips(
+def test_an_apply_on_postgresql_makes_at_most_five_round_trips(
     counter: PgRoundTrips, pg_server: PgServer, tmp_path: Path
 ) -> None:
     root = _team(tmp_path)
