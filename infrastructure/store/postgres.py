@@ -5,10 +5,12 @@ SQL of :mod:`agentmend.infrastructure.store.sql`; this module maps it: ``?`` par
 SQLite's schema types to PostgreSQL's, booleans to 0/1 and integral ``NUMERIC`` results (a
 ``SUM`` of integers) back to ``int``, so rows read the same on both backends.
 
-Write transactions keep SQLite's contract: one writer at a time, taken up front. Each begins
-by taking a store-wide transaction-level advisory lock, so a component's read-then-write inside
-a transaction (the next epoch number, a chain's head) cannot interleave with another's, and
-generated ids grow in commit order as SQLite's do, which is what lets readers catch up by id.
+Write transactions keep SQLite's contract: one writer at a time. Each begins by taking a
+store-wide transaction-level advisory lock, sent with ``BEGIN`` ahead of the transaction's first
+statement, in the same round trip (:meth:`PgConnection.begin_write`), so a component's
+read-then-write inside a transaction (the next epoch number, a chain's head) cannot interleave
+with another's, and generated ids grow in commit order as SQLite's do, which is what lets
+readers catch up by id.
 Reads never wait for it. The one exception is the monitor's append of runs
 (:meth:`PgConnection.append_unlocked`): it reads nothing and collides with no one, and its
 readers follow transaction ids instead of ids, so many writers append at once. Commits are
@@ -25,7 +27,8 @@ session-level advisory lock held on a connection of its own for as long as the a
 verification or rollback takes, never a transaction left open around model calls. If the
 process dies the server ends its session and the lock with it. Those lock-holding connections
 come from a ``psycopg_pool`` pool, so an apply does not pay for a new server session (a
-backend process forked by the server, about 4 ms) each time it takes its team's lock.
+backend process forked by the server, about 4 ms) each time it takes its team's lock. The unlock
+is sent without waiting for its answer, which the next lock reads.
 """
 
 from __future__ import annotations
