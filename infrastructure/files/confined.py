@@ -48,6 +48,7 @@ __all__ = [
     "list_names",
     "locked",
     "make_dirs",
+    "open_resolved",
     "read",
     "relative_parts",
     "remove_leftovers",
@@ -197,14 +198,41 @@ def _open_root(root: str | Path) -> int:
         raise FileOperationError(root, "open the root", exc) from None
 
 
+def open_resolved(root: str | Path) -> tuple[int, str] | None:
+    """``root`` opened as a directory (following symlinks on the way, as resolving its path
+    does) and the path the system names it by, or None when the system will not say (no
+    ``/proc``) or ``root`` cannot be opened: resolve it then by name.
+
+    One ``open`` and one ``readlink`` instead of an ``lstat`` per name of the path; and the
+    path is that of the directory opened, even if names on the way change meanwhile.
+    """
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        text = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        text = ""
+    # a directory removed meanwhile is named "<path> (deleted)"; one outside the process's
+    # root directory is not named by an absolute path
+    if not text.startswith("/") or text.endswith(" (deleted)"):
+        os.close(fd)
+        return None
+    return fd, text
+
+
 _held_roots = threading.local()  # per thread: root text -> the descriptor root_held opened
 
 
 @contextlib.contextmanager
-def root_held(root: str | Path) -> Iterator[None]:
+def root_held(root: str | Path, *, opened: int | None = None) -> Iterator[None]:
     """Open ``root`` once for every walk this thread makes from it (``root`` spelled the same)
     inside the block, instead of once per call: the steps of one apply start from the same
     directory, and each saves an ``open`` and a ``close``. Nested blocks share the outer one's.
+
+    ``opened``: ``root``'s descriptor, opened already (:func:`open_resolved`); the block
+    owns it and closes it.
 
     Raises:
         PathNotAllowed: ``root`` is not a directory that can be opened.
@@ -214,9 +242,11 @@ def root_held(root: str | Path) -> Iterator[None]:
         held = _held_roots.fds = {}
     key = os.fspath(root)
     if key in held:
+        if opened is not None:
+            os.close(opened)  # the outer block's serves
         yield
         return
-    held[key] = _open_root(root)
+    held[key] = _open_root(root) if opened is None else opened
     try:
         yield
     finally:

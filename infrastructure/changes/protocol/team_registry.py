@@ -73,10 +73,10 @@ _known_lock = threading.Lock()
 _SETTLED_NS = 1_000_000_000  # a file older than this has a change time that tells rewrites apart
 
 
-def _identity(root: Path) -> _FileIdentity | None:
+def _identity(root: str | Path) -> _FileIdentity | None:
     """The id file's identity, None if it is not a regular file (or cannot be looked at)."""
     try:
-        st = os.stat(root / TEAM_ID_FILE, follow_symlinks=False)
+        st = os.stat(os.path.join(root, TEAM_ID_FILE), follow_symlinks=False)
     except OSError:
         return None
     if not stat.S_ISREG(st.st_mode):
@@ -84,7 +84,7 @@ def _identity(root: Path) -> _FileIdentity | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def team_id(root: Path, store: Store) -> str:
+def team_id(root: str | Path, store: Store) -> str:
     """The id of the team at ``root`` (made on first use, as releases make it), registered in
     the store with the path this host knows the folder by.
 
@@ -95,7 +95,7 @@ def team_id(root: Path, store: Store) -> str:
     Raises:
         ConfigurationError: the file holds something that is not an id.
     """
-    host, where = socket.gethostname(), str(root.absolute())
+    host, where = socket.gethostname(), _absolute(root)
     before = _identity(root)
     with _known_lock:
         cached = _known.get(store, {}).get((host, where))
@@ -113,11 +113,19 @@ def team_id(root: Path, store: Store) -> str:
     return text
 
 
+def _absolute(root: str | Path) -> str:
+    """``root`` as ``Path.absolute`` spells it; an absolute text is taken as it is spelled
+    (the protocol passes the resolved root, which ``Path`` would spell the same)."""
+    if isinstance(root, str) and root.startswith("/"):
+        return root
+    return str(Path(root).absolute())
+
+
 def _joined(store: Store) -> bool:
     return store.connection().in_transaction
 
 
-def _read_and_register(root: Path, store: Store, host: str, where: str) -> str:
+def _read_and_register(root: str | Path, store: Store, host: str, where: str) -> str:
     store.migrate("teams", _MIGRATIONS)
     try:
         text = team_id_for(root)
@@ -164,7 +172,7 @@ def team_roots(store: Store, team: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def team_guard(store: Store, root: Path) -> Iterator[str]:
+def team_guard(store: Store, root: str | Path) -> Iterator[str]:
     """Hold the root's ``flock`` and then the store's lock on the team; yields the team's id
     (read under the root's lock, so the work inside records the id it locked).
 
