@@ -130,6 +130,16 @@ def check_path_text(root: str | Path, path: str | Path | bytes) -> str:
         PathNotAllowed: a NUL byte, undecodable bytes, a name over 255 bytes or a path over
             4096 bytes (with the root in front of a relative path).
     """
+    # the common case, settled without encoding: short ASCII text holds no name over NAME_MAX
+    # bytes, nor a path over PATH_MAX with the root (at most 4 bytes a character) in front
+    if (
+        type(path) is str
+        and path.isascii()
+        and len(path) <= NAME_MAX
+        and "\x00" not in path
+        and (path.startswith("/") or len(path) + 4 * len(os.fspath(root)) + 2 <= PATH_MAX)
+    ):
+        return path
     text = _decoded(root, path)
     if "\x00" in text:
         raise PathNotAllowed(repr(text), root, "it contains a NUL byte")

@@ -65,6 +65,7 @@ import hashlib
 import hmac
 import json
 import os
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -537,17 +538,12 @@ class AuditLog:
         # before them and the highest id ever handed out, in one statement. The next id comes
         # from that highest id, not max(id): rows cut off the end leave a gap that
         # verification reports even after new rows are appended.
-        if backend_of(conn) == "sqlite":  # no round trip to share: a leaner statement
-            read = _sqlite_tail(conn)
-            tail_rows: Callable[[], list[Any]] = read.copy
-        else:
-            tail_rows = deferred(conn, _TAIL_AND_LAST_ID[False])
+        # on SQLite no round trip to share: a leaner statement, read now
+        read = _sqlite_tail(conn) if isinstance(conn, sqlite3.Connection) else None
+        rows = deferred(conn, _TAIL_AND_LAST_ID[False]) if read is None else list
 
         def answer() -> _TailState:
-            rows = tail_rows()
-            # one row at least (the id's), whose audit columns are NULL when the table is empty
-            tail = [_entry(r) for r in rows if r[0] is not None]
-            last_id = int(rows[0][-1]) if rows and rows[0][-1] is not None else 0
+            tail, last_id = read if read is not None else _parsed_tail(rows())
             newest = tail[-1] if tail else None
             following = max(last_id, newest.id if newest else 0) + 1
             prev_hash = newest.row_hash if newest else GENESIS_HASH
@@ -871,9 +867,18 @@ _SQLITE_NO_TAIL = (
 handed out."""
 
 
-def _sqlite_tail(conn: StoreConnection) -> list[Any]:
-    """:data:`_TAIL_AND_LAST_ID`'s rows on SQLite."""
-    return conn.execute(_SQLITE_TAIL).fetchall() or conn.execute(_SQLITE_NO_TAIL).fetchall()
+def _sqlite_tail(conn: sqlite3.Connection) -> tuple[list[AuditEntry], int]:
+    """:data:`_TAIL_AND_LAST_ID`'s answer on SQLite, parsed."""
+    rows = conn.execute(_SQLITE_TAIL).fetchall() or conn.execute(_SQLITE_NO_TAIL).fetchall()
+    return _parsed_tail(rows)
+
+
+def _parsed_tail(rows: list[Any]) -> tuple[list[AuditEntry], int]:
+    """:data:`_TAIL_AND_LAST_ID`'s rows as entries, and the highest id handed out."""
+    # one row at least (the id's), whose audit columns are NULL when the table is empty
+    tail = [_entry(r) for r in rows if r[0] is not None]
+    last_id = int(rows[0][-1]) if rows and rows[0][-1] is not None else 0
+    return tail, last_id
 
 
 def _entry(row: tuple[Any, ...]) -> AuditEntry:
