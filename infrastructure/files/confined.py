@@ -29,7 +29,7 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -250,8 +250,7 @@ class _HeldRoot:
 _held_roots = threading.local()  # per thread: root text -> what root_held opened
 
 
-@contextlib.contextmanager
-def root_held(root: str | Path, *, opened: int | None = None) -> Iterator[None]:
+def root_held(root: str | Path, *, opened: int | None = None) -> AbstractContextManager[None]:
     """Open ``root`` once for every walk this thread makes from it (``root`` spelled the same)
     inside the block, instead of once per call: the steps of one apply start from the same
     directory, and each saves an ``open`` and a ``close``. Nested blocks share the outer one's.
@@ -267,20 +266,33 @@ def root_held(root: str | Path, *, opened: int | None = None) -> Iterator[None]:
     Raises:
         PathNotAllowed: ``root`` is not a directory that can be opened.
     """
-    held: dict[str, _HeldRoot] | None = getattr(_held_roots, "fds", None)
-    if held is None:
-        held = _held_roots.fds = {}
-    key = os.fspath(root)
-    if key in held:
-        if opened is not None:
-            os.close(opened)  # the outer block's serves
-        yield
-        return
-    held[key] = _HeldRoot(_open_root(root) if opened is None else opened)
-    try:
-        yield
-    finally:
-        held.pop(key).close()
+    return _RootHold(root, opened)
+
+
+class _RootHold:
+    """:func:`root_held`'s block (a class: every apply holds one)."""
+
+    __slots__ = ("_key", "_opened", "_root")
+
+    def __init__(self, root: str | Path, opened: int | None) -> None:
+        self._root, self._opened = root, opened
+        self._key: str | None = None  # set when this block opened the root (not an outer one)
+
+    def __enter__(self) -> None:
+        held: dict[str, _HeldRoot] | None = getattr(_held_roots, "fds", None)
+        if held is None:
+            held = _held_roots.fds = {}
+        key = os.fspath(self._root)
+        if key in held:
+            if self._opened is not None:
+                os.close(self._opened)  # the outer block's serves
+            return
+        held[key] = _HeldRoot(_open_root(self._root) if self._opened is None else self._opened)
+        self._key = key
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._key is not None:
+            _held_roots.fds.pop(self._key).close()
 
 
 def _shared_root(root: str | Path) -> _HeldRoot | None:

@@ -61,6 +61,7 @@ are re-exported here).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -538,17 +539,29 @@ class AuditLog:
         # before them and the highest id ever handed out, in one statement. The next id comes
         # from that highest id, not max(id): rows cut off the end leave a gap that
         # verification reports even after new rows are appended.
-        # on SQLite no round trip to share: a leaner statement, read now
-        read = _sqlite_tail(conn) if isinstance(conn, sqlite3.Connection) else None
-        rows = deferred(conn, _TAIL_AND_LAST_ID[False]) if read is None else list
+        if isinstance(conn, sqlite3.Connection):  # no round trip to share: a leaner statement
+            rows = _sqlite_tail(conn).copy
+        else:
+            rows = deferred(conn, _TAIL_AND_LAST_ID[False])
 
         def answer() -> _TailState:
-            tail, last_id = read if read is not None else _parsed_tail(rows())
-            newest = tail[-1] if tail else None
+            found = rows()
+            # one row at least (the id's), whose audit columns are NULL when the table is empty
+            last_id = int(found[0][-1]) if found and found[0][-1] is not None else 0
+            newest = _entry(found[-1]) if found and found[-1][0] is not None else None
             following = max(last_id, newest.id if newest else 0) + 1
             prev_hash = newest.row_hash if newest else GENESIS_HASH
-            found = find_break(head, unreadable, tail, self._verifies)
-            return (following, prev_hash), found, None
+            if (  # in step, as find_break would say first: the older rows are not needed
+                unreadable is None
+                and newest is not None
+                and head == (newest.id, newest.row_hash)
+                and self._verifies(newest)
+            ):
+                return (following, prev_hash), None, None
+            tail = [_entry(r) for r in found[:-1] if r[0] is not None]
+            if newest is not None:
+                tail.append(newest)
+            return (following, prev_hash), find_break(head, unreadable, tail, self._verifies), None
 
         return answer
 
@@ -805,8 +818,13 @@ class AuditLog:
 
     def _head_wait(self, seconds: float | None = None) -> LockWait:
         """How long to wait for the head's file lock: the store's lock timeout by default."""
-        wait_s = self.store.timeouts.lock_s if seconds is None else seconds
-        return LockWait(wait_s, "the audit head's file lock", LOCK_SETTING)
+        return _head_wait(self.store.timeouts.lock_s if seconds is None else seconds)
+
+
+@functools.lru_cache(maxsize=8)
+def _head_wait(seconds: float) -> LockWait:
+    """The wait for the head's file lock (one value per timeout, made once)."""
+    return LockWait(seconds, "the audit head's file lock", LOCK_SETTING)
 
 
 _HASHED_KEPT = 64
@@ -867,18 +885,9 @@ _SQLITE_NO_TAIL = (
 handed out."""
 
 
-def _sqlite_tail(conn: sqlite3.Connection) -> tuple[list[AuditEntry], int]:
-    """:data:`_TAIL_AND_LAST_ID`'s answer on SQLite, parsed."""
-    rows = conn.execute(_SQLITE_TAIL).fetchall() or conn.execute(_SQLITE_NO_TAIL).fetchall()
-    return _parsed_tail(rows)
-
-
-def _parsed_tail(rows: list[Any]) -> tuple[list[AuditEntry], int]:
-    """:data:`_TAIL_AND_LAST_ID`'s rows as entries, and the highest id handed out."""
-    # one row at least (the id's), whose audit columns are NULL when the table is empty
-    tail = [_entry(r) for r in rows if r[0] is not None]
-    last_id = int(rows[0][-1]) if rows and rows[0][-1] is not None else 0
-    return tail, last_id
+def _sqlite_tail(conn: sqlite3.Connection) -> list[Any]:
+    """:data:`_TAIL_AND_LAST_ID`'s rows on SQLite."""
+    return conn.execute(_SQLITE_TAIL).fetchall() or conn.execute(_SQLITE_NO_TAIL).fetchall()
 
 
 def _entry(row: tuple[Any, ...]) -> AuditEntry:

@@ -7,13 +7,14 @@ an apply is either acknowledged APPLIED or undone; see that module's docstring f
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from pathlib import Path, PurePath
+from types import TracebackType
 
 from agentmend.infrastructure.changes.audit.log import AuditLog, AuditTransaction, TailMoved
 from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, StoredFile
@@ -94,8 +95,7 @@ def resolved_root(root: str | Path) -> Path:
     return root_path
 
 
-@contextlib.contextmanager
-def root_opened(root: str | Path) -> Iterator[str]:
+def root_opened(root: str | Path) -> AbstractContextManager[str]:
     """``root`` resolved, as every step records and walks it, and held open for the block
     (:func:`~agentmend.infrastructure.files.confined.root_held`): the directory opened is
     the one whose path is recorded.
@@ -104,15 +104,38 @@ def root_opened(root: str | Path) -> Iterator[str]:
         PathNotAllowed: ``root`` is not an existing directory.
         FileOperationError: it cannot be opened (permissions).
     """
-    opened = confined.open_resolved(root)
-    if opened is None:  # a system without /proc, or a root that is not a directory
-        text = str(resolved_root(root))
-        with confined.root_held(text):
-            yield text
-        return
-    fd, text = opened
-    with confined.root_held(text, opened=fd):
-        yield text
+    return _RootOpened(root)
+
+
+class _RootOpened:
+    """:func:`root_opened`'s block (a class: every apply opens one)."""
+
+    __slots__ = ("_hold", "_root")
+
+    def __init__(self, root: str | Path) -> None:
+        self._root = root
+        self._hold: AbstractContextManager[None] | None = None
+
+    def __enter__(self) -> str:
+        opened = confined.open_resolved(self._root)
+        if opened is None:  # a system without /proc, or a root that is not a directory
+            text = str(resolved_root(self._root))
+            hold = confined.root_held(text)
+        else:
+            fd, text = opened
+            hold = confined.root_held(text, opened=fd)
+        hold.__enter__()
+        self._hold = hold
+        return text
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._hold is not None
+        self._hold.__exit__(kind, exc, traceback)
 
 
 def prepare_under(entries: Sequence[FileEntry], root_path: str | Path) -> list[PreparedFile]:

@@ -21,7 +21,7 @@ id): a file read again that still holds the same id asks nothing of the store.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
 import socket
 import stat
@@ -29,8 +29,9 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
+from types import TracebackType
 
 from agentmend.infrastructure.changes.protocol.files import root_lock
 from agentmend.infrastructure.definitions.team_id import TEAM_ID_FILE, team_id_for
@@ -171,8 +172,7 @@ def team_roots(store: Store, team: str) -> dict[str, str]:
     return {str(host): str(where) for host, where in rows}
 
 
-@contextlib.contextmanager
-def team_guard(store: Store, root: str | Path) -> Iterator[str]:
+def team_guard(store: Store, root: str | Path) -> AbstractContextManager[str]:
     """Hold the root's ``flock`` and then the store's lock on the team; yields the team's id
     (read under the root's lock, so the work inside records the id it locked).
 
@@ -181,8 +181,48 @@ def team_guard(store: Store, root: str | Path) -> Iterator[str]:
     Raises:
         LockTimeout: another process held one of them all along (a stopped one keeps them).
     """
-    wait = LockWait(store.timeouts.team_lock_s, "the team folder's lock", TEAM_LOCK_SETTING)
-    with root_lock(root, wait):
-        team = team_id(root, store)
-        with store.team_lock(team):
-            yield team
+    return _TeamGuard(store, root)
+
+
+class _TeamGuard:
+    """:func:`team_guard`'s block (a class rather than a generator: every apply takes one)."""
+
+    __slots__ = ("_root", "_root_lock", "_store", "_team_lock")
+
+    def __init__(self, store: Store, root: str | Path) -> None:
+        self._store, self._root = store, root
+        self._root_lock: AbstractContextManager[int] | None = None
+        self._team_lock: AbstractContextManager[None] | None = None
+
+    def __enter__(self) -> str:
+        store = self._store
+        root_held = self._root_lock = root_lock(self._root, _team_wait(store.timeouts.team_lock_s))
+        root_held.__enter__()
+        try:
+            team = team_id(self._root, store)
+            team_held = store.team_lock(team)
+            team_held.__enter__()
+        except BaseException as exc:
+            root_held.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._team_lock = team_held
+        return team
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._root_lock is not None
+        assert self._team_lock is not None
+        try:
+            self._team_lock.__exit__(kind, exc, traceback)
+        finally:
+            self._root_lock.__exit__(kind, exc, traceback)
+
+
+@functools.lru_cache(maxsize=8)
+def _team_wait(seconds: float) -> LockWait:
+    """The wait for a team's locks (one value per timeout, made once)."""
+    return LockWait(seconds, "the team folder's lock", TEAM_LOCK_SETTING)
