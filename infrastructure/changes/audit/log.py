@@ -268,6 +268,11 @@ def _said(found: HeadBreak) -> dict[str, str]:
     return {"expected": found.expected, "found": found.found}
 
 
+_FIELDS_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+"""What ``json.dumps(fields, ensure_ascii=False, separators=(",", ":"))`` uses, made once
+(``dumps`` with options makes an encoder per call)."""
+
+
 def _clip(value: Any) -> str | None:
     return None if value is None else str(value)[:VALUE_LIMIT]
 
@@ -397,7 +402,7 @@ class AuditLog:
         return self._key is not None
 
     def _hash(self, fields: tuple[Any, ...]) -> str:
-        message = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        message = _FIELDS_JSON.encode(fields).encode("utf-8")
         if self._key is not None:
             digest = hmac.new(self._key, message, hashlib.sha256).hexdigest()
         else:

@@ -70,9 +70,16 @@ def backup(
     synchronously (~1 ms). A copy is written where links are not possible. A retried step
     (recovery) in the same second keeps the first backup.
     """
-    name = f"{rel.replace('/', '__')}_{when.strftime('%Y%m%dT%H%M%S')}_{change_id}{tag}.bak"
+    name = f"{rel.replace('/', '__')}_{_second(when)}_{change_id}{tag}.bak"
     name = name[-confined.NAME_MAX :]  # a deep path: keep the end, which holds the change id
     confined.link_or_copy(root, rel, f"{_BACKUPS}/{name}", data)
+
+
+def _second(when: datetime) -> str:
+    """``when.strftime('%Y%m%dT%H%M%S')``, from ``isoformat`` (a third of the cost)."""
+    if when.year < 1000:  # isoformat pads the year, strftime does not
+        return when.strftime("%Y%m%dT%H%M%S")
+    return when.isoformat(timespec="seconds")[:19].replace("-", "").replace(":", "")
 
 
 def describe(value: Any, data: bytes | str | None, *, absent: bool = False) -> Any:
