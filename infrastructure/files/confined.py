@@ -548,7 +548,12 @@ def _existing_mode(parent: int, name: str, root: str | Path, where: str) -> int 
 
 
 def _write_all(fd: int, payload: bytes) -> None:
-    view = memoryview(payload)
+    if not payload:
+        return
+    written = os.write(fd, payload)  # all of it, but for a full disk or a huge payload
+    if written == len(payload):
+        return
+    view = memoryview(payload)[written:]
     while view:
         written = os.write(fd, view)
         view = view[written:]

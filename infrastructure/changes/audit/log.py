@@ -241,6 +241,7 @@ _COLUMNS = (
     "id, timestamp, agent_name, edit_type, old_value, new_value, user_id, user_name, "
     "change_id, prev_hash, row_hash, keyed, batch"
 )
+_INSERT_ROW = f"INSERT INTO audit_log ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 # what a reader gets: the written columns and the role the server recorded
 _READ_COLUMNS = _COLUMNS + ", db_role"
 
@@ -252,7 +253,9 @@ class TailMoved(Exception):
 
 
 def _note_ids(conn: StoreConnection, txn: AuditTransaction) -> None:
-    if txn.last is not None:  # rows cut off the end later leave this gap
+    # on SQLite AUTOINCREMENT keeps both in the same transaction already
+    if txn.last is not None and not isinstance(conn, sqlite3.Connection):
+        # rows cut off the end later leave this gap
         note_audit_id(conn, txn.last[0])
         # and an insert that takes the table's default id comes after them
         note_id_used(conn, "audit_log", txn.last[0])
@@ -358,7 +361,7 @@ class AuditTransaction:
         )
         row_hash = self._audit._hash(fields)
         self.conn.execute(
-            f"INSERT INTO audit_log ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            _INSERT_ROW,
             (*fields[:10], row_hash, int(self._audit.keyed), self._batch),
         )
         self._tail = (row_id + 1, row_hash)

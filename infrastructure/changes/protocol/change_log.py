@@ -171,7 +171,12 @@ class ChangeLog:
         """:meth:`insert` reading nothing back: inside a
         :func:`~agentmend.infrastructure.store.sql.pipelined` block it waits for nothing and
         shares the block's one round trip."""
-        self._insert(conn, {**locals(), "verification": None}, returning=False)
+        change = {
+            "change_id": change_id, "action": action, "status": status, "applied_by": applied_by,
+            "session_id": session_id, "created": created, "group_id": group_id, "root": root,
+            "verification": None, "team_id": team_id,
+        }  # fmt: skip
+        self._insert(conn, change, returning=False)
 
     def _insert(self, conn: StoreConnection, change: dict[str, Any], *, returning: bool) -> int:
         change_id, action, status = change["change_id"], change["action"], change["status"]
