@@ -159,6 +159,7 @@ class ImprovementManager:
         self.max_improvements_per_window = max_improvements_per_window
         self._applied_at: deque[float] = deque()  # wall-clock times of applied changes
         self.applied_by = applied_by
+        self._default_author: ChangeAuthor | None = None
         self.limits = limits if limits is not None else InputLimits()
         self._count_lock = threading.Lock()
         if recover:
@@ -210,7 +211,12 @@ class ImprovementManager:
     def _author(self, author: ChangeAuthor | None) -> ChangeAuthor:
         """``author`` (nobody named when None), made by this manager's ``applied_by`` unless
         it names its own ``via``."""
-        return (author or ChangeAuthor()).via_or(self.applied_by)
+        if author is not None:
+            return author.via_or(self.applied_by)
+        default = self._default_author  # made once, not per apply (while applied_by stays)
+        if default is None or default.via != self.applied_by:
+            default = self._default_author = ChangeAuthor(via=self.applied_by)
+        return default
 
     # -- the long-standing API ---------------------------------------------------------------
 

@@ -12,11 +12,10 @@ one root, two appends to one audit chain) serialise on a :func:`locked_file`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import stat
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from agentmend.infrastructure.errors import FileOperationError, PathNotAllowed
@@ -104,8 +103,7 @@ def remove_atomic_write_leftovers(path: Path) -> None:
         confined.remove_leftovers(path.parent, path.name)
 
 
-@contextlib.contextmanager
-def locked_file(path: Path, wait: LockWait | None = None) -> Iterator[int]:
+def locked_file(path: Path, wait: LockWait | None = None) -> AbstractContextManager[int]:
     """Hold an exclusive ``flock`` on ``path`` (created if missing); yields its descriptor.
 
     Re-entrant within a thread, so a rollback that cascades or a recovery inside ``apply`` can
@@ -114,21 +112,20 @@ def locked_file(path: Path, wait: LockWait | None = None) -> Iterator[int]:
     when its holder dies, which is what lets recovery tell a dead writer from a live one.
     ``wait`` bounds the wait for another holder (forever without it).
     """
-    path = Path(path)
+    key = os.fspath(path if isinstance(path, Path) else Path(path))  # spelled as Path does
 
     def open_lock() -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             try:
-                return os.open(path, flags, 0o644)
+                return os.open(key, flags, 0o644)
             except (FileNotFoundError, NotADirectoryError):  # no directory yet (or a file there)
-                _make_parent(path)
-                return os.open(path, flags, 0o644)
+                _make_parent(Path(path))
+                return os.open(key, flags, 0o644)
         except OSError as exc:
-            raise FileOperationError(path, "open the lock file", exc) from None
+            raise FileOperationError(Path(path), "open the lock file", exc) from None
 
-    with hold_flock(os.fspath(path), open_lock, wait) as fd:
-        yield fd
+    return hold_flock(key, open_lock, wait)
 
 
 def resolve_inside(

@@ -29,7 +29,8 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from agentmend.infrastructure.errors import FileOperationError, FileTooLarge, PathNotAllowed
@@ -48,6 +49,7 @@ __all__ = [
     "list_names",
     "locked",
     "make_dirs",
+    "open_resolved",
     "read",
     "relative_parts",
     "remove_leftovers",
@@ -128,6 +130,16 @@ def check_path_text(root: str | Path, path: str | Path | bytes) -> str:
         PathNotAllowed: a NUL byte, undecodable bytes, a name over 255 bytes or a path over
             4096 bytes (with the root in front of a relative path).
     """
+    # the common case, settled without encoding: short ASCII text holds no name over NAME_MAX
+    # bytes, nor a path over PATH_MAX with the root (at most 4 bytes a character) in front
+    if (
+        type(path) is str
+        and path.isascii()
+        and len(path) <= NAME_MAX
+        and "\x00" not in path
+        and (path.startswith("/") or len(path) + 4 * len(os.fspath(root)) + 2 <= PATH_MAX)
+    ):
+        return path
     text = _decoded(root, path)
     if "\x00" in text:
         raise PathNotAllowed(repr(text), root, "it contains a NUL byte")
@@ -197,72 +209,179 @@ def _open_root(root: str | Path) -> int:
         raise FileOperationError(root, "open the root", exc) from None
 
 
-_held_roots = threading.local()  # per thread: root text -> the descriptor root_held opened
+def open_resolved(root: str | Path) -> tuple[int, str] | None:
+    """``root`` opened as a directory (following symlinks on the way, as resolving its path
+    does) and the path the system names it by, or None when the system will not say (no
+    ``/proc``) or ``root`` cannot be opened: resolve it then by name.
+
+    One ``open`` and one ``readlink`` instead of an ``lstat`` per name of the path; and the
+    path is that of the directory opened, even if names on the way change meanwhile.
+    """
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        text = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        text = ""
+    # a directory removed meanwhile is named "<path> (deleted)"; one outside the process's
+    # root directory is not named by an absolute path
+    if not text.startswith("/") or text.endswith(" (deleted)"):
+        os.close(fd)
+        return None
+    return fd, text
 
 
-@contextlib.contextmanager
-def root_held(root: str | Path) -> Iterator[None]:
+class _HeldRoot:
+    """A root :func:`root_held` opened, and the directories below it walks reached since."""
+
+    __slots__ = ("dirs", "fd")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.dirs: dict[tuple[str, ...], int] = {}  # names below the root -> descriptor
+
+    def close(self) -> None:
+        _close_all(self.dirs)
+        os.close(self.fd)
+
+
+_held_roots = threading.local()  # per thread: root text -> what root_held opened
+
+
+def root_held(root: str | Path, *, opened: int | None = None) -> AbstractContextManager[None]:
     """Open ``root`` once for every walk this thread makes from it (``root`` spelled the same)
     inside the block, instead of once per call: the steps of one apply start from the same
     directory, and each saves an ``open`` and a ``close``. Nested blocks share the outer one's.
 
+    The directories below the root that walks reach stay open until the block ends too (an
+    apply reads, backs up and writes in the same folder), so the next walk to one starts from
+    it: like the root, a directory once reached is used wherever it is moved meanwhile, and a
+    name swapped for a symlink is never followed. Each is closed with the root.
+
+    ``opened``: ``root``'s descriptor, opened already (:func:`open_resolved`); the block
+    owns it and closes it.
+
     Raises:
         PathNotAllowed: ``root`` is not a directory that can be opened.
     """
-    held: dict[str, int] | None = getattr(_held_roots, "fds", None)
-    if held is None:
-        held = _held_roots.fds = {}
-    key = os.fspath(root)
-    if key in held:
-        yield
-        return
-    held[key] = _open_root(root)
-    try:
-        yield
-    finally:
-        os.close(held.pop(key))
+    return _RootHold(root, opened)
 
 
-def _shared_root(root: str | Path) -> int | None:
-    held: dict[str, int] | None = getattr(_held_roots, "fds", None)
+class _RootHold:
+    """:func:`root_held`'s block (a class: every apply holds one)."""
+
+    __slots__ = ("_key", "_opened", "_root")
+
+    def __init__(self, root: str | Path, opened: int | None) -> None:
+        self._root, self._opened = root, opened
+        self._key: str | None = None  # set when this block opened the root (not an outer one)
+
+    def __enter__(self) -> None:
+        held: dict[str, _HeldRoot] | None = getattr(_held_roots, "fds", None)
+        if held is None:
+            held = _held_roots.fds = {}
+        key = os.fspath(self._root)
+        if key in held:
+            if self._opened is not None:
+                os.close(self._opened)  # the outer block's serves
+            return
+        held[key] = _HeldRoot(_open_root(self._root) if self._opened is None else self._opened)
+        self._key = key
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._key is not None:
+            _held_roots.fds.pop(self._key).close()
+
+
+def _shared_root(root: str | Path) -> _HeldRoot | None:
+    held: dict[str, _HeldRoot] | None = getattr(_held_roots, "fds", None)
     return held.get(os.fspath(root)) if held else None
 
 
-@contextlib.contextmanager
-def _directory(
-    root: str | Path, parts: tuple[str, ...], *, create: bool, operation: str
-) -> Iterator[int | None]:
-    """The descriptor of the directory ``parts`` names under ``root``, walked without symlinks.
+def _forget_walked(root: str | Path) -> None:
+    """Close the directories a held ``root`` kept from its walks: one is about to be renamed
+    or removed (the next walk opens each again by name)."""
+    held = _shared_root(root)
+    if held is not None:
+        _close_all(held.dirs)
 
-    Yields None when a directory on the way does not exist and ``create`` is False.
+
+def _close_all(dirs: dict[tuple[str, ...], int]) -> None:
+    for fd in dirs.values():
+        os.close(fd)
+    dirs.clear()
+
+
+class _Directory:
+    """The descriptor of the directory ``parts`` names under ``root``, walked without symlinks
+    (the walk is made when the block is entered; a class rather than a generator, as each
+    file operation makes one or two).
+
+    Yields None when a directory on the way does not exist and ``create`` is False. A
+    descriptor a held root keeps (:func:`root_held`) stays open after the block.
     """
-    shared = _shared_root(root)
-    current = _open_root(root) if shared is None else shared
-    try:
-        for depth, name in enumerate(parts):
-            where = _display(root, parts[: depth + 1])
-            try:
-                following = os.open(name, _DIR_FLAGS, dir_fd=current)
-            except FileNotFoundError:
-                if not create:
-                    yield None
-                    return
+
+    __slots__ = ("_fd", "_owned", "_parts", "_root", "create", "operation")
+
+    def __init__(
+        self, root: str | Path, parts: tuple[str, ...], *, create: bool, operation: str
+    ) -> None:
+        self._root, self._parts, self.create, self.operation = root, parts, create, operation
+        self._fd: int | None = None
+        self._owned = False
+
+    def __enter__(self) -> int | None:
+        root, parts = self._root, self._parts
+        held = _shared_root(root)
+        if held is not None:
+            kept = held.dirs.get(parts) if parts else held.fd
+            if kept is not None:
+                self._fd = kept
+                return kept
+        current = _open_root(root) if held is None else held.fd
+        shared = None if held is None else held.fd
+        try:
+            for depth, name in enumerate(parts):
                 try:
-                    os.mkdir(name, 0o777, dir_fd=current)
-                except FileExistsError:
-                    pass  # made by someone else meanwhile; the open below checks what it is
+                    following = os.open(name, _DIR_FLAGS, dir_fd=current)
+                except FileNotFoundError:
+                    if not self.create:
+                        if current != shared:
+                            os.close(current)
+                        return None
+                    following = self._make(current, name, parts[: depth + 1])
                 except OSError as exc:
-                    raise _failure(exc, root, where, "create the directory") from None
-                following = _open_component(current, name, root, where, operation)
-            except OSError as exc:
-                raise _walk_failure(exc, current, name, root, where, operation) from None
+                    where = _display(root, parts[: depth + 1])
+                    raise _walk_failure(exc, current, name, root, where, self.operation) from None
+                if current != shared:
+                    os.close(current)
+                current = following
+        except BaseException:
             if current != shared:
                 os.close(current)
-            current = following
-        yield current
-    finally:
-        if current != shared:  # the held root stays open for the next walk
-            os.close(current)
+            raise
+        if held is not None and parts:
+            held.dirs[parts] = current  # the held root keeps it for the next walk
+        else:
+            self._owned = current != shared
+        self._fd = current
+        return current
+
+    def _make(self, parent: int, name: str, parts: tuple[str, ...]) -> int:
+        where = _display(self._root, parts)
+        try:
+            os.mkdir(name, 0o777, dir_fd=parent)
+        except FileExistsError:
+            pass  # made by someone else meanwhile; the open below checks what it is
+        except OSError as exc:
+            raise _failure(exc, self._root, where, "create the directory") from None
+        return _open_component(parent, name, self._root, where, self.operation)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._owned and self._fd is not None:
+            os.close(self._fd)
 
 
 def _open_component(parent: int, name: str, root: str | Path, where: str, operation: str) -> int:
@@ -302,7 +421,7 @@ def read(root: str | Path, path: PathArg, *, max_bytes: int | None = None) -> by
     """
     parts = relative_parts(root, path)
     where = _display(root, parts)
-    with _directory(root, parts[:-1], create=False, operation="read") as parent:
+    with _Directory(root, parts[:-1], create=False, operation="read") as parent:
         if parent is None:
             return None
         try:
@@ -347,7 +466,7 @@ def _read_all(fd: int, max_bytes: int | None, root: str | Path, where: str) -> b
 def is_directory(root: str | Path, path: PathArg) -> bool:
     """True when ``path`` is a directory reached without symlinks (False when absent)."""
     parts = relative_parts(root, path)
-    with _directory(root, parts[:-1], create=False, operation="inspect") as parent:
+    with _Directory(root, parts[:-1], create=False, operation="inspect") as parent:
         if parent is None:
             return False
         try:
@@ -362,7 +481,7 @@ def is_directory(root: str | Path, path: PathArg) -> bool:
 def list_names(root: str | Path, directory: str | Path) -> list[str]:
     """The entry names of ``directory`` under ``root`` (empty when it does not exist)."""
     parts = relative_parts(root, directory)
-    with _directory(root, parts, create=False, operation="list") as fd:
+    with _Directory(root, parts, create=False, operation="list") as fd:
         if fd is None:
             return []
         try:
@@ -389,7 +508,7 @@ def write(root: str | Path, path: PathArg, data: bytes | str) -> None:
     parts = relative_parts(root, path)
     where = _display(root, parts)
     name = parts[-1]
-    with _directory(root, parts[:-1], create=True, operation="write") as parent:
+    with _Directory(root, parts[:-1], create=True, operation="write") as parent:
         assert parent is not None  # create=True never yields None
         mode = _existing_mode(parent, name, root, where)
         tmp = f".{_clip(name)}.{secrets.token_hex(8)}{_TMP_SUFFIX}"
@@ -429,7 +548,12 @@ def _existing_mode(parent: int, name: str, root: str | Path, where: str) -> int 
 
 
 def _write_all(fd: int, payload: bytes) -> None:
-    view = memoryview(payload)
+    if not payload:
+        return
+    written = os.write(fd, payload)  # all of it, but for a full disk or a huge payload
+    if written == len(payload):
+        return
+    view = memoryview(payload)[written:]
     while view:
         written = os.write(fd, view)
         view = view[written:]
@@ -455,7 +579,7 @@ def delete(root: str | Path, path: PathArg) -> None:
     """
     parts = relative_parts(root, path)
     where = _display(root, parts)
-    with _directory(root, parts[:-1], create=False, operation="delete") as parent:
+    with _Directory(root, parts[:-1], create=False, operation="delete") as parent:
         if parent is None:
             return
         try:
@@ -478,7 +602,7 @@ def write_or_delete(root: str | Path, path: PathArg, data: bytes | None) -> None
 def make_dirs(root: str | Path, path: str | Path) -> None:
     """Create directory ``path`` under ``root`` and its parents, following no symlink."""
     parts = relative_parts(root, path)
-    with _directory(root, parts, create=True, operation="create the directory"):
+    with _Directory(root, parts, create=True, operation="create the directory"):
         pass
 
 
@@ -486,7 +610,7 @@ def remove_leftovers(root: str | Path, path: PathArg) -> None:
     """Remove the temporary files a writer killed inside :func:`write` left beside ``path``."""
     parts = relative_parts(root, path)
     prefix = f".{_clip(parts[-1])}."
-    with _directory(root, parts[:-1], create=False, operation="clean") as parent:
+    with _Directory(root, parts[:-1], create=False, operation="clean") as parent:
         if parent is None:
             return
         for entry in os.listdir(parent):
@@ -499,7 +623,7 @@ def remove_named(root: str | Path, directory: str | Path, suffix: str) -> int:
     """Remove the files of ``directory`` whose names end with ``suffix``; returns how many."""
     parts = relative_parts(root, directory)
     removed = 0
-    with _directory(root, parts, create=False, operation="clean") as fd:
+    with _Directory(root, parts, create=False, operation="clean") as fd:
         if fd is None:
             return 0
         for entry in os.listdir(fd):
@@ -521,8 +645,8 @@ def link_or_copy(root: str | Path, source: str | Path, target: str | Path, data:
     src = relative_parts(root, source)
     dst = relative_parts(root, target)
     with (
-        _directory(root, src[:-1], create=False, operation="back up") as src_dir,
-        _directory(root, dst[:-1], create=True, operation="back up") as dst_dir,
+        _Directory(root, src[:-1], create=False, operation="back up") as src_dir,
+        _Directory(root, dst[:-1], create=True, operation="back up") as dst_dir,
     ):
         assert dst_dir is not None
         if src_dir is not None:
@@ -543,8 +667,9 @@ def link_or_copy(root: str | Path, source: str | Path, target: str | Path, data:
     write(root, target, data)
 
 
-@contextlib.contextmanager
-def locked(root: str | Path, path: str | Path, wait: LockWait | None = None) -> Iterator[int]:
+def locked(
+    root: str | Path, path: str | Path, wait: LockWait | None = None
+) -> AbstractContextManager[int]:
     """Hold an exclusive ``flock`` on lock file ``path`` under ``root`` (created if missing).
 
     Re-entrant within a thread (:func:`hold_flock`), shared with
@@ -556,7 +681,7 @@ def locked(root: str | Path, path: str | Path, wait: LockWait | None = None) -> 
     where = _display(root, parts)
 
     def open_lock() -> int:
-        with _directory(root, parts[:-1], create=True, operation="lock") as parent:
+        with _Directory(root, parts[:-1], create=True, operation="lock") as parent:
             assert parent is not None
             flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             try:
@@ -569,8 +694,7 @@ def locked(root: str | Path, path: str | Path, wait: LockWait | None = None) -> 
                 raise _refuse_kind(mode, root, where)
             return fd
 
-    with hold_flock(os.path.join(os.fspath(root), *parts), open_lock, wait) as fd:
-        yield fd
+    return hold_flock(os.path.join(os.fspath(root), *parts), open_lock, wait)
 
 
 def is_locked(root: str | Path, path: str | Path) -> bool:
@@ -580,7 +704,7 @@ def is_locked(root: str | Path, path: str | Path) -> bool:
     (or a directory on the way) does not exist; nothing is created or written.
     """
     parts = relative_parts(root, path)
-    with _directory(root, parts[:-1], create=False, operation="inspect") as parent:
+    with _Directory(root, parts[:-1], create=False, operation="inspect") as parent:
         if parent is None:
             return False
         try:
@@ -602,10 +726,9 @@ def is_locked(root: str | Path, path: str | Path) -> bool:
 _held = threading.local()  # per thread: lock path -> [descriptor, depth] of the locks it holds
 
 
-@contextlib.contextmanager
 def hold_flock(
     key: str, open_lock: Callable[[], int], wait: LockWait | None = None
-) -> Iterator[int]:
+) -> AbstractContextManager[int]:
     """Hold an exclusive ``flock`` on the descriptor ``open_lock`` returns, re-entrantly.
 
     ``wait`` bounds the wait for another holder (forever without it); a thread that holds
@@ -617,23 +740,40 @@ def hold_flock(
     file description), and the kernel drops the lock when its holder dies, which is what
     lets recovery tell a dead writer from a live one.
     """
-    held: dict[str, list[int]] = getattr(_held, "locks", None) or {}
-    _held.locks = held
-    entry = held.get(key)
-    if entry is not None:
-        entry[1] += 1
+    return _FlockHold(key, open_lock, wait)
+
+
+class _FlockHold:
+    """:func:`hold_flock`'s block (a class: every apply takes three such locks)."""
+
+    __slots__ = ("_entry", "_key", "_open_lock", "_wait")
+
+    def __init__(self, key: str, open_lock: Callable[[], int], wait: LockWait | None) -> None:
+        self._key, self._open_lock, self._wait = key, open_lock, wait
+        self._entry: list[int] | None = None  # [descriptor, depth] of the lock held
+
+    def __enter__(self) -> int:
+        held: dict[str, list[int]] | None = getattr(_held, "locks", None)
+        if held is None:
+            held = _held.locks = {}
+        entry = held.get(self._key)
+        if entry is not None:  # this thread holds it already
+            entry[1] += 1
+            self._entry = entry
+            return entry[0]
+        fd = self._open_lock()
         try:
-            yield entry[0]
-        finally:
-            entry[1] -= 1
-        return
-    fd = open_lock()
-    try:
-        flock_within(fd, wait, key)
-        held[key] = [fd, 1]
-        try:
-            yield fd
-        finally:
-            del held[key]
-    finally:
-        os.close(fd)  # closing the description releases the lock
+            flock_within(fd, self._wait, self._key)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._entry = held[self._key] = [fd, 1]
+        return fd
+
+    def __exit__(self, *exc_info: object) -> None:
+        entry = self._entry
+        assert entry is not None
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _held.locks[self._key]
+            os.close(entry[0])  # closing the description releases the lock

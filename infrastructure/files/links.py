@@ -23,9 +23,10 @@ from pathlib import PurePosixPath
 
 from agentmend.infrastructure.errors import PathNotAllowed
 from agentmend.infrastructure.files.confined import (
-    _directory,
+    _Directory,
     _display,
     _failure,
+    _forget_walked,
     _fsync_dir,
     relative_parts,
 )
@@ -54,7 +55,7 @@ def link_target(root: str, link: str) -> str | None:
         PathNotAllowed: something other than a link this layer could have made is there.
     """
     parts = relative_parts(root, link)
-    with _directory(root, parts[:-1], create=False, operation="read the link") as parent:
+    with _Directory(root, parts[:-1], create=False, operation="read the link") as parent:
         if parent is None:
             return None
         return _own_link(parent, parts[-1], root, _display(root, parts))
@@ -75,10 +76,10 @@ def swap_link(root: str, link: str, target: str) -> None:
     goal = PurePosixPath(target)
     if goal.is_absolute() or ".." in goal.parts or not goal.parts:
         raise PathNotAllowed(target, root, "a link target must be relative, without '..'")
-    with _directory(root, (*parts[:-1], *goal.parts), create=False, operation="link") as found:
+    with _Directory(root, (*parts[:-1], *goal.parts), create=False, operation="link") as found:
         if found is None:
             raise PathNotAllowed(target, root, "the link target is not an existing directory")
-    with _directory(root, parts[:-1], create=True, operation="link") as parent:
+    with _Directory(root, parts[:-1], create=True, operation="link") as parent:
         assert parent is not None
         _own_link(parent, parts[-1], root, where)
         tmp = f".{parts[-1]}.{secrets.token_hex(8)}.link"
@@ -121,7 +122,8 @@ def rename_directory(root: str, source: str, target: str) -> None:
     if src[:-1] != dst[:-1]:
         raise PathNotAllowed(target, root, "a directory is renamed within its own parent only")
     where = _display(root, dst)
-    with _directory(root, src[:-1], create=False, operation="rename") as parent:
+    _forget_walked(root)  # a held root's walks must not reach it under its old name
+    with _Directory(root, src[:-1], create=False, operation="rename") as parent:
         if parent is None:
             raise PathNotAllowed(source, root, "its parent directory does not exist")
         try:
@@ -142,7 +144,8 @@ def remove_tree(root: str, path: str) -> None:
     """
     parts = relative_parts(root, path)
     where = _display(root, parts)
-    with _directory(root, parts[:-1], create=False, operation="remove") as parent:
+    _forget_walked(root)  # nor reach a removed one
+    with _Directory(root, parts[:-1], create=False, operation="remove") as parent:
         if parent is None:
             return
         try:
@@ -197,7 +200,7 @@ def open_tree(root: str, path: str) -> None:
 def _set_modes(root: str, path: str, file_mode: int | None, folder_mode: int) -> None:
     parts = relative_parts(root, path)
     where = _display(root, parts)
-    with _directory(root, parts, create=False, operation="set modes") as top:
+    with _Directory(root, parts, create=False, operation="set modes") as top:
         if top is None:
             raise PathNotAllowed(path, root, "the directory does not exist")
         try:
@@ -261,7 +264,7 @@ def write_new_tree(
         parts = (*base, *relative_parts(root, path))
         where = _display(root, parts)
         folders.add(parts[:-1])
-        with _directory(root, parts[:-1], create=True, operation="write") as parent:
+        with _Directory(root, parts[:-1], create=True, operation="write") as parent:
             assert parent is not None
             source = (same_as or {}).get(path)
             if source is not None and _linked(root, source, parent, parts[-1], len(data)):
@@ -280,7 +283,7 @@ def write_new_tree(
             finally:
                 os.close(fd)
     for folder in sorted(folders, key=len, reverse=True):
-        with _directory(root, folder, create=True, operation="sync") as folder_fd:
+        with _Directory(root, folder, create=True, operation="sync") as folder_fd:
             assert folder_fd is not None
             _fsync_dir(folder_fd, root, _display(root, folder))
 
@@ -288,7 +291,7 @@ def write_new_tree(
 def _linked(root: str, source: str, parent: int, name: str, size: int) -> bool:
     """Hard-link ``source`` (under ``root``) to ``name`` in ``parent``; False: write instead."""
     src = relative_parts(root, source)
-    with _directory(root, src[:-1], create=False, operation="link") as src_dir:
+    with _Directory(root, src[:-1], create=False, operation="link") as src_dir:
         if src_dir is None:
             return False
         try:

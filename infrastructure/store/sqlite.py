@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
 
 from agentmend.infrastructure.errors import LockTimeout, StoreError
 from agentmend.infrastructure.store.timeouts import LOCK_SETTING, StoreTimeouts
@@ -85,36 +86,9 @@ class SqliteBackend:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path} is not an agentmend database: {exc}") from exc
 
-    @contextmanager
-    def transaction(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
-        conn = self.connection()
-        if conn.in_transaction:
-            if durable:
-                raise StoreError(
-                    "a durable transaction cannot be nested inside an open transaction"
-                )
-            yield conn
-            return
-        try:
-            self._set_sync(conn, _SYNC_FULL if durable else _SYNC_NORMAL)
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise self._error("cannot begin a transaction on", exc) from exc
-        try:
-            yield conn
-        except sqlite3.Error as exc:
-            # SQLite ends the transaction itself on some errors (disk full, I/O error);
-            # a ROLLBACK then would fail and hide the error that matters.
-            self._rollback(conn)
-            raise self._error("a statement failed on", exc) from exc
-        except BaseException:
-            self._rollback(conn)
-            raise
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            self._rollback(conn)  # a COMMIT that fails may leave the transaction open
-            raise self._error("cannot commit to", exc) from exc
+    def transaction(self, *, durable: bool = False) -> _Transaction:
+        """A write transaction (``BEGIN IMMEDIATE``); inside an open one it joins it."""
+        return _Transaction(self, durable)
 
     def _set_sync(self, conn: sqlite3.Connection, mode: int) -> None:
         """Put ``conn`` in sync mode ``mode`` unless its last transaction left it there.
@@ -190,6 +164,63 @@ class SqliteBackend:
         self._local = threading.local()
         self._lock = threading.Lock()
         return inherited
+
+
+class _Transaction:
+    """:meth:`SqliteBackend.transaction`'s block, as a class: every apply opens two, and a
+    generator-based context manager costs a few microseconds more per use.
+
+    Commits what the block did, or rolls it back on any error (a SQLite error becomes a
+    :class:`~agentmend.infrastructure.errors.StoreError`); a block that joined an open
+    transaction leaves both to the outer one.
+    """
+
+    __slots__ = ("_backend", "_conn", "_durable", "_joined")
+
+    def __init__(self, backend: SqliteBackend, durable: bool) -> None:
+        self._backend, self._durable = backend, durable
+        self._conn: sqlite3.Connection | None = None
+        self._joined = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        backend = self._backend
+        conn = self._conn = backend.connection()
+        if conn.in_transaction:
+            if self._durable:
+                raise StoreError(
+                    "a durable transaction cannot be nested inside an open transaction"
+                )
+            self._joined = True
+            return conn
+        try:
+            backend._set_sync(conn, _SYNC_FULL if self._durable else _SYNC_NORMAL)
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise backend._error("cannot begin a transaction on", exc) from exc
+        return conn
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._joined:
+            return
+        backend, conn = self._backend, self._conn
+        assert conn is not None
+        if exc is not None:
+            backend._rollback(conn)
+            if isinstance(exc, sqlite3.Error):
+                # SQLite ends the transaction itself on some errors (disk full, I/O error);
+                # a ROLLBACK then would fail and hide the error that matters.
+                raise backend._error("a statement failed on", exc) from exc
+            return  # the block's own error propagates unchanged
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as error:
+            backend._rollback(conn)  # a COMMIT that fails may leave the transaction open
+            raise backend._error("cannot commit to", error) from error
 
 
 def _use_wal(conn: sqlite3.Connection, wait_s: float) -> None:

@@ -61,10 +61,12 @@ are re-exported here).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
 import os
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -239,6 +241,7 @@ _COLUMNS = (
     "id, timestamp, agent_name, edit_type, old_value, new_value, user_id, user_name, "
     "change_id, prev_hash, row_hash, keyed, batch"
 )
+_INSERT_ROW = f"INSERT INTO audit_log ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 # what a reader gets: the written columns and the role the server recorded
 _READ_COLUMNS = _COLUMNS + ", db_role"
 
@@ -250,7 +253,9 @@ class TailMoved(Exception):
 
 
 def _note_ids(conn: StoreConnection, txn: AuditTransaction) -> None:
-    if txn.last is not None:  # rows cut off the end later leave this gap
+    # on SQLite AUTOINCREMENT keeps both in the same transaction already
+    if txn.last is not None and not isinstance(conn, sqlite3.Connection):
+        # rows cut off the end later leave this gap
         note_audit_id(conn, txn.last[0])
         # and an insert that takes the table's default id comes after them
         note_id_used(conn, "audit_log", txn.last[0])
@@ -264,6 +269,11 @@ def audit_key_from_env(environ: Mapping[str, str] | None = None) -> bytes | None
 
 def _said(found: HeadBreak) -> dict[str, str]:
     return {"expected": found.expected, "found": found.found}
+
+
+_FIELDS_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+"""What ``json.dumps(fields, ensure_ascii=False, separators=(",", ":"))`` uses, made once
+(``dumps`` with options makes an encoder per call)."""
 
 
 def _clip(value: Any) -> str | None:
@@ -351,7 +361,7 @@ class AuditTransaction:
         )
         row_hash = self._audit._hash(fields)
         self.conn.execute(
-            f"INSERT INTO audit_log ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            _INSERT_ROW,
             (*fields[:10], row_hash, int(self._audit.keyed), self._batch),
         )
         self._tail = (row_id + 1, row_hash)
@@ -395,7 +405,7 @@ class AuditLog:
         return self._key is not None
 
     def _hash(self, fields: tuple[Any, ...]) -> str:
-        message = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        message = _FIELDS_JSON.encode(fields).encode("utf-8")
         if self._key is not None:
             digest = hmac.new(self._key, message, hashlib.sha256).hexdigest()
         else:
@@ -537,18 +547,29 @@ class AuditLog:
         # before them and the highest id ever handed out, in one statement. The next id comes
         # from that highest id, not max(id): rows cut off the end leave a gap that
         # verification reports even after new rows are appended.
-        tail_rows = deferred(conn, _TAIL_AND_LAST_ID[backend_of(conn) == "sqlite"])
+        if isinstance(conn, sqlite3.Connection):  # no round trip to share: a leaner statement
+            rows = _sqlite_tail(conn).copy
+        else:
+            rows = deferred(conn, _TAIL_AND_LAST_ID[False])
 
         def answer() -> _TailState:
-            rows = tail_rows()
+            found = rows()
             # one row at least (the id's), whose audit columns are NULL when the table is empty
-            tail = [_entry(r) for r in rows if r[0] is not None]
-            last_id = int(rows[0][-1]) if rows and rows[0][-1] is not None else 0
-            newest = tail[-1] if tail else None
+            last_id = int(found[0][-1]) if found and found[0][-1] is not None else 0
+            newest = _entry(found[-1]) if found and found[-1][0] is not None else None
             following = max(last_id, newest.id if newest else 0) + 1
             prev_hash = newest.row_hash if newest else GENESIS_HASH
-            found = find_break(head, unreadable, tail, self._verifies)
-            return (following, prev_hash), found, None
+            if (  # in step, as find_break would say first: the older rows are not needed
+                unreadable is None
+                and newest is not None
+                and head == (newest.id, newest.row_hash)
+                and self._verifies(newest)
+            ):
+                return (following, prev_hash), None, None
+            tail = [_entry(r) for r in found[:-1] if r[0] is not None]
+            if newest is not None:
+                tail.append(newest)
+            return (following, prev_hash), find_break(head, unreadable, tail, self._verifies), None
 
         return answer
 
@@ -805,8 +826,13 @@ class AuditLog:
 
     def _head_wait(self, seconds: float | None = None) -> LockWait:
         """How long to wait for the head's file lock: the store's lock timeout by default."""
-        wait_s = self.store.timeouts.lock_s if seconds is None else seconds
-        return LockWait(wait_s, "the audit head's file lock", LOCK_SETTING)
+        return _head_wait(self.store.timeouts.lock_s if seconds is None else seconds)
+
+
+@functools.lru_cache(maxsize=8)
+def _head_wait(seconds: float) -> LockWait:
+    """The wait for the head's file lock (one value per timeout, made once)."""
+    return LockWait(seconds, "the audit head's file lock", LOCK_SETTING)
 
 
 _HASHED_KEPT = 64
@@ -851,6 +877,25 @@ _TAIL_AND_LAST_ID = {
 }
 """:data:`_TAIL_QUERY`'s rows, each followed by the highest id handed out; one row of NULLs
 and that id when the table is empty."""
+
+_TAIL_START = "(SELECT min(batch, id) FROM audit_log ORDER BY id DESC LIMIT 1)"
+_SQLITE_TAIL = (
+    f"SELECT {_READ_COLUMNS}, ({_LAST_ID_QUERY[True]}) FROM audit_log WHERE id >= coalesce("
+    f"(SELECT max(id) FROM audit_log WHERE id < {_TAIL_START}), {_TAIL_START}) ORDER BY id"
+)
+""":data:`_TAIL_AND_LAST_ID` on SQLite, in half the time (no join, no common table): the same
+rows when the table holds any, none when it is empty (then :data:`_SQLITE_NO_TAIL`)."""
+
+_SQLITE_NO_TAIL = (
+    f"SELECT {', '.join(['NULL'] * len(_READ_COLUMNS.split(',')))}, ({_LAST_ID_QUERY[True]})"
+)
+""":data:`_TAIL_AND_LAST_ID`'s one row for an empty table on SQLite: NULLs and the highest id
+handed out."""
+
+
+def _sqlite_tail(conn: sqlite3.Connection) -> list[Any]:
+    """:data:`_TAIL_AND_LAST_ID`'s rows on SQLite."""
+    return conn.execute(_SQLITE_TAIL).fetchall() or conn.execute(_SQLITE_NO_TAIL).fetchall()
 
 
 def _entry(row: tuple[Any, ...]) -> AuditEntry:

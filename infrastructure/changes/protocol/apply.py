@@ -11,8 +11,10 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
-from pathlib import Path
+from pathlib import Path, PurePath
+from types import TracebackType
 
 from agentmend.infrastructure.changes.audit.log import AuditLog, AuditTransaction, TailMoved
 from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, StoredFile
@@ -40,6 +42,7 @@ __all__ = [
     "prepare_under",
     "record_intent",
     "resolved_root",
+    "root_opened",
     "write_and_commit",
 ]
 
@@ -51,19 +54,23 @@ FileEntry = tuple[ImprovementAction, str | Path, Content]
 
 
 class PreparedFile:
-    """One file of an apply, validated before anything is written; step 2 fills ``old``."""
+    """One file of an apply, validated before anything is written; step 2 fills ``old``.
 
-    def __init__(self, action: ImprovementAction, target: Path, rel: str, new: bytes | None):
+    ``target`` is the file's path as the store records it (the resolved root, then ``rel``).
+    """
+
+    def __init__(self, action: ImprovementAction, target: str, rel: str, new: bytes | None):
         self.action, self.target, self.rel, self.new = action, target, rel, new
         self.change_id = ChangeLog.new_id()
         self.old: bytes | None = None
         self.seq = 0
+        self.new_sha = sha(new)
+        self.old_sha: str | None = None  # set with ``old`` (the record and the reply need it)
 
     def stored(self) -> StoredFile:
         return StoredFile(
-            self.change_id, self.seq, str(self.target), self.rel, sha(self.old), sha(self.new),
-            self.old,
-        )  # fmt: skip
+            self.change_id, self.seq, self.target, self.rel, self.old_sha, self.new_sha, self.old
+        )
 
 
 def prepare(entries: Sequence[FileEntry], root: str | Path) -> list[PreparedFile]:
@@ -88,32 +95,138 @@ def resolved_root(root: str | Path) -> Path:
     return root_path
 
 
-def prepare_under(entries: Sequence[FileEntry], root_path: Path) -> list[PreparedFile]:
+def root_opened(root: str | Path) -> AbstractContextManager[str]:
+    """``root`` resolved, as every step records and walks it, and held open for the block
+    (:func:`~agentmend.infrastructure.files.confined.root_held`): the directory opened is
+    the one whose path is recorded.
+
+    Raises:
+        PathNotAllowed: ``root`` is not an existing directory.
+        FileOperationError: it cannot be opened (permissions).
+    """
+    return _RootOpened(root)
+
+
+class _RootOpened:
+    """:func:`root_opened`'s block (a class: every apply opens one)."""
+
+    __slots__ = ("_hold", "_root")
+
+    def __init__(self, root: str | Path) -> None:
+        self._root = root
+        self._hold: AbstractContextManager[None] | None = None
+
+    def __enter__(self) -> str:
+        opened = confined.open_resolved(self._root)
+        if opened is None:  # a system without /proc, or a root that is not a directory
+            text = str(resolved_root(self._root))
+            hold = confined.root_held(text)
+        else:
+            fd, text = opened
+            hold = confined.root_held(text, opened=fd)
+        hold.__enter__()
+        self._hold = hold
+        return text
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._hold is not None
+        self._hold.__exit__(kind, exc, traceback)
+
+
+def prepare_under(entries: Sequence[FileEntry], root_path: str | Path) -> list[PreparedFile]:
     """:func:`prepare` under a root :func:`resolved_root` returned (resolved once per apply).
 
     Raises:
         PathNotAllowed: as :func:`prepare`.
     """
+    root = os.fspath(root_path)
     items: list[PreparedFile] = []
-    seen: set[Path] = set()
+    seen: set[str] = set()
     for action, path, content in entries:
-        target = resolve_inside(root_path, path, root_resolved=True)
-        rel = target.relative_to(root_path)
-        if target == root_path or _is_dir(target):
-            raise PathNotAllowed(path, root_path, "it is a directory")
-        # the folders between the root and the file (the root's own are folders: it is one)
-        within = (root_path / d for d in list(rel.parents)[:-1])
-        blocked = next((d for d in within if _is_file_not_dir(d)), None)
+        found = _plain_target(root, path)
+        if found is None:  # a link on the way or an odd answer from the disk: resolve in full
+            found = _resolved_target(Path(root), path)
+        target, rel, blocked = found
         if blocked is not None:
-            raise PathNotAllowed(path, root_path, f"{blocked} is a file, not a directory")
-        if rel.parts[0] == AGENT_DIR:
-            raise PathNotAllowed(path, root_path, "'.agent/' is reserved for agentmend")
+            raise PathNotAllowed(path, root, blocked)
+        if rel.partition("/")[0] == AGENT_DIR:
+            raise PathNotAllowed(path, root, "'.agent/' is reserved for agentmend")
         if target in seen:
-            raise PathNotAllowed(path, root_path, "it appears twice in one group")
+            raise PathNotAllowed(path, root, "it appears twice in one group")
         seen.add(target)
         data = content.encode("utf-8") if isinstance(content, str) else content
-        items.append(PreparedFile(action, target, rel.as_posix(), data))
+        items.append(PreparedFile(action, target, rel, data))
     return items
+
+
+_Target = tuple[str, str, str | None]
+"""A file's path, its path below the root, and why it cannot be written (None: it can)."""
+
+
+def _plain_target(root: str, path: str | Path) -> _Target | None:
+    """The target of ``path`` when no name on its way is a symlink (else None), in one
+    ``lstat`` per name below the resolved ``root`` and no other look-up.
+
+    What :func:`_resolved_target` answers for such a path: each name's ``lstat`` also says
+    whether it is a directory (the target must not be, the folders on the way must be).
+
+    Raises:
+        PathNotAllowed: ``..``, an absolute path, or odd text.
+    """
+    if isinstance(path, str):
+        text = path
+    elif isinstance(path, PurePath):
+        text = str(path)
+    else:
+        return None  # not a path's type: the full resolve says what is wrong with it
+    names = [name for name in text.split("/") if name and name != "."]  # as Path parses it
+    if ".." in names:
+        raise PathNotAllowed(path, root, "'..' is not allowed")
+    if text.startswith("/"):
+        raise PathNotAllowed(path, root, "absolute paths are not allowed")
+    confined.check_path_text(root, path)
+    rel = "/".join(names)
+    target = f"{root.rstrip('/')}/{rel}" if names else root
+    if not names:
+        return target, rel, "it is a directory"
+    current = root.rstrip("/")
+    last = len(names) - 1
+    for depth, name in enumerate(names):
+        current = f"{current}/{name}"
+        try:
+            mode = os.lstat(current).st_mode
+        except OSError as exc:
+            if exc.errno in _NOT_THERE:
+                break  # nothing below it can be looked up either
+            return None
+        if stat.S_ISLNK(mode):
+            return None
+        if depth == last:
+            if stat.S_ISDIR(mode):
+                return target, rel, "it is a directory"
+        elif not stat.S_ISDIR(mode):
+            return target, rel, f"{current} is a file, not a directory"
+    return target, rel, None
+
+
+def _resolved_target(root_path: Path, path: str | Path) -> _Target:
+    """:func:`_plain_target` for any path: resolved in full (symlinks inside the root are
+    followed to where they lead)."""
+    target = resolve_inside(root_path, path, root_resolved=True)
+    rel = target.relative_to(root_path)
+    if target == root_path or _is_dir(target):
+        return str(target), rel.as_posix(), "it is a directory"
+    # the folders between the root and the file (the root's own are folders: it is one)
+    within = (root_path / d for d in list(rel.parents)[:-1])
+    blocked = next((d for d in within if _is_file_not_dir(d)), None)
+    if blocked is not None:
+        return str(target), rel.as_posix(), f"{blocked} is a file, not a directory"
+    return str(target), rel.as_posix(), None
 
 
 def _is_dir(path: Path) -> bool:
@@ -139,6 +252,10 @@ def _is_file_not_dir(path: Path) -> bool:
 _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 """What ``Path.exists`` and ``Path.is_dir`` take for "not there" (others they raise)."""
 
+_NOT_THERE = (errno.ENOENT, errno.ENOTDIR)
+"""An ``lstat`` that says the name is absent (ENOTDIR: a file on the way, reported by the
+name before it)."""
+
 
 class UnfinishedWork(StoreError):
     """The root holds work a dead process left unfinished: settle it, then record the intent
@@ -152,7 +269,7 @@ def record_intent(
     changes: ChangeLog,
     audit: AuditLog,
     items: list[PreparedFile],
-    root: Path,
+    root_path: str | Path,
     *,
     team: str,
     group_id: str | None,
@@ -175,12 +292,14 @@ def record_intent(
         UnfinishedWork: a dead process left work on the root; nothing is recorded.
         AuditChainBroken: the audit head and the database disagree; nothing is recorded.
     """
+    root = os.fspath(root_path)
     for item in items:
         item.old = confined.read(root, item.rel)  # relative: no prefix to strip again
+        item.old_sha = sha(item.old)
     created = utc_now()
 
     def intent(conn: StoreConnection) -> Callable[[], None]:
-        unfinished = changes.ask_unfinished(conn, str(root))
+        unfinished = changes.ask_unfinished(conn, root)
         for item in items:
             changes.add(
                 conn,
@@ -191,7 +310,7 @@ def record_intent(
                 session_id=session_id,
                 created=created,
                 group_id=group_id,
-                root=str(root),
+                root=root,
                 team_id=team,
             )
             changes.insert_file_of_new(conn, item.stored())
@@ -200,7 +319,7 @@ def record_intent(
 
         def check() -> None:
             if unfinished():
-                raise UnfinishedWork(str(root))
+                raise UnfinishedWork(root)
 
         return check
 
@@ -213,7 +332,7 @@ def write_and_commit(
     changes: ChangeLog,
     audit: AuditLog,
     items: list[PreparedFile],
-    root: Path,
+    root: str | Path,
     created: datetime,
     *,
     author: ChangeAuthor,
@@ -265,8 +384,8 @@ def applied_records(
             status=ChangeStatus.APPLIED,
             applied_by=author.applied_by,
             group_id=group_id,
-            files=(FileChange(path=str(item.target), old_sha256=sha(item.old),
-                              new_sha256=sha(item.new)),),
+            files=(FileChange(path=item.target, old_sha256=item.old_sha,
+                              new_sha256=item.new_sha),),
         )
         for item in items
     ]  # fmt: skip

@@ -13,11 +13,11 @@ existing callers.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from uuid import uuid4
 
 from agentmend.infrastructure.changes.protocol.decisions import migrate_plan_tables
 from agentmend.infrastructure.models import (
@@ -134,7 +134,7 @@ class ChangeLog:
     @staticmethod
     def new_id() -> str:
         # 48 random bits: 8 hex digits (32 bits) would collide within ~10^5 changes.
-        return uuid4().hex[:12]
+        return secrets.token_hex(6)  # as uuid4().hex[:12] (all random digits), a third the cost
 
     def insert(
         self,
@@ -171,7 +171,12 @@ class ChangeLog:
         """:meth:`insert` reading nothing back: inside a
         :func:`~agentmend.infrastructure.store.sql.pipelined` block it waits for nothing and
         shares the block's one round trip."""
-        self._insert(conn, {**locals(), "verification": None}, returning=False)
+        change = {
+            "change_id": change_id, "action": action, "status": status, "applied_by": applied_by,
+            "session_id": session_id, "created": created, "group_id": group_id, "root": root,
+            "verification": None, "team_id": team_id,
+        }  # fmt: skip
+        self._insert(conn, change, returning=False)
 
     def _insert(self, conn: StoreConnection, change: dict[str, Any], *, returning: bool) -> int:
         change_id, action, status = change["change_id"], change["action"], change["status"]

@@ -91,7 +91,7 @@ from agentmend.infrastructure.changes.protocol.apply import (
     applied_records,
     prepare_under,
     record_intent,
-    resolved_root,
+    root_opened,
     write_and_commit,
 )
 from agentmend.infrastructure.changes.protocol.change_log import ChangeLog, ChangeRow
@@ -105,7 +105,6 @@ from agentmend.infrastructure.changes.protocol.rollback import (
     Rollbacks,
 )
 from agentmend.infrastructure.changes.protocol.team_registry import team_guard
-from agentmend.infrastructure.files import confined
 from agentmend.infrastructure.models import ChangeRecord, ChangeStatus
 from agentmend.infrastructure.principal import ChangeAuthor
 from agentmend.infrastructure.store.api import Store
@@ -176,43 +175,39 @@ class ChangeProtocol:
             AuditChainBroken: the audit head and the database disagree (an administrator
                 acknowledges the break first); nothing is written or recorded.
         """
-        root = resolved_root(root)
-        items = prepare_under(entries, root)
         link = None if lease_id is None else self._linker(lease_id)
         # every step walks from one opened root: the lock, the reads, backups and writes
-        with confined.root_held(root), team_guard(self.store, root) as team:
-            for attempt in range(_INTENT_ATTEMPTS):
-                try:  # the intent also asks whether recovery or the audit head stand in the way
-                    created = record_intent(
-                        self.changes,
-                        self.audit,
-                        items,
-                        root,
-                        team=team,
-                        group_id=group_id,
-                        session_id=session_id,
-                        author=author,
-                        link=link,
+        with root_opened(root) as resolved:
+            items = prepare_under(entries, resolved)
+            with team_guard(self.store, resolved) as team:
+                for attempt in range(_INTENT_ATTEMPTS):
+                    try:  # the intent also asks whether recovery or the audit head object
+                        created = record_intent(
+                            self.changes,
+                            self.audit,
+                            items,
+                            resolved,
+                            team=team,
+                            group_id=group_id,
+                            session_id=session_id,
+                            author=author,
+                            link=link,
+                        )
+                        break
+                    except UnfinishedWork:
+                        if attempt == _INTENT_ATTEMPTS - 1:
+                            raise
+                        self.recovery.recover_root(Path(resolved))  # then read the old bytes
+                try:
+                    write_and_commit(
+                        self.changes, self.audit, items, resolved, created, author=author
                     )
-                    break
-                except UnfinishedWork:
-                    if attempt == _INTENT_ATTEMPTS - 1:
-                        raise
-                    self.recovery.recover_root(root)  # then read the old bytes again
-            try:
-                write_and_commit(
-                    self.changes,
-                    self.audit,
-                    items,
-                    root,
-                    created,
-                    author=author,
-                )
-            except Exception as exc:
-                # Not acknowledged: put back what was written and mark it FAILED now rather
-                # than on the next open (if the store itself is failing, reopening does it).
-                self.recovery.settle_after_apply_error(root, exc)
-                raise
+                except Exception as exc:
+                    # Not acknowledged: put back what was written and mark it FAILED now
+                    # rather than on the next open (if the store itself is failing,
+                    # reopening does it).
+                    self.recovery.settle_after_apply_error(Path(resolved), exc)
+                    raise
         return applied_records(items, created, author=author, group_id=group_id)
 
     def rollback(

@@ -21,7 +21,7 @@ id): a file read again that still holds the same id asks nothing of the store.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
 import socket
 import stat
@@ -29,8 +29,9 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
+from types import TracebackType
 
 from agentmend.infrastructure.changes.protocol.files import root_lock
 from agentmend.infrastructure.definitions.team_id import TEAM_ID_FILE, team_id_for
@@ -73,10 +74,10 @@ _known_lock = threading.Lock()
 _SETTLED_NS = 1_000_000_000  # a file older than this has a change time that tells rewrites apart
 
 
-def _identity(root: Path) -> _FileIdentity | None:
+def _identity(root: str | Path) -> _FileIdentity | None:
     """The id file's identity, None if it is not a regular file (or cannot be looked at)."""
     try:
-        st = os.stat(root / TEAM_ID_FILE, follow_symlinks=False)
+        st = os.stat(os.path.join(root, TEAM_ID_FILE), follow_symlinks=False)
     except OSError:
         return None
     if not stat.S_ISREG(st.st_mode):
@@ -84,7 +85,7 @@ def _identity(root: Path) -> _FileIdentity | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def team_id(root: Path, store: Store) -> str:
+def team_id(root: str | Path, store: Store) -> str:
     """The id of the team at ``root`` (made on first use, as releases make it), registered in
     the store with the path this host knows the folder by.
 
@@ -95,7 +96,7 @@ def team_id(root: Path, store: Store) -> str:
     Raises:
         ConfigurationError: the file holds something that is not an id.
     """
-    host, where = socket.gethostname(), str(root.absolute())
+    host, where = socket.gethostname(), _absolute(root)
     before = _identity(root)
     with _known_lock:
         cached = _known.get(store, {}).get((host, where))
@@ -113,11 +114,19 @@ def team_id(root: Path, store: Store) -> str:
     return text
 
 
+def _absolute(root: str | Path) -> str:
+    """``root`` as ``Path.absolute`` spells it; an absolute text is taken as it is spelled
+    (the protocol passes the resolved root, which ``Path`` would spell the same)."""
+    if isinstance(root, str) and root.startswith("/"):
+        return root
+    return str(Path(root).absolute())
+
+
 def _joined(store: Store) -> bool:
     return store.connection().in_transaction
 
 
-def _read_and_register(root: Path, store: Store, host: str, where: str) -> str:
+def _read_and_register(root: str | Path, store: Store, host: str, where: str) -> str:
     store.migrate("teams", _MIGRATIONS)
     try:
         text = team_id_for(root)
@@ -163,8 +172,7 @@ def team_roots(store: Store, team: str) -> dict[str, str]:
     return {str(host): str(where) for host, where in rows}
 
 
-@contextlib.contextmanager
-def team_guard(store: Store, root: Path) -> Iterator[str]:
+def team_guard(store: Store, root: str | Path) -> AbstractContextManager[str]:
     """Hold the root's ``flock`` and then the store's lock on the team; yields the team's id
     (read under the root's lock, so the work inside records the id it locked).
 
@@ -173,8 +181,48 @@ def team_guard(store: Store, root: Path) -> Iterator[str]:
     Raises:
         LockTimeout: another process held one of them all along (a stopped one keeps them).
     """
-    wait = LockWait(store.timeouts.team_lock_s, "the team folder's lock", TEAM_LOCK_SETTING)
-    with root_lock(root, wait):
-        team = team_id(root, store)
-        with store.team_lock(team):
-            yield team
+    return _TeamGuard(store, root)
+
+
+class _TeamGuard:
+    """:func:`team_guard`'s block (a class rather than a generator: every apply takes one)."""
+
+    __slots__ = ("_root", "_root_lock", "_store", "_team_lock")
+
+    def __init__(self, store: Store, root: str | Path) -> None:
+        self._store, self._root = store, root
+        self._root_lock: AbstractContextManager[int] | None = None
+        self._team_lock: AbstractContextManager[None] | None = None
+
+    def __enter__(self) -> str:
+        store = self._store
+        root_held = self._root_lock = root_lock(self._root, _team_wait(store.timeouts.team_lock_s))
+        root_held.__enter__()
+        try:
+            team = team_id(self._root, store)
+            team_held = store.team_lock(team)
+            team_held.__enter__()
+        except BaseException as exc:
+            root_held.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._team_lock = team_held
+        return team
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._root_lock is not None
+        assert self._team_lock is not None
+        try:
+            self._team_lock.__exit__(kind, exc, traceback)
+        finally:
+            self._root_lock.__exit__(kind, exc, traceback)
+
+
+@functools.lru_cache(maxsize=8)
+def _team_wait(seconds: float) -> LockWait:
+    """The wait for a team's locks (one value per timeout, made once)."""
+    return LockWait(seconds, "the team folder's lock", TEAM_LOCK_SETTING)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from raw_sql import raw_execute
 
+from agentmend.infrastructure.changes.audit.head import read_head, write_head
 from agentmend.infrastructure.changes.audit.head_events import record_head_event
 from agentmend.infrastructure.changes.audit.log import (
     AUDIT_HMAC_KEY_ENV,
@@ -548,3 +550,26 @@ def test_a_commit_that_fails_leaves_no_gap_that_reads_as_rows_removed(
         ]
         assert ids == [1, 2, 3]
         assert audit.verify_chain().ok, audit.verify_chain().problems
+
+
+def test_the_head_read_is_what_the_file_holds_now_not_what_was_last_written(
+    tmp_path: Path,
+) -> None:
+    # the last record written or read is remembered (no checksum for the same bytes again):
+    # any other bytes are read afresh, an earlier record as much as a torn one
+    path = tmp_path / "db.audit-head"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        write_head(fd, 1, "a" * 64)
+        earlier = os.pread(fd, 256, 0)
+        write_head(fd, 2, "b" * 64)
+        assert read_head(fd, path) == (2, "b" * 64)
+        os.pwrite(fd, earlier, 0)  # an older copy of the file put back
+        assert read_head(fd, path) == (1, "a" * 64)
+        os.pwrite(fd, earlier.replace(b"1 aaaa", b"1 aaab"), 0)  # edited: its checksum fails
+        with pytest.raises(AuditChainError, match="checksum"):
+            read_head(fd, path)
+        os.pwrite(fd, b" " * 256, 0)
+        assert read_head(fd, path) is None
+    finally:
+        os.close(fd)
