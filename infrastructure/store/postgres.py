@@ -123,10 +123,18 @@ class PgConnection:
 
     def begin_write(self) -> None:
         """Open a write transaction: ``BEGIN`` and the store's write lock go to the server with
-        the first statement of the transaction (in its pipeline, or in one made for a statement
-        with parameters), not in a round trip of their own; a transaction that runs no
-        statement sends nothing. The wait for the lock happens then, and a failure to get it
-        is reported as before, naming the write lock."""
+        the transaction's first statement, in the same round trip when that statement is
+        pipelined (:func:`~agentmend.infrastructure.store.sql.pipelined`); a transaction that
+        runs no statement sends nothing. The wait for the lock happens then, and a failure to
+        get it is reported as before, naming the write lock.
+
+        A statement run on its own still sends them in a round trip of their own first: put in
+        a pipeline made for it, it would leave the session without its idle bound. psycopg ends
+        a pipeline with a flush request after its ``Sync``, and the server, reading that
+        request while idle in the transaction, stops timing the idle wait
+        (``idle_in_transaction_session_timeout``) until the next ``Sync``: a process stopped
+        right after such a statement would hold the write lock for good. After a pipeline
+        block the transaction's next statements (or its ``COMMIT``) follow at once."""
         self._begin_pending = True
 
     def end_write(self) -> bool:
@@ -136,23 +144,21 @@ class PgConnection:
         self._write_lock = None
         return bool(self.raw.info.transaction_status != 0)  # 0 is IDLE
 
-    def _send_begin(self) -> bool:
-        """Send the pending ``BEGIN`` and write lock: queued in an open pipeline (True), else in
-        a round trip now (False; a parameterless statement may be a script, which a pipeline
-        cannot carry)."""
+    def _send_begin(self) -> None:
+        """Send the pending ``BEGIN`` and write lock: queued in an open pipeline, else in a
+        round trip now (see :meth:`begin_write`)."""
         self._begin_pending = False
         raw = self.raw
         if raw.pgconn.pipeline_status:  # ON (or ABORTED, which fails at the pipeline's end)
             raw.execute("BEGIN")
             self._write_lock = raw.execute(_WRITE_LOCK)
-            return True
+            return
         try:
             raw.execute(_BEGIN_WRITE)
         except self._backend.driver_error as exc:
             raise self._backend.error(
                 "cannot begin a transaction on", exc, "the store's write lock"
             ) from exc
-        return False
 
     def failed(self, exc: Exception) -> StoreError:
         """``exc``, raised by the server for this connection's statements, as a StoreError:
@@ -177,10 +183,6 @@ class PgConnection:
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[Any]:
         raw = self.raw
         try:
-            if self._begin_pending and parameters and not raw.pgconn.pipeline_status:
-                with raw.pipeline():  # BEGIN, the lock and this one statement: one round trip
-                    self._send_begin()
-                    return raw.execute(translate_statement(sql), parameters)
             if self._begin_pending:
                 self._send_begin()
             if not parameters:

@@ -1,13 +1,16 @@
 """A PostgreSQL write transaction's ``BEGIN`` and store-wide lock travel with its first statement.
 
-They cost no round trip of their own: they go in the first statement's pipeline (or one made for
-a statement with parameters), and a transaction that runs nothing sends nothing. The lock is
-still taken before the first statement runs, and a lock held elsewhere is still given up on as
-the store's write lock, whichever way the first statement went.
+In its pipeline they cost no round trip of their own, and a transaction that runs nothing sends
+nothing. A statement run on its own is preceded by them in a round trip of their own: a pipeline
+made for it would leave the session without its idle bound (psycopg's flush request after the
+``Sync`` stops the server's idle timer). The lock is still taken before the first statement
+runs, and a lock held elsewhere is still given up on as the store's write lock, whichever way
+the first statement went.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -43,7 +46,7 @@ def _count(store: Store) -> int:
     return int(store.connection().execute("SELECT count(*) FROM things").fetchone()[0])
 
 
-def test_a_first_statement_with_parameters_carries_the_begin_and_the_lock(
+def test_a_statement_on_its_own_begins_the_transaction_first(
     pg_url: str, counter: PgRoundTrips
 ) -> None:
     with _with_table(pg_url) as store, psycopg.connect(pg_url, autocommit=True) as other:
@@ -51,8 +54,28 @@ def test_a_first_statement_with_parameters_carries_the_begin_and_the_lock(
             conn.execute("INSERT INTO things (x) VALUES (?)", (1,))
             # the lock is held from the first statement on: another session cannot take it
             assert other.execute(_HELD_ELSEWHERE).fetchone() == (False,)
-        assert seen.count == 2 + 1, seen.statements  # BEGIN with the INSERT, COMMIT; other's
+        assert seen.count == 3 + 1, seen.statements  # BEGIN, the INSERT, COMMIT; other's
         assert _count(store) == 1
+
+
+@pytest.mark.parametrize("parameters", [(1,), ()])
+def test_a_transaction_idle_after_its_first_statement_is_ended_by_the_server(
+    pg_url: str, parameters: tuple[int, ...]
+) -> None:
+    sql = "INSERT INTO things (x) VALUES (?)" if parameters else "INSERT INTO things (x) VALUES (1)"
+
+    def stalled_insert(store: Store) -> None:
+        with store.transaction() as conn:
+            conn.execute(sql, parameters)
+            time.sleep(1.0)  # a process stopped here: the server ends its session
+            conn.execute(sql, parameters)
+
+    with _with_table(pg_url, timeouts=StoreTimeouts(idle_s=0.3)) as store:
+        bound = "AGENTMEND_STORE_IDLE_TRANSACTION_TIMEOUT_S"
+        with pytest.raises(StoreError, match=bound) as caught:
+            stalled_insert(store)
+        assert caught.value.cause == "25P03"
+        assert _count(store) == 0  # rolled back whole
 
 
 def test_a_pipelined_block_carries_the_begin_and_the_lock(
