@@ -38,6 +38,7 @@ import structlog
 from fake_messages_api import FakeMessagesAPI
 from package_modules import modules_under_folder_names
 from pg_server import PgServer, PgUnavailable, shared_pg_server, stop_shared_pg_server
+from round_trips import PgRoundTrips
 from services import unavailable
 from session_shared import make_run_folder
 
@@ -149,6 +150,17 @@ def restartable_pg_server() -> Iterator[PgServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def counter() -> Iterator[PgRoundTrips]:
+    """PostgreSQL round trips counted on every connection opened while the test runs (see
+    ``round_trips.py``); open the stores after it."""
+    counting = PgRoundTrips.install()
+    try:
+        yield counting
+    finally:
+        counting.uninstall()
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ once more).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +40,6 @@ SQLITE_STATEMENTS = 11
 ACTION = ImprovementAction(
     target_agent="writer", action_type=ChangeType.PROMPT_MODIFICATION, confidence_score=0.9
 )
-
-
-@pytest.fixture
-def counter() -> Iterator[PgRoundTrips]:
-    counting = PgRoundTrips.install()
-    try:
-        yield counting
-    finally:
-        counting.uninstall()
 
 
 def _team(tmp_path: Path) -> Path:

@@ -7,25 +7,13 @@ holder whose session was ended meanwhile is dropped without an error.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
-import pytest
 from round_trips import PgRoundTrips
 
 from agentmend.infrastructure.store import postgres
 from agentmend.infrastructure.store.api import Store
 
 _TEAM = "team-1"
-
-
-@pytest.fixture
-def counter() -> Iterator[PgRoundTrips]:
-    counting = PgRoundTrips.install()
-    try:
-        yield counting
-    finally:
-        counting.uninstall()
 
 
 def _advisory_holders(other: psycopg.Connection) -> list[int]:

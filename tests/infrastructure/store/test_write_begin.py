@@ -11,7 +11,7 @@ the first statement went.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -25,15 +25,6 @@ from agentmend.infrastructure.store.sql import deferred, pipelined
 from agentmend.infrastructure.store.timeouts import StoreTimeouts
 
 _HELD_ELSEWHERE = f"SELECT pg_try_advisory_xact_lock({postgres._WRITER_LOCK_KEY})"
-
-
-@pytest.fixture
-def counter() -> Iterator[PgRoundTrips]:
-    counting = PgRoundTrips.install()
-    try:
-        yield counting
-    finally:
-        counting.uninstall()
 
 
 def _with_table(url: str, **options: Any) -> Store:
