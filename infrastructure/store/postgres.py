@@ -7,10 +7,10 @@ SQLite's schema types to PostgreSQL's, booleans to 0/1 and integral ``NUMERIC`` 
 
 Write transactions keep SQLite's contract: one writer at a time. Each begins by taking a
 store-wide transaction-level advisory lock, sent with ``BEGIN`` ahead of the transaction's first
-statement, in the same round trip (:meth:`PgConnection.begin_write`), so a component's
-read-then-write inside a transaction (the next epoch number, a chain's head) cannot interleave
-with another's, and generated ids grow in commit order as SQLite's do, which is what lets
-readers catch up by id.
+statement (in the same round trip when that statement is pipelined, see
+:meth:`PgConnection.begin_write`), so a component's read-then-write inside a transaction (the
+next epoch number, a chain's head) cannot interleave with another's, and generated ids grow in
+commit order as SQLite's do, which is what lets readers catch up by id.
 Reads never wait for it. The one exception is the monitor's append of runs
 (:meth:`PgConnection.append_unlocked`): it reads nothing and collides with no one, and its
 readers follow transaction ids instead of ids, so many writers append at once. Commits are
@@ -113,7 +113,7 @@ class PgConnection:
         self.raw = raw
         self._backend = backend
         # A write transaction's ``BEGIN`` and store-wide lock wait for its first statement, so
-        # that they travel in the same round trip (see :meth:`begin_write`).
+        # that a pipelined one carries them (see :meth:`begin_write`).
         self._begin_pending = False
         self._write_lock: psycopg.Cursor[Any] | None = None  # the lock's, until it is answered
 
