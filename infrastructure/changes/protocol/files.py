@@ -69,6 +69,11 @@ def backup(
     makes the replace ten times cheaper on ext4, which otherwise frees the old blocks
     synchronously (~1 ms). A copy is written where links are not possible. A retried step
     (recovery) in the same second keeps the first backup.
+
+    The link is not synced on its own (see ``confined.link_or_copy``): recovery and rollback
+    never read a backup, they use the store (an apply's old bytes are recorded, synced, before
+    any file is touched; the bytes a rollback replaces are its change's new bytes, whose hash
+    the store keeps and whose text its audit row shows).
     """
     name = f"{rel.replace('/', '__')}_{_second(when)}_{change_id}{tag}.bak"
     name = name[-confined.NAME_MAX :]  # a deep path: keep the end, which holds the change id

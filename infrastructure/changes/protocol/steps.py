@@ -10,7 +10,8 @@ Apply
 1. finish any unfinished work a dead process left on this root (see recovery);
 2. read each file's old bytes and hash;
 3. record the intent: the changes as PENDING with the old bytes, committed and synced;
-4. write a human backup ``<root>/.agent/backups/<path>_<time>_<change id>.bak`` (for people);
+4. link a human backup ``<root>/.agent/backups/<path>_<time>_<change id>.bak`` (for people:
+   not synced on its own, as nothing reads it back);
 5. write the new bytes with ``confined.write`` (or ``confined.delete``), which reach the file
    from the root's descriptor without following any symlink;
 6. mark the changes APPLIED and append their audit rows in one synced transaction.

@@ -16,10 +16,15 @@ no server, the bound is on the statements run (19, then 17; 15 since each transa
 audit tail and the highest id handed out in one statement; 11 since a connection stays in the
 durable sync mode between durable transactions: an apply after plain work on its thread switches
 once more).
+
+Beside the store's two commits, an apply syncs three things itself: the new file, its folder and
+the audit head. The backup link's folder is not synced (four, before): the backup is for people
+and nothing reads it back.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -36,6 +41,7 @@ from agentmend.infrastructure.store.api import Store
 
 PG_ROUND_TRIPS = 5
 SQLITE_STATEMENTS = 11
+FILE_SYNCS = 3  # the new file, its folder, the audit head
 
 ACTION = ImprovementAction(
     target_agent="writer", action_type=ChangeType.PROMPT_MODIFICATION, confidence_score=0.9
@@ -145,3 +151,38 @@ def test_an_audit_row_appended_between_intent_and_commit_moves_the_commit_after_
     assert applied is not None
     assert applied.status is ChangeStatus.APPLIED
     assert chain, chain.problems
+
+
+def test_an_apply_syncs_the_new_file_its_folder_and_the_audit_head_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _team(tmp_path)
+    synced: list[str] = []
+    fsync, fdatasync = os.fsync, os.fdatasync
+
+    def named(fd: int) -> str:
+        return os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), tmp_path)
+
+    def noted_fsync(fd: int) -> None:
+        synced.append(named(fd))
+        fsync(fd)
+
+    def noted_fdatasync(fd: int) -> None:
+        synced.append(named(fd))
+        fdatasync(fd)
+
+    with (
+        Store(tmp_path / "agentmend.db") as store,
+        ImprovementManager(store=store, max_improvements_per_session=100) as manager,
+    ):
+        manager.apply(ACTION, path="agents/a.md", new_content="a v1\n", root=root)
+        monkeypatch.setattr(os, "fsync", noted_fsync)
+        monkeypatch.setattr(os, "fdatasync", noted_fdatasync)
+        manager.apply(ACTION, path="agents/a.md", new_content="a v2\n", root=root)
+        monkeypatch.undo()
+        backups = sorted(p.name for p in (root / ".agent" / "backups").iterdir())
+    assert len(synced) == FILE_SYNCS, synced
+    assert synced[1] == "team/agents", synced  # the file's folder, after the file itself
+    assert synced[2].endswith(".audit-head"), synced
+    assert not any("backups" in name for name in synced), synced
+    assert len(backups) == 2  # the backups are still made, one per apply
