@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import sqlite3
@@ -289,6 +290,33 @@ def test_verification_runs_are_apart(db: Path) -> None:
 # --------------------------------------------------------------------------- durability
 
 
+def test_every_extra_is_stored_as_json_a_reader_parses_whatever_it_holds(db: Path) -> None:
+    class Odd:
+        def __str__(self) -> str:
+            return "odd one"
+
+    extras = [
+        {"text": "café \u2603", "n": 10**30, "ratio": 0.25, "flag": False, "none": None},
+        {"lone": "a\ud800b", "nul": "x\x00y"},  # refused by the fast encoder, and by jsonb raw
+        {"nan": math.nan, "inf": math.inf},
+        {"object": Odd(), "nested": {"list": [1, (2, 3)]}},
+        {2: "two", "b": "mixed keys"},
+    ]
+    with PerformanceMonitor(Store(db)) as m:
+        for extra in extras:
+            m.record("a", success=True, duration_ms=1.0, e=extra)
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT extra FROM executions ORDER BY id").fetchall()
+    stored = [json.loads(row[0]) for row in rows]
+    assert stored[0] == {"e": extras[0]}
+    assert stored[1]["e"]["lone"] == "a\\ud800b"  # shown escaped: no store takes it raw
+    assert stored[1]["e"]["nul"] == "x\\x00y"
+    assert math.isnan(stored[2]["e"]["nan"])
+    assert stored[2]["e"]["inf"] == math.inf
+    assert stored[3] == {"e": {"object": "odd one", "nested": {"list": [1, [2, 3]]}}}
+    assert stored[4] == {"e": {"2": "two", "b": "mixed keys"}}
+
+
 def test_metrics_survive_close_and_reopen(db: Path) -> None:
     m = PerformanceMonitor(Store(db), window=3, baseline_n=2)
     for i in range(5):
@@ -314,7 +342,7 @@ def test_metrics_survive_close_and_reopen(db: Path) -> None:
     assert after.model_dump() == before.model_dump()
     with sqlite3.connect(db) as conn:
         extra = conn.execute("SELECT extra FROM executions ORDER BY id LIMIT 1").fetchone()[0]
-    assert extra == '{"note": {"i": 0}}'
+    assert json.loads(extra) == {"note": {"i": 0}}
 
 
 def test_flush_makes_runs_durable_and_batches_them(db: Path) -> None:
