@@ -851,7 +851,7 @@ def _check_source(source: str) -> None:
 
 
 # one encoder for every run: json.dumps with options builds a new one per call
-_json_dumps = json.JSONEncoder(default=str, sort_keys=True).encode
+_json_dumps = json.JSONEncoder(default=str).encode
 
 
 def _dumps(extra: dict[str, Any]) -> str:

@@ -301,6 +301,7 @@ def test_every_extra_is_stored_as_json_a_reader_parses_whatever_it_holds(db: Pat
         {"nan": math.nan, "inf": math.inf},
         {"object": Odd(), "nested": {"list": [1, (2, 3)]}},
         {2: "two", "b": "mixed keys"},
+        {2: "a\ud800", "b": "mixed keys, and a value only json writes"},
     ]
     with PerformanceMonitor(Store(db)) as m:
         for extra in extras:
@@ -315,6 +316,7 @@ def test_every_extra_is_stored_as_json_a_reader_parses_whatever_it_holds(db: Pat
     assert stored[2]["e"]["inf"] == math.inf
     assert stored[3] == {"e": {"object": "odd one", "nested": {"list": [1, [2, 3]]}}}
     assert stored[4] == {"e": {"2": "two", "b": "mixed keys"}}
+    assert stored[5]["e"] == {"2": "a\\ud800", "b": "mixed keys, and a value only json writes"}
 
 
 def test_metrics_survive_close_and_reopen(db: Path) -> None:
