@@ -41,11 +41,13 @@ __all__ = [
 
 _TRACE_ID_BYTES = 16
 _SPAN_ID_BYTES = 8
+_NO_TRACE_ID = bytes(_TRACE_ID_BYTES)  # all zeros: invalid (a comparison, not a scan by any())
+_NO_SPAN_ID = bytes(_SPAN_ID_BYTES)
 _MAX_REASONS = 5
 _PARENT_IS_REMOTE = 0x300
+"""OTLP span flags: bit 8 says whether bit 9 is known, bit 9 that the parent is remote."""
 # a SpanData made from its fields in order, ``known`` last, without its __new__'s defaults
 _new_span = tuple.__new__
-"""OTLP span flags: bit 8 says whether bit 9 is known, bit 9 that the parent is remote."""
 
 
 class OtlpDecodeError(AgentmendError):
@@ -120,10 +122,10 @@ def decode_protobuf(body: bytes) -> DecodedBatch:
             for span in scope_spans.spans:
                 trace_id = span.trace_id
                 span_id = span.span_id
-                if len(trace_id) != _TRACE_ID_BYTES or not any(trace_id):
+                if len(trace_id) != _TRACE_ID_BYTES or trace_id == _NO_TRACE_ID:
                     batch.reject("a span has an invalid trace_id")
                     continue
-                if len(span_id) != _SPAN_ID_BYTES or not any(span_id):
+                if len(span_id) != _SPAN_ID_BYTES or span_id == _NO_SPAN_ID:
                     batch.reject("a span has an invalid span_id")
                     continue
                 raw = span.attributes

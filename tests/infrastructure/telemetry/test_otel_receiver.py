@@ -262,8 +262,9 @@ def test_otlp_json_with_hex_ids_is_recorded_and_bad_spans_are_reported(
     assert receiver.assembler.counts().rejected == 1
 
 
+@pytest.mark.parametrize(("field", "size"), [("span_id", 8), ("trace_id", 16), ("trace_id", 15)])
 def test_a_protobuf_span_with_a_bad_id_is_reported_in_partial_success(
-    receiver: OtlpReceiver, spans: SpanFactory
+    receiver: OtlpReceiver, spans: SpanFactory, field: str, size: int
 ) -> None:
     spans.agent_run("writer", chats=())
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -271,12 +272,12 @@ def test_a_protobuf_span_with_a_bad_id_is_reported_in_partial_success(
     )
 
     request = ExportTraceServiceRequest.FromString(spans.body())
-    request.resource_spans[0].scope_spans[0].spans[0].span_id = b"\x00" * 8
+    setattr(request.resource_spans[0].scope_spans[0].spans[0], field, b"\x00" * size)
     status, answer = post(url(receiver), request.SerializeToString())
     assert status == 200
     response = ExportTraceServiceResponse.FromString(answer)
     assert response.partial_success.rejected_spans == 1
-    assert "span_id" in response.partial_success.error_message
+    assert field in response.partial_success.error_message
 
 
 def test_bad_bodies_are_answered_and_the_receiver_stays_up(
