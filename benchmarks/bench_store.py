@@ -14,8 +14,8 @@ process crash), as the store always does. Measured per backend:
 - the caller's ``record()`` cost (ns, median of 3 runs of 100,000 calls, flusher running);
 - apply alone and apply + rollback latency of one file change (ms, median and p95 of 40), beside
   the disk's ``fdatasync`` of an 8 kB write measured just before (median of 100): an apply
-  waits for six syncs (its intent's commit, the new file, its directory, the backup's
-  directory, the APPLIED commit, the audit head), so six of them are its floor on this disk;
+  waits for five syncs (its intent's commit, the new file, its directory, the APPLIED commit,
+  the audit head), so five of them are its floor on this disk;
   measured from a second after the team's first change (its id file written then is read
   again at every use for a second, as a rewrite may keep its timestamps);
 - audit append throughput with 4 processes appending at once (rows/s), then the chain verified
