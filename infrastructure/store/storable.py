@@ -87,8 +87,9 @@ def storable_json(text: str) -> str:
     ``MAX_VALUE_CHARS``, the whole at most ``MAX_EXTRA_CHARS`` (the keys that did not fit are
     dropped, and counted under ``agentmend.truncated_keys``).
 
-    ``text`` is what ``json.dumps`` wrote (ASCII, so a raw NUL or surrogate cannot be in it,
-    but their escapes can: a lone ``\\ud800`` is refused by ``jsonb`` too).
+    ``text`` is what the monitor's JSON encoder wrote: JSON escapes a raw NUL and a lone
+    surrogate is only ever written escaped, so neither can be in it raw, but their escapes can
+    (a lone ``\\ud800`` is refused by ``jsonb`` too).
     """
     if len(text) <= MAX_EXTRA_CHARS and "\\u0000" not in text and "\\ud" not in text:
         return text  # (a surrogate escape, \\udxxx, may be a lone one jsonb refuses too)
