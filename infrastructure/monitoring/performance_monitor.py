@@ -859,9 +859,9 @@ def _dumps(extra: dict[str, Any]) -> str:
 
     pydantic-core's encoder, at about a quarter of the standard library's cost (a receiver
     pays it for every run): keys in the order they were set, compact, text in UTF-8; bytes,
-    sets and dates as it writes them (text, a list, ISO 8601). What it cannot write (a lone
-    surrogate, bytes that are not UTF-8, an object of no JSON type) goes through ``json``
-    instead, such an object as its ``str()``.
+    sets, dates, enums and models as it writes them (text, a list, ISO 8601, the value, an
+    object). What it cannot write (a lone surrogate, bytes that are not UTF-8, an object of a
+    type it does not know) goes through ``json`` instead, such an object as its ``str()``.
     """
     try:
         return _to_json(extra, inf_nan_mode="constants").decode()
