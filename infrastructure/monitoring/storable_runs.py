@@ -15,9 +15,9 @@ from __future__ import annotations
 from agentmend.infrastructure.monitoring.agent_window import Row
 from agentmend.infrastructure.store.storable import (
     MAX_ERROR_CHARS,
-    MAX_EXTRA_CHARS,
     MAX_NAME_CHARS,
     MAX_NUMBER,
+    json_storable_as_is,
     storable_count,
     storable_json,
     storable_number,
@@ -42,7 +42,7 @@ def storable_rows(rows: list[Row]) -> list[Row]:
         if (
             (error is None or (len(error) <= MAX_ERROR_CHARS and error.isascii()))
             and (error is None or "\x00" not in error)
-            and (extra is None or (len(extra) <= MAX_EXTRA_CHARS and "\\u" not in extra))
+            and (extra is None or json_storable_as_is(extra))
             and 0.0 <= duration <= MAX_NUMBER
             and type(tin) is int
             and type(tout) is int

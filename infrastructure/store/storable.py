@@ -24,6 +24,7 @@ __all__ = [
     "MAX_NAME_CHARS",
     "MAX_NUMBER",
     "MAX_VALUE_CHARS",
+    "json_storable_as_is",
     "storable_count",
     "storable_json",
     "storable_number",
@@ -83,7 +84,8 @@ def storable_number(value: float) -> float:
 
 def storable_json(text: str) -> str:
     """JSON text of an object, made storable: no ``\\u0000`` escape (PostgreSQL's ``jsonb``
-    refuses it, so every query reading the field would fail), each string at most
+    refuses it, so every query reading the field would fail), no ``NaN`` or ``Infinity`` (not
+    JSON, which ``jsonb`` refuses as well: such a number is stored as null), each string at most
     ``MAX_VALUE_CHARS``, the whole at most ``MAX_EXTRA_CHARS`` (the keys that did not fit are
     dropped, and counted under ``agentmend.truncated_keys``).
 
@@ -91,8 +93,8 @@ def storable_json(text: str) -> str:
     surrogate is only ever written escaped, so neither can be in it raw, but their escapes can
     (a lone ``\\ud800`` is refused by ``jsonb`` too).
     """
-    if len(text) <= MAX_EXTRA_CHARS and "\\u0000" not in text and "\\ud" not in text:
-        return text  # (a surrogate escape, \\udxxx, may be a lone one jsonb refuses too)
+    if json_storable_as_is(text):
+        return text
     try:
         document = json.loads(text)
     except ValueError:  # not JSON after all: keep it as (storable) text
@@ -115,9 +117,22 @@ def storable_json(text: str) -> str:
     return json.dumps(kept, sort_keys=True)
 
 
+def json_storable_as_is(text: str) -> bool:
+    """Whether :func:`storable_json` keeps ``text`` as it is, told without parsing it."""
+    return (
+        len(text) <= MAX_EXTRA_CHARS
+        and "\\u0000" not in text
+        and "\\ud" not in text  # (a surrogate escape, \\udxxx, may be a lone one jsonb refuses)
+        and "NaN" not in text
+        and "Infinity" not in text  # (either may be inside a string: then checked, and kept)
+    )
+
+
 def _clean(value: Any) -> Any:
     if isinstance(value, str):
         return storable_text(value, MAX_VALUE_CHARS)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, dict):
         return {storable_text(k, MAX_NAME_CHARS): _clean(v) for k, v in value.items()}
     if isinstance(value, list):
