@@ -24,6 +24,7 @@ __all__ = [
     "MAX_NAME_CHARS",
     "MAX_NUMBER",
     "MAX_VALUE_CHARS",
+    "json_document",
     "json_storable_as_is",
     "storable_count",
     "storable_json",
@@ -115,6 +116,35 @@ def storable_json(text: str) -> str:
         size += item
     kept[_TRUNCATED_KEY] = len(cleaned) - len(kept)
     return json.dumps(kept, sort_keys=True)
+
+
+def json_document(value: Any) -> str:
+    """``value`` as JSON text that every query reading it as JSON can take, nothing cut: a NaN
+    or infinite number as null, NUL and lone surrogates in text escaped as ``storable_text``
+    shows them; an object of no JSON type as its ``str()``.
+
+    For a document the store keeps whole and reads with its JSON functions (a decision's or a
+    plan's payload), where one such value in one row would fail every query over the table.
+    """
+    try:
+        text = json.dumps(value, default=str, allow_nan=False)
+    except ValueError:  # NaN or infinity somewhere: written as null below
+        text = None
+    if text is not None and "\\u0000" not in text and "\\ud" not in text:
+        return text
+    return json.dumps(_readable(value), default=str)
+
+
+def _readable(value: Any) -> Any:
+    if isinstance(value, str):
+        return storable_text(value, len(value) * 6 + 1)  # escaped, never cut
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {_readable(k) if isinstance(k, str) else k: _readable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_readable(v) for v in value]
+    return value
 
 
 def json_storable_as_is(text: str) -> bool:

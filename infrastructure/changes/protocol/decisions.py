@@ -22,6 +22,7 @@ from agentmend.infrastructure.errors import InvalidArgument, NotFound
 from agentmend.infrastructure.models import utc_now
 from agentmend.infrastructure.store.api import Store
 from agentmend.infrastructure.store.sql import backend_of, json_text
+from agentmend.infrastructure.store.storable import json_document
 
 __all__ = [
     "Decision",
@@ -120,7 +121,7 @@ def save_plan(
     with store.transaction() as conn:
         conn.execute(
             f"INSERT INTO plans ({_PLAN_COLUMNS}) VALUES (?,?,?,?,?,?)",
-            (pid, now, status, description, json.dumps(payload or {}, default=str), now),
+            (pid, now, status, description, json_document(payload or {}), now),
         )
     plan = get_plan(store, pid)
     assert plan is not None
@@ -155,7 +156,7 @@ def update_plan(
             (
                 status,
                 description,
-                None if payload is None else json.dumps(payload, default=str),
+                None if payload is None else json_document(payload),
                 utc_now().isoformat(),
                 plan_id,
             ),
@@ -220,7 +221,7 @@ def record_decision(
     """Append a decision and return it with its id."""
     store.migrate("plans", _PLAN_MIGRATIONS)
     stamp = timestamp or utc_now()
-    text = json.dumps(payload or {}, default=str)
+    text = json_document(payload or {})
     with store.transaction() as conn:
         cursor = conn.execute(
             "INSERT INTO decisions (timestamp, kind, agent_name, payload) VALUES (?,?,?,?)"

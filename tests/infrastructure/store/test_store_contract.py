@@ -9,6 +9,7 @@ decisions, the change log, the audit chain and its tamper checks) are then drive
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from agentmend.faces.workspace import Workspace
 from agentmend.infrastructure.changes.audit.log import AuditLog
 from agentmend.infrastructure.changes.improvement_manager import ImprovementManager
 from agentmend.infrastructure.changes.protocol.decisions import (
+    get_plan,
     list_decisions,
     list_plans,
     record_decision,
@@ -139,6 +141,34 @@ def test_plans_decisions_and_cycle_events(store_url: str, tmp_path: Path) -> Non
         ]
         assert len(list_decisions(store, limit=10)) == 3
         assert cycle_events(store, "c-nothing") == []
+
+
+def test_a_payload_no_json_reader_takes_raw_never_breaks_the_queries_over_the_others(
+    store_url: str, tmp_path: Path
+) -> None:
+    hostile = {
+        "root": "/hostile",
+        "score": math.nan,
+        "bounds": [math.inf, -math.inf, 1.5],
+        "text": "a\x00b\ud800c \U0001f600",
+        "long": "x" * 100_000,
+    }
+    with Store(store_url, files_dir=tmp_path) as store:
+        bad = save_plan(store, description="hostile", payload=hostile)
+        good = save_plan(store, description="plain", payload={"root": "/r"})
+        record_decision(store, "cycle.started", payload={"cycle_id": "c-2", **hostile})
+        assert [p.plan_id for p in list_plans(store, payload={"root": "/r"})] == [good.plan_id]
+        assert [p.plan_id for p in list_plans(store, payload={"root": "/hostile"})] == [bad.plan_id]
+        assert cycle_events(store, "c-1") == []  # read each cycle event's payload as JSON
+        stored = get_plan(store, bad.plan_id)
+    assert stored is not None
+    assert stored.payload == {
+        "root": "/hostile",
+        "score": None,
+        "bounds": [None, None, 1.5],
+        "text": "a\\x00b\\ud800c \U0001f600",
+        "long": "x" * 100_000,  # a payload is kept whole
+    }
 
 
 def test_changes_apply_and_roll_back_with_their_audit_rows(store_url: str, tmp_path: Path) -> None:
