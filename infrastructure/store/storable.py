@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from typing import Any, Final
 
 __all__ = [
@@ -47,12 +48,15 @@ any real run, far below what a total of millions of runs may reach in a 64-bit c
 _TRUNCATED_KEY = "agentmend.truncated_keys"
 
 
-def storable_text(text: str, limit: int) -> str:
-    """``text`` with NUL and surrogates escaped, cut to at most ``limit`` characters.
+def storable_text(text: str, limit: int | None) -> str:
+    """``text`` with NUL and surrogates escaped, cut to at most ``limit`` characters (None:
+    never cut).
 
     A cut keeps the start and ends with ``...[N chars, sha256 <12 hex>]`` naming the length and
     a digest of the whole (escaped) text.
     """
+    if limit is None:
+        limit = sys.maxsize
     if len(text) <= limit and text.isascii() and "\x00" not in text:
         return text  # the common case, in constant time for ASCII
     if "\x00" in text:
@@ -132,19 +136,7 @@ def json_document(value: Any) -> str:
         text = None
     if text is not None and "\\u0000" not in text and "\\ud" not in text:
         return text
-    return json.dumps(_readable(value), default=str)
-
-
-def _readable(value: Any) -> Any:
-    if isinstance(value, str):
-        return storable_text(value, len(value) * 6 + 1)  # escaped, never cut
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {_readable(k) if isinstance(k, str) else k: _readable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_readable(v) for v in value]
-    return value
+    return json.dumps(_clean(value, None, None), default=str)
 
 
 def json_storable_as_is(text: str) -> bool:
@@ -158,13 +150,21 @@ def json_storable_as_is(text: str) -> bool:
     )
 
 
-def _clean(value: Any) -> Any:
+def _clean(
+    value: Any, text_chars: int | None = MAX_VALUE_CHARS, key_chars: int | None = MAX_NAME_CHARS
+) -> Any:
+    """``value`` with every text storable (cut to ``text_chars``, a key to ``key_chars``; None:
+    never cut) and every NaN or infinite number as None."""
     if isinstance(value, str):
-        return storable_text(value, MAX_VALUE_CHARS)
+        return storable_text(value, text_chars)
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {storable_text(k, MAX_NAME_CHARS): _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
+        cleaned = {}
+        for key, item in value.items():
+            name = storable_text(key, key_chars) if isinstance(key, str) else key
+            cleaned[name] = _clean(item, text_chars, key_chars)
+        return cleaned
+    if isinstance(value, list | tuple):
+        return [_clean(v, text_chars, key_chars) for v in value]
     return value
