@@ -302,7 +302,8 @@ class PerformanceMonitor:
         apart from everything that feeds detection. ``extra`` is stored as JSON.
 
         Raises:
-            InvalidExecution: a missing or negative number, or an unknown source.
+            InvalidExecution: a missing or negative number, an unknown source, or an extra
+                that cannot be stored as JSON (a cycle, nested too deeply).
             MonitorClosed: the monitor was closed.
         """
         if type(agent_name) is not str:
@@ -862,11 +863,18 @@ def _dumps(extra: dict[str, Any]) -> str:
     sets, dates, enums and models as it writes them (text, a list, ISO 8601, the value, an
     object). What it cannot write (a lone surrogate, bytes that are not UTF-8, an object of a
     type it does not know) goes through ``json`` instead, such an object as its ``str()``.
+
+    Raises:
+        InvalidExecution: neither can write it (a cycle, nesting past Python's recursion
+            limit); the run is not recorded.
     """
     try:
         return _to_json(extra, inf_nan_mode="constants").decode()
     except Exception:  # PydanticSerializationError: written the standard library's way
-        return _json_dumps(extra)
+        try:
+            return _json_dumps(extra)
+        except (RecursionError, ValueError, TypeError) as exc:
+            raise InvalidExecution(f"record(): extra cannot be stored as JSON ({exc})") from None
 
 
 def _flusher_loop(

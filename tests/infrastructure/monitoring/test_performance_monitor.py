@@ -318,6 +318,20 @@ def test_every_extra_is_stored_as_json_a_reader_parses_whatever_it_holds(db: Pat
     assert stored[5]["e"] == {"2": "a\\ud800", "b": "mixed keys, and a value only json writes"}
 
 
+def test_an_extra_no_json_can_hold_is_refused_by_name_and_the_rest_is_stored(db: Path) -> None:
+    cycle: dict[str, object] = {}
+    cycle["self"] = cycle
+    deep: object = "bottom"
+    for _ in range(5_000):
+        deep = {"a": deep}
+    with PerformanceMonitor(Store(db)) as m:
+        for bad in (cycle, deep):
+            with pytest.raises(InvalidExecution, match="extra cannot be stored as JSON"):
+                m.record("a", success=True, duration_ms=1.0, bad=bad)
+        m.record("a", success=True, duration_ms=2.0, fine={(1, 2): "a tuple key"})
+    assert _rows(db) == 1
+
+
 def test_metrics_survive_close_and_reopen(db: Path) -> None:
     m = PerformanceMonitor(Store(db), window=3, baseline_n=2)
     for i in range(5):
