@@ -199,7 +199,7 @@ def apply_beside_bare(
                 ACTION, path=f"agents/a{i % 10}.md", new_content=PROMPT + b"%d" % i, root=root
             )
 
-        floor = DurableFloor(store, root / "floor")
+        floor = DurableFloor(store, root.parent / f"{root.name}-floor")
 
         # a team's first change writes its id file, which is read again at every use for a
         # second (a rewrite may keep its timestamps): measure the team as it runs
