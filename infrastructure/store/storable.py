@@ -129,14 +129,20 @@ def json_document(value: Any) -> str:
 
     For a document the store keeps whole and reads with its JSON functions (a decision's or a
     plan's payload), where one such value in one row would fail every query over the table.
+
+    Raises:
+        ValueError: no JSON can hold ``value`` (a cycle, nesting past the recursion limit).
     """
     try:
-        text = json.dumps(value, default=str, allow_nan=False)
-    except ValueError:  # NaN or infinity somewhere: written as null below
-        text = None
-    if text is not None and "\\u0000" not in text and "\\ud" not in text:
-        return text
-    return json.dumps(_clean(value, None, None), default=str)
+        try:
+            text = json.dumps(value, default=str, allow_nan=False)
+        except ValueError:  # NaN or infinity somewhere (written as null below), or a cycle
+            text = None
+        if text is not None and "\\u0000" not in text and "\\ud" not in text:
+            return text
+        return json.dumps(_clean(value, None, None), default=str)
+    except RecursionError:  # a cycle, as _clean meets it, or nesting no JSON writer follows
+        raise ValueError("no JSON can hold it: it holds a cycle or is nested too deeply") from None
 
 
 def json_storable_as_is(text: str) -> bool:

@@ -106,6 +106,18 @@ def _decision(row: tuple[Any, ...]) -> Decision:
 _PLAN_COLUMNS = "plan_id, created, status, description, payload, updated"
 
 
+def _payload_text(payload: dict[str, Any]) -> str:
+    """A plan's or decision's payload as the JSON text stored (written before any transaction).
+
+    Raises:
+        InvalidArgument: no JSON can hold it (a cycle, nesting past the recursion limit).
+    """
+    try:
+        return json_document(payload)
+    except ValueError as exc:
+        raise InvalidArgument("payload", type(payload).__name__, str(exc)) from None
+
+
 def save_plan(
     store: Store,
     *,
@@ -114,14 +126,19 @@ def save_plan(
     status: str = "draft",
     plan_id: str | None = None,
 ) -> Plan:
-    """Store a new plan and return it (``plan_id`` defaults to a fresh id)."""
+    """Store a new plan and return it (``plan_id`` defaults to a fresh id).
+
+    Raises:
+        InvalidArgument: no JSON can hold the payload (nothing is stored).
+    """
     store.migrate("plans", _PLAN_MIGRATIONS)
     now = utc_now().isoformat()
     pid = plan_id or uuid4().hex[:12]
+    text = _payload_text(payload or {})
     with store.transaction() as conn:
         conn.execute(
             f"INSERT INTO plans ({_PLAN_COLUMNS}) VALUES (?,?,?,?,?,?)",
-            (pid, now, status, description, json_document(payload or {}), now),
+            (pid, now, status, description, text, now),
         )
     plan = get_plan(store, pid)
     assert plan is not None
@@ -146,8 +163,14 @@ def update_plan(
     description: str | None = None,
     payload: dict[str, Any] | None = None,
 ) -> Plan:
-    """Change a plan's status, description or payload; raises KeyError for an unknown id."""
+    """Change a plan's status, description or payload.
+
+    Raises:
+        NotFound: no plan has that id (also a ``KeyError``).
+        InvalidArgument: no JSON can hold the payload (the plan is left as it was).
+    """
     store.migrate("plans", _PLAN_MIGRATIONS)
+    text = None if payload is None else _payload_text(payload)
     with store.transaction() as conn:
         cursor = conn.execute(
             "UPDATE plans SET status = coalesce(?, status),"
@@ -156,7 +179,7 @@ def update_plan(
             (
                 status,
                 description,
-                None if payload is None else json_document(payload),
+                text,
                 utc_now().isoformat(),
                 plan_id,
             ),
@@ -218,10 +241,14 @@ def record_decision(
     payload: dict[str, Any] | None = None,
     timestamp: datetime | None = None,
 ) -> Decision:
-    """Append a decision and return it with its id."""
+    """Append a decision and return it with its id.
+
+    Raises:
+        InvalidArgument: no JSON can hold the payload (nothing is stored).
+    """
     store.migrate("plans", _PLAN_MIGRATIONS)
     stamp = timestamp or utc_now()
-    text = json_document(payload or {})
+    text = _payload_text(payload or {})
     with store.transaction() as conn:
         cursor = conn.execute(
             "INSERT INTO decisions (timestamp, kind, agent_name, payload) VALUES (?,?,?,?)"

@@ -26,9 +26,10 @@ from agentmend.infrastructure.changes.protocol.decisions import (
     list_plans,
     record_decision,
     save_plan,
+    update_plan,
 )
 from agentmend.infrastructure.detection.issue_ledger import IssueLedger
-from agentmend.infrastructure.errors import StoreError
+from agentmend.infrastructure.errors import InvalidArgument, StoreError
 from agentmend.infrastructure.models import ChangeStatus, ChangeType, ImprovementAction, utc_now
 from agentmend.infrastructure.monitoring.performance_monitor import PerformanceMonitor
 from agentmend.infrastructure.principal import ChangeAuthor
@@ -169,6 +170,28 @@ def test_a_payload_no_json_reader_takes_raw_never_breaks_the_queries_over_the_ot
         "text": "a\\x00b\\ud800c \U0001f600",
         "long": "x" * 100_000,  # a payload is kept whole
     }
+
+
+def test_a_payload_no_json_can_hold_is_refused_by_name_and_nothing_changes(
+    store_url: str, tmp_path: Path
+) -> None:
+    cyclic: dict[str, object] = {"root": "/r"}
+    cyclic["self"] = cyclic
+    deep: list[object] = []
+    for _ in range(sys.getrecursionlimit() * 2):
+        deep = [deep]
+    with Store(store_url, files_dir=tmp_path) as store:
+        plan = save_plan(store, description="plain", payload={"root": "/r"})
+        for payload in (cyclic, {"deep": deep}):
+            with pytest.raises(InvalidArgument, match="payload no JSON can hold it"):
+                save_plan(store, description="bad", payload=payload)
+            with pytest.raises(InvalidArgument, match="payload no JSON can hold it"):
+                update_plan(store, plan.plan_id, status="done", payload=payload)
+            with pytest.raises(InvalidArgument, match="payload no JSON can hold it"):
+                record_decision(store, "cycle.started", payload=payload)
+        assert [p.plan_id for p in list_plans(store)] == [plan.plan_id]
+        assert get_plan(store, plan.plan_id) == plan  # its status not changed either
+        assert list_decisions(store, limit=10) == []
 
 
 def test_changes_apply_and_roll_back_with_their_audit_rows(store_url: str, tmp_path: Path) -> None:
