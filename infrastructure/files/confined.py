@@ -644,9 +644,10 @@ def link_or_copy(root: str | Path, source: str | Path, target: str | Path, data:
 
     The link's folder is not synced: ``target`` is a copy for people, whose bytes the caller
     keeps durably elsewhere (a change's old bytes are in the store), so losing it to a power
-    cut loses no data, and the sync would cost an apply about a tenth of its time. On file systems
-    whose journal keeps metadata in order (ext4, XFS) the caller's next sync carries the link
-    anyway. A copy, where links are not possible, is written durably as any file.
+    cut loses no data, and the sync would cost an apply about a tenth of its time. Where a
+    journal keeps metadata in order (ext4 with its journal, XFS) the caller's next sync carries
+    the link anyway; on ext4 without one it may not. A copy, where links are not possible, is
+    written durably as any file.
     """
     src = relative_parts(root, source)
     dst = relative_parts(root, target)
